@@ -1,5 +1,6 @@
 """The default corpus is exactly what its generator writes, so anyone can rebuild and audit it."""
 
+import random
 import runpy
 from pathlib import Path
 
@@ -15,8 +16,6 @@ def test_committed_corpus_equals_generator_output(tmp_path):
 
 def test_stories_keep_their_hero_and_count_in_order():
     generator = runpy.run_path(str(CORPORA / "make_tiny_tales.py"))
-    import random
-
     rng = random.Random(7)
     for _ in range(200):
         story = generator["tale"](rng)
