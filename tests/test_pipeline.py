@@ -1,0 +1,218 @@
+"""pipeline/: atomic files, token cache, batches, RNG state, configs, training, resume, NaN stop."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline import PipelineError, checkpoint, data
+from pipeline.train import TrainConfig, load_config_file
+
+# --- atomic writes ---------------------------------------------------------------------------
+
+
+def test_atomic_path_replaces_whole_file(tmp_path):
+    target = tmp_path / "f.txt"
+    checkpoint.write_text(target, "old")
+    checkpoint.write_text(target, "new")
+    assert target.read_text(encoding="utf-8") == "new"
+    assert list(tmp_path.glob(".*.tmp")) == []
+
+
+def test_atomic_path_failure_midway_keeps_old_file(tmp_path):
+    target = tmp_path / "f.bin"
+    checkpoint.write_text(target, "good")
+    with pytest.raises(RuntimeError):
+        with checkpoint.atomic_path(target) as tmp:
+            tmp.write_bytes(b"half of a new fi")
+            raise RuntimeError("killed while writing")
+    assert target.read_text(encoding="utf-8") == "good"
+    assert list(tmp_path.glob(".*.tmp")) == []
+
+
+def test_atomic_path_interrupt_during_fsync_keeps_old_file(tmp_path, monkeypatch):
+    target = tmp_path / "f.bin"
+    checkpoint.write_text(target, "good")
+
+    def interrupted_fsync(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", interrupted_fsync)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.write_text(target, "new content")
+    monkeypatch.undo()
+    assert target.read_text(encoding="utf-8") == "good"
+
+
+def test_remove_stale_temps(tmp_path):
+    (tmp_path / ".model.safetensors.abc.tmp").write_bytes(b"x")
+    (tmp_path / "keep.txt").write_text("y", encoding="utf-8")
+    checkpoint.remove_stale_temps(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
+
+
+def test_truncate_log_drops_records_past_step_and_torn_lines(tmp_path):
+    path = tmp_path / "log.jsonl"
+    log = checkpoint.JsonlLog(path)
+    for s in range(1, 6):
+        log.write({"type": "step", "step": s, "loss": 1.0 / s})
+    log.close()
+    with open(path, "a", encoding="utf-8") as f:
+        f.write('{"type": "step", "st')  # a kill mid-line
+    checkpoint.truncate_log(path, 3)
+    assert [r["step"] for r in checkpoint.read_log(path)] == [1, 2, 3]
+
+
+def test_read_header_errors_are_one_line(tmp_path):
+    with pytest.raises(PipelineError, match="not found"):
+        checkpoint.read_header(tmp_path / "missing.safetensors")
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"\x00" * 5)
+    with pytest.raises(PipelineError) as err:
+        checkpoint.read_header(junk)
+    assert "\n" not in str(err.value)
+    with pytest.raises(PipelineError, match="directory"):
+        checkpoint.read_header(tmp_path)
+
+
+# --- data ------------------------------------------------------------------------------------
+
+
+def test_sha256_file_matches_hashlib(tmp_path):
+    import hashlib
+
+    blob = os.urandom(3 * 1024 + 7)
+    path = tmp_path / "c.txt"
+    path.write_bytes(blob)
+    assert data.sha256_file(path, chunk_size=1000) == hashlib.sha256(blob).hexdigest()
+
+
+@settings(max_examples=50, deadline=None)
+@given(seed=st.integers(0, 2**63), draws=st.integers(0, 7), kind=st.sampled_from(["random", "integers", "uint32"]))
+def test_rng_state_round_trip(seed, draws, kind):
+    rng = np.random.default_rng(seed)
+    for _ in range(draws):  # leave the generator in any state, including a buffered uint32
+        {"random": rng.random, "integers": lambda: rng.integers(0, 10, 3), "uint32": lambda: rng.integers(0, 2**32, dtype=np.uint32)}[kind]()
+    words = data.rng_to_array(rng)
+    assert words.dtype == np.uint64 and words.shape == (6,)
+    copy = data.rng_from_array(words)
+    assert copy.bit_generator.state == rng.bit_generator.state
+    assert np.array_equal(copy.integers(0, 1000, 50), rng.integers(0, 1000, 50))
+    assert np.array_equal(copy.integers(0, 2**32, 5, dtype=np.uint32), rng.integers(0, 2**32, 5, dtype=np.uint32))
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(20, 400), batch=st.integers(1, 6), ctx=st.integers(1, 8), seed=st.integers(0, 1000))
+def test_get_batch_windows_are_corpus_slices(n, batch, ctx, seed):
+    ids = np.random.default_rng(seed).integers(0, 60000, n).astype(np.uint16)
+    x, y = data.get_batch(ids, batch, ctx, np.random.default_rng(seed))
+    assert x.shape == y.shape == (batch, ctx) and x.dtype == np.int64
+    assert np.array_equal(x[:, 1:], y[:, :-1])
+    # the obvious reference: every row is some contiguous slice of the corpus, followed by its next token
+    text = ids.tolist()
+    for row_x, row_y in zip(x.tolist(), y.tolist()):
+        starts = [s for s in range(n - ctx) if text[s : s + ctx] == row_x and text[s + 1 : s + ctx + 1] == row_y]
+        assert starts
+
+
+def test_get_batch_reaches_both_ends():
+    ids = np.arange(10, dtype=np.uint16)
+    rng = np.random.default_rng(0)
+    firsts, lasts = set(), set()
+    for _ in range(200):
+        x, y = data.get_batch(ids, 4, 3, rng)
+        firsts.update(x[:, 0].tolist())
+        lasts.update(y[:, -1].tolist())
+    assert firsts == set(range(7)) and lasts == set(range(3, 10))
+
+
+def test_eval_batches_are_fixed_and_independent_of_training_generator():
+    ids = np.arange(500, dtype=np.uint16)
+    a = data.eval_batches(ids, 3, 4, 8, seed=1)
+    b = data.eval_batches(ids, 3, 4, 8, seed=1)
+    assert all(np.array_equal(xa, xb) and np.array_equal(ya, yb) for (xa, ya), (xb, yb) in zip(a, b))
+    assert not np.array_equal(a[0][0], data.eval_batches(ids, 3, 4, 8, seed=2)[0][0])
+
+
+def test_split_point_is_last_fraction_and_checks_size():
+    assert data.split_point(1000, 0.1, 8) == 900
+    assert data.split_point(1000, 0.25, 8) == 750
+    with pytest.raises(PipelineError, match="corpus too small"):
+        data.split_point(20, 0.1, 8)
+    with pytest.raises(PipelineError, match="between 0 and 1"):
+        data.split_point(1000, 0.0, 8)
+
+
+def test_unigram_baseline_matches_direct_formula():
+    rng = np.random.default_rng(0)
+    train = rng.integers(0, 5, 1000).astype(np.uint16)
+    val = rng.integers(0, 5, 200).astype(np.uint16)
+    counts = np.array([np.sum(train == t) for t in range(7)], dtype=float)
+    p = (counts + 1) / (counts.sum() + 7)
+    expected = -np.mean([np.log(p[t]) for t in val])
+    assert data.unigram_baseline(train, val, 7, chunk=64) == pytest.approx(expected, rel=1e-12)
+
+
+def test_check_corpus_errors(tmp_path):
+    with pytest.raises(PipelineError, match="not found"):
+        data.check_corpus(tmp_path / "nope.txt")
+    with pytest.raises(PipelineError, match="directory"):
+        data.check_corpus(tmp_path)
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    with pytest.raises(PipelineError, match="empty"):
+        data.check_corpus(empty)
+
+
+# --- training configuration ------------------------------------------------------------------
+
+
+def test_config_from_json_and_toml(tmp_path):
+    js = tmp_path / "c.json"
+    js.write_text(json.dumps({"d_model": 64, "lr": 1, "bias": False, "eval-interval": 7}), encoding="utf-8")
+    cfg = TrainConfig.from_file(js)
+    assert (cfg.d_model, cfg.lr, cfg.bias, cfg.eval_interval) == (64, 1.0, False, 7)
+    assert isinstance(cfg.lr, float)
+    toml = tmp_path / "c.toml"
+    toml.write_text('d_model = 64\nlr = 1.0\nbias = false\neval-interval = 7\n', encoding="utf-8")
+    assert TrainConfig.from_file(toml) == cfg
+
+
+@pytest.mark.parametrize(
+    "content, suffix, message",
+    [
+        ('{"d_modle": 64}', ".json", "unknown training setting"),
+        ('{"steps": "ten"}', ".json", "must be a int"),
+        ('{"steps": true}', ".json", "must be a int"),
+        ("{not json", ".json", "does not parse"),
+        ("steps = [1", ".toml", "does not parse"),
+        ("[1, 2]", ".json", "one table"),
+        ("steps: 3", ".yaml", "must end in .json or .toml"),
+        ('{"steps": 0}', ".json", "--steps must be at least 1"),
+        ('{"min_lr": 1.0, "lr": 0.1}', ".json", "--min-lr"),
+    ],
+)
+def test_config_errors_are_one_line(tmp_path, content, suffix, message):
+    path = tmp_path / f"c{suffix}"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(PipelineError, match=message) as err:
+        TrainConfig.from_file(path)
+    assert "\n" not in str(err.value)
+
+
+def test_config_missing_file(tmp_path):
+    with pytest.raises(PipelineError, match="not found"):
+        load_config_file(tmp_path / "none.json")
+
+
+def test_config_round_trip_through_dict():
+    cfg = TrainConfig(d_model=32, n_heads=2, steps=5)
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+    assert TrainConfig.from_dict({"steps": 9}, base=cfg).d_model == 32
+
