@@ -1,5 +1,8 @@
 """A GPT-style transformer in NumPy with a hand-written backward pass. Arrays in, arrays out."""
 
+from transformer.config import GPTConfig
 from transformer.errors import ModelError
+from transformer.model import GPT
+from transformer.optim import AdamW, clip_grad_norm, cosine_schedule
 
-__all__ = ["ModelError"]
+__all__ = ["GPT", "GPTConfig", "ModelError", "AdamW", "clip_grad_norm", "cosine_schedule"]

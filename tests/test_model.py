@@ -1,0 +1,284 @@
+"""The whole GPT: gradients against finite differences in every config variant, overfitting,
+the trace, generation with and without the KV cache, initialisation, save/load."""
+
+import json
+import math
+import tracemalloc
+import warnings
+
+import numpy as np
+import pytest
+import safetensors.numpy
+
+from transformer import GPT, AdamW, GPTConfig, ModelError
+from transformer.io import read_metadata
+
+TINY = dict(vocab_size=7, context_length=6, d_model=8, n_layers=2, n_heads=2)
+VARIANTS = {
+    "gpt2": {},
+    "sinusoidal": dict(positional="sinusoidal"),
+    "relu": dict(activation="relu"),
+    "post-norm": dict(norm="post"),
+    "bidirectional": dict(causal=False),
+    "no-bias": dict(bias=False),
+    "seed001-encoder": dict(positional="sinusoidal", activation="relu", norm="post", causal=False, bias=False),
+}
+
+
+def float64_model(config: GPTConfig, seed: int = 0, scale: float = 0.4) -> GPT:
+    """A model in float64 with weights far from init (so every path carries signal)."""
+    model = GPT(config, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    for name, p in model.params.items():
+        base = 1.0 if (".ln_" in name or name.startswith("ln_f")) and name.endswith("weight") else 0.0
+        model.params[name] = base + scale * rng.standard_normal(p.shape)
+    return model
+
+
+def rel_error(a, b):
+    denom = np.linalg.norm(a) + np.linalg.norm(b)
+    return float(np.linalg.norm(a - b) / denom) if denom else 0.0
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gradients_match_finite_differences(variant):
+    config = GPTConfig(**TINY, **VARIANTS[variant])
+    model = float64_model(config)
+    rng = np.random.default_rng(3)
+    ids, targets = rng.integers(0, 7, (2, 5)), rng.integers(0, 7, (2, 5))
+    loss, grads = model.loss_and_grads(ids, targets)
+    assert loss == pytest.approx(model.loss(ids, targets), rel=1e-14)
+    assert list(grads) == list(model.params)
+    eps = 1e-6
+    for name, p in model.params.items():
+        numeric = np.zeros_like(p)
+        flat, nflat = p.reshape(-1), numeric.reshape(-1)
+        for i in range(flat.size):
+            old = flat[i]
+            flat[i] = old + eps
+            up = model.loss(ids, targets)
+            flat[i] = old - eps
+            down = model.loss(ids, targets)
+            flat[i] = old
+            nflat[i] = (up - down) / (2 * eps)
+        assert grads[name].shape == p.shape and grads[name].dtype == np.float64
+        err = rel_error(grads[name], numeric)
+        assert err < 1e-6, f"{variant} {name}: rel error {err:.2e}, max diff {np.abs(grads[name] - numeric).max():.2e}"
+
+
+def test_loss_matches_plain_cross_entropy_of_forward():
+    model = float64_model(GPTConfig(**TINY))
+    rng = np.random.default_rng(0)
+    ids, targets = rng.integers(0, 7, (3, 6)), rng.integers(0, 7, (3, 6))
+    logits = model.forward(ids)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    ref = -np.mean(np.take_along_axis(logp, targets[..., None], -1))
+    assert model.loss(ids, targets) == pytest.approx(ref, rel=1e-12)
+    # tied unembedding: logits are the final LayerNorm output against the token embedding
+    trace = {}
+    model.forward(ids, trace=trace)
+    np.testing.assert_allclose(trace["logits"], trace["ln_f"] @ model.params["wte.weight"].T)
+
+
+def test_overfits_a_fixed_batch():
+    config = GPTConfig(vocab_size=16, context_length=8, d_model=32, n_layers=2, n_heads=4)
+    model = GPT(config, seed=0)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 16, (4, 8))
+    targets = rng.integers(0, 16, (4, 8))
+    opt = AdamW(model.params, lr=3e-3, weight_decay=0.0)
+    first = None
+    for _ in range(300):
+        loss, grads = model.loss_and_grads(ids, targets)
+        first = loss if first is None else first
+        opt.step(grads)
+    assert first > 2.5 and model.loss(ids, targets) < 0.05
+
+
+TRACE_BLOCK_KEYS = [
+    "ln_1", "attn.q", "attn.k", "attn.v", "attn.scores_raw", "attn.scores", "attn.weights", "attn.mix",
+    "attn.out", "resid_1", "ln_2", "mlp.pre", "mlp.act", "mlp.out", "resid_2",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_trace_records_the_forward(norm):
+    config = GPTConfig(**{**TINY, "norm": norm})
+    model = GPT(config, seed=1)
+    ids = np.array([[1, 2, 3, 4], [4, 3, 2, 1]])
+    trace = {}
+    logits = model.forward(ids, trace=trace)
+    np.testing.assert_array_equal(logits, model.forward(ids))
+    np.testing.assert_array_equal(trace["logits"], logits)
+    keys = {"tok_emb", "pos_emb", "x0", "ln_f", "logits"} | {f"h.{i}.{k}" for i in range(2) for k in TRACE_BLOCK_KEYS}
+    assert set(trace) == keys
+    B, T, C, H = 2, 4, 8, 2
+    shapes = {"tok_emb": (B, T, C), "pos_emb": (T, C), "x0": (B, T, C), "h.0.attn.q": (B, H, T, C // H),
+              "h.1.attn.weights": (B, H, T, T), "h.1.attn.mix": (B, H, T, C // H), "h.0.mlp.pre": (B, T, 4 * C),
+              "h.1.resid_2": (B, T, C), "logits": (B, T, 7)}  # fmt: skip
+    assert {k: trace[k].shape for k in shapes} == shapes
+    np.testing.assert_allclose(trace["x0"], trace["tok_emb"] + trace["pos_emb"], rtol=1e-6)
+    np.testing.assert_allclose(trace["h.0.attn.weights"].sum(-1), 1.0, rtol=1e-5)
+    # residuals are snapshots, not views of a buffer updated later
+    if norm == "pre":
+        np.testing.assert_allclose(trace["h.0.resid_1"], trace["x0"] + trace["h.0.attn.out"], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(trace["h.0.resid_2"], trace["h.0.resid_1"] + trace["h.0.mlp.out"], rtol=1e-5, atol=1e-7)
+    else:
+        ln = trace["h.0.ln_1"]
+        np.testing.assert_allclose(ln.mean(-1), 0, atol=1e-5)
+        np.testing.assert_allclose(trace["h.0.resid_2"], ln + trace["h.0.mlp.out"], rtol=1e-5, atol=1e-7)
+
+
+def test_trace_off_keeps_nothing_extra():
+    config = GPTConfig(vocab_size=64, context_length=32, d_model=64, n_layers=6, n_heads=4)
+    model = GPT(config)
+    ids = np.random.default_rng(0).integers(0, 64, (4, 32))
+    model.forward(ids)  # warm up lazily built tables
+    tracemalloc.start()
+    try:
+        logits = model.forward(ids)
+        kept_off, peak_off = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        trace = {}
+        model.forward(ids, trace=trace)
+        _, peak_on = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    traced_bytes = sum(a.nbytes for a in trace.values())
+    assert kept_off < logits.nbytes + 4096  # only the returned logits survive the call
+    # without a trace the peak is about one block's intermediates, whatever the depth
+    assert peak_off < traced_bytes / 3 < peak_on
+
+
+def test_init_is_gpt2_and_seeded():
+    config = GPTConfig(vocab_size=512, context_length=64, d_model=64, n_layers=4, n_heads=4)
+    a, b, c = GPT(config, seed=5), GPT(config, seed=5), GPT(config, seed=6)
+    for name, p in a.params.items():
+        assert p.dtype == np.float32 and p.flags.c_contiguous
+        np.testing.assert_array_equal(p, b.params[name])
+    assert not np.array_equal(a.params["wte.weight"], c.params["wte.weight"])
+    assert a.params["wte.weight"].std() == pytest.approx(0.02, rel=0.05)
+    assert a.params["h.0.attn.c_attn.weight"].std() == pytest.approx(0.02, rel=0.05)
+    resid = 0.02 / math.sqrt(2 * 4)
+    assert a.params["h.1.attn.c_proj.weight"].std() == pytest.approx(resid, rel=0.05)
+    assert a.params["h.3.mlp.c_proj.weight"].std() == pytest.approx(resid, rel=0.05)
+    assert np.all(a.params["h.2.ln_1.weight"] == 1) and np.all(a.params["h.2.mlp.c_fc.bias"] == 0)
+    assert a.params["h.0.attn.c_attn.weight"].shape == (64, 192)
+    assert a.params["h.0.mlp.c_proj.weight"].shape == (256, 64)
+    nobias = GPT(GPTConfig(**{**TINY, "bias": False, "positional": "sinusoidal"}))
+    assert not any(k.endswith(".bias") for k in nobias.params) and "wpe.weight" not in nobias.params
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize(
+    "sampling", [dict(temperature=0), dict(temperature=0.9, seed=3), dict(temperature=1.3, top_k=4, top_p=0.8, seed=4)]
+)
+def test_kv_cache_generates_the_same_tokens(norm, sampling):
+    config = GPTConfig(vocab_size=20, context_length=12, d_model=16, n_layers=2, n_heads=2, norm=norm)
+    model = float64_model(config, scale=0.5)
+    prompt = [3, 1, 4, 1, 5]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cached = list(model.generate(prompt, 15, **sampling))  # runs past context_length: the window slides
+        plain = list(model.generate(prompt, 15, use_cache=False, **sampling))
+    assert cached == plain and len(cached) == 15
+    assert sum("context_length" in str(w.message) for w in caught) == 2
+    if sampling["temperature"] == 0:  # greedy: every token is the argmax of the full forward
+        tokens = prompt + cached
+        for n in range(len(prompt), len(prompt) + 5):
+            assert tokens[n] == int(np.argmax(model.forward(tokens[:n])[0, -1]))
+
+
+def test_generation_seeds_stops_and_crops():
+    model = float64_model(GPTConfig(vocab_size=20, context_length=8, d_model=16, n_layers=1, n_heads=2), scale=0.5)
+    run = lambda seed, **kw: list(model.generate([1, 2, 3], 30, temperature=1.0, seed=seed, **kw))  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert run(7) == run(7) and run(7) != run(8)
+        stop = run(7)[4]
+        out = run(7, stop_token=stop)
+        assert out[-1] == stop and stop not in out[:-1]
+    with pytest.warns(UserWarning, match="context_length 8"):
+        assert len(list(model.generate(list(range(12)), 2, temperature=0))) == 2
+    assert list(model.generate([1, 2], 0)) == []
+    with pytest.raises(ModelError):
+        model.generate([1, 2], 3, temperature=-1)
+    with pytest.raises(ModelError):
+        model.generate([1, 99], 3)
+
+
+def test_bad_inputs_are_model_errors():
+    model = GPT(GPTConfig(**TINY))
+    for bad in (np.array([[0, 7]]), np.zeros((1, 7), int), np.array([[0.5, 1]]), np.zeros((1, 0), int)):
+        with pytest.raises(ModelError):
+            model.forward(bad)
+    with pytest.raises(ModelError):
+        model.loss_and_grads(np.zeros((1, 3), int), np.zeros((1, 4), int))
+    for bad in (dict(d_model=10, n_heads=3), dict(norm="middle"), dict(n_layers=0), dict(causal="yes")):
+        with pytest.raises(ModelError) as err:
+            GPTConfig(**{**TINY, **bad})
+        assert "\n" not in str(err.value)
+    with pytest.raises(ModelError):
+        GPTConfig.from_dict({**TINY, "dropout": 0.1})
+    config = GPTConfig(**TINY, positional="sinusoidal")
+    assert GPTConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+
+
+def test_save_load_round_trip(tmp_path):
+    config = GPTConfig(**{**TINY, "activation": "relu", "norm": "post"})
+    model = GPT(config, seed=9)
+    path = tmp_path / "model.safetensors"
+    extra = {"tokenizer.merges": np.arange(6, dtype=np.int32).reshape(3, 2)}
+    model.save(path, metadata={"step": "12"}, extra_tensors=extra)
+    assert [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]  # no temp files left
+    loaded = GPT.load(path)
+    assert loaded.config == config and list(loaded.params) == list(model.params)
+    for name, p in model.params.items():
+        np.testing.assert_array_equal(loaded.params[name], p)
+    meta = read_metadata(path)
+    assert meta["step"] == "12" and json.loads(meta["config"]) == config.to_dict()
+    ids = np.array([[1, 2, 3]])
+    np.testing.assert_array_equal(loaded.forward(ids), model.forward(ids))
+
+
+def test_loads_gpt2_style_state_dicts(tmp_path):
+    """Keys prefixed with `transformer.`, no config (inferred, head size 64), GPT-2's mask buffers
+    and foreign tensors ignored."""
+    config = GPTConfig(vocab_size=11, context_length=5, d_model=64, n_layers=2, n_heads=1)
+    model = GPT(config, seed=2)
+    tensors = {f"transformer.{k}": v for k, v in model.params.items()}
+    tensors["transformer.h.0.attn.bias"] = np.tril(np.ones((1, 1, 5, 5), np.float32))
+    tensors["lm_head.weight"] = model.params["wte.weight"]
+    tensors["tokenizer.vocab"] = np.zeros(3, np.uint8)
+    path = tmp_path / "gpt2.safetensors"
+    path.write_bytes(safetensors.numpy.save(tensors, metadata={"format": "pt"}))
+    loaded = GPT.load(path)
+    assert loaded.config == config
+    for name, p in model.params.items():
+        np.testing.assert_array_equal(loaded.params[name], p)
+
+
+def test_bad_files_are_one_line_model_errors(tmp_path):
+    config = GPTConfig(**TINY)
+    good = tmp_path / "good.safetensors"
+    GPT(config).save(good)
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes(good.read_bytes()[:-100])
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"definitely not safetensors")
+    foreign = tmp_path / "foreign.safetensors"
+    foreign.write_bytes(safetensors.numpy.save({"conv.weight": np.zeros((3, 3), np.float32)}))
+    wrong_shape = tmp_path / "wrong_shape.safetensors"
+    tensors = dict(GPT(config).params, **{"wte.weight": np.zeros((9, 8), np.float32)})
+    wrong_shape.write_bytes(safetensors.numpy.save(tensors, metadata={"config": json.dumps(config.to_dict())}))
+    missing = tmp_path / "missing.safetensors"
+    missing.write_bytes(safetensors.numpy.save({"wte.weight": np.zeros((7, 8), np.float32)},
+                                               metadata={"config": json.dumps(config.to_dict())}))  # fmt: skip
+    bad_json = tmp_path / "bad_json.safetensors"
+    bad_json.write_bytes(safetensors.numpy.save(GPT(config).params, metadata={"config": "{nope"}))
+    for path in (tmp_path / "absent.safetensors", truncated, garbage, foreign, wrong_shape, missing, bad_json):
+        with pytest.raises(ModelError) as err:
+            GPT.load(path)
+        assert "\n" not in str(err.value) and path.name in str(err.value), str(err.value)
+    with pytest.raises(ModelError):
+        GPT(config).save(tmp_path / "no_such_dir" / "m.safetensors")

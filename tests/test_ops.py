@@ -1,0 +1,237 @@
+"""Every op of transformer/ops.py: forward against a slow, obvious reference, backward against
+central finite differences in float64 (relative error < 1e-6), on random shapes."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transformer import ops
+
+FD_EPS = 1e-6
+TOL = 1e-6
+few = settings(max_examples=6, deadline=None)
+dims = st.integers(1, 3), st.integers(1, 5)  # B, T
+
+
+def numeric_grad(f, x: np.ndarray) -> np.ndarray:
+    """Central differences of the scalar f() with respect to every element of x (restored after)."""
+    grad = np.zeros_like(x)
+    flat, gflat = x.reshape(-1), grad.reshape(-1)
+    for i in range(flat.size):
+        old = flat[i]
+        flat[i] = old + FD_EPS
+        up = f()
+        flat[i] = old - FD_EPS
+        down = f()
+        flat[i] = old
+        gflat[i] = (up - down) / (2 * FD_EPS)
+    return grad
+
+
+def rel_error(a: np.ndarray, b: np.ndarray) -> float:
+    """||a - b|| / (||a|| + ||b||): 0 when equal, ~1 when unrelated."""
+    denom = np.linalg.norm(a) + np.linalg.norm(b)
+    return float(np.linalg.norm(a - b) / denom) if denom else 0.0
+
+
+def check(name: str, analytic: np.ndarray, f, x: np.ndarray) -> None:
+    numeric = numeric_grad(f, x)
+    err = rel_error(analytic, numeric)
+    assert err < TOL, f"{name}: relative error {err:.2e}, max abs diff {np.abs(analytic - numeric).max():.2e}"
+
+
+def project(out: np.ndarray, r: np.ndarray) -> float:
+    """The scalar loss sum(out * r): its gradient with respect to out is r."""
+    return float(np.sum(out * r))
+
+
+# ----------------------------------------------------------------------------- references
+
+
+def ref_layernorm(x, w, b):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + 1e-5) * w + (0 if b is None else b)
+
+
+def ref_attention(qkv, H, causal):
+    """One (batch, head) pair at a time, softmax written out."""
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    hd = C // H
+    out = np.zeros((B, T, C))
+    for b in range(B):
+        for h in range(H):
+            sl = slice(h * hd, (h + 1) * hd)
+            q, k, v = qkv[b, :, sl], qkv[b, :, C:][:, sl], qkv[b, :, 2 * C :][:, sl]
+            for t in range(T):
+                seen = t + 1 if causal else T
+                s = np.array([q[t] @ k[j] / math.sqrt(hd) for j in range(seen)])
+                w = np.exp(s - s.max())
+                w /= w.sum()
+                out[b, t, sl] = sum(w[j] * v[j] for j in range(seen))
+    return out
+
+
+def ref_gelu(x):
+    return np.vectorize(lambda z: 0.5 * z * (1 + math.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3))))(x)
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+@few
+@given(*dims, st.integers(1, 6), st.integers(2, 5), st.integers(0, 2**31))
+def test_embedding(B, T, C, V, seed):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, V, (B, T))  # repeats likely: their gradients must add up
+    weight = rng.standard_normal((V, C))
+    out, cache = ops.embedding_forward(ids, weight)
+    np.testing.assert_array_equal(out, np.stack([[weight[i] for i in row] for row in ids]))
+    r = rng.standard_normal(out.shape)
+    dweight = ops.embedding_backward(r, cache)
+    check("embedding dweight", dweight, lambda: project(ops.embedding_forward(ids, weight)[0], r), weight)
+    base = rng.standard_normal((V, C))
+    np.testing.assert_allclose(ops.embedding_backward(r, cache, dweight=base.copy()), base + dweight)
+
+
+@few
+@given(*dims, st.integers(1, 6), st.integers(0, 2**31))
+def test_positional(B, T, C, seed):
+    rng = np.random.default_rng(seed)
+    table = rng.standard_normal((T + 2, C))
+    pos, cache = ops.positional_forward(table, T)
+    np.testing.assert_array_equal(pos, table[:T])
+    r = rng.standard_normal((B, T, C))
+    dtable = ops.positional_backward(r, cache)
+    check("positional dtable", dtable, lambda: project(np.broadcast_to(ops.positional_forward(table, T)[0], r.shape), r), table)
+
+
+def test_sinusoidal_table_matches_formula():
+    T, C = 7, 6
+    table = ops.sinusoidal_table(T, C, np.float64)
+    for p in range(T):
+        for i in range(C):
+            angle = p / 10000 ** ((i - i % 2) / C)
+            assert table[p, i] == pytest.approx(math.sin(angle) if i % 2 == 0 else math.cos(angle), abs=1e-12)
+    assert ops.sinusoidal_table(T, 5, np.float32).shape == (T, 5)  # odd widths work too
+    assert ops.sinusoidal_table(T, C).dtype == np.float32
+
+
+@few
+@given(*dims, st.integers(2, 8), st.booleans(), st.integers(0, 2**31))
+def test_layernorm(B, T, C, bias, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((B, T, C)) * 3 + 1
+    w = rng.standard_normal(C)
+    b = rng.standard_normal(C) if bias else None
+    out, cache = ops.layernorm_forward(x, w, b)
+    np.testing.assert_allclose(out, ref_layernorm(x, w, b), rtol=1e-10, atol=1e-12)
+    r = rng.standard_normal(out.shape)
+    dx, dw, db = ops.layernorm_backward(r, cache)
+    f = lambda: project(ops.layernorm_forward(x, w, b)[0], r)  # noqa: E731
+    check("layernorm dx", dx, f, x)
+    check("layernorm dweight", dw, f, w)
+    if bias:
+        check("layernorm dbias", db, f, b)
+    else:
+        assert db is None
+
+
+@few
+@given(*dims, st.integers(1, 6), st.integers(1, 6), st.booleans(), st.integers(0, 2**31))
+def test_linear(B, T, Cin, Cout, bias, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((B, T, Cin))
+    w = rng.standard_normal((Cin, Cout))
+    b = rng.standard_normal(Cout) if bias else None
+    out, cache = ops.linear_forward(x, w, b)
+    np.testing.assert_allclose(out, np.einsum("btc,cd->btd", x, w) + (0 if b is None else b), rtol=1e-12)
+    r = rng.standard_normal(out.shape)
+    dx, dw, db = ops.linear_backward(r, cache)
+    f = lambda: project(ops.linear_forward(x, w, b)[0], r)  # noqa: E731
+    check("linear dx", dx, f, x)
+    check("linear dweight", dw, f, w)
+    if bias:
+        check("linear dbias", db, f, b)
+
+
+@few
+@given(*dims, st.integers(1, 3), st.integers(1, 3), st.booleans(), st.integers(0, 2**31))
+def test_attention(B, T, H, hd, causal, seed):
+    rng = np.random.default_rng(seed)
+    C = H * hd
+    qkv = rng.standard_normal((B, T, 3 * C))
+    trace = {}
+    out, _ = ops.attention_forward(qkv, H, causal, trace)
+    np.testing.assert_allclose(out, ref_attention(qkv, H, causal), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(trace["weights"].sum(-1), 1.0)
+    np.testing.assert_allclose(trace["scores"][np.isfinite(trace["scores"])],
+                               (trace["scores_raw"] / math.sqrt(hd))[np.isfinite(trace["scores"])])
+    if causal:
+        assert np.all(trace["weights"][..., np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] == 0)
+    r = rng.standard_normal(out.shape)
+    _, cache = ops.attention_forward(qkv, H, causal)
+    dqkv = ops.attention_backward(r, cache)
+    check("attention dqkv", dqkv, lambda: project(ops.attention_forward(qkv, H, causal)[0], r), qkv)
+
+
+@few
+@given(*dims, st.integers(1, 3), st.integers(1, 3), st.integers(1, 3), st.integers(0, 2**31))
+def test_cached_attention_matches_full(B, T, H, hd, n_new, seed):
+    """The KV-cache op on positions start.. gives the full causal attention's rows for them."""
+    rng = np.random.default_rng(seed)
+    C = H * hd
+    qkv = rng.standard_normal((B, T + n_new, 3 * C))
+    full, _ = ops.attention_forward(qkv, H, causal=True)
+    k_cache = np.zeros((B, H, T + n_new + 2, hd))
+    v_cache = np.zeros_like(k_cache)
+    first, _ = ops.attention_forward_cached(qkv[:, :T], k_cache, v_cache, 0, H)
+    rest, _ = ops.attention_forward_cached(qkv[:, T:], k_cache, v_cache, T, H)
+    np.testing.assert_allclose(np.concatenate([first, rest], axis=1), full, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("name", ["gelu", "relu"])
+def test_activations(name):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 3, 8)) * 2
+    forward, backward = getattr(ops, f"{name}_forward"), getattr(ops, f"{name}_backward")
+    out, cache = forward(x)
+    np.testing.assert_allclose(out, ref_gelu(x) if name == "gelu" else np.maximum(x, 0), rtol=1e-12, atol=1e-15)
+    r = rng.standard_normal(x.shape)
+    check(f"{name} dx", backward(r, cache), lambda: project(forward(x)[0], r), x)
+
+
+@few
+@given(st.integers(1, 6), st.integers(2, 7), st.integers(0, 2**31))
+def test_softmax_xent(N, V, seed):
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((N, V)) * 3 + 50  # a large offset must not overflow
+    targets = rng.integers(0, V, N)
+    ref = np.mean([-(z[t] - z.max() - math.log(np.exp(z - z.max()).sum())) for z, t in zip(logits, targets)])
+    loss, cache = ops.softmax_xent_forward(logits.copy(), targets)
+    assert loss == pytest.approx(ref, rel=1e-12)
+    dlogits = ops.softmax_xent_backward(cache).copy()
+    y_hat = np.exp(logits - logits.max(-1, keepdims=True))
+    y_hat /= y_hat.sum(-1, keepdims=True)
+    np.testing.assert_allclose(dlogits, (y_hat - np.eye(V)[targets]) / N, atol=1e-15)  # seed 002: y_hat - y
+    check("xent dlogits", dlogits, lambda: ops.softmax_xent_forward(logits.copy(), targets)[0], logits)
+
+
+def test_float32_stays_float32():
+    rng = np.random.default_rng(0)
+    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    x, qkv = f32(2, 3, 8), f32(2, 3, 24)
+    out, cache = ops.layernorm_forward(x, f32(8), f32(8))
+    assert out.dtype == np.float32 and all(g.dtype == np.float32 for g in ops.layernorm_backward(x, cache))
+    out, cache = ops.attention_forward(qkv, 2, True)
+    assert out.dtype == np.float32 and ops.attention_backward(x, cache).dtype == np.float32
+    for name in ("gelu", "relu"):
+        out, cache = getattr(ops, f"{name}_forward")(x)
+        assert out.dtype == np.float32 and getattr(ops, f"{name}_backward")(x, cache).dtype == np.float32
+    out, cache = ops.linear_forward(x, f32(8, 5), f32(5))
+    assert out.dtype == np.float32 and all(g.dtype == np.float32 for g in ops.linear_backward(out, cache))
+    assert ops.sinusoidal_table(4, 8).dtype == np.float32

@@ -1,0 +1,423 @@
+"""GPT: parameters in one flat dict with GPT-2's names, a forward pass that can record its
+intermediates, the whole-model backward, and generation with a KV cache.
+
+The forward reads as the architecture does: embed, add positions, N blocks of attention and
+MLP with residuals and LayerNorm (pre- or post-norm), a final LayerNorm, and logits from the
+tied token embedding. `_backward` walks the same list from the top down. The model computes in
+the dtype of its parameters: float32 to train, float64 for finite-difference checks.
+
+What this module does not do: the math of each layer (ops.py), the choice of the next token
+(sampling.py), files (io.py), the optimizer (optim.py).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from transformer import ops
+from transformer import io
+from transformer.config import GPTConfig, param_shapes
+from transformer.errors import ModelError
+from transformer.sampling import check_sampling, sample_next
+
+_ACTIVATIONS = {
+    "gelu": (ops.gelu_forward, ops.gelu_backward),
+    "relu": (ops.relu_forward, ops.relu_backward),
+}
+
+
+def init_params(config: GPTConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """GPT-2's initialisation: weights N(0, 0.02), residual projections (attn.c_proj,
+    mlp.c_proj) N(0, 0.02 / sqrt(2 * n_layers)) so the residual stream's variance does not grow
+    with depth, biases 0, LayerNorm gains 1. Drawn in a fixed order from one seeded generator."""
+    rng = np.random.default_rng(seed)
+    resid_std = 0.02 / math.sqrt(2 * config.n_layers)
+    params = {}
+    for name, shape in param_shapes(config).items():
+        if name.endswith(".bias"):
+            params[name] = np.zeros(shape, dtype=np.float32)
+        elif ".ln_" in name or name.startswith("ln_f"):
+            params[name] = np.ones(shape, dtype=np.float32)
+        else:
+            std = resid_std if name.endswith("c_proj.weight") else 0.02
+            params[name] = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+    return params
+
+
+class GPT:
+    """A GPT-style transformer in NumPy.
+
+    >>> m = GPT(GPTConfig(vocab_size=10, context_length=8, d_model=8, n_layers=1, n_heads=2))
+    >>> m.forward(np.array([[1, 2, 3]])).shape
+    (1, 3, 10)
+    """
+
+    def __init__(self, config: GPTConfig, seed: int = 0):
+        if not isinstance(config, GPTConfig):
+            raise ModelError(f"expected a GPTConfig, got {type(config).__name__}")
+        self.config = config
+        self.params: dict[str, np.ndarray] = init_params(config, seed)
+        self._scratch: dict[tuple, np.ndarray] = {}
+
+    @classmethod
+    def from_params(cls, config: GPTConfig, params: dict[str, np.ndarray]) -> GPT:
+        """A model with the given weights (checked against the config's names and shapes)."""
+        model = cls.__new__(cls)
+        model.config = config
+        model._scratch = {}
+        expected = param_shapes(config)
+        missing = [name for name in expected if name not in params]
+        if missing:
+            raise ModelError(f"weights lack {len(missing)} parameter(s), e.g. {missing[0]}; is this the right model?")
+        for name, shape in expected.items():
+            if tuple(params[name].shape) != shape:
+                raise ModelError(f"parameter {name} has shape {tuple(params[name].shape)}, the config needs {shape}")
+        model.params = {name: np.ascontiguousarray(params[name], dtype=np.float32) for name in expected}
+        return model
+
+    # ------------------------------------------------------------------------- inputs
+
+    def _check_ids(self, ids, what: str = "ids") -> np.ndarray:
+        """int array (B, T) or (T,) -> (B, T) intp, with the model's limits enforced."""
+        a = np.asarray(ids)
+        if a.ndim == 1:
+            a = a[None, :]
+        if a.ndim != 2 or a.shape[1] == 0 or a.shape[0] == 0:
+            raise ModelError(f"{what} must be a non-empty (B, T) or (T,) array of token ids, got shape {a.shape}")
+        if not np.issubdtype(a.dtype, np.integer):
+            raise ModelError(f"{what} must be integers, got dtype {a.dtype}")
+        if a.shape[1] > self.config.context_length:
+            raise ModelError(
+                f"{what} has {a.shape[1]} positions, more than context_length {self.config.context_length};"
+                " crop the sequence"
+            )
+        if a.min() < 0 or a.max() >= self.config.vocab_size:
+            raise ModelError(
+                f"{what} must lie in [0, {self.config.vocab_size}), got values in [{a.min()}, {a.max()}];"
+                " was the tokenizer trained with a larger vocabulary?"
+            )
+        return a.astype(np.intp, copy=False)
+
+    def _positions(self) -> np.ndarray:
+        """(context_length, C) table: the learned wpe, or the fixed sinusoids in the model's dtype."""
+        if self.config.positional == "learned":
+            return self.params["wpe.weight"]
+        dtype = self.params["wte.weight"].dtype
+        key = ("sinusoidal", dtype)
+        if key not in self._scratch:
+            self._scratch[key] = ops.sinusoidal_table(self.config.context_length, self.config.d_model, dtype)
+        return self._scratch[key]
+
+    def _buffer(self, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """A scratch array reused across calls of the same shape (the logits: the biggest one)."""
+        key = (name, shape, np.dtype(dtype))
+        buf = self._scratch.get(key)
+        if buf is None:
+            self._scratch = {k: v for k, v in self._scratch.items() if k[0] != name}
+            buf = self._scratch[key] = np.empty(shape, dtype=dtype)
+        return buf
+
+    # ------------------------------------------------------------------------- forward
+
+    def _block_forward(self, i: int, x: np.ndarray, trace: dict | None, attend):
+        """x (B, T, C) -> (B, T, C), cache. `attend(qkv)` is the attention op: full-sequence for
+        training, incremental with a KV cache for generation.
+
+        pre-norm (GPT-2):  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))
+        post-norm (seed 001, the original encoder):  x = ln_1(x + attn(x));  x = ln_2(x + mlp(x))
+        """
+        p, cfg = self.params, self.config
+        h = f"h.{i}."
+        rec = trace is not None
+        post = cfg.norm == "post"
+
+        if post:
+            a = x
+        else:
+            a, ln_1 = ops.layernorm_forward(x, p[h + "ln_1.weight"], p.get(h + "ln_1.bias"))
+            if rec:
+                trace[h + "ln_1"] = a
+        qkv, c_attn = ops.linear_forward(a, p[h + "attn.c_attn.weight"], p.get(h + "attn.c_attn.bias"))
+        y, attn = attend(qkv)  # (B, T, C)
+        ao, c_proj = ops.linear_forward(y, p[h + "attn.c_proj.weight"], p.get(h + "attn.c_proj.bias"))
+        if rec:
+            trace[h + "attn.out"] = ao
+        if post:
+            x = x + ao
+            if rec:
+                trace[h + "resid_1"] = x
+            x, ln_1 = ops.layernorm_forward(x, p[h + "ln_1.weight"], p.get(h + "ln_1.bias"))
+            m = x
+            if rec:
+                trace[h + "ln_1"] = x
+        else:
+            x += ao  # the residual stream is in no cache, so it is updated in place
+            if rec:
+                trace[h + "resid_1"] = x.copy()
+            m, ln_2 = ops.layernorm_forward(x, p[h + "ln_2.weight"], p.get(h + "ln_2.bias"))
+            if rec:
+                trace[h + "ln_2"] = m
+        pre, c_fc = ops.linear_forward(m, p[h + "mlp.c_fc.weight"], p.get(h + "mlp.c_fc.bias"))
+        act, act_cache = _ACTIVATIONS[cfg.activation][0](pre)
+        mo, mlp_proj = ops.linear_forward(act, p[h + "mlp.c_proj.weight"], p.get(h + "mlp.c_proj.bias"))
+        if rec:
+            trace[h + "mlp.pre"], trace[h + "mlp.act"], trace[h + "mlp.out"] = pre, act, mo
+        if post:
+            x = x + mo
+            if rec:
+                trace[h + "resid_2"] = x
+            x, ln_2 = ops.layernorm_forward(x, p[h + "ln_2.weight"], p.get(h + "ln_2.bias"))
+            if rec:
+                trace[h + "ln_2"] = x
+        else:
+            x += mo
+            if rec:
+                trace[h + "resid_2"] = x.copy()
+        return x, (ln_1, c_attn, attn, c_proj, ln_2, c_fc, act_cache, mlp_proj)
+
+    def _embed(self, ids: np.ndarray, trace: dict | None):
+        """ids (B, T) -> x0 (B, T, C) = token embedding + positional encoding, cache."""
+        tok, emb = ops.embedding_forward(ids, self.params["wte.weight"])
+        pos, pos_cache = ops.positional_forward(self._positions(), ids.shape[1])
+        x = tok + pos
+        if trace is not None:
+            trace["tok_emb"], trace["pos_emb"], trace["x0"] = tok, pos.copy(), x.copy()
+        return x, (emb, pos_cache)
+
+    def _forward(self, ids: np.ndarray, trace: dict | None, keep_cache: bool):
+        """ids (B, T) -> final LayerNorm output (B, T, C), caches (None unless keep_cache)."""
+        H, causal = self.config.n_heads, self.config.causal
+        x, embed_cache = self._embed(ids, trace)
+        blocks = []
+        for i in range(self.config.n_layers):
+
+            def attend(qkv, i=i):
+                attn_trace = {} if trace is not None else None
+                out, cache = ops.attention_forward(qkv, H, causal, attn_trace)
+                if trace is not None:
+                    trace.update({f"h.{i}.attn.{key}": value for key, value in attn_trace.items()})
+                return out, cache
+
+            x, cache = self._block_forward(i, x, trace, attend)
+            if keep_cache:
+                blocks.append(cache)
+            del cache  # without keep_cache, a block's intermediates die with the block
+        xf, ln_f = ops.layernorm_forward(x, self.params["ln_f.weight"], self.params.get("ln_f.bias"))
+        if trace is not None:
+            trace["ln_f"] = xf
+        return xf, (embed_cache, blocks, ln_f) if keep_cache else None
+
+    def forward(self, ids, trace: dict | None = None) -> np.ndarray:
+        """ids (B, T) or (T,) -> logits (B, T, V) from the tied embedding: logits = ln_f(x) W_e^T.
+
+        With `trace` (a dict) the intermediates are recorded under the contract's names; when
+        it is None nothing extra is computed or kept.
+        """
+        ids = self._check_ids(ids)
+        xf, _ = self._forward(ids, trace, keep_cache=False)
+        logits = xf @ self.params["wte.weight"].T  # (B, T, V)
+        if trace is not None:
+            trace["logits"] = logits
+        return logits
+
+    def _unembed_loss(self, xf: np.ndarray, targets: np.ndarray):
+        """xf (B, T, C), targets (B, T) -> mean loss, cache. The (B*T, V) logits go into a buffer
+        reused across steps, and the loss turns them into probabilities in place."""
+        wte = self.params["wte.weight"]
+        x2 = xf.reshape(-1, xf.shape[-1])
+        logits = self._buffer("logits", (x2.shape[0], wte.shape[0]), wte.dtype)
+        np.matmul(x2, wte.T, out=logits)  # (B*T, V)
+        return ops.softmax_xent_forward(logits, targets.reshape(-1))
+
+    def loss(self, ids, targets) -> float:
+        """Mean cross-entropy of predicting targets (B, T) from ids (B, T); forward only, for eval."""
+        ids = self._check_ids(ids)
+        targets = self._check_ids(targets, "targets")
+        if targets.shape != ids.shape:
+            raise ModelError(f"targets have shape {targets.shape}, ids {ids.shape}; they must match")
+        xf, _ = self._forward(ids, None, keep_cache=False)
+        return self._unembed_loss(xf, targets)[0]
+
+    def loss_and_grads(self, ids, targets) -> tuple[float, dict[str, np.ndarray]]:
+        """-> (mean cross-entropy loss, grads keyed and ordered like params)."""
+        ids = self._check_ids(ids)
+        targets = self._check_ids(targets, "targets")
+        if targets.shape != ids.shape:
+            raise ModelError(f"targets have shape {targets.shape}, ids {ids.shape}; they must match")
+        xf, caches = self._forward(ids, None, keep_cache=True)
+        loss, xent = self._unembed_loss(xf, targets)
+        grads = self._backward(xf, xent, caches)
+        return loss, {name: grads[name] for name in self.params}
+
+    # ------------------------------------------------------------------------- backward
+
+    def _backward(self, xf: np.ndarray, xent, caches) -> dict[str, np.ndarray]:
+        """The forward read from the top down: loss, tied unembedding, ln_f, blocks N-1..0,
+        positions, token embedding (whose gradient adds to the unembedding's)."""
+        p, grads = self.params, {}
+        embed_cache, blocks, ln_f = caches
+        wte = p["wte.weight"]
+        dlogits = ops.softmax_xent_backward(xent)  # (B*T, V) = (y_hat - y) / N
+        x2 = xf.reshape(-1, xf.shape[-1])
+        grads["wte.weight"] = dlogits.T @ x2  # (V, C)
+        dxf = (dlogits @ wte).reshape(xf.shape)  # (B, T, C)
+        dx, grads["ln_f.weight"], grads["ln_f.bias"] = ops.layernorm_backward(dxf, ln_f)
+        for i in reversed(range(self.config.n_layers)):
+            dx = self._block_backward(i, dx, blocks[i], grads)
+        emb, pos_cache = embed_cache
+        if self.config.positional == "learned":
+            grads["wpe.weight"] = ops.positional_backward(dx, pos_cache)
+        ops.embedding_backward(dx, emb, dweight=grads["wte.weight"])
+        return grads
+
+    def _block_backward(self, i: int, dx: np.ndarray, cache, grads: dict) -> np.ndarray:
+        """d(block output) (B, T, C) -> d(block input) (B, T, C); fills the block's grads.
+        `_block_forward` read backwards: MLP half, then attention half."""
+        ln_1, c_attn, attn, c_proj, ln_2, c_fc, act_cache, mlp_proj = cache
+        h = f"h.{i}."
+        act_backward = _ACTIVATIONS[self.config.activation][1]
+        post = self.config.norm == "post"
+
+        # MLP half. pre: x2 = x1 + mlp(ln_2(x1)); post: x2 = ln_2(x1 + mlp(x1))
+        if post:
+            dx, grads[h + "ln_2.weight"], grads[h + "ln_2.bias"] = ops.layernorm_backward(dx, ln_2)
+        dact, grads[h + "mlp.c_proj.weight"], grads[h + "mlp.c_proj.bias"] = ops.linear_backward(dx, mlp_proj)
+        dpre = act_backward(dact, act_cache)
+        dm, grads[h + "mlp.c_fc.weight"], grads[h + "mlp.c_fc.bias"] = ops.linear_backward(dpre, c_fc)
+        if post:
+            dx += dm
+        else:
+            dm, grads[h + "ln_2.weight"], grads[h + "ln_2.bias"] = ops.layernorm_backward(dm, ln_2)
+            dx += dm
+
+        # attention half. pre: x1 = x0 + attn(ln_1(x0)); post: x1 = ln_1(x0 + attn(x0))
+        if post:
+            dx, grads[h + "ln_1.weight"], grads[h + "ln_1.bias"] = ops.layernorm_backward(dx, ln_1)
+        dy, grads[h + "attn.c_proj.weight"], grads[h + "attn.c_proj.bias"] = ops.linear_backward(dx, c_proj)
+        dqkv = ops.attention_backward(dy, attn)
+        da, grads[h + "attn.c_attn.weight"], grads[h + "attn.c_attn.bias"] = ops.linear_backward(dqkv, c_attn)
+        if post:
+            dx += da
+        else:
+            da, grads[h + "ln_1.weight"], grads[h + "ln_1.bias"] = ops.layernorm_backward(da, ln_1)
+            dx += da
+        return dx
+
+    # ------------------------------------------------------------------------- generation
+
+    def generate(
+        self,
+        ids,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop_token: int | None = None,
+        use_cache: bool = True,
+    ) -> Iterator[int]:
+        """Yield up to max_new_tokens new token ids, one at a time, continuing the prompt ids (T,).
+
+        temperature 0 is greedy; top_k / top_p filter before sampling; `seed` makes it
+        repeatable. Stops after yielding stop_token. A prompt longer than context_length is
+        cropped to its last context_length tokens with a warning (so is the running context).
+        With use_cache (and causal attention) each step computes only the new position's
+        q, k, v and appends k, v to per-layer caches; without it every step reruns the whole
+        context. Both give the same tokens. Arguments are checked before the first token.
+        """
+        prompt = np.asarray(ids)
+        if prompt.ndim == 2 and prompt.shape[0] == 1:
+            prompt = prompt[0]
+        if prompt.ndim != 1 or prompt.size == 0:
+            raise ModelError(f"generate takes one non-empty prompt (T,) or (1, T), got shape {prompt.shape}")
+        T_max = self.config.context_length
+        self._check_ids(prompt[-T_max:], "prompt")
+        if isinstance(max_new_tokens, bool) or int(max_new_tokens) != max_new_tokens or max_new_tokens < 0:
+            raise ModelError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens}")
+        check_sampling(temperature, top_k, top_p)
+        rng = np.random.default_rng(seed)
+        pick = lambda logits: sample_next(logits, rng, temperature=temperature, top_k=top_k, top_p=top_p)  # noqa: E731
+        steps = self._steps_cached() if use_cache and self.config.causal else self._steps_uncached()
+        return self._generate(list(prompt.tolist()), int(max_new_tokens), pick, stop_token, steps)
+
+    def _generate(self, tokens: list[int], max_new_tokens: int, pick, stop_token, steps) -> Iterator[int]:
+        T_max = self.config.context_length
+        warned = False
+        next(steps)  # start the step coroutine
+        for _ in range(max_new_tokens):
+            if len(tokens) > T_max and not warned:
+                warnings.warn(
+                    f"context of {len(tokens)} tokens is longer than context_length {T_max};"
+                    f" keeping the last {T_max}",
+                    stacklevel=3,
+                )
+                warned = True
+            logits = steps.send(tokens)
+            token = pick(logits)
+            yield token
+            if token == stop_token:
+                return
+            tokens.append(token)
+
+    def _last_logits(self, xf_last: np.ndarray) -> np.ndarray:
+        """xf_last (C,) final-normed last position -> logits (V,)."""
+        return self.params["wte.weight"] @ xf_last
+
+    def _steps_uncached(self):
+        """Coroutine: receives the token list, returns the next-token logits (V,) by rerunning
+        the whole (cropped) context."""
+        logits = None
+        while True:
+            tokens = yield logits
+            ctx = np.asarray(tokens[-self.config.context_length :], dtype=np.intp)[None, :]
+            xf, _ = self._forward(ctx, None, keep_cache=False)
+            logits = self._last_logits(xf[0, -1])
+
+    def _steps_cached(self):
+        """Coroutine like `_steps_uncached` with per-layer K/V caches (1, H, T_max, hd): only
+        the positions not yet cached are computed. When the context outgrows context_length the
+        window slides, every position shifts, and the cache is refilled from the cropped context."""
+        cfg = self.config
+        T_max, H = cfg.context_length, cfg.n_heads
+        dtype = self.params["wte.weight"].dtype
+        shape = (1, H, T_max, cfg.head_dim)
+        k_cache = [np.empty(shape, dtype=dtype) for _ in range(cfg.n_layers)]
+        v_cache = [np.empty(shape, dtype=dtype) for _ in range(cfg.n_layers)]
+        cached = 0  # positions held in the caches
+        window_start = 0  # index in the token list of cached position 0
+        logits = None
+        while True:
+            tokens = yield logits
+            if len(tokens) > T_max:
+                window_start, cached = len(tokens) - T_max, 0
+            new = np.asarray(tokens[window_start + cached :], dtype=np.intp)[None, :]  # (1, n)
+            x = self.params["wte.weight"][new] + self._positions()[cached : cached + new.shape[1]]
+            for i in range(cfg.n_layers):
+
+                def attend(qkv, i=i, start=cached):
+                    return ops.attention_forward_cached(qkv, k_cache[i], v_cache[i], start, H)
+
+                x, _ = self._block_forward(i, x, None, attend)
+            cached += new.shape[1]
+            xf, _ = ops.layernorm_forward(x[:, -1], self.params["ln_f.weight"], self.params.get("ln_f.bias"))
+            logits = self._last_logits(xf[0])
+
+    # ------------------------------------------------------------------------- files
+
+    def save(self, path, metadata: dict[str, str] | None = None, extra_tensors: dict[str, np.ndarray] | None = None):
+        """Write params (+ extra_tensors, e.g. `tokenizer.*`) to a safetensors file atomically,
+        with the config as JSON under the metadata key "config"."""
+        io.save_model(path, self.params, self.config.to_dict(), metadata=metadata, extra_tensors=extra_tensors)
+
+    @classmethod
+    def load(cls, path: str | Path) -> GPT:
+        """Read a model saved by `save`, or a GPT-2 state dict (keys optionally `transformer.`
+        prefixed); tensors that are not model parameters are ignored."""
+        config, params = io.load_model(path)
+        return cls.from_params(config, params)

@@ -1,0 +1,332 @@
+"""The layers of a GPT as forward/backward pairs with explicit caches (llm.c's layout).
+
+Each `*_forward` returns `(out, cache)` and its `*_backward(dout, cache)` sits right below it,
+readable against it line by line. Ops compute in the dtype they are given (float32 to train,
+float64 for finite-difference checks) and never loop in Python over batch, heads or time.
+
+Speed comes from few passes over memory rather than from clever math: 2-D GEMMs on (B*T, C)
+views, batched matmuls on (B, H, T, hd) views of the fused qkv tensor (no transposed copies),
+`out=` and in-place ufuncs. Where a buffer is not needed after a backward, the backward reuses
+it: `attention_backward` and `softmax_xent_backward` overwrite their caches, so a cache is good
+for exactly one backward.
+
+What this module does not do: parameters, initialisation, sampling, I/O (see model.py, io.py).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+LN_EPS = 1e-5  # GPT-2's LayerNorm epsilon
+_GELU_C = math.sqrt(2.0 / math.pi)
+_GELU_A = 0.044715
+
+
+# ----------------------------------------------------------------------------- embedding
+
+
+def embedding_forward(ids: np.ndarray, weight: np.ndarray):
+    """ids (B, T) int, weight (V, C) -> out (B, T, C): row ids[b, t] of weight."""
+    return weight.take(ids, axis=0), (ids, weight.shape)
+
+
+def embedding_backward(dout: np.ndarray, cache, dweight: np.ndarray | None = None) -> np.ndarray:
+    """dout (B, T, C) -> dweight (V, C); adds into `dweight` when given (the tied unembedding's
+    gradient is already there). Repeated ids accumulate, hence `add.at` rather than `+=`."""
+    ids, shape = cache
+    if dweight is None:
+        dweight = np.zeros(shape, dtype=dout.dtype)
+    np.add.at(dweight, ids.reshape(-1), dout.reshape(-1, shape[1]))
+    return dweight
+
+
+# ----------------------------------------------------------------------------- positions
+
+
+@lru_cache(maxsize=16)
+def _sinusoidal_table64(n_positions: int, d_model: int) -> np.ndarray:
+    pos = np.arange(n_positions, dtype=np.float64)[:, None]
+    angle = pos / 10000.0 ** (np.arange(0, d_model, 2, dtype=np.float64) / d_model)  # (T, ceil(C/2))
+    table = np.empty((n_positions, d_model))
+    table[:, 0::2] = np.sin(angle)
+    table[:, 1::2] = np.cos(angle[:, : d_model // 2])
+    table.flags.writeable = False
+    return table
+
+
+def sinusoidal_table(n_positions: int, d_model: int, dtype=np.float32) -> np.ndarray:
+    """(T, C) fixed encodings of "Attention is all you need" (seed 001):
+    PE[p, 2i] = sin(p / 10000^(2i/C)), PE[p, 2i+1] = cos(p / 10000^(2i/C)).
+
+    >>> sinusoidal_table(2, 4, np.float64)[1].round(3).tolist()
+    [0.841, 0.54, 0.01, 1.0]
+    """
+    return _sinusoidal_table64(n_positions, d_model).astype(dtype)
+
+
+def positional_forward(table: np.ndarray, T: int):
+    """table (n_positions, C) -> pos_emb (T, C), the rows for positions 0..T-1 (learned or fixed)."""
+    return table[:T], (table.shape, T)
+
+
+def positional_backward(dout: np.ndarray, cache) -> np.ndarray:
+    """dout (B, T, C) -> dtable (n_positions, C); rows past T get no gradient."""
+    shape, T = cache
+    dtable = np.zeros(shape, dtype=dout.dtype)
+    dout.sum(axis=0, out=dtable[:T])
+    return dtable
+
+
+# ----------------------------------------------------------------------------- layernorm
+
+
+def layernorm_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: float = LN_EPS):
+    """x (..., C) -> out (..., C) = (x - mean) / sqrt(var + eps) * weight + bias, per row.
+
+    The cache keeps the normalised xhat (not x) and 1/std: all the backward needs. Row means
+    are GEMVs against a (C,) vector of 1/C: one BLAS read instead of a NumPy reduction.
+    """
+    C = x.shape[-1]
+    x2 = x.reshape(-1, C)
+    inv_c = np.full(C, 1.0 / C, dtype=x.dtype)
+    xhat = x2 - (x2 @ inv_c)[:, None]  # (N, C) centred
+    sq = np.square(xhat)
+    rstd = sq @ inv_c  # (N,) variance
+    rstd += eps
+    np.sqrt(rstd, out=rstd)
+    np.divide(1.0, rstd, out=rstd)
+    rstd = rstd[:, None]
+    xhat *= rstd
+    out = np.multiply(xhat, weight, out=sq)
+    if bias is not None:
+        out += bias
+    return out.reshape(x.shape), (xhat, rstd, weight, bias is not None)
+
+
+def layernorm_backward(dout: np.ndarray, cache):
+    """dout (..., C) -> dx (..., C), dweight (C,), dbias (C,) or None.
+
+    With g = dout * weight: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), means per row.
+    Both means are GEMVs against weight / C, since mean(g) = dout @ weight / C and
+    mean(g * xhat) = (dout * xhat) @ weight / C; dout * xhat also gives dweight.
+    """
+    xhat, rstd, weight, has_bias = cache
+    C = xhat.shape[-1]
+    d2 = dout.reshape(-1, C)
+    d_xhat = d2 * xhat  # (N, C)
+    dweight = d_xhat.sum(axis=0)
+    dbias = d2.sum(axis=0) if has_bias else None
+    w_over_c = weight / C
+    mean_g = (d2 @ w_over_c)[:, None]
+    mean_gx = (d_xhat @ w_over_c)[:, None]
+    dx = np.multiply(d2, weight)
+    dx -= mean_g
+    np.multiply(xhat, mean_gx, out=d_xhat)
+    dx -= d_xhat
+    dx *= rstd
+    return dx.reshape(dout.shape), dweight, dbias
+
+
+# ----------------------------------------------------------------------------- linear
+
+
+def linear_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None):
+    """x (..., Cin), weight (Cin, Cout) (GPT-2's Conv1D layout), bias (Cout,) -> (..., Cout).
+
+    One 2-D GEMM on the (B*T, Cin) view of x.
+    """
+    out = x.reshape(-1, x.shape[-1]) @ weight
+    if bias is not None:
+        out += bias
+    return out.reshape(*x.shape[:-1], weight.shape[1]), (x, weight, bias is not None)
+
+
+def linear_backward(dout: np.ndarray, cache):
+    """dout (..., Cout) -> dx (..., Cin), dweight (Cin, Cout), dbias (Cout,) or None."""
+    x, weight, has_bias = cache
+    d2 = dout.reshape(-1, dout.shape[-1])
+    x2 = x.reshape(-1, x.shape[-1])
+    dx = (d2 @ weight.T).reshape(x.shape)
+    dweight = x2.T @ d2
+    dbias = d2.sum(axis=0) if has_bias else None
+    return dx, dweight, dbias
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+@lru_cache(maxsize=16)
+def causal_mask(T: int, dtype_name: str) -> np.ndarray:
+    """(T, T) additive mask: 0 on and below the diagonal, -inf above (a query sees no later key)."""
+    mask = np.triu(np.full((T, T), -np.inf, dtype=np.dtype(dtype_name)), k=1)
+    mask.flags.writeable = False
+    return mask
+
+
+def _softmax_lastaxis_(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, in place (max-subtracted, so large scores do not overflow)."""
+    x -= x.max(axis=-1, keepdims=True)
+    np.exp(x, out=x)
+    x *= 1.0 / x.sum(axis=-1, keepdims=True)
+    return x
+
+
+def _split_heads(qkv: np.ndarray, n_heads: int):
+    """qkv (B, T, 3C) -> q, k, v views (B, H, T, hd) into the same buffer (no copies)."""
+    B, T, C3 = qkv.shape
+    parts = qkv.reshape(B, T, 3, n_heads, C3 // (3 * n_heads)).transpose(2, 0, 3, 1, 4)
+    return parts[0], parts[1], parts[2]
+
+
+def attention_forward(qkv: np.ndarray, n_heads: int, causal: bool, trace: dict | None = None):
+    """qkv (B, T, 3C) fused projections -> out (B, T, C) = softmax(q k^T / sqrt(hd) + mask) v.
+
+    Heads are batched as (B, H, T, hd) views; the weighted sum is written straight into the
+    (B, T, C) layout the output projection reads. q is scaled before the product (T*hd work
+    instead of T*T). With `trace` (a dict) it records q, k, v, scores_raw, scores, weights and
+    mix, each (B, H, ...), as copies.
+    """
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    hd = C // n_heads
+    scale = 1.0 / math.sqrt(hd)
+    q, k, v = _split_heads(qkv, n_heads)
+    qs = q * scale  # (B, H, T, hd)
+    att = qs @ k.swapaxes(-1, -2)  # (B, H, T, T)
+    if causal:
+        att += causal_mask(T, att.dtype.name)
+    if trace is not None:
+        trace["q"], trace["k"], trace["v"] = q.copy(), k.copy(), v.copy()
+        trace["scores_raw"] = q @ k.swapaxes(-1, -2)
+        trace["scores"] = att.copy()
+    _softmax_lastaxis_(att)  # att now holds the weights
+    out = np.empty((B, T, C), dtype=qkv.dtype)
+    mix = out.reshape(B, T, n_heads, hd).transpose(0, 2, 1, 3)  # (B, H, T, hd) view of out
+    np.matmul(att, v, out=mix)
+    if trace is not None:
+        trace["weights"] = att.copy()
+        trace["mix"] = mix.copy()
+    return out, (qs, k, v, att, scale)
+
+
+def attention_backward(dout: np.ndarray, cache) -> np.ndarray:
+    """dout (B, T, C) -> dqkv (B, T, 3C). Overwrites the cached weights.
+
+    Softmax backward per row: ds = w * (dw - sum(dw * w)); masked entries have w = 0, so they
+    get no gradient without looking at the mask.
+    """
+    qs, k, v, w, scale = cache
+    B, H, T, hd = qs.shape
+    dmix = dout.reshape(B, T, H, hd).transpose(0, 2, 1, 3)  # (B, H, T, hd) view
+    dqkv = np.empty((B, T, 3 * H * hd), dtype=dout.dtype)
+    dq, dk, dv = _split_heads(dqkv, H)
+    np.matmul(w.swapaxes(-1, -2), dmix, out=dv)
+    dw = dmix @ v.swapaxes(-1, -2)  # (B, H, T, T)
+    dw *= w
+    w *= dw.sum(axis=-1, keepdims=True)
+    dw -= w  # dw is now ds, the gradient of the scaled scores
+    np.matmul(dw, k, out=dq)
+    dq *= scale
+    np.matmul(dw.swapaxes(-1, -2), qs, out=dk)
+    return dqkv
+
+
+def attention_forward_cached(qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int, n_heads: int):
+    """Incremental causal attention for generation (inference only, no backward).
+
+    qkv (B, n, 3C) holds the projections of n new positions start..start+n-1; their k and v are
+    written into k_cache, v_cache (B, H, T_max, hd) and each new query attends to every cached
+    position up to its own. Returns out (B, n, C). Only the new positions are computed.
+    """
+    B, n, C3 = qkv.shape
+    C = C3 // 3
+    hd = C // n_heads
+    q, k, v = _split_heads(qkv, n_heads)
+    end = start + n
+    k_cache[:, :, start:end] = k
+    v_cache[:, :, start:end] = v
+    att = (q * (1.0 / math.sqrt(hd))) @ k_cache[:, :, :end].swapaxes(-1, -2)  # (B, H, n, end)
+    if n > 1:
+        att += causal_mask(end, att.dtype.name)[start:end]  # rows of the new queries
+    _softmax_lastaxis_(att)
+    out = np.empty((B, n, C), dtype=qkv.dtype)
+    np.matmul(att, v_cache[:, :, :end], out=out.reshape(B, n, n_heads, hd).transpose(0, 2, 1, 3))
+    return out, None
+
+
+# ----------------------------------------------------------------------------- activations
+
+
+def gelu_forward(x: np.ndarray):
+    """x (...) -> 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GPT-2's tanh GELU.
+
+    Written as x * h with h = 0.5 (1 + tanh(u)); the cache keeps x and h.
+    """
+    h = np.square(x)
+    h *= _GELU_A * _GELU_C
+    h += _GELU_C
+    h *= x  # u = c (x + a x^3)
+    np.tanh(h, out=h)
+    h *= 0.5
+    h += 0.5
+    return x * h, (x, h)
+
+
+def gelu_backward(dout: np.ndarray, cache) -> np.ndarray:
+    """dout (...) -> dx (...). d/dx [x h] = h + x h'(x), and with t = tanh(u) = 2h - 1:
+    h' = 0.5 (1 - t^2) u' = 2 h (1 - h) c (1 + 3a x^2)."""
+    x, h = cache
+    g = np.square(x)
+    g *= 6.0 * _GELU_A * _GELU_C
+    g += 2.0 * _GELU_C
+    g *= x  # 2 x u'
+    s = np.subtract(1.0, h)
+    s *= h
+    g *= s
+    g += h
+    g *= dout
+    return g
+
+
+def relu_forward(x: np.ndarray):
+    """x (...) -> max(x, 0); the cache is the output (its sign says where gradient flows)."""
+    out = np.maximum(x, 0)
+    return out, out
+
+
+def relu_backward(dout: np.ndarray, cache) -> np.ndarray:
+    """dout (...) -> dx (...) = dout where the input was positive, else 0."""
+    return np.where(cache > 0, dout, 0).astype(dout.dtype, copy=False)
+
+
+# ----------------------------------------------------------------------------- loss
+
+
+def softmax_xent_forward(logits: np.ndarray, targets: np.ndarray):
+    """logits (N, V), targets (N,) int -> mean cross-entropy -log softmax(logits)[target].
+
+    Overwrites `logits` with the probabilities y_hat (the only thing the backward needs), so
+    the biggest array of the model is allocated once. The loss is summed in float64.
+    """
+    N = logits.shape[0]
+    rows = np.arange(N)
+    logits -= logits.max(axis=-1, keepdims=True)
+    picked = logits[rows, targets].astype(np.float64)  # z_target - max
+    np.exp(logits, out=logits)
+    total = logits.sum(axis=-1, keepdims=True)
+    loss = float(np.mean(np.log(total[:, 0].astype(np.float64)) - picked))
+    logits *= 1.0 / total
+    return loss, (logits, targets)
+
+
+def softmax_xent_backward(cache) -> np.ndarray:
+    """-> dlogits (N, V) = (y_hat - y) / N (seed 002's dL/dz for the mean loss), written over
+    the cached probabilities."""
+    probs, targets = cache
+    N = probs.shape[0]
+    probs[np.arange(N), targets] -= 1.0
+    probs *= 1.0 / N
+    return probs

@@ -1,0 +1,97 @@
+"""Choosing the next token from a row of logits: greedy, temperature, top-k, top-p.
+
+Small pure functions on a (V,) vector, composed by `sample_next`. They work in float64, so the
+choice does not depend on the model's dtype beyond its logits. Randomness comes only from the
+`numpy.random.Generator` passed in: the same seed gives the same tokens.
+
+What this module does not do: run the model or keep the KV cache (see GPT.generate).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from transformer.errors import ModelError
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Raise ModelError (one line) for settings no sampler can honour."""
+    if not np.isfinite(temperature) or temperature < 0:
+        raise ModelError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and (isinstance(top_k, bool) or int(top_k) != top_k or top_k < 1):
+        raise ModelError(f"top_k must be a positive integer or None, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ModelError(f"top_p must be in (0, 1] or None, got {top_p}")
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """(V,) -> (V,) probabilities in float64; -inf logits get probability 0.
+
+    >>> softmax(np.array([0.0, np.log(3.0)])).round(3).tolist()
+    [0.25, 0.75]
+    """
+    z = np.asarray(logits, dtype=np.float64)
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def greedy(logits: np.ndarray) -> int:
+    """The most likely token (seed 002's argmax); ties go to the lowest id."""
+    return int(np.argmax(logits))
+
+
+def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """(V,) -> (V,) logits / temperature (> 0): below 1 sharpens, above 1 flattens."""
+    return np.asarray(logits, dtype=np.float64) / temperature
+
+
+def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:
+    """(V,) -> (V,) copy keeping the k largest logits (and any tied with the k-th), the rest -inf.
+
+    >>> top_k_filter(np.array([1.0, 3.0, 2.0]), 2).tolist()
+    [-inf, 3.0, 2.0]
+    """
+    z = np.array(logits, dtype=np.float64)
+    if k < z.size:
+        kth = np.partition(z, z.size - k)[z.size - k]
+        z[z < kth] = -np.inf
+    return z
+
+
+def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
+    """(V,) -> (V,) copy keeping the smallest set of most likely tokens whose probability sums
+    to at least p (nucleus sampling), the rest -inf. The most likely token always stays.
+
+    >>> top_p_filter(np.log(np.array([0.5, 0.3, 0.2])), 0.7).round(2).tolist()
+    [-0.69, -1.2, -inf]
+    """
+    z = np.array(logits, dtype=np.float64)
+    order = np.argsort(-z, kind="stable")
+    cum = np.cumsum(softmax(z)[order])
+    # keep a token if the mass strictly before it is still below p
+    keep = np.concatenate(([True], cum[:-1] < p))
+    z[order[~keep]] = -np.inf
+    return z
+
+
+def sample_next(
+    logits: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> int:
+    """(V,) logits -> one token id. temperature 0 is greedy; otherwise temperature, then top-k,
+    then top-p, then one draw by inverse CDF from `rng`."""
+    if temperature == 0:
+        return greedy(logits)
+    z = apply_temperature(logits, temperature)
+    if top_k is not None:
+        z = top_k_filter(z, int(top_k))
+    if top_p is not None:
+        z = top_p_filter(z, top_p)
+    cdf = np.cumsum(softmax(z))
+    u = rng.random() * cdf[-1]
+    # side="right" never picks a zero-probability token: its cdf equals its predecessor's
+    return int(min(np.searchsorted(cdf, u, side="right"), cdf.size - 1))
