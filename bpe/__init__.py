@@ -1,5 +1,23 @@
-"""Byte-level BPE: text <-> token ids. Knows nothing of models, files beyond its own, or the CLI."""
+"""Byte-level BPE: text <-> token ids.
+
+What it does: trains a tokenizer on any bytes (ids 0-255 are the bytes, so nothing is ever
+unknown), encodes and decodes text with it, honours special tokens only where the caller allows
+them, and reads/writes `tokenizer.safetensors` plus GPT-2's vocabulary files (an imported GPT-2
+tokenizer gives GPT-2's exact ids).
+
+What it deliberately does not do: normalise text (no lowercasing, no Unicode normalisation, no
+byte fallback: the exact bytes go in and come back out), know anything about models, or touch
+files outside `bpe/io.py`.
+
+>>> from bpe import Tokenizer
+>>> tok = Tokenizer.train([b"aaabdaaabac"], vocab_size=259, min_frequency=1, quiet=True)
+>>> tok.merges
+[(97, 97), (97, 98), (256, 257)]
+>>> tok.decode(tok.encode("aaabdaaabac"))
+'aaabdaaabac'
+"""
 
 from bpe.errors import TokenizerError
+from bpe.tokenizer import Tokenizer
 
-__all__ = ["TokenizerError"]
+__all__ = ["Tokenizer", "TokenizerError"]

@@ -1,0 +1,571 @@
+"""`Tokenizer`: byte-level BPE encode/decode, special tokens, training entry point.
+
+What it does: turns text into token ids and back with a list of merges (merge r makes id 256 + r);
+recognises special tokens only where the caller allows them (tiktoken's policy); trains a new
+tokenizer by calling `bpe.pretokenize.count_chunks` and `bpe.trainer.train_merges`; encodes whole
+files in worker processes.
+
+What it deliberately does not do: learn merges (bpe/trainer.py), split text into chunks
+(bpe/pretokenize.py), or touch files (bpe/io.py does, for it).
+
+Encoding, in short: split the text at allowed special tokens, split each stretch with the pattern
+into chunks, and turn each chunk into ids by repeatedly merging the adjacent pair with the lowest
+rank. Text repeats a lot, so each distinct chunk is merged once and its ids are cached.
+
+>>> tok = Tokenizer([(97, 97), (256, 97)])            # "aa" -> 256, then "aa"+"a" -> 257
+>>> tok.encode("aaabdaaabac")
+[257, 98, 100, 257, 98, 97, 99]
+>>> tok.decode([257, 98])
+'aaab'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from itertools import chain, repeat
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import regex
+
+from bpe import io
+from bpe.errors import TokenizerError
+
+_NO_MERGE = 1 << 62  # "rank" of a pair that has no merge; larger than any id
+_LONG_CHUNK = 64  # from this many bytes on, merge with a heap instead of rescanning the chunk
+_CACHE_LIMIT = 1 << 20  # distinct chunks kept in the cache before it is emptied and refilled
+_CACHE_MAX_CHUNK = 256  # longer chunks are rare; caching them would only cost memory
+_PIECE_BYTES = 1 << 20  # encode_file: bytes per task handed to a worker process
+
+
+@dataclass
+class TrainReport:
+    """What happened during `Tokenizer.train`.
+
+    merges_learned: number of merges; stop_reason: why training stopped (the trainer's words);
+    seconds: wall time of counting + merging; counts: the pair count of each merge, in rank order;
+    unique_chunks: distinct pre-token chunks in the corpus; corpus_bytes / corpus_tokens: size of
+    the corpus and its length in tokens under the new tokenizer (specials read as plain text).
+    """
+
+    merges_learned: int
+    stop_reason: str
+    seconds: float
+    counts: list[int] = field(repr=False)
+    unique_chunks: int
+    corpus_bytes: int
+    corpus_tokens: int
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.corpus_bytes / max(self.corpus_tokens, 1)
+
+
+def describe_merge(vocab: Sequence[bytes], rank: int, pair: tuple[int, int], count: int) -> str:
+    """One readable line per merge, for learners watching training.
+
+    >>> describe_merge([bytes([i]) for i in range(256)], 0, (116, 104), 1234)
+    "merge 0: 't' + 'h' -> 'th'  (id 256, count 1234)"
+    """
+    a, b = pair
+    show = lambda bs: repr(bs.decode("utf-8", errors="backslashreplace"))  # noqa: E731
+    return f"merge {rank}: {show(vocab[a])} + {show(vocab[b])} -> {show(vocab[a] + vocab[b])}  (id {256 + rank}, count {count})"
+
+
+class Tokenizer:
+    """A byte-level BPE tokenizer.
+
+    Ids 0-255 are the 256 bytes (in `byte_order`, identity unless imported from GPT-2), id 256 + r
+    is the result of merge r, and special tokens follow the merges.
+
+    Build one with `Tokenizer.train`, `Tokenizer.load`, `Tokenizer.from_gpt2` or
+    `Tokenizer.from_tensors`; the constructor takes the merges directly.
+    """
+
+    def __init__(
+        self,
+        merges: Iterable[tuple[int, int]],
+        *,
+        special_tokens: Iterable[str] | dict[str, int] = (),
+        pattern: str = "gpt2",
+        byte_order: Sequence[int] | None = None,
+        training: dict | None = None,
+        _pattern_regex: str | None | bool = False,
+    ) -> None:
+        from bpe.pretokenize import resolve_pattern
+
+        self._merges = [(int(a), int(b)) for a, b in merges]
+        order = list(range(256)) if byte_order is None else [int(b) for b in byte_order]
+        if sorted(order) != list(range(256)):
+            raise TokenizerError("byte_order must be a permutation of 0..255")
+        vocab = [bytes([b]) for b in order]
+        for r, (a, b) in enumerate(self._merges):
+            if not (0 <= a < 256 + r and 0 <= b < 256 + r):
+                raise TokenizerError(f"merge {r} ({a}, {b}) uses an id that does not exist yet")
+            vocab.append(vocab[a] + vocab[b])
+        self._vocab = vocab
+        # pair -> merged id; since merge r makes id 256 + r, the id is also the pair's rank.
+        self._pair_id = {pair: 256 + r for r, pair in enumerate(self._merges)}
+        if len(self._pair_id) != len(self._merges):
+            raise TokenizerError("the same pair is merged twice")
+        self._byte_ids = [0] * 256
+        for i, b in enumerate(order):
+            self._byte_ids[b] = i
+        self._identity = order == list(range(256))
+
+        names = list(special_tokens)
+        for s in names:
+            if not isinstance(s, str) or not s:
+                raise TokenizerError(f"special tokens must be non-empty strings, got {s!r}")
+        if len(set(names)) != len(names):
+            raise TokenizerError("special tokens must be distinct")
+        if isinstance(special_tokens, dict):
+            names = sorted(special_tokens, key=special_tokens.__getitem__)
+        self._specials = {s: len(vocab) + k for k, s in enumerate(names)}
+        self._special_bytes = {i: s.encode("utf-8") for s, i in self._specials.items()}
+        self._id_bytes = vocab + [self._special_bytes[i] for i in sorted(self._special_bytes)]
+
+        self._pattern_name = pattern
+        self._pattern = resolve_pattern(pattern) if _pattern_regex is False else _pattern_regex
+        self._training = dict(training or {})
+        self._cache: dict[str, tuple[int, ...]] = {}
+        self._special_res: dict[frozenset, regex.Pattern] = {}
+        self.train_report: TrainReport | None = None
+
+    # ---------------------------------------------------------------------------------- views
+
+    @property
+    def merges(self) -> list[tuple[int, int]]:
+        """Merged pairs in rank order; merge r makes id 256 + r."""
+        return list(self._merges)
+
+    @property
+    def vocab(self) -> list[bytes]:
+        """Each token's bytes, by id (specials excluded)."""
+        return list(self._vocab)
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return dict(self._specials)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, specials included."""
+        return len(self._id_bytes)
+
+    @property
+    def pattern(self) -> str:
+        """The split pattern as given: 'gpt2', 'gpt4', 'none' or a regex."""
+        return self._pattern_name
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self._merges)}, pattern={self._pattern_name!r}, specials={list(self._specials)})"
+
+    # ------------------------------------------------------------------------------- training
+
+    @classmethod
+    def train(
+        cls,
+        sources: Iterable[str | os.PathLike | bytes],
+        *,
+        vocab_size: int | None = None,
+        min_frequency: int | None = 2,
+        pattern: str = "gpt2",
+        special_tokens: Iterable[str] = (),
+        workers: int | None = None,
+        verbose: bool = False,
+        quiet: bool = False,
+        on_merge: Callable[[int, tuple[int, int], int], None] | None = None,
+    ) -> "Tokenizer":
+        """Learn merges from a corpus; the result carries `train_report`.
+
+        sources: file paths (str or Path) or texts (bytes). vocab_size counts everything:
+        256 bytes + merges + special tokens. Training stops at vocab_size or when the best pair
+        occurs fewer than min_frequency times, whichever comes first. on_merge(rank, pair, count)
+        is called after each merge; verbose=True prints each merge to stderr instead.
+        """
+        from bpe.pretokenize import count_chunks, resolve_pattern
+        from bpe.trainer import train_merges
+
+        specials = list(special_tokens)
+        if vocab_size is not None and vocab_size < 256 + len(specials):
+            raise TokenizerError(
+                f"--vocab-size {vocab_size} is below 256 bytes + {len(specials)} special tokens; "
+                f"use at least {256 + len(specials)}"
+            )
+        if min_frequency is not None and min_frequency < 1:
+            raise TokenizerError(f"--min-frequency must be at least 1, got {min_frequency}")
+        sources = list(sources)
+        if not sources:
+            raise TokenizerError("no corpus given; pass at least one file")
+        regex_ = resolve_pattern(pattern)
+        start = time.perf_counter()
+        counts = count_chunks(sources, regex_, workers=workers, quiet=quiet)
+        if not counts:
+            raise TokenizerError("the corpus is empty; give a file with some text")
+        if verbose and on_merge is None:
+            vocab = [bytes([i]) for i in range(256)]
+
+            def on_merge(rank, pair, count):
+                vocab.append(vocab[pair[0]] + vocab[pair[1]])
+                io.print_line(describe_merge(vocab, rank, pair, count))
+
+        result = train_merges(
+            counts,
+            vocab_size=None if vocab_size is None else vocab_size - len(specials),
+            min_frequency=min_frequency,
+            quiet=quiet,
+            on_merge=on_merge,
+        )
+        seconds = time.perf_counter() - start
+        training = {
+            "vocab_size": vocab_size,
+            "min_frequency": min_frequency,
+            "pattern": pattern,
+            "special_tokens": specials,
+            "merges_learned": len(result.merges),
+            "stop_reason": result.stop_reason,
+        }
+        tok = cls(result.merges, special_tokens=specials, pattern=pattern, training=training, _pattern_regex=regex_)
+        corpus_bytes = sum(len(chunk) * n for chunk, n in counts.items())
+        corpus_tokens = sum(len(tok._chunk_ids(chunk.decode("utf-8", "surrogateescape"))) * n for chunk, n in counts.items())
+        tok.train_report = TrainReport(
+            merges_learned=len(result.merges),
+            stop_reason=result.stop_reason,
+            seconds=seconds,
+            counts=list(result.counts),
+            unique_chunks=len(counts),
+            corpus_bytes=corpus_bytes,
+            corpus_tokens=corpus_tokens,
+        )
+        return tok
+
+    # ------------------------------------------------------------------------------- encoding
+
+    def _merge_short(self, ids: list[int]) -> list[int]:
+        """Merge the lowest-rank pair everywhere, repeatedly, until no pair has a merge.
+
+        Rescans the chunk per merge (quadratic), which beats a heap for the few bytes of a
+        typical chunk. Example with merges (a,a)->256, (256,a)->257: aaab -> [256,a,b] -> [257,b].
+        """
+        get = self._pair_id.get
+        merges = self._merges
+        while len(ids) > 1:
+            new = min(map(get, zip(ids, ids[1:]), repeat(_NO_MERGE)))
+            if new == _NO_MERGE:
+                break
+            a, b = merges[new - 256]
+            out = []
+            i, n = 0, len(ids)
+            while i < n:
+                if ids[i] == a and i + 1 < n and ids[i + 1] == b:
+                    out.append(new)
+                    i += 2
+                else:
+                    out.append(ids[i])
+                    i += 1
+            ids = out
+        return ids
+
+    def _merge_long(self, ids: list[int]) -> list[int]:
+        """Same result as `_merge_short` in O(n log n): a linked list of tokens and a heap of
+        (rank, position) candidates, checked when popped (entries go stale as neighbours merge).
+
+        Equal ranks pop left to right, and a merge only creates pairs of higher rank (they contain
+        the new id), so the order of merges is exactly the rescanning one.
+        """
+        get = self._pair_id.get
+        n = len(ids)
+        val = list(ids)
+        nxt = list(range(1, n + 1))
+        nxt[-1] = -1
+        prv = list(range(-1, n - 1))
+        heap = [(r, i) for i, r in enumerate(map(get, zip(ids, ids[1:]))) if r is not None]
+        heapq.heapify(heap)
+        push, pop = heapq.heappush, heapq.heappop
+        while heap:
+            new, i = pop(heap)
+            j = nxt[i]
+            if val[i] < 0 or j < 0 or get((val[i], val[j])) != new:
+                continue  # stale: a neighbour changed since this entry was pushed
+            val[i], val[j] = new, -1
+            k = nxt[j]
+            nxt[i] = k
+            if k >= 0:
+                prv[k] = i
+                r = get((new, val[k]))
+                if r is not None:
+                    push(heap, (r, i))
+            p = prv[i]
+            if p >= 0:
+                r = get((val[p], new))
+                if r is not None:
+                    push(heap, (r, p))
+        return [v for v in val if v >= 0]
+
+    def _chunk_ids(self, chunk: str) -> tuple[int, ...]:
+        """Ids of one pre-token chunk (no cache)."""
+        try:
+            raw = chunk.encode("utf-8", errors="surrogateescape")
+        except UnicodeEncodeError:
+            raise TokenizerError(
+                "text contains a lone surrogate that is not an escaped byte; it cannot be encoded as UTF-8"
+            ) from None
+        ids = list(raw) if self._identity else [self._byte_ids[b] for b in raw]
+        if len(ids) < 2:
+            return tuple(ids)
+        return tuple(self._merge_long(ids) if len(ids) >= _LONG_CHUNK else self._merge_short(ids))
+
+    def _encode_ordinary(self, text: str) -> list[int]:
+        """Ids of text that holds no special tokens (anything special-looking is plain text)."""
+        from bpe.pretokenize import split_text
+
+        chunks = split_text(text, self._pattern)
+        cache = self._cache
+        if len(cache) > _CACHE_LIMIT:
+            cache.clear()
+        missing = set(chunks).difference(cache)
+        for chunk in missing:
+            cache[chunk] = self._chunk_ids(chunk)
+        # One C-level pass over the chunks: every chunk is in the cache now.
+        ids = list(chain.from_iterable(map(cache.__getitem__, chunks)))
+        for chunk in missing:
+            if len(chunk) > _CACHE_MAX_CHUNK:
+                del cache[chunk]
+        return ids
+
+    def _special_re(self, names: frozenset) -> regex.Pattern:
+        found = self._special_res.get(names)
+        if found is None:
+            # Longest first: at the same starting point the longer special wins.
+            alternatives = sorted(names, key=lambda s: (-len(s), s))
+            found = self._special_res[names] = regex.compile("|".join(regex.escape(s) for s in alternatives))
+        return found
+
+    def _special_set(self, value, what: str) -> set[str]:
+        if value == "all":
+            return set(self._specials)
+        if isinstance(value, str):
+            value = {value}
+        names = set(value)
+        unknown = names - set(self._specials)
+        if unknown:
+            known = ", ".join(self._specials) or "none"
+            raise TokenizerError(f"{what} names {sorted(unknown)[0]!r}, which is not a special token of this tokenizer (it has: {known})")
+        return names
+
+    def encode(
+        self,
+        text: str | bytes,
+        *,
+        allowed_special: Iterable[str] | str = (),
+        disallowed_special: Iterable[str] | str = "all",
+    ) -> list[int]:
+        """Token ids of `text` (str, or bytes: any bytes, not only UTF-8).
+
+        Special tokens follow tiktoken's policy: text that looks like a special token is only
+        encoded as that token when it is in `allowed_special` ("all" allows every one). A
+        special token that is neither allowed nor excluded from `disallowed_special` (default
+        "all") raises TokenizerError, because it usually means untrusted text is trying to inject
+        control tokens; pass `disallowed_special=()` to encode such text as plain bytes instead.
+        When allowed specials overlap, the leftmost match wins, and at the same start the longest.
+
+        >>> tok = Tokenizer([], special_tokens=["<|end|>"])
+        >>> tok.encode("hi<|end|>", allowed_special="all")
+        [104, 105, 256]
+        >>> len(tok.encode("hi<|end|>", disallowed_special=()))
+        9
+        """
+        if isinstance(text, (bytes, bytearray)):
+            text = bytes(text).decode("utf-8", errors="surrogateescape")
+        elif not isinstance(text, str):
+            raise TokenizerError(f"encode takes str or bytes, got {type(text).__name__}")
+        if not self._specials:
+            return self._encode_ordinary(text)
+        allowed = self._special_set(allowed_special, "allowed_special")
+        disallowed = (
+            set(self._specials) - allowed if disallowed_special == "all" else self._special_set(disallowed_special, "disallowed_special")
+        )
+        if disallowed:
+            hit = self._special_re(frozenset(disallowed)).search(text)
+            if hit:
+                raise TokenizerError(
+                    f"text contains the special token {hit.group()!r}, which is not allowed; allow it "
+                    f"(allowed_special / tk encode --allow-special) to encode it as a special token, or "
+                    f"pass disallowed_special=() to encode it as plain text"
+                )
+        if not allowed:
+            return self._encode_ordinary(text)
+        ids: list[int] = []
+        start = 0
+        for hit in self._special_re(frozenset(allowed)).finditer(text):
+            ids.extend(self._encode_ordinary(text[start : hit.start()]))
+            ids.append(self._specials[hit.group()])
+            start = hit.end()
+        ids.extend(self._encode_ordinary(text[start:]))
+        return ids
+
+    def _ids_list(self, ids) -> list[int]:
+        if isinstance(ids, np.ndarray):
+            if ids.dtype.kind not in "iu":
+                raise TokenizerError(f"token ids must be integers, got {ids.dtype}")
+            ids = ids.reshape(-1).tolist()
+        else:
+            ids = list(ids)
+        if ids:
+            lo, hi = min(ids), max(ids)
+            if lo < 0 or hi >= len(self._id_bytes):
+                bad = lo if lo < 0 else hi
+                raise TokenizerError(f"token id {bad} is out of range for this tokenizer (ids are 0..{len(self._id_bytes) - 1})")
+        return ids
+
+    def decode_bytes(self, ids: Iterable[int] | np.ndarray) -> bytes:
+        """The exact bytes of `ids` (special tokens as their UTF-8 text)."""
+        return b"".join(map(self._id_bytes.__getitem__, self._ids_list(ids)))
+
+    def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+        """Text of `ids`; bytes that are not valid UTF-8 (e.g. half a character) become U+FFFD."""
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def token_pieces(self, ids: Iterable[int]) -> list[str]:
+        """Each id's text on its own (partial UTF-8 shown as \\x escapes), for showing boundaries."""
+        return [self._id_bytes[i].decode("utf-8", errors="backslashreplace") for i in self._ids_list(ids)]
+
+    @property
+    def ids_dtype(self) -> type:
+        """uint16 when every id fits in it, else uint32 (for arrays of ids)."""
+        return np.uint16 if self.vocab_size <= 1 << 16 else np.uint32
+
+    def encode_file(
+        self,
+        path: str | os.PathLike,
+        out_path: str | os.PathLike | None = None,
+        *,
+        workers: int | None = None,
+        quiet: bool = False,
+        allowed_special: Iterable[str] | str = (),
+        disallowed_special: Iterable[str] | str = "all",
+    ) -> np.ndarray:
+        """Ids of a whole file (its exact bytes), equal to `encode` of its text, as a 1-D array.
+
+        uint16 when the vocabulary fits, else uint32; saved to `out_path` (.npy) when given.
+        Large files are cut into ~1 MB pieces at places where the split pattern always splits
+        (see `bpe.io.find_cut`) and encoded in `workers` processes (default: all cores). With a
+        custom pattern or 'none' no such place is known, so the file is encoded in one piece.
+        """
+        size = io.file_size(path)
+        allowed = sorted(self._special_set(allowed_special, "allowed_special"))
+        disallowed = disallowed_special if disallowed_special == "all" else sorted(self._special_set(disallowed_special, "disallowed_special"))
+        workers = max(1, workers or os.cpu_count() or 1)
+        ranges = self._file_ranges(path, size) if workers > 1 else [(0, size)]
+        from tqdm import tqdm
+
+        bar = tqdm(total=size, unit="B", unit_scale=True, desc="encoding", disable=quiet or not sys.stderr.isatty())
+        parts = []
+        if len(ranges) == 1:
+            text = io.read_range(path, 0, size)
+            parts.append(np.asarray(self.encode(text, allowed_special=allowed, disallowed_special=disallowed), dtype=self.ids_dtype))
+            bar.update(size)
+        else:
+            with ProcessPoolExecutor(min(workers, len(ranges)), initializer=_worker_init, initargs=self.to_tensors()) as pool:
+                futures = [pool.submit(_worker_encode, str(path), a, b, allowed, disallowed) for a, b in ranges]
+                for (a, b), fut in zip(ranges, futures):
+                    parts.append(fut.result())
+                    bar.update(b - a)
+        bar.close()
+        ids = np.concatenate(parts) if parts else np.zeros(0, dtype=self.ids_dtype)
+        if out_path is not None:
+            io.save_ids(out_path, ids)
+        return ids
+
+    def _file_ranges(self, path, size: int) -> list[tuple[int, int]]:
+        from bpe.pretokenize import resolve_pattern
+
+        known = {resolve_pattern("gpt2"), resolve_pattern("gpt4")}
+        if self._pattern not in known or size < 2 * _PIECE_BYTES:
+            return [(0, size)]
+        specials = [s.encode("utf-8") for s in self._specials]
+        cuts = [0]
+        while True:
+            cut = io.find_cut(path, cuts[-1] + _PIECE_BYTES, size, specials)
+            if cut is None:
+                break
+            cuts.append(cut)
+        cuts.append(size)
+        return list(zip(cuts, cuts[1:]))
+
+    # ----------------------------------------------------------------------------- files
+
+    def to_tensors(self) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """The tensors and string metadata of `tokenizer.safetensors` (see bpe/io.py)."""
+        return io.pack(self._merges, self._vocab, self._specials, self._pattern_name, self._pattern, self._training)
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> "Tokenizer":
+        """Rebuild a tokenizer from `to_tensors` output, validating everything."""
+        parts = io.unpack(tensors, metadata)
+        return cls(
+            parts["merges"],
+            special_tokens=parts["special_tokens"],
+            pattern=parts["pattern"],
+            byte_order=parts["byte_order"],
+            training=parts["training"],
+            _pattern_regex=parts["pattern_regex"],
+        )
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write `tokenizer.safetensors` atomically; same tokenizer, same bytes."""
+        io.write_tokenizer_file(path, *self.to_tensors())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Tokenizer":
+        return cls.from_tensors(*io.read_tokenizer_file(path))
+
+    def fingerprint(self) -> str:
+        """sha256 (hex) of the tokenizer file's bytes: equal fingerprints, equal tokenizers."""
+        return hashlib.sha256(io.serialize(*self.to_tensors())).hexdigest()
+
+    @classmethod
+    def from_gpt2(cls, vocab_path: str | os.PathLike, merges_path: str | os.PathLike, *, pattern: str = "gpt2") -> "Tokenizer":
+        """Import GPT-2's files: encoder.json + vocab.bpe, or vocab.json + merges.txt.
+
+        The result encodes every text to GPT-2's own ids ("hello world" -> [31373, 995]).
+        """
+        parts = io.read_gpt2(vocab_path, merges_path)
+        return cls(
+            parts["merges"],
+            special_tokens=parts["special_tokens"],
+            pattern=pattern,
+            byte_order=parts["byte_order"],
+            training={"imported": "gpt2 vocabulary + merges files"},
+        )
+
+    def export_gpt2(self, directory: str | os.PathLike) -> tuple[Path, Path]:
+        """Write vocab.json + merges.txt (GPT-2's format) into `directory`; returns both paths."""
+        return io.write_gpt2(directory, self._vocab, self._merges, self._specials)
+
+
+# Worker processes of encode_file: each builds the tokenizer once and keeps its chunk cache
+# warm across the pieces it gets.
+_worker_tok: Tokenizer | None = None
+
+
+def _worker_init(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+    global _worker_tok
+    _worker_tok = Tokenizer.from_tensors(tensors, metadata)
+
+
+def _worker_encode(path: str, start: int, end: int, allowed, disallowed) -> np.ndarray:
+    tok = _worker_tok
+    ids = tok.encode(io.read_range(path, start, end), allowed_special=allowed, disallowed_special=disallowed)
+    return np.asarray(ids, dtype=tok.ids_dtype)
+
+
+__all__ = ["Tokenizer", "TrainReport", "describe_merge"]
