@@ -1,0 +1,159 @@
+"""Our GPT and AdamW against PyTorch autograd and torch.optim.AdamW, with identical weights.
+
+Runs only where PyTorch is installed (skipped cleanly elsewhere, e.g. in CI). The reference
+model below is written from GPT-2's definition with torch's own layers (F.layer_norm with eps
+1e-5, tanh F.gelu, F.cross_entropy), reading our parameter dict as GPT-2 checkpoints lay it out:
+linear weights are Conv1D-style (in, out), so a linear layer is x @ W + b. Every comparison
+prints the max difference of every tensor when one of them is off.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from transformer import GPT, GPTConfig  # noqa: E402
+from transformer.optim import AdamW, clip_grad_norm  # noqa: E402
+
+VARIANTS = {
+    "gpt2": dict(),
+    "seed001-encoder": dict(positional="sinusoidal", activation="relu", norm="post", causal=False, bias=False),
+    "post-causal": dict(norm="post"),
+    "pre-bidirectional-relu-nobias": dict(causal=False, activation="relu", bias=False, positional="sinusoidal"),
+}
+
+
+def torch_gpt(p: dict, cfg: GPTConfig, ids: "torch.Tensor") -> "torch.Tensor":
+    """GPT-2's forward on a dict of torch tensors with our names: ids (B, T) -> logits (B, T, V)."""
+    B, T = ids.shape
+    C, H = cfg.d_model, cfg.n_heads
+    hd = C // H
+
+    def ln(name, x):
+        return F.layer_norm(x, (C,), p[f"{name}.weight"], p.get(f"{name}.bias"), eps=1e-5)
+
+    def linear(name, x):
+        y = x @ p[f"{name}.weight"]
+        return y + p[f"{name}.bias"] if f"{name}.bias" in p else y
+
+    def attention(i, x):
+        q, k, v = linear(f"h.{i}.attn.c_attn", x).split(C, dim=-1)
+        q, k, v = (t.reshape(B, T, H, hd).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hd)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(hd)
+        if cfg.causal:
+            scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        y = torch.softmax(scores, dim=-1) @ v
+        return linear(f"h.{i}.attn.c_proj", y.transpose(1, 2).reshape(B, T, C))
+
+    def mlp(i, x):
+        pre = linear(f"h.{i}.mlp.c_fc", x)
+        act = F.gelu(pre, approximate="tanh") if cfg.activation == "gelu" else F.relu(pre)
+        return linear(f"h.{i}.mlp.c_proj", act)
+
+    x = p["wte.weight"][ids]
+    if cfg.positional == "learned":
+        x = x + p["wpe.weight"][:T]
+    else:  # "Attention is all you need": PE[t, 2j] = sin(t / 10000^(2j/C)), PE[t, 2j+1] = cos(...)
+        t = torch.arange(T, dtype=x.dtype)[:, None]
+        angle = t / 10000.0 ** (torch.arange(0, C, 2, dtype=x.dtype) / C)
+        pe = torch.stack([angle.sin(), angle.cos()], dim=-1).reshape(T, C)
+        x = x + pe
+    for i in range(cfg.n_layers):
+        if cfg.norm == "pre":
+            x = x + attention(i, ln(f"h.{i}.ln_1", x))
+            x = x + mlp(i, ln(f"h.{i}.ln_2", x))
+        else:
+            x = ln(f"h.{i}.ln_1", x + attention(i, x))
+            x = ln(f"h.{i}.ln_2", x + mlp(i, x))
+    return ln("ln_f", x) @ p["wte.weight"].T
+
+
+def randomised_model(cfg: GPTConfig, dtype, seed: int) -> GPT:
+    """A GPT whose every parameter is random and O(1)-ish (not GPT-2's tiny init, under which
+    biases are 0 and LayerNorm gains 1, and wrong gradients of them could hide)."""
+    model = GPT(cfg, seed=seed)
+    rng = np.random.default_rng(seed)
+    for name, value in model.params.items():
+        if ".ln_" in name or name.startswith("ln_f"):
+            new = (1.0 if name.endswith(".weight") else 0.0) + 0.2 * rng.standard_normal(value.shape)
+        else:
+            fan_in = value.shape[0] if value.ndim == 2 and not name.startswith(("wte", "wpe")) else 1
+            new = rng.standard_normal(value.shape) / math.sqrt(fan_in) * (0.5 if value.ndim == 2 else 0.2)
+        model.params[name] = np.ascontiguousarray(new, dtype=dtype)
+    return model
+
+
+def diff_report(ours: dict, theirs: dict, rtol: float, atol: float) -> tuple[bool, str]:
+    """(all close, one line per tensor with its max absolute and relative differences)."""
+    ok, lines = True, []
+    for name in theirs:
+        a, b = np.asarray(ours[name], dtype=np.float64), np.asarray(theirs[name], dtype=np.float64)
+        if a.shape != b.shape:
+            ok = False
+            lines.append(f"{name:<28} shape {a.shape} vs {b.shape}")
+            continue
+        abs_diff = float(np.max(np.abs(a - b))) if a.size else 0.0
+        scale = float(np.max(np.abs(b))) if b.size else 0.0
+        close = bool(np.allclose(a, b, rtol=rtol, atol=atol))
+        ok &= close
+        lines.append(f"{name:<28} max|diff| {abs_diff:.3e}  max|ref| {scale:.3e}  {'ok' if close else 'MISMATCH'}")
+    return ok, "\n".join(lines)
+
+
+@pytest.mark.parametrize("dtype, rtol, atol", [(np.float64, 1e-9, 1e-11), (np.float32, 2e-4, 2e-5)],
+                         ids=["float64", "float32"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_loss_logits_and_every_gradient_match_autograd(variant, dtype, rtol, atol):
+    cfg = GPTConfig(vocab_size=13, context_length=9, d_model=12, n_layers=2, n_heads=3, **VARIANTS[variant])
+    model = randomised_model(cfg, dtype, seed=sorted(VARIANTS).index(variant))
+    rng = np.random.default_rng(7)
+    ids = rng.integers(0, cfg.vocab_size, size=(3, 7))  # T < context_length: unused wpe rows get 0
+    targets = rng.integers(0, cfg.vocab_size, size=(3, 7))
+
+    tdtype = torch.float64 if dtype == np.float64 else torch.float32
+    tp = {name: torch.tensor(value, dtype=tdtype, requires_grad=True) for name, value in model.params.items()}
+    t_logits = torch_gpt(tp, cfg, torch.from_numpy(ids))
+    t_loss = F.cross_entropy(t_logits.reshape(-1, cfg.vocab_size), torch.from_numpy(targets).reshape(-1))
+    t_loss.backward()
+
+    logits = model.forward(ids)
+    loss, grads = model.loss_and_grads(ids, targets)
+    assert logits.dtype == dtype and all(g.dtype == dtype for g in grads.values())
+    assert grads.keys() == model.params.keys()
+    ok, report = diff_report({"loss": np.array(loss), "logits": logits, **grads},
+                             {"loss": t_loss.detach().numpy(), "logits": t_logits.detach().numpy(),
+                              **{n: t.grad.numpy() for n, t in tp.items()}},
+                             rtol, atol)
+    assert ok, f"{variant} {np.dtype(dtype).name}, max differences to autograd:\n{report}"
+
+
+@pytest.mark.parametrize("dtype, rtol, atol", [(np.float64, 1e-12, 1e-14), (np.float32, 1e-5, 1e-6)],
+                         ids=["float64", "float32"])
+def test_adamw_and_clipping_match_torch(dtype, rtol, atol):
+    rng = np.random.default_rng(3)
+    shapes = {"wte.weight": (7, 4), "h.0.attn.c_attn.weight": (4, 12), "h.0.attn.c_attn.bias": (12,),
+              "ln_f.weight": (4,)}
+    params = {n: rng.standard_normal(s).astype(dtype) for n, s in shapes.items()}
+    tdtype = torch.float64 if dtype == np.float64 else torch.float32
+    tparams = {n: torch.nn.Parameter(torch.tensor(v, dtype=tdtype)) for n, v in params.items()}
+    groups = [{"params": [t for t in tparams.values() if t.dim() >= 2], "weight_decay": 0.1},
+              {"params": [t for t in tparams.values() if t.dim() < 2], "weight_decay": 0.0}]
+    t_opt = torch.optim.AdamW(groups, lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
+    opt = AdamW(params, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    for step in range(6):
+        grads = {n: (rng.standard_normal(s) * 3).astype(dtype) for n, s in shapes.items()}
+        for n, t in tparams.items():
+            t.grad = torch.tensor(grads[n], dtype=tdtype)
+        t_norm = float(torch.nn.utils.clip_grad_norm_(list(tparams.values()), max_norm=4.0))
+        norm = clip_grad_norm(grads, 4.0)
+        assert norm == pytest.approx(t_norm, rel=1e-6)
+        lr = 1e-2 * (0.7 ** step)
+        for group in t_opt.param_groups:
+            group["lr"] = lr
+        t_opt.step()
+        opt.step(grads, lr=lr)
+        ok, report = diff_report(params, {n: t.detach().numpy() for n, t in tparams.items()}, rtol, atol)
+        assert ok, f"after step {step + 1}:\n{report}"
