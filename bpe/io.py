@@ -275,6 +275,9 @@ def save_ids(path: str | os.PathLike, ids: np.ndarray) -> None:
 def load_ids(path: str | os.PathLike) -> np.ndarray:
     """Token ids from a `.npy` file (integers, any shape flattened)."""
     path = _check_readable(Path(path))
+    with open(path, "rb") as f:
+        if f.read(6) != b"\x93NUMPY":
+            raise TokenizerError(f"{path}: not a .npy file (give the ids file that `tk encode -o` wrote)")
     try:
         ids = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:

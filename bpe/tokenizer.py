@@ -397,9 +397,9 @@ class Tokenizer:
             hit = self._special_re(frozenset(disallowed)).search(text)
             if hit:
                 raise TokenizerError(
-                    f"text contains the special token {hit.group()!r}, which is not allowed; allow it "
-                    f"(allowed_special / tk encode --allow-special) to encode it as a special token, or "
-                    f"pass disallowed_special=() to encode it as plain text"
+                    f"text contains the special token {hit.group()!r}, which is not allowed; to read it as "
+                    f"that special token, allow it (allowed_special=..., tk encode --allow-special); to encode "
+                    f"it as plain text, pass disallowed_special=() (tk encode --specials-as-text)"
                 )
         if not allowed:
             return self._encode_ordinary(text)

@@ -13,6 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 import click
 
 from bpe import TokenizerError
+from cli.tokenizer_commands import COMMANDS as TOKENIZER_COMMANDS
 from pipeline import PipelineError
 from transformer import ModelError
 
@@ -36,6 +37,10 @@ def cli() -> None:
       tk bpe-train corpora/tinystories.txt --vocab-size 512 -o tok.safetensors
       tk encode -t tok.safetensors "Once upon a time"
     """
+
+
+for command in TOKENIZER_COMMANDS:
+    cli.add_command(command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,198 @@
+"""`tk bpe-train`, `tk encode`, `tk decode`, `tk bpe-import`, `tk bpe-export`: thin wrappers over `bpe`.
+
+Each command parses flags, calls the `bpe` API and prints: results to stdout, progress bars to
+stderr. Mistakes arrive as TokenizerError (or click errors) and become one line in `cli.main`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+import numpy as np
+
+from bpe import Tokenizer
+from bpe import io as bpe_io
+from bpe.tokenizer import describe_merge
+
+_STOP_REASONS = {
+    "vocab_size": "the vocabulary reached --vocab-size",
+    "min_frequency": "the most frequent pair occurs fewer than --min-frequency times",
+    "no_pairs": "no adjacent pairs are left (every chunk is a single token)",
+}
+
+
+@click.command("bpe-train")
+@click.argument("corpus", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--vocab-size", type=int, default=None, help="Stop at this many ids: 256 bytes + merges + specials.  [default: no limit]")
+@click.option("--min-frequency", type=int, default=2, show_default=True, help="Stop when the best pair occurs fewer times than this.")
+@click.option("--pattern", default="gpt2", show_default=True, help="Split pattern: gpt2, gpt4, none, or a regex. Merges never cross its chunks.")
+@click.option("--special", "specials", multiple=True, metavar="TOKEN", help="A special token (repeatable); ids follow the merges.")
+@click.option("--workers", type=int, default=None, help="Processes for counting.  [default: all cores]")
+@click.option("-v", "--verbose", is_flag=True, help="Print every merge: rank, the pair as text, its count.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("tokenizer.safetensors"), show_default=True, help="Where to write the tokenizer.")
+def bpe_train_command(corpus, vocab_size, min_frequency, pattern, specials, workers, verbose, quiet, output) -> int:
+    """Learn a byte-level BPE tokenizer from text files.
+
+    Counts the corpus's pre-token chunks, then merges the most frequent adjacent pair again and
+    again until --vocab-size or --min-frequency stops it, and writes a tokenizer.safetensors.
+
+    \b
+    Example:
+      tk bpe-train corpora/tiny_tales.txt --vocab-size 1024 --special '<|endoftext|>' -o tok.safetensors
+    """
+    on_merge = None
+    if verbose:
+        vocab = [bytes([i]) for i in range(256)]
+
+        def on_merge(rank, pair, count):
+            vocab.append(vocab[pair[0]] + vocab[pair[1]])
+            click.echo(describe_merge(vocab, rank, pair, count))
+
+    tok = Tokenizer.train(
+        [str(p) for p in corpus],
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        pattern=pattern,
+        special_tokens=specials,
+        workers=workers,
+        quiet=quiet,
+        on_merge=on_merge,
+    )
+    tok.save(output)
+    report = tok.train_report
+    specials_text = f" + {len(specials)} special" + ("s" if len(specials) != 1 else "") if specials else ""
+    click.echo(f"wrote {output}: 256 bytes + {report.merges_learned} merges{specials_text} = vocab size {tok.vocab_size}")
+    click.echo(f"stopped because {_STOP_REASONS.get(report.stop_reason, report.stop_reason)}")
+    click.echo(f"time: {report.seconds:.2f} s ({report.unique_chunks:,} distinct chunks)")
+    click.echo(
+        f"bytes per token on the corpus: {report.bytes_per_token:.2f} "
+        f"({report.corpus_bytes:,} bytes -> {report.corpus_tokens:,} tokens)"
+    )
+    return 0
+
+
+@click.command("encode")
+@click.option("-t", "--tokenizer", "tokenizer_path", required=True, type=click.Path(path_type=Path), help="tokenizer.safetensors")
+@click.argument("text", required=False)
+@click.option("-f", "--file", "file", type=click.Path(path_type=Path), help="Encode this file (its exact bytes) instead of TEXT.")
+@click.option("--json", "as_json", is_flag=True, help="Print the ids as a JSON list.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the ids to a .npy file (uint16, or uint32 for big vocabularies).")
+@click.option("--allow-special", is_flag=True, help="Read special tokens in the text as specials (otherwise such text is an error).")
+@click.option("--specials-as-text", is_flag=True, help="Encode text that looks like a special token as plain text.")
+@click.option("--show", is_flag=True, help="Show each token's text next to its id, to see where the boundaries fall.")
+@click.option("--workers", type=int, default=None, help="Processes for -f FILE.  [default: all cores]")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def encode_command(tokenizer_path, text, file, as_json, output, allow_special, specials_as_text, show, workers, quiet) -> int:
+    """Turn text into token ids.
+
+    \b
+    Examples:
+      tk encode -t gpt2.safetensors "hello world"
+      tk encode -t tok.safetensors --show "Once upon a time"
+      tk encode -t tok.safetensors -f corpus.txt -o ids.npy
+    """
+    if (text is None) == (file is None):
+        raise click.UsageError("give either TEXT or -f FILE (exactly one)")
+    if allow_special and specials_as_text:
+        raise click.UsageError("--allow-special and --specials-as-text exclude each other; pick one")
+    tok = Tokenizer.load(tokenizer_path)
+    allowed = "all" if allow_special else ()
+    disallowed = () if specials_as_text else "all"
+    if file is not None:
+        arr = tok.encode_file(file, output, workers=workers, quiet=quiet, allowed_special=allowed, disallowed_special=disallowed)
+        ids = arr.tolist()
+        n_bytes = bpe_io.file_size(file)
+    else:
+        ids = tok.encode(text, allowed_special=allowed, disallowed_special=disallowed)
+        arr = np.asarray(ids, dtype=tok.ids_dtype)
+        n_bytes = len(text.encode("utf-8", errors="surrogateescape"))
+        if output is not None:
+            bpe_io.save_ids(output, arr)
+    if output is not None:
+        click.echo(f"wrote {len(ids):,} tokens ({arr.dtype}) to {output}; {n_bytes / max(len(ids), 1):.2f} bytes per token")
+        if not show:
+            return 0
+    if show:
+        for i, piece in zip(ids, tok.token_pieces(ids)):
+            click.echo(f"{i:>7}  {piece!r}")
+        click.echo(f"{len(ids)} tokens for {n_bytes} bytes")
+    elif as_json:
+        click.echo(json.dumps(ids))
+    else:
+        click.echo(" ".join(map(str, ids)))
+    return 0
+
+
+@click.command("decode")
+@click.option("-t", "--tokenizer", "tokenizer_path", required=True, type=click.Path(path_type=Path), help="tokenizer.safetensors")
+@click.argument("ids", nargs=-1)
+@click.option("-f", "--file", "file", type=click.Path(path_type=Path), help="Decode the ids in this .npy file instead of IDS.")
+def decode_command(tokenizer_path, ids, file) -> int:
+    """Turn token ids back into text (bytes that are not valid UTF-8 print as U+FFFD).
+
+    IDS may be separated by spaces or commas, and may be a JSON list as `tk encode --json` prints.
+
+    \b
+    Examples:
+      tk decode -t gpt2.safetensors 31373 995
+      tk decode -t gpt2.safetensors "[31373, 995]"
+      tk decode -t tok.safetensors -f ids.npy
+    """
+    if bool(ids) == (file is not None):
+        raise click.UsageError("give either IDS or -f FILE (exactly one)")
+    tok = Tokenizer.load(tokenizer_path)
+    if file is not None:
+        values = bpe_io.load_ids(file)
+    else:
+        words = " ".join(ids).replace(",", " ").replace("[", " ").replace("]", " ").split()
+        try:
+            values = [int(w) for w in words]
+        except ValueError:
+            bad = next(w for w in words if not w.lstrip("-").isdigit())
+            raise click.BadParameter(f"{bad!r} is not a token id (ids are whole numbers)", param_hint="IDS") from None
+    click.echo(tok.decode(values))
+    return 0
+
+
+@click.command("bpe-import")
+@click.argument("vocab", type=click.Path(path_type=Path))
+@click.argument("merges", type=click.Path(path_type=Path))
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Where to write the tokenizer.safetensors.")
+@click.option("--pattern", default="gpt2", show_default=True, help="Split pattern the vocabulary was made with.")
+def bpe_import_command(vocab, merges, output, pattern) -> int:
+    """Import GPT-2's vocabulary: encoder.json + vocab.bpe, or vocab.json + merges.txt.
+
+    The imported tokenizer gives GPT-2's exact ids (<|endoftext|> is 50256).
+
+    \b
+    Example:
+      tk bpe-import encoder.json vocab.bpe -o gpt2.safetensors
+    """
+    tok = Tokenizer.from_gpt2(vocab, merges, pattern=pattern)
+    tok.save(output)
+    specials = ", ".join(f"{s}={i}" for s, i in tok.special_tokens.items()) or "none"
+    click.echo(f"wrote {output}: 256 bytes + {len(tok.merges)} merges, specials: {specials}; vocab size {tok.vocab_size}")
+    return 0
+
+
+@click.command("bpe-export")
+@click.argument("tokenizer_path", type=click.Path(path_type=Path))
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Directory for vocab.json + merges.txt.")
+def bpe_export_command(tokenizer_path, output) -> int:
+    """Write a tokenizer as GPT-2-style vocab.json + merges.txt, readable in any editor.
+
+    \b
+    Example:
+      tk bpe-export tok.safetensors -o tok_readable/
+    """
+    tok = Tokenizer.load(tokenizer_path)
+    vocab_file, merges_file = tok.export_gpt2(output)
+    click.echo(f"wrote {vocab_file} ({tok.vocab_size} tokens) and {merges_file} ({len(tok.merges)} merges)")
+    return 0
+
+
+COMMANDS = (bpe_train_command, encode_command, decode_command, bpe_import_command, bpe_export_command)
