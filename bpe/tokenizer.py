@@ -250,29 +250,31 @@ class Tokenizer:
     # ------------------------------------------------------------------------------- encoding
 
     def _merge_short(self, ids: list[int]) -> list[int]:
-        """Merge the lowest-rank pair everywhere, repeatedly, until no pair has a merge.
+        """Merge the lowest-rank pair, leftmost first, until no pair has a merge.
 
-        Rescans the chunk per merge (quadratic), which beats a heap for the few bytes of a
-        typical chunk. Example with merges (a,a)->256, (256,a)->257: aaab -> [256,a,b] -> [257,b].
+        `ranks[i]` is the merged id of (ids[i], ids[i+1]) (the id is the rank, see __init__);
+        a merge rewrites one slot and refreshes only its two neighbours. Merging the leftmost
+        lowest pair one at a time is the same as merging all its occurrences left to right,
+        because a merge only creates pairs of higher rank. Quadratic in the worst case, which
+        beats a heap for the few bytes of a typical chunk.
+        Example, merges (a,a)->256, (256,a)->257: aaab -> [256,a,b] -> [257,b].
         """
         get = self._pair_id.get
-        merges = self._merges
-        while len(ids) > 1:
-            new = min(map(get, zip(ids, ids[1:]), repeat(_NO_MERGE)))
+        ranks = list(map(get, zip(ids, ids[1:]), repeat(_NO_MERGE)))
+        while True:
+            new = min(ranks)
             if new == _NO_MERGE:
-                break
-            a, b = merges[new - 256]
-            out = []
-            i, n = 0, len(ids)
-            while i < n:
-                if ids[i] == a and i + 1 < n and ids[i + 1] == b:
-                    out.append(new)
-                    i += 2
-                else:
-                    out.append(ids[i])
-                    i += 1
-            ids = out
-        return ids
+                return ids
+            i = ranks.index(new)
+            ids[i] = new
+            del ids[i + 1]
+            del ranks[i]
+            if i < len(ranks):
+                ranks[i] = get((new, ids[i + 1]), _NO_MERGE)
+            if i:
+                ranks[i - 1] = get((ids[i - 1], new), _NO_MERGE)
+            if not ranks:
+                return ids
 
     def _merge_long(self, ids: list[int]) -> list[int]:
         """Same result as `_merge_short` in O(n log n): a linked list of tokens and a heap of
