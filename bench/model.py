@@ -1,0 +1,375 @@
+"""Training and generation speed of our NumPy GPT next to PyTorch CPU eager, side by side.
+
+    flock /tmp/tokenkit-bench.lock python bench/model.py [--configs S,M,L] [--steps 10] [--quick]
+
+For each config it times the whole training step (forward + backward + AdamW) of both
+frameworks on the same random batches, float32, medians over --steps after --warmup steps,
+and the forward, backward and optimizer parts on their own; on M it times generation of 200
+tokens from a 16-token prompt (ours with and without the KV cache, PyTorch with its own); and
+it measures each framework's peak training memory in a fresh child process per config (the
+child's ru_maxrss, read with os.wait4), so that neither pollutes the other's figure.
+
+The PyTorch model is nanoGPT's, written out below with GPT-2's tanh GELU so that both compute
+the same function: pre-norm blocks, fused qkv, scaled_dot_product_attention, tied unembedding,
+torch.optim.AdamW with nanoGPT's decay groups. PyTorch is optional: without it only our figures
+are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from transformer import GPT, AdamW, GPTConfig  # noqa: E402
+
+CONFIGS = {  # name: (vocab, context, d_model, layers, heads, batch)
+    "S": (256, 64, 128, 4, 4, 12),
+    "M": (4096, 128, 256, 4, 8, 16),
+    "L": (8192, 256, 384, 6, 6, 8),
+}
+LR = 3e-4
+N_CORES = len(os.sched_getaffinity(0))
+
+
+def gpt_config(name: str) -> GPTConfig:
+    V, T, C, n_layers, n_heads, _ = CONFIGS[name]
+    return GPTConfig(vocab_size=V, context_length=T, d_model=C, n_layers=n_layers, n_heads=n_heads)
+
+
+def batches(name: str, n: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """n random (ids, targets) pairs, each (B, T) int64: the same data for both frameworks."""
+    V, T, _, _, _, B = CONFIGS[name]
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        seq = rng.integers(0, V, size=(B, T + 1))
+        out.append((seq[:, :-1].copy(), seq[:, 1:].copy()))
+    return out
+
+
+def median_ms(times: list[float]) -> float:
+    return 1e3 * statistics.median(times)
+
+
+# ----------------------------------------------------------------------------- ours
+
+
+class Ours:
+    """Our GPT + AdamW behind the small interface the bench drives."""
+
+    def __init__(self, name: str):
+        self.model = GPT(gpt_config(name), seed=0)
+        self.opt = AdamW(self.model.params, lr=LR)
+
+    def train_step(self, ids, targets) -> dict[str, float]:
+        t0 = time.perf_counter()
+        loss, grads = self.model.loss_and_grads(ids, targets)
+        t1 = time.perf_counter()
+        self.opt.step(grads)
+        t2 = time.perf_counter()
+        if not math.isfinite(loss):
+            raise RuntimeError(f"our loss is {loss}")
+        return {"step": t2 - t0, "fwd+bwd": t1 - t0, "opt": t2 - t1}
+
+    def forward(self, ids, targets) -> float:
+        t0 = time.perf_counter()
+        self.model.loss(ids, targets)
+        return time.perf_counter() - t0
+
+    def generate(self, prompt: np.ndarray, n_new: int, use_cache: bool) -> float:
+        t0 = time.perf_counter()
+        out = list(self.model.generate(prompt, n_new, top_k=None, seed=0, use_cache=use_cache))
+        elapsed = time.perf_counter() - t0
+        assert len(out) == n_new, len(out)
+        return elapsed
+
+
+# ----------------------------------------------------------------------------- PyTorch (nanoGPT)
+
+
+def torch_classes():
+    """nanoGPT's model with tanh GELU and a KV cache for generation; defined lazily so that the
+    bench runs without torch."""
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    class Block(nn.Module):
+        def __init__(self, C, n_heads):
+            super().__init__()
+            self.n_heads = n_heads
+            self.ln_1 = nn.LayerNorm(C)
+            self.c_attn = nn.Linear(C, 3 * C)
+            self.attn_proj = nn.Linear(C, C)
+            self.ln_2 = nn.LayerNorm(C)
+            self.c_fc = nn.Linear(C, 4 * C)
+            self.mlp_proj = nn.Linear(4 * C, C)
+
+        def attn(self, x, cache=None, pos=0):
+            B, T, C = x.shape
+            q, k, v = self.c_attn(x).split(C, dim=2)
+            q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
+            if cache is None:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:  # cache: (k_all, v_all), each (1, H, T_max, hd)
+                cache[0][:, :, pos:pos + T] = k
+                cache[1][:, :, pos:pos + T] = v
+                k, v = cache[0][:, :, :pos + T], cache[1][:, :, :pos + T]
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
+            return self.attn_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+        def forward(self, x, cache=None, pos=0):
+            x = x + self.attn(self.ln_1(x), cache, pos)
+            return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+    class TorchGPT(nn.Module):
+        def __init__(self, V, T, C, n_layers, n_heads):
+            super().__init__()
+            self.T = T
+            self.wte = nn.Embedding(V, C)
+            self.wpe = nn.Embedding(T, C)
+            self.h = nn.ModuleList(Block(C, n_heads) for _ in range(n_layers))
+            self.ln_f = nn.LayerNorm(C)
+            for name, p in self.named_parameters():  # nanoGPT's init; LayerNorms keep ones and zeros
+                if "ln_" in name:
+                    continue
+                if name.endswith(".bias"):
+                    nn.init.zeros_(p)
+                else:
+                    std = 0.02 / math.sqrt(2 * n_layers) if name.endswith("proj.weight") else 0.02
+                    nn.init.normal_(p, 0.0, std)
+
+        def forward(self, idx, targets=None, caches=None, pos=0):
+            T = idx.shape[1]
+            x = self.wte(idx) + self.wpe(torch.arange(pos, pos + T))
+            for i, block in enumerate(self.h):
+                x = block(x, None if caches is None else caches[i], pos)
+            x = self.ln_f(x)
+            if targets is None:
+                return x[:, -1] @ self.wte.weight.T  # (B, V) logits of the last position
+            logits = x @ self.wte.weight.T
+            return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+    return torch, TorchGPT
+
+
+class Torch:
+    """PyTorch eager CPU, float32, one thread per core, with nanoGPT's AdamW groups."""
+
+    def __init__(self, name: str):
+        torch, TorchGPT = torch_classes()
+        torch.set_num_threads(N_CORES)
+        torch.manual_seed(0)
+        self.torch = torch
+        V, T, C, n_layers, n_heads, _ = CONFIGS[name]
+        self.model = TorchGPT(V, T, C, n_layers, n_heads)
+        params = list(self.model.parameters())
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        self.opt = torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.95), eps=1e-8)
+
+    def train_step(self, ids, targets) -> dict[str, float]:
+        x, y = self.torch.from_numpy(ids), self.torch.from_numpy(targets)
+        t0 = time.perf_counter()
+        loss = self.model(x, y)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        t2 = time.perf_counter()
+        self.opt.step()
+        t3 = time.perf_counter()
+        return {"step": t3 - t0, "fwd+bwd": t2 - t0, "opt": t3 - t2}
+
+    def forward(self, ids, targets) -> float:
+        x, y = self.torch.from_numpy(ids), self.torch.from_numpy(targets)
+        t0 = time.perf_counter()
+        with self.torch.no_grad():
+            self.model(x, y)
+        return time.perf_counter() - t0
+
+    def generate(self, prompt: np.ndarray, n_new: int) -> float:
+        """Sample n_new tokens with a per-layer KV cache, with our GPT.generate's policy: once the
+        context outgrows T the window slides by one token a step and, positions being learned,
+        the cache is refilled from the last T tokens (the same tokens as without a cache)."""
+        torch = self.torch
+        m = self.model
+        C, T = m.wte.weight.shape[1], m.T
+        H = m.h[0].n_heads
+        gen = torch.Generator().manual_seed(0)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            caches = [(torch.empty(1, H, T, C // H), torch.empty(1, H, T, C // H)) for _ in m.h]
+            tokens = prompt.tolist()
+            seq = torch.tensor([tokens[-T:]])
+            logits, pos = m(seq, caches=caches, pos=0), seq.shape[1]
+            for _ in range(n_new):
+                nxt = int(torch.multinomial(torch.softmax(logits[0], -1), 1, generator=gen))
+                tokens.append(nxt)
+                if pos == T:
+                    logits = m(torch.tensor([tokens[-T:]]), caches=caches, pos=0)
+                else:
+                    logits = m(torch.tensor([[nxt]]), caches=caches, pos=pos)
+                    pos += 1
+        return time.perf_counter() - t0
+
+
+def torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------- measurements
+
+
+def time_training(runner, data, warmup: int) -> dict[str, float]:
+    """Median ms of each part of the training step over data[warmup:], plus forward-only ms."""
+    parts: dict[str, list[float]] = {}
+    for i, (ids, targets) in enumerate(data):
+        timing = runner.train_step(ids, targets)
+        if i >= warmup:
+            for key, value in timing.items():
+                parts.setdefault(key, []).append(value)
+    fwd = [runner.forward(ids, targets) for ids, targets in data[warmup:]]
+    out = {key: median_ms(values) for key, values in parts.items()}
+    out["fwd_only"] = median_ms(fwd)
+    return out
+
+
+# Runs in a tiny Python of its own: a child's ru_maxrss starts from the RSS of the process that
+# forked it (Linux carries the old mm's high-water mark across exec), so the bench itself, with
+# both models loaded, must not be the parent.
+_LAUNCHER = """
+import os, subprocess, sys
+proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+_, status, usage = os.wait4(proc.pid, 0)
+print(status, usage.ru_maxrss)
+"""
+
+
+def peak_rss_mb(framework: str, name: str, steps: int) -> float:
+    """Peak RSS (MB) of a fresh child process that builds `framework`'s model for config `name`
+    and trains it `steps` steps: ru_maxrss of that one child, from os.wait4 in a small launcher."""
+    cmd = [sys.executable, __file__, "--child", framework, "--configs", name, "--steps", str(steps)]
+    out = subprocess.run([sys.executable, "-c", _LAUNCHER, *cmd], capture_output=True, text=True, check=True)
+    status, maxrss_kib = (int(v) for v in out.stdout.split())
+    if status != 0:
+        raise RuntimeError(f"memory child {framework} {name} failed with wait status {status}")
+    return maxrss_kib / 1024  # Linux reports KiB
+
+
+def child_main(framework: str, name: str, steps: int) -> None:
+    runner = Ours(name) if framework == "ours" else Torch(name)
+    for ids, targets in batches(name, steps):
+        runner.train_step(ids, targets)
+
+
+def fmt_ratio(ours: float, theirs: float | None, higher_is_better: bool = True) -> str:
+    if theirs is None:
+        return "-"
+    return f"{(ours / theirs if higher_is_better else theirs / ours):.2f}x"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--configs", default="S,M,L", help="comma-separated subset of S,M,L")
+    ap.add_argument("--steps", type=int, default=10, help="timed training steps per framework and config")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed training steps first")
+    ap.add_argument("--gen-tokens", type=int, default=200, help="tokens to generate on M")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 3 steps, 1 warmup, 40 tokens, 2-step memory")
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory children")
+    ap.add_argument("--no-generate", action="store_true", help="skip the generation timing")
+    ap.add_argument("--child", choices=("ours", "torch"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    for n in names:
+        if n not in CONFIGS:
+            ap.error(f"unknown config {n!r}; choose from {', '.join(CONFIGS)}")
+    if args.child:
+        child_main(args.child, names[0], args.steps)
+        return
+    if args.quick:
+        args.steps, args.warmup, args.gen_tokens = 3, 1, 40
+    have_torch = torch_available()
+    print(f"load average before: {os.getloadavg()[0]:.2f} on {N_CORES} cores (figures are only comparable when low)")
+    if have_torch:
+        import torch
+        print(f"PyTorch {torch.__version__}, {N_CORES} threads; NumPy {np.__version__}; "
+              f"{args.steps} timed steps after {args.warmup} warmup; medians")
+    else:
+        print(f"PyTorch not installed: our figures only. NumPy {np.__version__}; {args.steps} timed steps")
+
+    rows = []
+    for name in names:
+        V, T, C, n_layers, n_heads, B = CONFIGS[name]
+        data = batches(name, args.warmup + args.steps)
+        ours = time_training(Ours(name), data, args.warmup)
+        theirs = time_training(Torch(name), data, args.warmup) if have_torch else None
+        rows.append((name, B * T, ours, theirs))
+        print(f"  {name} done: ours {ours['step']:.1f} ms/step"
+              + (f", torch {theirs['step']:.1f} ms/step" if theirs else ""), flush=True)
+
+    print()
+    print("Training step (forward + backward + AdamW), float32, ms are medians")
+    head = (f"{'cfg':<4}{'tokens/s ours':>14}{'torch':>9}{'ratio':>7} | {'step ms':>8}{'torch':>7} | "
+            f"{'fwd ms':>7}{'torch':>7} | {'fwd+bwd':>8}{'torch':>7} | {'adamw ms':>8}{'torch':>7}")
+    print(head)
+    print("-" * len(head))
+    for name, tokens, ours, theirs in rows:
+        t = theirs or {}
+
+        def cell(v, w):
+            return f"{v:>{w}.1f}" if v is not None else f"{'-':>{w}}"
+        tps = tokens / ours["step"] * 1e3
+        ttps = tokens / t["step"] * 1e3 if t else None
+        print(f"{name:<4}{tps:>14.0f}{cell(ttps, 9)}{fmt_ratio(tps, ttps):>7} | {ours['step']:>8.1f}"
+              f"{cell(t.get('step'), 7)} | {ours['fwd_only']:>7.1f}{cell(t.get('fwd_only'), 7)} | "
+              f"{ours['fwd+bwd']:>8.1f}{cell(t.get('fwd+bwd'), 7)} | {ours['opt']:>8.1f}{cell(t.get('opt'), 7)}")
+    print("(fwd: loss without gradients (torch: no_grad); fwd+bwd: loss_and_grads / forward + backward(); "
+          "ratio: ours / torch tokens/s)")
+
+    if not args.no_generate:
+        V, T, *_ = CONFIGS["M"]
+        prompt = np.random.default_rng(1).integers(0, V, size=16)
+        ours = Ours("M")
+        n = args.gen_tokens
+        ours.generate(prompt, 8, use_cache=True)  # warm up
+        cached = n / min(ours.generate(prompt, n, use_cache=True) for _ in range(3))
+        uncached = n / ours.generate(prompt, n, use_cache=False)
+        print()
+        print(f"Generation on M: {n} new tokens from a 16-token prompt, one sequence (best of 3 for the cached runs)")
+        print(f"  ours, KV cache      {cached:8.0f} tokens/s")
+        print(f"  ours, no cache      {uncached:8.0f} tokens/s   (cache speed-up {cached / uncached:.1f}x)")
+        if have_torch:
+            runner = Torch("M")
+            runner.generate(prompt, 8)
+            theirs = n / min(runner.generate(prompt, n) for _ in range(3))
+            print(f"  PyTorch, KV cache   {theirs:8.0f} tokens/s   (ours / PyTorch {cached / theirs:.2f}x)")
+
+    if not args.no_memory:
+        steps = 2 if args.quick else 3
+        print()
+        print(f"Peak memory of training ({steps} steps, fresh process each, ru_maxrss)")
+        print(f"{'cfg':<4}{'ours MB':>9}{'torch MB':>10}{'ours / torch':>14}")
+        for name in names:
+            mine = peak_rss_mb("ours", name, steps)
+            theirs = peak_rss_mb("torch", name, steps) if have_torch else None
+            print(f"{name:<4}{mine:>9.0f}" + (f"{theirs:>10.0f}{mine / theirs:>13.2f}x" if theirs else f"{'-':>10}"))
+        print("(includes each interpreter and its imports: PyTorch's own import is a few hundred MB)")
+
+    print(f"\nload average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
