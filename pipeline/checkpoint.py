@@ -37,6 +37,7 @@ MODEL_FORMAT = "tokenkit.model"
 STATE_FORMAT = "tokenkit.train_state"
 FORMAT_VERSION = "1"
 TOKENIZER_PREFIX = "tokenizer."
+TOKENIZER_FORMAT = "tokenkit.bpe"  # the format tag bpe/io.py writes into tokenizer.safetensors
 
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "train_state.safetensors"
@@ -113,7 +114,8 @@ def remove_stale_temps(run_dir: str | os.PathLike) -> None:
 
 
 def _save_safetensors(path: Path, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
-    arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    # np.ascontiguousarray would turn a 0-d array (AdamW's step count) into shape (1,)
+    arrays = {k: np.require(v, requirements="C") for k, v in tensors.items()}
     with atomic_path(path) as tmp:
         save_file(arrays, tmp, metadata=dict(metadata))
 
@@ -287,20 +289,13 @@ def _model_from(path: Path, config_json: str | None, tensors: dict[str, np.ndarr
         raise PipelineError(f"{path} has no model config in its metadata; it is not a tokenkit model")
     try:
         config = GPTConfig.from_dict(json.loads(config_json))
-        model = GPT(config, seed=0)
-        expected = model.params
-        for name, ref in expected.items():
-            arr = tensors.get(prefix + name)
-            if arr is None:
-                raise PipelineError(f"{path} is missing parameter {name!r}; the file is incomplete")
-            if arr.shape != ref.shape or arr.dtype != ref.dtype:
-                raise PipelineError(
-                    f"{path}: parameter {name!r} is {arr.dtype}{list(arr.shape)}, expected {ref.dtype}{list(ref.shape)}"
-                )
-            expected[name][...] = arr
+        params = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix) and not k.startswith(TOKENIZER_PREFIX)}
+        for name, arr in params.items():
+            if arr.dtype != np.float32:  # from_params would convert silently; a tokenkit file is float32
+                raise PipelineError(f"{path}: parameter {name!r} is {arr.dtype}, expected float32; the file is corrupt")
+        return GPT.from_params(config, params)
     except (ValueError, ModelError) as err:
-        raise PipelineError(f"{path}: bad model config ({err})") from None
-    return model
+        raise PipelineError(f"{path}: {err}") from None
 
 
 @dataclass
@@ -341,7 +336,7 @@ def load_model(path_or_run_dir: str | os.PathLike) -> LoadedModel:
     """
     path = resolve_model_path(path_or_run_dir)
     meta = read_header(path, "model file")
-    if meta.get("format") != MODEL_FORMAT and meta.get("format", "").startswith("tokenkit.tokenizer"):
+    if meta.get("format") == TOKENIZER_FORMAT:
         raise PipelineError(f"{path} is a tokenizer file, not a model; give a run directory or its model.safetensors")
     _check_format(path, meta, MODEL_FORMAT, "give a run directory or a model.safetensors written by `tk train-model`")
     tensors = _load_tensors(path)

@@ -104,8 +104,13 @@ class TrainConfig:
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise PipelineError(f"{_flag(name)} must be in [0, 1), got {getattr(self, name)}")
+        if self.warmup_steps > self.steps:
+            raise PipelineError(f"--warmup-steps ({self.warmup_steps}) must not exceed --steps ({self.steps})")
         if not 0 < self.val_fraction < 1:
             raise PipelineError(f"--val-fraction must be between 0 and 1 (exclusive), got {self.val_fraction}")
+        from transformer import GPTConfig
+
+        GPTConfig.from_dict(self.model_config(vocab_size=256))  # its own one-line ModelError, before any work
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -464,12 +469,14 @@ def train_model(
     config: TrainConfig,
     *,
     replace: bool = False,
+    tokens: data.TokenData | None = None,
     quiet: bool = False,
     say: Callable[[str], None] = lambda msg: None,
 ) -> TrainResult:
     """Train a fresh model on `corpus` in `run_dir` (encoding the corpus first, or reusing the cache).
 
     Refuses to start over an existing run unless `replace`; use `resume_training` to continue one.
+    `tokens` skips the cache check when the caller has just prepared them.
     """
     data.check_corpus(corpus)
     run_dir = _prepare_run_dir(run_dir)
@@ -481,8 +488,9 @@ def train_model(
         )
     for stale in (checkpoint.MODEL_FILE, checkpoint.STATE_FILE, checkpoint.LOG_FILE):
         (run_dir / stale).unlink(missing_ok=True)
-    tokens = data.prepare_tokens(corpus, tokenizer, run_dir, quiet=quiet)
-    say(f"tokens: {'reused' if tokens.reused else 'encoded'} {len(tokens.ids):,} tokens in {run_dir / checkpoint.TOKENS_FILE}")
+    if tokens is None:
+        tokens = data.prepare_tokens(corpus, tokenizer, run_dir, quiet=quiet)
+        say(f"tokens: {'reused' if tokens.reused else 'encoded'} {len(tokens.ids):,} tokens in {run_dir / checkpoint.TOKENS_FILE}")
     run = _Run(run_dir, tokens, tokenizer, config, quiet=quiet, say=say)
     _describe(run, say)
     return run.run()

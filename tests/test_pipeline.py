@@ -212,7 +212,7 @@ def test_config_missing_file(tmp_path):
 
 
 def test_config_round_trip_through_dict():
-    cfg = TrainConfig(d_model=32, n_heads=2, steps=5)
+    cfg = TrainConfig(d_model=32, n_heads=2, steps=5, warmup_steps=2)
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
     assert TrainConfig.from_dict({"steps": 9}, base=cfg).d_model == 32
 

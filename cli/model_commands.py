@@ -1,0 +1,350 @@
+"""`tk train-model`, `tk predict-next`, `tk generate`, `tk info`, `tk pipeline`: thin wrappers over `pipeline`.
+
+Each command parses flags, calls the pipeline API and prints. Progress and notes go to stderr,
+results (tables, generated text, summaries) to stdout. User mistakes arrive as PipelineError /
+TokenizerError / ModelError and become one line in `cli.main`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pipeline import PipelineError, checkpoint
+from pipeline.data import check_corpus
+from pipeline.run import (
+    DEFAULT_VOCAB_SIZE,
+    generate,
+    load_tokenizer,
+    predict_next,
+    run_pipeline,
+    token_text,
+    train_tokenizer,
+)
+from pipeline.train import TrainConfig, TrainResult, resume_training, train_model
+
+_DEFAULTS = TrainConfig()
+
+# (flag, field, click type, help); defaults are None so that "given on the command line" is visible
+_MODEL_FLAGS = [
+    ("--n-layers", "n_layers", int, "transformer blocks"),
+    ("--n-heads", "n_heads", int, "attention heads (must divide --d-model)"),
+    ("--d-model", "d_model", int, "width of the residual stream"),
+    ("--context-length", "context_length", int, "tokens of context (T)"),
+    ("--positional", "positional", click.Choice(["learned", "sinusoidal"]), "positional encoding"),
+    ("--activation", "activation", click.Choice(["gelu", "relu"]), "MLP activation"),
+    ("--norm", "norm", click.Choice(["pre", "post"]), "LayerNorm placement"),
+]
+_TRAIN_FLAGS = [
+    ("--batch-size", "batch_size", int, "windows per step (B)"),
+    ("--steps", "steps", int, "optimizer steps in total"),
+    ("--lr", "lr", float, "peak learning rate"),
+    ("--min-lr", "min_lr", float, "learning rate at the end of the cosine decay"),
+    ("--warmup-steps", "warmup_steps", int, "linear warmup steps"),
+    ("--weight-decay", "weight_decay", float, "AdamW decoupled weight decay (2-D weights only)"),
+    ("--beta1", "beta1", float, "AdamW beta1"),
+    ("--beta2", "beta2", float, "AdamW beta2"),
+    ("--grad-clip", "grad_clip", float, "global gradient-norm clip (0: off)"),
+    ("--eval-interval", "eval_interval", int, "evaluate + checkpoint every N steps"),
+    ("--eval-batches", "eval_batches", int, "validation batches per evaluation"),
+    ("--val-fraction", "val_fraction", float, "last fraction of the corpus held out for validation"),
+    ("--seed", "seed", int, "seed for initialisation and batches"),
+]
+_FIELDS = [f for _, f, _, _ in _MODEL_FLAGS + _TRAIN_FLAGS] + ["bias"]
+
+
+def _training_options(func):
+    """Every TrainConfig field as a flag (default: unset, shown with the built-in default)."""
+    for flag, name, typ, text in reversed(_MODEL_FLAGS + _TRAIN_FLAGS):
+        func = click.option(flag, name, type=typ, default=None, help=f"{text} [default: {getattr(_DEFAULTS, name)}]")(func)
+    func = click.option("--bias/--no-bias", "bias", default=None, help="biases in linear layers and LayerNorms [default: on]")(func)
+    func = click.option(
+        "--config", "config_file", type=click.Path(dir_okay=False, path_type=Path),
+        help="JSON or TOML file of these settings (flags given on the command line win)",
+    )(func)
+    return func
+
+
+def _given(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The training settings given explicitly: a --config file's, then the flags'."""
+    values: dict[str, Any] = {}
+    if kwargs.get("config_file") is not None:
+        from pipeline.train import load_config_file
+
+        values.update(load_config_file(kwargs["config_file"]))
+    values.update({name: kwargs[name] for name in _FIELDS if kwargs.get(name) is not None})
+    return values
+
+
+def _say(quiet: bool):
+    return (lambda msg: None) if quiet else (lambda msg: click.echo(msg, err=True))
+
+
+def _warn(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def _summary(result: TrainResult) -> None:
+    best = f"{result.best_val_loss:.4f} at step {result.best_step}" if result.best_val_loss is not None else "none yet"
+    last = f"{result.last_val_loss:.4f}" if result.last_val_loss is not None else "-"
+    click.echo(
+        f"step {result.step}/{result.steps}: val loss {last} (best {best}; unigram baseline {result.unigram_baseline:.4f}); "
+        f"{result.seconds:.1f} s, {result.tokens_per_s:,.0f} tokens/s"
+    )
+    if (result.run_dir / checkpoint.MODEL_FILE).exists():
+        click.echo(f"model: {result.run_dir / checkpoint.MODEL_FILE}")
+
+
+def _interrupted(result: TrainResult) -> int:
+    click.echo(
+        f"interrupted at step {result.step}/{result.steps}; state saved in {result.run_dir}; "
+        f"continue with: tk train-model --resume {result.run_dir}",
+        err=True,
+    )
+    return 130
+
+
+# --- train-model -----------------------------------------------------------------------------
+
+
+@click.command("train-model")
+@click.argument("corpus", required=False, type=click.Path(path_type=Path))
+@click.option("-t", "--tokenizer", "tokenizer_path", type=click.Path(path_type=Path),
+              help="tokenizer.safetensors (default: train one on the corpus into RUN_DIR)")
+@click.option("-o", "--out", "run_dir", type=click.Path(file_okay=False, path_type=Path), help="run directory")
+@click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[RUN_DIR]",
+              help="continue the run in RUN_DIR (or -o) exactly where it stopped")
+@_training_options
+@click.option("-q", "--quiet", is_flag=True, help="no progress bar or notes, only the summary")
+def train_model_command(corpus, tokenizer_path, run_dir, resume, quiet, **kwargs) -> int:
+    """Train a GPT on CORPUS; checkpoints, log and token cache go in RUN_DIR.
+
+    RUN_DIR/model.safetensors holds the best evaluated weights with the tokenizer inside (one
+    file is enough to predict); RUN_DIR/train_state.safetensors the last state for --resume.
+    Ctrl-C saves and exits; --resume then continues bit-exactly.
+
+    \b
+    Example:
+      tk train-model corpora/tiny_tales.txt -t tok.safetensors -o runs/tales --steps 500
+      tk train-model --resume runs/tales
+    """
+    say = _say(quiet)
+    given = _given(kwargs)
+    if resume is not None:
+        target = Path(resume) if resume else run_dir
+        if target is None:
+            raise click.UsageError("--resume needs the run directory: --resume RUN_DIR or -o RUN_DIR")
+        if resume and run_dir is not None and Path(resume) != run_dir:
+            raise click.UsageError(f"--resume {resume} and -o {run_dir} name different run directories; give one")
+        if target.is_file():
+            raise click.UsageError(f"--resume takes a run directory, and {target} is a file")
+        tok = load_tokenizer(tokenizer_path) if tokenizer_path is not None else None
+        result = resume_training(target, corpus=corpus, tokenizer=tok, overrides=given, quiet=quiet, say=say)
+    else:
+        if corpus is None:
+            raise click.UsageError("missing CORPUS (or --resume RUN_DIR to continue a run)")
+        if run_dir is None:
+            raise click.UsageError("missing -o RUN_DIR: where the checkpoints and logs go")
+        config = TrainConfig.from_dict(given)
+        check_corpus(corpus)  # these checks come before a tokenizer is trained for nothing
+        if (run_dir / checkpoint.STATE_FILE).exists():
+            raise PipelineError(f"{run_dir} already holds a training run; continue it with --resume or choose another -o")
+        if tokenizer_path is None:
+            tok_path = run_dir / checkpoint.TOKENIZER_FILE
+            say(f"no tokenizer given (-t): training one on {corpus} with the defaults (vocab {DEFAULT_VOCAB_SIZE}) -> {tok_path}")
+            tok = train_tokenizer(corpus, tok_path, quiet=quiet)
+        else:
+            tok = load_tokenizer(tokenizer_path)
+        result = train_model(corpus, run_dir, tok, config, quiet=quiet, say=say)
+    _summary(result)
+    return _interrupted(result) if result.interrupted else 0
+
+
+# --- predict-next ----------------------------------------------------------------------------
+
+
+@click.command("predict-next")
+@click.option("-m", "--model", "model_path", required=True, type=click.Path(path_type=Path),
+              help="run directory or model.safetensors")
+@click.argument("text")
+@click.option("--top-k", default=10, show_default=True, type=int, help="rows in the table of likely tokens")
+def predict_next_command(model_path, text, top_k) -> int:
+    """The most likely token after TEXT (argmax), then the top K with their probabilities.
+
+    \b
+    Example:
+      tk predict-next -m runs/tales "Once upon a time, there was a"
+    """
+    model, tok, _ = checkpoint.load_model(model_path)
+    pred = predict_next(model, tok, text, top_k=top_k, say=_warn)
+    best_id, best_p = pred.top[0]
+    click.echo(f"next token: {token_text(tok, best_id)} (id {best_id}, p = {best_p:.4f})")
+    click.echo("")
+    click.echo(f"{'rank':>4}  {'id':>6}  {'probability':>11}  text")
+    for rank, (token_id, p) in enumerate(pred.top, 1):
+        click.echo(f"{rank:>4}  {token_id:>6}  {p:>11.4f}  {token_text(tok, token_id)}")
+    return 0
+
+
+# --- generate --------------------------------------------------------------------------------
+
+
+@click.command("generate")
+@click.option("-m", "--model", "model_path", required=True, type=click.Path(path_type=Path),
+              help="run directory or model.safetensors")
+@click.argument("prompt")
+@click.option("-n", "--max-new-tokens", default=100, show_default=True, type=int, help="tokens to generate")
+@click.option("--temperature", default=1.0, show_default=True, type=float, help="0 = greedy (argmax)")
+@click.option("--top-k", default=None, type=int, help="sample among the K most likely tokens")
+@click.option("--top-p", default=None, type=float, help="sample among the smallest set with probability >= P")
+@click.option("--seed", default=None, type=int, help="seed for reproducible sampling")
+def generate_command(model_path, prompt, max_new_tokens, temperature, top_k, top_p, seed) -> int:
+    """Continue PROMPT, streaming the text as it is generated (KV-cached decoding).
+
+    \b
+    Example:
+      tk generate -m runs/tales "Once upon a time" -n 60 --temperature 0.8 --seed 1
+    """
+    model, tok, _ = checkpoint.load_model(model_path)
+    pieces = generate(
+        model, tok, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+        top_k=top_k, top_p=top_p, seed=seed, say=_warn,
+    )
+    first = next(pieces, "")  # a bad prompt or flag fails here, before anything is printed
+    click.echo(prompt + first, nl=False)
+    for piece in pieces:
+        click.echo(piece, nl=False)
+        sys.stdout.flush()
+    click.echo("")
+    return 0
+
+
+# --- info ------------------------------------------------------------------------------------
+
+
+@click.command("info")
+@click.argument("file", type=click.Path(path_type=Path))
+def info_command(file) -> int:
+    """What a tokenizer, model or training-state file (or a run directory) holds.
+
+    \b
+    Example:
+      tk info runs/tales/model.safetensors
+    """
+    path = checkpoint.resolve_model_path(file) if Path(file).is_dir() else Path(file)
+    meta = checkpoint.read_header(path)
+    fmt = meta.get("format")
+    if fmt == checkpoint.TOKENIZER_FORMAT:
+        _info_tokenizer(path, meta)
+    elif fmt == checkpoint.MODEL_FORMAT:
+        _info_model(path)
+    elif fmt == checkpoint.STATE_FORMAT:
+        _info_state(path)
+    else:
+        found = f"format {fmt!r}" if fmt else "no tokenkit format tag"
+        raise PipelineError(f"{path} is not a tokenkit tokenizer, model or training-state file ({found})")
+    return 0
+
+
+def _row(key: str, value: Any) -> None:
+    click.echo(f"{key + ':':<22}{value}")
+
+
+def _info_tokenizer(path: Path, meta: dict[str, str]) -> None:
+    tok = load_tokenizer(path)
+    _row("file", path)
+    _row("format", f"{meta.get('format')} v{meta.get('format_version')} (tokenizer)")
+    _row("vocab size", f"{tok.vocab_size} (256 bytes + {len(tok.merges)} merges + {len(tok.special_tokens)} special)")
+    _row("pattern", tok.pattern)
+    _row("special tokens", json.dumps(tok.special_tokens, ensure_ascii=False) if tok.special_tokens else "none")
+    _row("fingerprint", tok.fingerprint())
+    for key in sorted(meta):
+        if key not in ("format", "format_version", "pattern", "pattern_regex", "special_tokens"):
+            _row(key, meta[key])
+
+
+def _info_model(path: Path) -> None:
+    model, tok, meta = checkpoint.load_model(path)
+    n_params = sum(int(p.size) for p in model.params.values())
+    _row("file", path)
+    _row("format", f"{meta.get('format')} v{meta.get('format_version')} (model + embedded tokenizer)")
+    _row("config", json.dumps(model.config.to_dict()))
+    _row("parameters", f"{n_params:,}")
+    _row("vocab size", f"{tok.vocab_size} (tokenizer {meta.get('tokenizer_fingerprint', '')[:16]}...)")
+    _row("training step", meta.get("step"))
+    val = meta.get("val_loss")
+    _row("validation loss", f"{val:.4f}" if isinstance(val, float) else val)
+    prov = meta.get("provenance") or {}
+    if isinstance(prov, dict):
+        base = prov.get("unigram_baseline")
+        if isinstance(base, float):
+            _row("unigram baseline", f"{base:.4f}")
+        for key in ("corpus", "corpus_sha256", "n_train_tokens", "tokenkit", "saved_utc"):
+            if key in prov:
+                _row(key.replace("_", " "), prov[key])
+        if "train_config" in prov:
+            _row("training config", json.dumps(prov["train_config"]))
+
+
+def _info_state(path: Path) -> None:
+    state = checkpoint.load_train_state(path)
+    _row("file", path)
+    _row("format", f"{checkpoint.STATE_FORMAT} v{checkpoint.FORMAT_VERSION} (state for --resume)")
+    _row("training step", f"{state.step} of {state.train_config.get('steps')}")
+    best = f"{state.best_val_loss:.4f} at step {state.best_step}" if state.best_val_loss is not None else "none yet"
+    _row("best val loss", best)
+    _row("config", json.dumps(state.model_config))
+    _row("parameters", f"{sum(int(p.size) for p in state.params.values()):,}")
+    _row("corpus", f"{state.data.get('corpus')} ({state.data.get('n_train')} train / {state.data.get('n_val')} val tokens)")
+    _row("training config", json.dumps(state.train_config))
+
+
+# --- pipeline --------------------------------------------------------------------------------
+
+
+@click.command("pipeline")
+@click.argument("corpus", type=click.Path(path_type=Path))
+@click.option("-o", "--out", "run_dir", required=True, type=click.Path(file_okay=False, path_type=Path), help="run directory")
+@click.option("--vocab-size", default=DEFAULT_VOCAB_SIZE, show_default=True, type=int, help="tokenizer vocabulary size")
+@_training_options
+@click.option("--prompt", default=None, help="prompt for the final sample (default: words from the validation text)")
+@click.option("-n", "--max-new-tokens", default=60, show_default=True, type=int, help="tokens in the final sample")
+@click.option("-q", "--quiet", is_flag=True, help="no progress bars or notes")
+def pipeline_command(corpus, run_dir, vocab_size, prompt, max_new_tokens, quiet, **kwargs) -> int:
+    """Tokenizer -> encode -> train -> sample, each stage skipped when RUN_DIR already has it.
+
+    Rerunning continues an interrupted training run, and redoes only the stages whose inputs
+    changed (a new corpus, another vocabulary size or training settings).
+
+    \b
+    Example:
+      tk pipeline corpora/tiny_tales.txt -o runs/demo
+    """
+    say = _say(quiet)
+    config = TrainConfig.from_dict(_given(kwargs))
+    result = run_pipeline(corpus, run_dir, vocab_size=vocab_size, config=config, quiet=quiet, say=say)
+    if result.train is not None:
+        _summary(result.train)
+        if result.train.interrupted:
+            return _interrupted(result.train)
+    model, tok, meta = checkpoint.load_model(run_dir)
+    text = prompt if prompt is not None else result.prompt
+    pred = predict_next(model, tok, text, top_k=5, say=_warn)
+    click.echo(f"\npredict-next {text!r}:")
+    for token_id, p in pred.top:
+        click.echo(f"  {p:7.4f}  {token_text(tok, token_id)}")
+    click.echo(f"\ngenerate (greedy, {max_new_tokens} tokens):")
+    click.echo(text, nl=False)
+    for piece in generate(model, tok, text, max_new_tokens=max_new_tokens, temperature=0.0, say=_warn):
+        click.echo(piece, nl=False)
+        sys.stdout.flush()
+    click.echo("")
+    return 0
+
+
+COMMANDS = (train_model_command, predict_next_command, generate_command, info_command, pipeline_command)

@@ -1,0 +1,264 @@
+"""Using a trained model (next-token prediction, streamed generation) and the whole pipeline.
+
+`run_pipeline(corpus, run_dir)` runs the stages in order, each skipped when its output in the
+run directory is present and up to date:
+
+    1. tokenizer  run_dir/tokenizer.safetensors, trained on the corpus (kept while the corpus and
+                  the vocabulary size are unchanged; `pipeline.json` records both)
+    2. encode     run_dir/tokens.npy (kept while corpus and tokenizer hash the same)
+    3. train      run_dir/model.safetensors + train_state.safetensors (kept when finished with
+                  the same settings and data, resumed when unfinished, retrained when stale)
+    4. sample     `predict_next` and `generate` on a prompt taken from the validation text
+
+Deleting a stage's output and rerunning redoes that stage and whatever depends on it.
+This module prints nothing; it reports through the `say` callback and return values.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline import checkpoint, data
+from pipeline.errors import PipelineError
+from pipeline.train import TrainConfig, TrainResult, resume_training, train_model
+
+# Measured on corpora/tiny_tales.txt: see TrainConfig's defaults for the model side.
+DEFAULT_VOCAB_SIZE = 1024
+
+
+def train_tokenizer(corpus: str | Path, out_path: str | Path, *, vocab_size: int = DEFAULT_VOCAB_SIZE, quiet: bool = False):
+    """Train a BPE tokenizer on `corpus` with the defaults (GPT-2 split pattern) and save it."""
+    from bpe import Tokenizer
+
+    data.check_corpus(corpus)
+    tok = Tokenizer.train([str(corpus)], vocab_size=vocab_size, quiet=quiet)
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    tok.save(out_path)
+    return tok
+
+
+def load_tokenizer(path: str | Path):
+    """A tokenizer from a tokenizer.safetensors, or the one embedded in a model file / run dir."""
+    from bpe import Tokenizer
+
+    path = Path(path)
+    if path.is_dir() or (path.exists() and checkpoint.read_header(path).get("format") == checkpoint.MODEL_FORMAT):
+        return checkpoint.load_model(path).tokenizer
+    if not path.exists():
+        raise PipelineError(f"tokenizer file not found: {path}; train one with `tk bpe-train` or drop -t")
+    return Tokenizer.load(path)
+
+
+# --- prediction ------------------------------------------------------------------------------
+
+
+def token_text(tokenizer, token_id: int) -> str:
+    """A token shown unambiguously: its text quoted, or its raw bytes when they are not UTF-8 alone."""
+    raw = tokenizer.decode_bytes([int(token_id)])
+    try:
+        return repr(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return repr(raw)  # part of a multi-byte character, e.g. b'\xc3'
+
+
+def encode_prompt(model, tokenizer, text: str, say: Callable[[str], None]) -> list[int]:
+    """Prompt -> ids, the last `context_length` of them when longer (with a warning)."""
+    if not text:
+        raise PipelineError("the prompt is empty; give some text to continue")
+    ids = tokenizer.encode(text)
+    limit = model.config.context_length
+    if len(ids) > limit:
+        say(f"warning: the prompt is {len(ids)} tokens, longer than the model's context ({limit}); using its last {limit}")
+        ids = ids[-limit:]
+    return ids
+
+
+@dataclass
+class Prediction:
+    """The next-token distribution after a prompt: `top` holds (id, probability), most likely first."""
+
+    prompt_ids: list[int]
+    top: list[tuple[int, float]]
+
+    @property
+    def argmax(self) -> int:
+        return self.top[0][0]
+
+
+def predict_next(model, tokenizer, text: str, *, top_k: int = 10, say: Callable[[str], None] = lambda m: None) -> Prediction:
+    """Probabilities of the token after `text` (softmax of the last position's logits)."""
+    if top_k < 1:
+        raise PipelineError(f"--top-k must be at least 1, got {top_k}")
+    ids = encode_prompt(model, tokenizer, text, say)
+    logits = model.forward(np.asarray(ids, dtype=np.int64)[None, :])[0, -1].astype(np.float64)  # (V,)
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    order = np.argsort(-probs, kind="stable")[: min(top_k, len(probs))]  # ties: the smaller id first
+    return Prediction(prompt_ids=ids, top=[(int(i), float(probs[i])) for i in order])
+
+
+def generate(
+    model,
+    tokenizer,
+    prompt: str,
+    *,
+    max_new_tokens: int = 100,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    say: Callable[[str], None] = lambda m: None,
+) -> Iterator[str]:
+    """Yield the continuation of `prompt` as text pieces, as the tokens come (KV-cached decoding).
+
+    A token may end in the middle of a UTF-8 character; its bytes are held by an incremental
+    decoder until the character completes, so every yielded piece is whole characters.
+    """
+    if max_new_tokens < 0:
+        raise PipelineError(f"--max-new-tokens must not be negative, got {max_new_tokens}")
+    ids = encode_prompt(model, tokenizer, prompt, say)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    stop = tokenizer.special_tokens.get("<|endoftext|>")
+    tokens = model.generate(
+        np.asarray(ids, dtype=np.int64),
+        max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        stop_token=stop,
+        use_cache=True,
+    )
+    while True:
+        # the model warns (warnings.warn) when the text outgrows its context; pass it on as one line
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            token_id = next(tokens, None)
+        for w in caught:
+            say(f"warning: {w.message}")
+        if token_id is None:
+            break
+        piece = decoder.decode(tokenizer.decode_bytes([int(token_id)]))
+        if piece:
+            yield piece
+    tail = decoder.decode(b"", final=True)
+    if tail:
+        yield tail
+
+
+def sample_prompt(tokens: np.ndarray, tokenizer, n_words: int = 6) -> str:
+    """The opening words of the first paragraph of the validation text: unseen, but in the corpus's style."""
+    text = tokenizer.decode(np.asarray(tokens[: 4096]).tolist())
+    start = text.find("\n\n")
+    para = text[start + 2 :] if start >= 0 else text
+    words = para.split()
+    if not words:
+        words = text.split()
+    return " ".join(words[:n_words]) if words else text[:20]
+
+
+# --- the whole pipeline ----------------------------------------------------------------------
+
+
+@dataclass
+class PipelineResult:
+    """What each stage did, and where the model is."""
+
+    run_dir: Path
+    stages: dict[str, str]
+    train: TrainResult | None
+    prompt: str
+
+
+def _tokenizer_stage(corpus: Path, run_dir: Path, digest: str, vocab_size: int, quiet: bool, say) -> tuple[Any, str]:
+    from bpe import Tokenizer
+
+    tok_path = run_dir / checkpoint.TOKENIZER_FILE
+    stamp = checkpoint.read_json(run_dir / checkpoint.PIPELINE_FILE) or {}
+    if tok_path.exists() and stamp.get("corpus_sha256") == digest and stamp.get("vocab_size") == vocab_size:
+        tok = Tokenizer.load(tok_path)
+        if tok.fingerprint() == stamp.get("tokenizer_fingerprint"):
+            say(f"tokenizer: up to date ({tok_path}, vocab {tok.vocab_size})")
+            return tok, "reused"
+    say(f"tokenizer: training BPE on {corpus} (vocab {vocab_size})")
+    tok = train_tokenizer(corpus, tok_path, vocab_size=vocab_size, quiet=quiet)
+    report = getattr(tok, "train_report", None)
+    detail = f", {report.merges_learned} merges, {report.seconds:.1f} s" if report is not None else ""
+    say(f"tokenizer: saved {tok_path} (vocab {tok.vocab_size}{detail})")
+    checkpoint.write_json(
+        run_dir / checkpoint.PIPELINE_FILE,
+        {"corpus": str(corpus), "corpus_sha256": digest, "vocab_size": vocab_size, "tokenizer_fingerprint": tok.fingerprint()},
+    )
+    return tok, "trained"
+
+
+def run_pipeline(
+    corpus: str | Path,
+    run_dir: str | Path,
+    *,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    config: TrainConfig | None = None,
+    quiet: bool = False,
+    say: Callable[[str], None] = lambda m: None,
+) -> PipelineResult:
+    """Stages 1-3 (tokenizer, encode, train), each skipped or resumed when its output is current.
+
+    Returns where things are and a prompt from the validation text for stage 4 (`predict_next`
+    and `generate` on `checkpoint.load_model(run_dir)`), which the caller runs so it can stream.
+    """
+    corpus = data.check_corpus(corpus)
+    config = config or TrainConfig()
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise PipelineError(f"run directory {run_dir} is a file; give a directory path with -o")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    digest = data.sha256_file(corpus)
+    stages: dict[str, str] = {}
+
+    tok, stages["tokenizer"] = _tokenizer_stage(corpus, run_dir, digest, vocab_size, quiet, say)
+
+    tokens = data.prepare_tokens(corpus, tok, run_dir, quiet=quiet, corpus_sha256=digest)
+    stages["encode"] = "reused" if tokens.reused else "encoded"
+    say(f"encode: {'up to date' if tokens.reused else 'encoded'} ({len(tokens.ids):,} tokens in {run_dir / checkpoint.TOKENS_FILE})")
+
+    stages["train"], result = _train_stage(corpus, run_dir, tok, tokens, config, quiet, say)
+    _, val = tokens.split(config.val_fraction, config.context_length)
+    return PipelineResult(run_dir=run_dir, stages=stages, train=result, prompt=sample_prompt(val, tok))
+
+
+def _train_stage(corpus, run_dir: Path, tok, tokens: data.TokenData, config: TrainConfig, quiet, say):
+    state_path = run_dir / checkpoint.STATE_FILE
+    if state_path.exists():
+        try:
+            meta = checkpoint.read_header(state_path)
+            same_config = TrainConfig.from_dict(_json(meta.get("train_config"))) == config
+            recorded = _json(meta.get("data"))
+            same_data = all(recorded.get(k) == v for k, v in tokens.key().items())
+            step = int(meta.get("step", -1))
+        except (PipelineError, ValueError, TypeError):
+            same_config = same_data = False
+            step = -1
+        if same_config and same_data and (run_dir / checkpoint.MODEL_FILE).exists() and step == config.steps:
+            say(f"train: up to date ({run_dir / checkpoint.MODEL_FILE}, step {step})")
+            return "reused", None
+        if same_config and same_data and 0 <= step < config.steps:
+            return "resumed", resume_training(run_dir, corpus=corpus, quiet=quiet, say=say)
+        why = "the corpus or tokenizer changed" if not same_data else "the training settings changed"
+        say(f"train: {why} since the last run; training from scratch")
+    result = train_model(corpus, run_dir, tok, config, replace=True, tokens=tokens, quiet=quiet, say=say)
+    return "trained", result
+
+
+def _json(value: str | None) -> Mapping[str, Any]:
+    parsed = json.loads(value) if value else {}
+    if not isinstance(parsed, dict):
+        raise ValueError("not a JSON object")
+    return parsed

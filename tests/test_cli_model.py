@@ -1,0 +1,370 @@
+"""The model commands end to end through `tk`: learning a rule, resume, kills, NaN, bad input.
+
+The corpus is generated here: lines that count up to the next multiple of ten or down to the
+previous one ("up 23 24 25 26 27 28 29 30", "down 47 46 45 44 43 42 41 40"). After the start
+number every token is fixed by the rule (the direction is the line's first word, or the step
+between the last two numbers), so a model that learned it predicts held-out lines exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cli.main import main
+from pipeline import checkpoint
+from pipeline.checkpoint import load_model, load_train_state
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ["--n-layers", "2", "--n-heads", "2", "--d-model", "64", "--context-length", "16"]
+
+
+def counting_line(rng: np.random.Generator) -> tuple[str, str]:
+    """One rule line and its unpredictable prefix (direction word + start number)."""
+    start = int(rng.integers(1, 100))
+    while start % 10 == 0:
+        start = int(rng.integers(1, 100))
+    if rng.random() < 0.5:
+        numbers = range(start, (start // 10 + 1) * 10 + 1)
+        word = "up"
+    else:
+        numbers = range(start, (start // 10) * 10 - 1, -1)
+        word = "down"
+    return f"{word} " + " ".join(map(str, numbers)), f"{word} {start}"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    rng = np.random.default_rng(12345)
+    path = tmp_path_factory.mktemp("corpus") / "counting.txt"
+    path.write_text("\n".join(counting_line(rng)[0] for _ in range(3000)) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def run(corpus, tmp_path_factory) -> Path:
+    """A model trained through the CLI (tokenizer trained by train-model itself, no -t)."""
+    run_dir = tmp_path_factory.mktemp("runs") / "counting"
+    code = main(["train-model", str(corpus), "-o", str(run_dir), *SMALL, "--batch-size", "32", "--steps", "400", "--lr", "5e-3",
+                 "--warmup-steps", "20", "--eval-interval", "100", "--quiet"])
+    assert code == 0
+    return run_dir
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code: int, err: str, fragment: str) -> None:
+    assert code == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert fragment in lines[0], lines[0]
+    assert "Traceback" not in err
+
+
+# --- learning --------------------------------------------------------------------------------
+
+
+def test_learns_the_counting_rule_on_held_out_lines(run):
+    model, tok, meta = load_model(run)
+    rng = np.random.default_rng(999)  # lines the training corpus never had in this order
+    correct = total = 0
+    previous, _ = counting_line(rng)
+    for _ in range(150):
+        line, prefix = counting_line(rng)
+        context = tok.encode(previous + "\n")
+        fixed_from = len(context) + len(tok.encode(prefix))  # first rule-determined position
+        ids = context + tok.encode(line + "\n")
+        ids = ids[-model.config.context_length :]
+        fixed_from -= len(context) + len(tok.encode(line + "\n")) - len(ids)
+        logits = model.forward(np.array(ids[:-1])[None, :])[0]  # (T-1, V)
+        guess = logits.argmax(-1)
+        targets = np.array(ids[1:])
+        positions = np.arange(max(fixed_from - 1, 0), len(targets))
+        correct += int((guess[positions] == targets[positions]).sum())
+        total += len(positions)
+        previous = line
+    accuracy = correct / total
+    assert accuracy >= 0.95, f"next-token accuracy {accuracy:.3f} on {total} rule-determined tokens"
+    assert meta["best_val_loss"] < meta["provenance"]["unigram_baseline"] / 3
+
+
+def test_predict_next_table_matches_the_model(run, capsys):
+    code, out, _ = cli(capsys, "predict-next", "-m", str(run), "up 23 24 25", "--top-k", "4")
+    assert code == 0
+    model, tok, _ = load_model(run)
+    logits = model.forward(np.array(tok.encode("up 23 24 25"))[None, :])[0, -1].astype(np.float64)
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    best = int(np.argmax(probs))
+    assert tok.decode([best]) == " 26"
+    assert out.splitlines()[0] == f"next token: ' 26' (id {best}, p = {probs[best]:.4f})"
+    rows = [line.split() for line in out.splitlines()[3:]]
+    assert len(rows) == 4
+    assert [int(r[1]) for r in rows] == sorted(range(len(probs)), key=lambda i: -probs[i])[:4]
+    assert [float(r[2]) for r in rows] == [round(float(probs[int(r[1])]), 4) for r in rows]
+
+
+def test_generate_streams_the_rule(run, capsys):
+    code, out, _ = cli(capsys, "generate", "-m", str(run), "down 57", "-n", "7", "--temperature", "0")
+    assert code == 0
+    assert out.startswith("down 57 56 55 54 53 52 51 50")
+    code, again, _ = cli(capsys, "generate", "-m", str(run / "model.safetensors"), "up 3", "-n", "12",
+                         "--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--seed", "3")
+    code2, same, _ = cli(capsys, "generate", "-m", str(run), "up 3", "-n", "12",
+                         "--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--seed", "3")
+    assert code == code2 == 0 and again == same and again.startswith("up 3")
+
+
+def test_generate_holds_partial_utf8_until_the_character_completes():
+    from bpe import Tokenizer
+    from pipeline.run import generate
+
+    tok = Tokenizer([])  # byte-level: every multi-byte character takes several tokens
+
+    class Bytes:
+        """Stands in for a model that emits the bytes of 'é€!' one token at a time."""
+
+        class config:
+            context_length = 8
+
+        def generate(self, ids, max_new_tokens, **kwargs):
+            yield from "é€!".encode("utf-8")[:max_new_tokens]
+
+    assert list(generate(Bytes(), tok, "a", max_new_tokens=6)) == ["é", "€", "!"]
+    assert list(generate(Bytes(), tok, "a", max_new_tokens=4)) == ["é", "\ufffd"]  # cut mid-character
+
+
+def test_info_on_model_tokenizer_state_and_run_dir(run, capsys):
+    model, tok, meta = load_model(run)
+    n_params = sum(p.size for p in model.params.values())
+    for target in (run, run / "model.safetensors"):
+        code, out, _ = cli(capsys, "info", str(target))
+        assert code == 0
+        assert f"parameters:           {n_params:,}" in out
+        assert f"training step:        {meta['step']}" in out
+        assert f"vocab size:           {tok.vocab_size}" in out
+        assert "provenance" not in out or "corpus" in out
+    code, out, _ = cli(capsys, "info", str(run / "tokenizer.safetensors"))
+    assert code == 0 and f"vocab size:           {tok.vocab_size}" in out and "tokenizer" in out
+    code, out, _ = cli(capsys, "info", str(run / "train_state.safetensors"))
+    assert code == 0 and "training step:        400 of 400" in out
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+
+def test_missing_and_foreign_model_files(run, tmp_path, capsys):
+    code, _, err = cli(capsys, "predict-next", "-m", str(tmp_path / "nope.safetensors"), "up 1")
+    assert_one_line_error(code, err, "not found")
+    code, _, err = cli(capsys, "generate", "-m", str(tmp_path), "up 1")
+    assert_one_line_error(code, err, "no model.safetensors")
+    code, _, err = cli(capsys, "predict-next", "-m", str(run / "tokenizer.safetensors"), "up 1")
+    assert_one_line_error(code, err, "tokenizer file, not a model")
+    text = tmp_path / "notes.txt"
+    text.write_text("hello", encoding="utf-8")
+    code, _, err = cli(capsys, "generate", "-m", str(text), "up 1")
+    assert_one_line_error(code, err, "not a readable safetensors file")
+    from safetensors.numpy import save_file
+
+    foreign = tmp_path / "foreign.safetensors"
+    save_file({"w": np.zeros(3, np.float32)}, str(foreign))
+    code, _, err = cli(capsys, "predict-next", "-m", str(foreign), "up 1")
+    assert_one_line_error(code, err, "not a tokenkit.model file")
+    code, _, err = cli(capsys, "info", str(foreign))
+    assert_one_line_error(code, err, "not a tokenkit tokenizer, model or training-state file")
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes((run / "model.safetensors").read_bytes()[:-100])
+    code, _, err = cli(capsys, "predict-next", "-m", str(truncated), "up 1")
+    assert_one_line_error(code, err, str(truncated))
+
+
+def test_empty_prompt_and_bad_sampling_flags(run, capsys):
+    for command in ("predict-next", "generate"):
+        code, out, err = cli(capsys, command, "-m", str(run), "")
+        assert_one_line_error(code, err, "prompt is empty")
+        assert out == ""
+    code, _, err = cli(capsys, "generate", "-m", str(run), "up 1", "--top-p", "1.5")
+    assert_one_line_error(code, err, "top_p")
+    code, _, err = cli(capsys, "predict-next", "-m", str(run), "up 1", "--top-k", "0")
+    assert_one_line_error(code, err, "--top-k")
+
+
+def test_prompt_longer_than_context_is_cropped_with_a_warning(run, capsys):
+    long = " ".join(["up 1 2 3 4 5 6 7 8 9 10"] * 10) + " up 41 42"
+    code, out, err = cli(capsys, "predict-next", "-m", str(run), long, "--top-k", "3")
+    assert code == 0
+    assert err.count("\n") == 1 and err.startswith("warning: the prompt is") and "using its last 16" in err
+    assert out.startswith("next token: ' 43'")
+    code, out, err = cli(capsys, "generate", "-m", str(run), long, "-n", "3", "--temperature", "0")
+    assert code == 0 and "warning: the prompt is" in err and "Traceback" not in err
+    assert out.startswith(long + " 43 44 45")
+
+
+def test_resume_flags_contradicting_the_checkpoint(run, corpus, tmp_path, capsys):
+    code, _, err = cli(capsys, "train-model", "--resume", str(run), "--d-model", "32")
+    assert_one_line_error(code, err, "--d-model 32 contradicts the checkpoint")
+    code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(run), "--resume", "--steps", "999")
+    assert_one_line_error(code, err, "--steps 999 contradicts the checkpoint")
+    other = tmp_path / "other.txt"
+    other.write_text("up 1 2 3 4 5 6 7 8 9 10\n" * 50, encoding="utf-8")
+    code, _, err = cli(capsys, "train-model", str(other), "--resume", str(run))
+    assert_one_line_error(code, err, "is not the one")
+    code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(run))
+    assert_one_line_error(code, err, "already holds a training run")
+    code, _, err = cli(capsys, "train-model", "--resume", str(tmp_path / "none"))
+    assert_one_line_error(code, err, "run directory not found")
+
+
+def test_other_bad_training_input(corpus, tmp_path, capsys):
+    code, _, err = cli(capsys, "train-model", str(tmp_path / "missing.txt"), "-o", str(tmp_path / "r"))
+    assert_one_line_error(code, err, "not found")
+    code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(tmp_path / "r"), "-t", str(tmp_path / "t.safetensors"))
+    assert_one_line_error(code, err, "tokenizer file not found")
+    code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(tmp_path / "r"), "--d-model", "30", "--n-heads", "4")
+    assert_one_line_error(code, err, "divisible")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("learning_rate = 1\n", encoding="utf-8")
+    code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(tmp_path / "r"), "--config", str(bad))
+    assert_one_line_error(code, err, "unknown training setting 'learning_rate'")
+    code, _, err = cli(capsys, "train-model", str(corpus))
+    assert_one_line_error(code, err, "missing -o")
+
+
+# --- resume, interrupts, kills ---------------------------------------------------------------
+
+RESUME_FLAGS = [*SMALL, "--batch-size", "8", "--steps", "24", "--eval-interval", "5", "--warmup-steps", "4", "--quiet"]
+
+
+def _tensors(path: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    return load_file(str(path))
+
+
+def _losses(run_dir: Path) -> list[tuple]:
+    return [(r["type"], r["step"], r.get("loss"), r.get("val_loss")) for r in checkpoint.read_log(run_dir / "log.jsonl")
+            if r["type"] in ("step", "eval")]
+
+
+def test_ctrl_c_then_resume_equals_uninterrupted(corpus, run, tmp_path, monkeypatch, capsys):
+    tok = ["-t", str(run / "tokenizer.safetensors")]
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    assert main(["train-model", str(corpus), "-o", str(whole), *tok, *RESUME_FLAGS]) == 0
+
+    from transformer import GPT
+
+    real = GPT.loss_and_grads
+    calls = {"n": 0}
+
+    def ctrl_c_at_step_13(self, x, y):
+        calls["n"] += 1
+        if calls["n"] == 13:
+            os.kill(os.getpid(), signal.SIGINT)  # as a user's Ctrl-C in the middle of step 13
+        return real(self, x, y)
+
+    monkeypatch.setattr(GPT, "loss_and_grads", ctrl_c_at_step_13)
+    code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(split), *tok, *RESUME_FLAGS)
+    assert code == 130 and "interrupted at step 13/24" in err and "--resume" in err
+    assert load_train_state(split / "train_state.safetensors").step == 13
+    monkeypatch.setattr(GPT, "loss_and_grads", real)
+    code, out, _ = cli(capsys, "train-model", "--resume", str(split), "--quiet")
+    assert code == 0 and "step 24/24" in out
+
+    for name in ("train_state.safetensors", "model.safetensors"):
+        a, b = _tensors(whole / name), _tensors(split / name)
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key].dtype == b[key].dtype and np.array_equal(a[key], b[key]), f"{name}:{key} differs"
+    assert _losses(whole) == _losses(split)
+    assert len(_losses(split)) == 24 + 5
+
+
+def test_sigkill_at_any_moment_leaves_loadable_checkpoints(corpus, run, tmp_path):
+    """Kill a training process (saving every step) at several moments; every time the files load."""
+    run_dir = tmp_path / "killed"
+    args = [sys.executable, "-m", "cli.main", "train-model", str(corpus), "-o", str(run_dir),
+            "-t", str(run / "tokenizer.safetensors"), *SMALL, "--batch-size", "8", "--steps", "150", "--eval-interval", "1",
+            "--eval-batches", "1", "--quiet"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    steps_seen = []
+    for attempt, delay in enumerate((0.05, 0.17)):
+        cmd = args if attempt == 0 else [*args[:3], "train-model", "--resume", str(run_dir), "--quiet"]
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        state = run_dir / "train_state.safetensors"
+        start_mtime = state.stat().st_mtime_ns if state.exists() else 0
+        while time.monotonic() < deadline and (not state.exists() or state.stat().st_mtime_ns == start_mtime):
+            time.sleep(0.01)
+        time.sleep(delay)  # somewhere among the per-step saves
+        proc.kill()
+        proc.wait()
+        model, tok, meta = load_model(run_dir)
+        state_now = load_train_state(state)
+        assert meta["step"] >= 1 and state_now.step >= 1
+        steps_seen.append(state_now.step)
+    assert steps_seen == sorted(steps_seen)
+    code = main(["train-model", "--resume", str(run_dir), "--quiet", "--steps", "150"])
+    assert code == 0 and load_train_state(run_dir / "train_state.safetensors").step == 150
+    assert not list(run_dir.glob(".*.tmp"))
+
+
+def test_nan_loss_stops_with_the_last_good_checkpoint(corpus, run, tmp_path, monkeypatch, capsys):
+    from transformer import GPT
+
+    real = GPT.loss_and_grads
+    calls = {"n": 0}
+
+    def diverge_at_step_8(self, x, y):
+        calls["n"] += 1
+        loss, grads = real(self, x, y)
+        return (float("nan") if calls["n"] >= 8 else loss), grads
+
+    monkeypatch.setattr(GPT, "loss_and_grads", diverge_at_step_8)
+    run_dir = tmp_path / "nan"
+    code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(run_dir), "-t", str(run / "tokenizer.safetensors"),
+                       *RESUME_FLAGS)
+    assert_one_line_error(code, err, "training diverged: loss nan")
+    assert "at step 8" in err and "last good checkpoint (step 5)" in err
+    model, _, meta = load_model(run_dir)
+    assert meta["step"] == 5 and all(np.isfinite(p).all() for p in model.params.values())
+    assert load_train_state(run_dir / "train_state.safetensors").step == 5
+    assert checkpoint.read_log(run_dir / "log.jsonl")[-1]["type"] == "stop"
+
+
+# --- the pipeline command --------------------------------------------------------------------
+
+
+def test_pipeline_runs_stages_and_skips_what_is_up_to_date(corpus, tmp_path, capsys):
+    run_dir = tmp_path / "pipe"
+    flags = [*SMALL, "--batch-size", "8", "--warmup-steps", "5", "--steps", "30", "--eval-interval", "10", "--vocab-size", "300", "-n", "8"]
+    code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *flags)
+    assert code == 0, err
+    assert "tokenizer: training BPE" in err and "encode: encoded" in err
+    assert "predict-next" in out and "generate (greedy, 8 tokens)" in out
+    first_model = _tensors(run_dir / "model.safetensors")
+
+    code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *flags)
+    assert code == 0
+    assert "tokenizer: up to date" in err and "encode: up to date" in err and "train: up to date" in err
+
+    (run_dir / "tokens.npy").unlink()  # redo one stage alone
+    code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *flags)
+    assert code == 0 and "encode: encoded" in err and "train: up to date" in err
+
+    code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *flags[:-4], "--steps", "40",
+                         "--vocab-size", "300", "-n", "8")
+    assert code == 0 and "training settings changed" in err
+    assert json.loads((run_dir / "pipeline.json").read_text(encoding="utf-8"))["vocab_size"] == 300
+    assert not np.array_equal(_tensors(run_dir / "model.safetensors")["wte.weight"], first_model["wte.weight"])
