@@ -1,0 +1,281 @@
+"""Pre-tokenization: split text into chunks, and count the distinct chunks of a whole corpus.
+
+A split pattern cuts text into chunks ("Hello", " world", "!"); BPE merges never cross a chunk
+boundary. Patterns, by name:
+
+- "gpt2": GPT-2's pattern (the default).
+- "gpt4": GPT-4's (tiktoken's cl100k_base) pattern; "cl100k" is an alias.
+- "none": no splitting. Each source (each file, each text) is one chunk, so merges may span
+  spaces and newlines — only the boundary between two sources is never crossed. Nothing repeats
+  to be counted, so memory follows the corpus size; the trainer still only touches the merge
+  sites of each merge, never the whole chunk.
+- anything else: a custom regex for the `regex` module. Text it does not match is kept as
+  chunks of its own (the gaps between matches), so no byte is ever dropped.
+
+`count_chunks` streams each file in pieces of about a megabyte and counts them in worker
+processes. A piece ends only where the built-in patterns always end a chunk (see `_find_cut`),
+so the counts equal those of splitting the whole text at once (tested). Custom patterns and
+"none" cannot promise such places: there each source is counted in one piece.
+
+Bytes, not text: input is decoded as UTF-8 with errors="surrogateescape" and every chunk is
+encoded back the same way, so invalid UTF-8 is split and counted as its exact bytes.
+
+What this module deliberately does not do: learn merges (bpe/trainer.py) or encode to ids.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
+from functools import lru_cache
+from multiprocessing import get_context
+from pathlib import Path
+from typing import BinaryIO, Union
+
+import regex
+from tqdm import tqdm
+
+from bpe.errors import TokenizerError
+
+__all__ = ["GPT2_PATTERN", "GPT4_PATTERN", "PATTERNS", "count_chunks", "resolve_pattern", "split_text"]
+
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+GPT4_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+    r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+)
+PATTERNS: dict[str, str | None] = {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN, "cl100k": GPT4_PATTERN, "none": None}
+_BUILTIN = frozenset({GPT2_PATTERN, GPT4_PATTERN})
+
+Source = Union[str, os.PathLike, bytes, bytearray]
+
+_PIECE_BYTES = 1 << 20  # ~1 MiB per piece: enough to amortise a worker round trip, small enough to balance
+
+
+def resolve_pattern(name_or_regex: str | None) -> str | None:
+    """The regex for a pattern name ("gpt2", "gpt4"/"cl100k"), None for "none", else the regex itself.
+
+    >>> resolve_pattern("none") is None
+    True
+    >>> resolve_pattern(r"\\w+|\\W+")
+    '\\\\w+|\\\\W+'
+    """
+    if name_or_regex is None:
+        return None
+    if name_or_regex in PATTERNS:
+        return PATTERNS[name_or_regex]
+    if not name_or_regex:
+        raise TokenizerError("the split pattern is empty; use gpt2, gpt4, none or a regex")
+    _compile(name_or_regex)
+    return name_or_regex
+
+
+@lru_cache(maxsize=16)
+def _compile(pattern: str) -> regex.Pattern:
+    try:
+        return regex.compile(pattern)
+    except regex.error as err:
+        raise TokenizerError(f"bad split pattern {pattern!r}: {err}; use gpt2, gpt4, none or a valid regex") from None
+
+
+def split_text(text: str, pattern: str | None) -> list[str]:
+    """Cut `text` into chunks with `pattern` (a name or a regex, see `resolve_pattern`).
+
+    The chunks always join back to `text`.
+
+    >>> split_text("Hello world, it's 2024!", "gpt2")
+    ['Hello', ' world', ',', ' it', "'s", ' 2024', '!']
+    >>> split_text("a b", "none")
+    ['a b']
+    """
+    pattern = resolve_pattern(pattern)
+    if pattern is None:
+        return [text] if text else []
+    rx = _compile(pattern)
+    if pattern in _BUILTIN:  # they match every character, so the matches are the whole split
+        return rx.findall(text)
+    chunks = []
+    done = 0
+    for m in rx.finditer(text):
+        start, end = m.span()
+        if start == end:
+            continue
+        if start > done:
+            chunks.append(text[done:start])
+        chunks.append(text[start:end])
+        done = end
+    if done < len(text):
+        chunks.append(text[done:])
+    return chunks
+
+
+def count_chunks(
+    sources: Source | Iterable[Source],
+    pattern: str | None,
+    *,
+    workers: int | None = None,
+    quiet: bool = False,
+) -> dict[bytes, int]:
+    """Count every distinct chunk of the corpus: {chunk bytes: occurrences}.
+
+    sources: file paths (str or os.PathLike) or in-memory texts (bytes); one source or a list.
+    Sources are split independently, as if each ended the text. `pattern` is a name or a regex
+    (see `resolve_pattern`). workers: processes that split and count (default: all cores;
+    1 counts in this process). A progress bar follows the bytes read.
+
+    Raises TokenizerError for a missing file, a directory, or a corpus without a single byte.
+
+    >>> count_chunks([b"to be or not to be"], "gpt2", workers=1)
+    {b'to': 1, b' be': 2, b' or': 1, b' not': 1, b' to': 1}
+    """
+    if isinstance(sources, (str, bytes, bytearray, os.PathLike)):
+        sources = [sources]
+    sources = list(sources)
+    pattern = resolve_pattern(pattern)
+    sizes = [_source_size(s) for s in sources]
+    if sum(sizes) == 0:
+        raise TokenizerError("the corpus is empty; give at least one file or text with some content")
+    workers = _default_workers() if workers is None else workers
+    if workers < 1:
+        raise TokenizerError(f"workers must be at least 1, got {workers}")
+    piece_bytes = _PIECE_BYTES if pattern in _BUILTIN else None
+    if pattern is None:  # nothing to split: a worker would only copy each source twice
+        workers = 1
+
+    totals: Counter[str] = Counter()
+    with tqdm(
+        total=sum(sizes), desc="counting", unit="B", unit_scale=True, disable=quiet or not sys.stderr.isatty()
+    ) as bar:
+        pieces = (p for s in sources for p in _source_pieces(s, piece_bytes))
+        first = next(pieces, None)
+        second = next(pieces, None)
+        if workers == 1 or second is None:  # one piece: a worker would only add start-up time
+            for piece in _chain(first, second, pieces):
+                totals.update(_count_piece(piece, pattern))
+                bar.update(len(piece))
+        else:
+            with get_context("spawn").Pool(workers) as pool:
+                in_flight: deque = deque()
+                for piece in _chain(first, second, pieces):
+                    in_flight.append((len(piece), pool.apply_async(_count_piece, (piece, pattern))))
+                    if len(in_flight) >= 2 * workers:  # bounded: memory stays at a few pieces
+                        size, result = in_flight.popleft()
+                        totals.update(result.get())
+                        bar.update(size)
+                while in_flight:
+                    size, result = in_flight.popleft()
+                    totals.update(result.get())
+                    bar.update(size)
+    return {chunk.encode("utf-8", "surrogateescape"): n for chunk, n in totals.items()}
+
+
+def _chain(first: bytes | None, second: bytes | None, rest: Iterator[bytes]) -> Iterator[bytes]:
+    for piece in (first, second):
+        if piece is not None:
+            yield piece
+    yield from rest
+
+
+def _default_workers() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _count_piece(piece: bytes, pattern: str | None) -> Counter[str]:
+    """Split one piece and count its chunks (runs in a worker; keys stay str until the end)."""
+    text = piece.decode("utf-8", "surrogateescape")
+    if pattern is None:
+        return Counter([text])
+    if pattern in _BUILTIN:
+        return Counter(_compile(pattern).findall(text))
+    return Counter(split_text(text, pattern))
+
+
+def _source_size(source: Source) -> int:
+    if isinstance(source, (bytes, bytearray)):
+        return len(source)
+    if not isinstance(source, (str, os.PathLike)):
+        raise TokenizerError(f"a corpus source must be a file path or bytes, got {type(source).__name__}")
+    path = Path(source)
+    if path.is_dir():
+        raise TokenizerError(f"{path} is a directory; give the text files inside it")
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        raise TokenizerError(f"corpus file not found: {path}") from None
+    except OSError as err:
+        raise TokenizerError(f"cannot read corpus file {path}: {err.strerror}") from None
+
+
+def _source_pieces(source: Source, piece_bytes: int | None) -> Iterator[bytes]:
+    if isinstance(source, (bytes, bytearray)):
+        yield from _pieces(io.BytesIO(source), piece_bytes)
+        return
+    try:
+        with open(source, "rb") as f:  # binary on purpose: the exact bytes are decoded per piece
+            yield from _pieces(f, piece_bytes)
+    except OSError as err:
+        raise TokenizerError(f"cannot read corpus file {source}: {err.strerror}") from None
+
+
+def _pieces(stream: BinaryIO, piece_bytes: int | None) -> Iterator[bytes]:
+    """Read `stream` in pieces of about `piece_bytes`, each ending at a safe cut (or all of it if None).
+
+    A stretch without any safe cut stays in one piece, however long.
+    """
+    if piece_bytes is None:
+        data = stream.read()
+        if data:
+            yield data
+        return
+    buf = b""
+    while True:
+        block = stream.read(piece_bytes)
+        if not block:
+            break
+        searched = max(len(buf) - 8, 1)  # what was already searched need not be searched again
+        buf += block
+        cut = _find_cut(buf, searched)
+        if cut > 0:
+            yield buf[:cut]
+            buf = buf[cut:]
+    if buf:
+        yield buf
+
+
+_ASCII_WS = frozenset(b" \t\n\r\x0b\x0c")
+_SPACE = regex.compile(r"\s")
+
+
+def _find_cut(buf: bytes, lo: int) -> int:
+    """The last safe place to cut `buf` at or after `lo`, or -1 when there is none.
+
+    Safe means a boundary that both built-in patterns always have, and where the text before it
+    splits the same whether or not the rest follows:
+    1. right before an ASCII space that follows a printable non-space ASCII byte ("word| next");
+    2. failing that, right after a newline that sits between two non-whitespace characters
+       ("end.\\n|Next"), for text with few ASCII spaces (CJK, code, data).
+    No match of either pattern contains a non-space character followed by whitespace, except
+    GPT-4's punctuation run that swallows the newlines after it ("end.\\n"), which still ends
+    right after the newline. An ASCII byte is never part of a multi-byte UTF-8 character, so
+    each piece decodes exactly as its stretch of the whole file does.
+    """
+    i = buf.rfind(b" ", lo)
+    while i >= lo:
+        if 0x21 <= buf[i - 1] <= 0x7E:
+            return i
+        i = buf.rfind(b" ", lo, i)
+    i = buf.rfind(b"\n", lo, len(buf) - 4)  # the next character must be complete in buf
+    while i >= lo:
+        if buf[i - 1] not in _ASCII_WS and buf[i + 1] not in _ASCII_WS:
+            before = buf[max(i - 4, 0) : i].decode("utf-8", "surrogateescape")[-1]
+            after = buf[i + 1 : i + 5].decode("utf-8", "surrogateescape")[0]
+            if not _SPACE.match(before) and not _SPACE.match(after):
+                return i + 1
+        i = buf.rfind(b"\n", lo, i)
+    return -1
