@@ -137,13 +137,17 @@ def generate(
         stop_token=stop,
         use_cache=True,
     )
+    limit = model.config.context_length
+    if len(ids) + max_new_tokens > limit:
+        say(
+            f"note: prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceed the model's context ({limit}); "
+            f"past it, each new token sees the last {limit}"
+        )
     while True:
-        # the model warns (warnings.warn) when the text outgrows its context; pass it on as one line
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        # said above, once and before the text starts; the model's own warning would land mid-stream
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             token_id = next(tokens, None)
-        for w in caught:
-            say(f"warning: {w.message}")
         if token_id is None:
             break
         piece = decoder.decode(tokenizer.decode_bytes([int(token_id)]))

@@ -71,7 +71,7 @@ class TrainConfig:
     bias: bool = True
     # optimisation
     batch_size: int = 16
-    steps: int = 1000
+    steps: int = 500
     lr: float = 2e-3
     min_lr: float = 2e-4
     warmup_steps: int = 50
