@@ -1,0 +1,78 @@
+"""nanoGPT's CPU "baby GPT" on tiny Shakespeare, byte-level, trained by tokenkit's pipeline.
+
+The configuration is nanoGPT's README CPU run (`train_shakespeare_char.py` with --device=cpu
+--block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000
+--lr_decay_iters=2000 --dropout=0.0 --eval_iters=20): 4 layers, 4 heads, width 128, context 64,
+batch 12, 2000 steps, lr 1e-3 cosine to 1e-4 after 100 warmup steps, AdamW betas (0.9, 0.99),
+weight decay 0.1, clip 1.0, no biases, no dropout; last 10% of the text for validation.
+Our vocabulary is the 256 bytes (a tokenizer with zero merges); nanoGPT's is the text's 65
+characters, the same symbols since the file is ASCII.
+
+nanoGPT's reference on a 2-core machine like ours: val loss 1.886 after 2000 steps, ~111 s
+wall including its evaluations (every 250 steps, 20 batches), ~470 MB peak RSS.
+
+Run:  flock /tmp/tokenkit-bench.lock python bench/shakespeare.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "tinyshakespeare.txt"
+NANOGPT = {"val_loss": 1.886, "wall_s": 111.0, "peak_mb": 470.0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=2000, help="optimizer steps (nanoGPT: 2000)")
+    parser.add_argument("--data", type=Path, default=DATA, help="tinyshakespeare.txt")
+    args = parser.parse_args(argv)
+    if not args.data.exists():
+        print(f"skip: {args.data} is absent (the reference data lives in ../shared/data)")
+        return 0
+
+    from bpe import Tokenizer
+    from pipeline import checkpoint, data
+    from pipeline.train import TrainConfig, train_model
+
+    tokenizer = Tokenizer([], pattern="none")  # byte-level: ids 0-255 are the bytes, no merges
+    config = TrainConfig(
+        n_layers=4, n_heads=4, d_model=128, context_length=64, bias=False,
+        batch_size=12, steps=args.steps, lr=1e-3, min_lr=1e-4, warmup_steps=100,
+        weight_decay=0.1, beta1=0.9, beta2=0.99, grad_clip=1.0,
+        eval_interval=250, eval_batches=20, val_fraction=0.1, seed=1337,
+    )
+    with tempfile.TemporaryDirectory(prefix="tk-shakespeare-") as run_dir:
+        start = time.perf_counter()
+        result = train_model(args.data, run_dir, tokenizer, config, quiet=True)
+        wall = time.perf_counter() - start
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+        # A steadier estimate than 20 batches, outside the timed run: 200 fixed validation batches.
+        model, _, _ = checkpoint.load_model(run_dir)
+        tokens = data.prepare_tokens(args.data, tokenizer, run_dir, quiet=True)
+        _, val = tokens.split(config.val_fraction, config.context_length)
+        batches = data.eval_batches(val, 200, config.batch_size, config.context_length, seed=7)
+        val_200 = float(np.mean([model.loss(x, y) for x, y in batches]))
+
+    print(f"tiny Shakespeare, byte-level baby GPT ({config.steps} steps, batch 12 x 64, 4x128, no bias)")
+    print(f"  final val loss (20 batches, as nanoGPT's eval_iters=20): {result.last_val_loss:.4f}"
+          f"   nanoGPT: {NANOGPT['val_loss']}")
+    print(f"  val loss of the same model on 200 batches:              {val_200:.4f}")
+    print(f"  unigram baseline:                                        {result.unigram_baseline:.4f}")
+    print(f"  wall time (incl. encoding + 9 evals + checkpoints):      {wall:.1f} s"
+          f"   nanoGPT: ~{NANOGPT['wall_s']:.0f} s   ratio {wall / NANOGPT['wall_s']:.2f}")
+    print(f"  training throughput:                                     {result.tokens_per_s:,.0f} tokens/s")
+    print(f"  peak RSS:                                                {peak_mb:.0f} MB"
+          f"   nanoGPT: ~{NANOGPT['peak_mb']:.0f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
