@@ -25,9 +25,9 @@ VARIANTS = {
 }
 
 
-def float64_model(config: GPTConfig, seed: int = 0, scale: float = 0.4) -> GPT:
+def float64_model(config: GPTConfig, seed: int = 0, scale: float = 0.4, threads: int = 1) -> GPT:
     """A model in float64 with weights far from init (so every path carries signal)."""
-    model = GPT(config, seed=seed)
+    model = GPT(config, seed=seed, threads=threads)
     rng = np.random.default_rng(seed + 1)
     for name, p in model.params.items():
         base = 1.0 if (".ln_" in name or name.startswith("ln_f")) and name.endswith("weight") else 0.0
@@ -64,6 +64,21 @@ def test_gradients_match_finite_differences(variant):
         assert grads[name].shape == p.shape and grads[name].dtype == np.float64
         err = rel_error(grads[name], numeric)
         assert err < 1e-6, f"{variant} {name}: rel error {err:.2e}, max diff {np.abs(grads[name] - numeric).max():.2e}"
+
+
+def test_batch_shards_in_threads_give_the_same_results():
+    config = GPTConfig(**TINY)
+    one, three = float64_model(config, threads=1), float64_model(config, threads=3)
+    rng = np.random.default_rng(4)
+    ids, targets = rng.integers(0, 7, (5, 6)), rng.integers(0, 7, (5, 6))  # uneven shards: 2, 1, 2
+    loss1, grads1 = one.loss_and_grads(ids, targets)
+    loss3, grads3 = three.loss_and_grads(ids, targets)
+    assert loss3 == pytest.approx(loss1, rel=1e-13) and three.loss(ids, targets) == pytest.approx(loss1, rel=1e-13)
+    for name, g in grads1.items():
+        np.testing.assert_allclose(grads3[name], g, rtol=1e-11, atol=1e-14, err_msg=name)
+    np.testing.assert_allclose(three.forward(ids), one.forward(ids), rtol=1e-13)
+    with pytest.raises(ModelError):
+        GPT(config, threads=0)
 
 
 def test_loss_matches_plain_cross_entropy_of_forward():

@@ -12,7 +12,7 @@ from transformer import ops
 
 FD_EPS = 1e-6
 TOL = 1e-6
-few = settings(max_examples=6, deadline=None)
+few = settings(max_examples=10, deadline=None, derandomize=True)  # the same cases on every run
 dims = st.integers(1, 3), st.integers(1, 5)  # B, T
 
 
@@ -122,7 +122,7 @@ def test_sinusoidal_table_matches_formula():
 
 
 @few
-@given(*dims, st.integers(2, 8), st.booleans(), st.integers(0, 2**31))
+@given(*dims, st.integers(3, 8), st.booleans(), st.integers(0, 2**31))  # C = 2: the output is +-1 whatever x
 def test_layernorm(B, T, C, bias, seed):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((B, T, C)) * 3 + 1

@@ -322,11 +322,12 @@ def softmax_xent_forward(logits: np.ndarray, targets: np.ndarray):
     return loss, (logits, targets)
 
 
-def softmax_xent_backward(cache) -> np.ndarray:
+def softmax_xent_backward(cache, n_total: int | None = None) -> np.ndarray:
     """-> dlogits (N, V) = (y_hat - y) / N (seed 002's dL/dz for the mean loss), written over
-    the cached probabilities."""
+    the cached probabilities. When these N rows are a shard of a bigger batch whose mean is
+    the loss, n_total is that batch's row count."""
     probs, targets = cache
     N = probs.shape[0]
     probs[np.arange(N), targets] -= 1.0
-    probs *= 1.0 / N
+    probs *= 1.0 / (n_total or N)
     return probs
