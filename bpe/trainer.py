@@ -113,6 +113,9 @@ def train_merges(
     return TrainResult(merges, counts, stop_reason)
 
 
+_BULK_SITES = 128  # from about this many candidate sites, numpy beats the per-site Python loop
+
+
 class _State:
     """The flat linked-list corpus, pair counts, pair -> positions index and the lazy heap.
 
@@ -142,10 +145,18 @@ class _State:
         if n:
             nxt[ends - 1] = -1
             prv[ends[:-1]] = -1
-        self.ids = flat.tolist()
-        self.nxt = array("q", nxt.tobytes())
-        self.prv = array("q", prv.tobytes())
+        if n >= 2**31 - 1:
+            raise TokenizerError("the corpus has 2 GiB or more of distinct chunk bytes; split it into smaller sources")
+        # array.array: compact, and as fast to index from Python as a list. The numpy views share
+        # the same memory, for merges with so many sites that whole-array operations pay off.
+        self.ids = array("i", flat.astype(np.int32).tobytes())
+        self.nxt = array("i", nxt.astype(np.int32).tobytes())
+        self.prv = array("i", prv.astype(np.int32).tobytes())
         self.wt = array("q", np.repeat(weights, lengths).tobytes())
+        self.ids_np = np.frombuffer(self.ids, dtype=np.int32)
+        self.nxt_np = np.frombuffer(self.nxt, dtype=np.int32)
+        self.prv_np = np.frombuffer(self.prv, dtype=np.int32)
+        self.wt_np = np.frombuffer(self.wt, dtype=np.int64)
 
         # Initial pair counts and positions, grouped in one sort instead of n dict updates.
         starts = np.flatnonzero(nxt >= 0)
@@ -185,6 +196,9 @@ class _State:
         ids, nxt, prv, wt = self.ids, self.nxt, self.prv, self.wt
         counts, where, shift = self.counts, self.where, self.shift
         positions = where.pop(key)
+        if a != b and len(positions) >= _BULK_SITES:
+            self._merge_bulk(key, a, b, new, positions)
+            return
         if type(positions) is not list:
             positions = positions.tolist()
         if a == b:  # overlapping runs must be merged left to right, as the naive loop does
@@ -241,3 +255,68 @@ class _State:
                 counts[k] = c
                 where[k] = born_where[k]
                 heappush(heap, k - c * span)
+
+    def _merge_bulk(self, key: int, a: int, b: int, new: int, positions) -> None:
+        """`merge` for a != b with many sites, in whole-array operations.
+
+        With a != b two occurrences never overlap, but they can touch ("abab"): then the pair
+        between them, (b, a), is counted as destroyed once (as the right neighbour of the first),
+        and the pair born between them, (new, new), once (as the right pair of the first).
+        """
+        ids, nxt, prv, wt = self.ids_np, self.nxt_np, self.prv_np, self.wt_np
+        counts, where, shift, span = self.counts, self.where, self.shift, self.key_span
+        i = np.asarray(positions, dtype=np.int64)
+        i = i[ids[i] == a]
+        j = nxt[i]
+        live = j >= 0
+        i, j = i[live], j[live]
+        live = ids[j] == b
+        i, j = i[live], j[live]
+        w = wt[i]
+        left = prv[i]
+        right = nxt[j]
+        has_left = left >= 0
+        has_right = right >= 0
+        left_ids = ids[left[has_left]]  # before any change
+        right_ids = ids[right[has_right]]
+
+        ids[j] = -1
+        ids[i] = new
+        nxt[i] = right
+        prv[right[has_right]] = i[has_right]
+        # A left neighbour that was the right half of another occurrence is now that occurrence's
+        # new token: its pair was counted from that side already.
+        own_left = ids[left[has_left]] == -1
+        own_left = ~own_left
+
+        dec_keys = np.concatenate(((left_ids[own_left].astype(np.int64) << shift) | a, (b << shift) | right_ids.astype(np.int64)))
+        dec_w = np.concatenate((w[has_left][own_left], w[has_right]))
+        lost_keys, lost, _ = _group_sums(dec_keys, dec_w)
+        for k, d in zip(lost_keys, lost):
+            counts[k] -= d
+        del counts[key]
+
+        born_keys = np.concatenate(
+            ((left_ids[own_left].astype(np.int64) << shift) | new, (new << shift) | ids[right[has_right]].astype(np.int64))
+        )
+        born_pos = np.concatenate((left[has_left][own_left], i[has_right]))
+        born_w = np.concatenate((w[has_left][own_left], w[has_right]))
+        order = np.argsort(born_keys, kind="stable")
+        born_keys, born_pos, born_w = born_keys[order], born_pos[order], born_w[order]
+        uniq, totals, first = _group_sums(born_keys, born_w, presorted=True)
+        heap = self.heap
+        for k, c, sites in zip(uniq, totals, np.split(born_pos, first[1:])):
+            counts[k] = c
+            where[k] = sites
+            heappush(heap, k - c * span)
+
+
+def _group_sums(keys: np.ndarray, weights: np.ndarray, presorted: bool = False):
+    """(distinct keys, their weight sums) as lists, plus the start of each group in sorted order."""
+    if not keys.size:
+        return [], [], keys
+    if not presorted:
+        order = np.argsort(keys)
+        keys, weights = keys[order], weights[order]
+    first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    return keys[first].tolist(), np.add.reduceat(weights, first).tolist(), first

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import bpe.pretokenize as pretokenize
+import bpe.trainer as trainer
 from bpe import TokenizerError
 from bpe.pretokenize import count_chunks, resolve_pattern, split_text
 from bpe.trainer import train_merges
@@ -67,8 +68,14 @@ def naive_counts(texts, pattern):
     return dict(total)
 
 
-def fast(chunk_counts, **rules):
-    result = train_merges(chunk_counts, quiet=True, **rules)
+def fast(chunk_counts, bulk_sites=None, **rules):
+    """The trainer's answer; bulk_sites=1 sends every merge with a != b down the numpy path."""
+    saved = trainer._BULK_SITES
+    trainer._BULK_SITES = saved if bulk_sites is None else bulk_sites
+    try:
+        result = train_merges(chunk_counts, quiet=True, **rules)
+    finally:
+        trainer._BULK_SITES = saved
     return result.merges, result.counts, result.stop_reason
 
 
@@ -116,16 +123,17 @@ texts = st.lists(st.sampled_from(BYTE_PARTS), max_size=60).map(b"".join)
 
 
 @SETTINGS
-@given(corpora(), stop_rules())
-def test_trainer_matches_naive(chunk_counts, rules):
-    assert fast(chunk_counts, **rules) == naive_train(chunk_counts, **rules)
+@given(corpora(), stop_rules(), st.sampled_from([None, 1, 3]))
+def test_trainer_matches_naive(chunk_counts, rules, bulk_sites):
+    assert fast(chunk_counts, bulk_sites, **rules) == naive_train(chunk_counts, **rules)
 
 
 @SETTINGS
-@given(corpora(max_chunks=3, max_len=120), st.integers(1, 3))
-def test_long_chunks_match_naive(chunk_counts, min_frequency):
+@given(corpora(max_chunks=3, max_len=120), st.integers(1, 3), st.sampled_from([None, 1]))
+def test_long_chunks_match_naive(chunk_counts, min_frequency, bulk_sites):
     # Long chunks and low thresholds: many merges per chunk, deep overlaps, new ids merged again.
-    assert fast(chunk_counts, min_frequency=min_frequency) == naive_train(chunk_counts, min_frequency=min_frequency)
+    expected = naive_train(chunk_counts, min_frequency=min_frequency)
+    assert fast(chunk_counts, bulk_sites, min_frequency=min_frequency) == expected
 
 
 @settings(max_examples=40, deadline=None)
@@ -154,8 +162,9 @@ def test_overlapping_runs_merge_left_to_right():
     assert result.merges == [(97, 97), (256, 97), (256, 257)]
     assert result.counts == [12, 3, 3]
     for n in range(2, 12):
-        corpus = {b"a" * n: 3, b"b" + b"a" * (n + 1): 1}
-        assert fast(corpus, min_frequency=1) == naive_train(corpus, min_frequency=1)
+        corpus = {b"a" * n: 3, b"b" + b"a" * (n + 1): 1, b"ab" * n: 2}
+        for bulk_sites in (None, 1):
+            assert fast(corpus, bulk_sites, min_frequency=1) == naive_train(corpus, min_frequency=1)
 
 
 def test_stop_rules():
@@ -189,7 +198,9 @@ def test_trainer_errors():
 def test_real_text_matches_naive():
     text = (Path(__file__).parents[1] / "corpora" / "tiny_tales.txt").read_bytes()[:20_000]
     counts = count_chunks([text], "gpt2", workers=1, quiet=True)
-    assert fast(counts, vocab_size=256 + 120) == naive_train(counts, vocab_size=256 + 120)
+    expected = naive_train(counts, vocab_size=256 + 120)
+    assert fast(counts, vocab_size=256 + 120) == expected
+    assert fast(counts, 1, vocab_size=256 + 120) == expected
 
 
 # ----------------------------------------------------------------------------- counting
