@@ -28,6 +28,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import chain, repeat
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -42,6 +43,8 @@ _NO_MERGE = 1 << 62  # "rank" of a pair that has no merge; larger than any id
 _LONG_CHUNK = 64  # from this many bytes on, merge with a heap instead of rescanning the chunk
 _CACHE_LIMIT = 1 << 20  # distinct chunks kept in the cache before it is emptied and refilled
 _CACHE_MAX_CHUNK = 256  # longer chunks are rare; caching them would only cost memory
+_WORDS_MIN_TEXT = 256  # shorter texts take the plain chunk path; both give the same ids
+_WS_BEFORE_SPACE = regex.compile(r"\s(?= )")  # the regex module's \s, as in the split patterns
 _PIECE_BYTES = 1 << 20  # encode_file: bytes per task handed to a worker process
 
 
@@ -49,10 +52,12 @@ _PIECE_BYTES = 1 << 20  # encode_file: bytes per task handed to a worker process
 class TrainReport:
     """What happened during `Tokenizer.train`.
 
-    merges_learned: number of merges; stop_reason: why training stopped (the trainer's words);
-    seconds: wall time of counting + merging; counts: the pair count of each merge, in rank order;
-    unique_chunks: distinct pre-token chunks in the corpus; corpus_bytes / corpus_tokens: size of
-    the corpus and its length in tokens under the new tokenizer (specials read as plain text).
+    merges_learned: number of merges; stop_reason: why training stopped (the trainer's words:
+    "vocab_size", "min_frequency" or "no_pairs"); seconds: wall time of counting + merging;
+    counts: the pair count of each merge, in rank order; unique_chunks: distinct pre-token
+    chunks in the corpus; corpus_bytes: size of the corpus. `corpus_tokens` (its length in
+    tokens under the new tokenizer, specials read as plain text) and `bytes_per_token` are
+    computed on first use, so that training time does not include them.
     """
 
     merges_learned: int
@@ -61,7 +66,11 @@ class TrainReport:
     counts: list[int] = field(repr=False)
     unique_chunks: int
     corpus_bytes: int
-    corpus_tokens: int
+    _count_tokens: Callable[[], int] = field(repr=False, compare=False)
+
+    @cached_property
+    def corpus_tokens(self) -> int:
+        return self._count_tokens()
 
     @property
     def bytes_per_token(self) -> float:
@@ -135,7 +144,11 @@ class Tokenizer:
         self._pattern_name = pattern
         self._pattern = resolve_pattern(pattern) if _pattern_regex is False else _pattern_regex
         self._training = dict(training or {})
-        self._cache: dict[str, tuple[int, ...]] = {}
+        self._cache: dict[str, tuple[int, ...]] = {}  # chunk -> ids
+        self._word_cache: dict[str, tuple[int, ...]] = {}  # word -> ids of " " + word
+        # The faster word path (see _encode_words) holds for the built-in patterns only.
+        builtin = {resolve_pattern("gpt2"), resolve_pattern("gpt4")}
+        self._split_re = regex.compile(self._pattern) if self._pattern in builtin else None
         self._special_res: dict[frozenset, regex.Pattern] = {}
         self.train_report: TrainReport | None = None
 
@@ -235,7 +248,11 @@ class Tokenizer:
         }
         tok = cls(result.merges, special_tokens=specials, pattern=pattern, training=training, _pattern_regex=regex_)
         corpus_bytes = sum(len(chunk) * n for chunk, n in counts.items())
-        corpus_tokens = sum(len(tok._chunk_ids(chunk.decode("utf-8", "surrogateescape"))) * n for chunk, n in counts.items())
+
+        def count_tokens() -> int:
+            # Encoding each distinct chunk once, weighted by its count, is encoding the corpus.
+            return sum(len(tok._chunk_ids(chunk.decode("utf-8", "surrogateescape"))) * n for chunk, n in counts.items())
+
         tok.train_report = TrainReport(
             merges_learned=len(result.merges),
             stop_reason=result.stop_reason,
@@ -243,7 +260,7 @@ class Tokenizer:
             counts=list(result.counts),
             unique_chunks=len(counts),
             corpus_bytes=corpus_bytes,
-            corpus_tokens=corpus_tokens,
+            _count_tokens=count_tokens,
         )
         return tok
 
@@ -327,6 +344,12 @@ class Tokenizer:
 
     def _encode_ordinary(self, text: str) -> list[int]:
         """Ids of text that holds no special tokens (anything special-looking is plain text)."""
+        if self._split_re is not None and len(text) >= _WORDS_MIN_TEXT:
+            return self._encode_words(text)
+        return self._encode_chunks(text)
+
+    def _encode_chunks(self, text: str) -> list[int]:
+        """Split with the pattern, then look every chunk up in the cache (merging the new ones)."""
         from bpe.pretokenize import split_text
 
         chunks = split_text(text, self._pattern)
@@ -342,6 +365,65 @@ class Tokenizer:
             if len(chunk) > _CACHE_MAX_CHUNK:
                 del cache[chunk]
         return ids
+
+    def _encode_words(self, text: str) -> list[int]:
+        """The same ids as `_encode_chunks` for the GPT-2/GPT-4 patterns, about twice as fast.
+
+        Both patterns end a chunk before every space that follows a non-whitespace character
+        ("word| next"), and no chunk before such a cut looks past it (see `bpe.io.find_cut`). So
+        `text.split(" ")`, one C-level pass instead of the regex, cuts the text into words that
+        encode independently as " " + word, and repeat even more than chunks do: the word ->
+        ids cache absorbs nearly all of the text. Where a space follows whitespace ("\n next",
+        "a  b") the cut is not safe, and the words on both sides are joined back.
+        """
+        parts = text.split(" ")
+        runs: list[list[int]] = []  # [first, last] part indices that must stay together
+        k = done = 0
+        for hit in _WS_BEFORE_SPACE.finditer(text):
+            space = hit.start() + 1
+            k += text.count(" ", done, space + 1)  # the space in front of parts[k]
+            done = space + 1
+            if runs and runs[-1][1] == k - 1:
+                runs[-1][1] = k
+            else:
+                runs.append([k - 1, k])
+        head, words, done = parts[0], [], 1
+        for first, last in runs:
+            if first == 0:
+                head = " ".join(parts[: last + 1])
+            else:
+                words.extend(parts[done:first])
+                words.append(" ".join(parts[first : last + 1]))
+            done = last + 1
+        words.extend(parts[done:])
+
+        ids = self._encode_chunks(head) if head else []
+        cache = self._word_cache
+        if len(cache) > _CACHE_LIMIT:
+            cache.clear()
+        if len(self._cache) > _CACHE_LIMIT:
+            self._cache.clear()
+        missing = set(words).difference(cache)
+        for word in missing:
+            cache[word] = self._word_ids(word)
+        ids.extend(chain.from_iterable(map(cache.__getitem__, words)))
+        for word in missing:
+            if len(word) > _CACHE_MAX_CHUNK:
+                del cache[word]
+        return ids
+
+    def _word_ids(self, word: str) -> tuple[int, ...]:
+        """Ids of " " + word, through the chunk cache."""
+        cache = self._cache
+        out: list[int] = []
+        for chunk in self._split_re.findall(" " + word):  # built-in patterns: matches tile the text
+            found = cache.get(chunk)
+            if found is None:
+                found = self._chunk_ids(chunk)
+                if len(chunk) <= _CACHE_MAX_CHUNK:
+                    cache[chunk] = found
+            out.extend(found)
+        return tuple(out)
 
     def _special_re(self, names: frozenset) -> regex.Pattern:
         found = self._special_res.get(names)
