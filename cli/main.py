@@ -13,6 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 import click
 
 from bpe import TokenizerError
+from cli.explain_commands import COMMANDS as EXPLAIN_COMMANDS
 from cli.model_commands import COMMANDS as MODEL_COMMANDS
 from cli.tokenizer_commands import COMMANDS as TOKENIZER_COMMANDS
 from pipeline import PipelineError
@@ -40,7 +41,7 @@ def cli() -> None:
     """
 
 
-for command in MODEL_COMMANDS + TOKENIZER_COMMANDS:
+for command in MODEL_COMMANDS + TOKENIZER_COMMANDS + EXPLAIN_COMMANDS:
     cli.add_command(command)
 
 

@@ -1,0 +1,96 @@
+"""`tk explain`: a forward pass printed step by step, for a real model or a seed's toy example.
+
+A thin layer: the numbers come from transformer.explain, the text and heatmaps from
+cli.explain_render, the model from pipeline.checkpoint.load_model. Tables go to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from cli.explain_render import plot_attention, render, render_tokens, show_token
+from pipeline.checkpoint import load_model
+from transformer.explain import EXAMPLES, Explanation, explain_example, explain_model
+
+_EXAMPLE_LIST = "; ".join(f"{name} ({what})" for name, (what, _) in EXAMPLES.items())
+
+
+@click.command("explain")
+@click.argument("text", required=False)
+@click.option("-m", "--model", "model_path", type=click.Path(path_type=Path), help="run directory or model.safetensors")
+@click.option("--example", "example", metavar="NAME", help=f"a seed's toy example instead of a model: {_EXAMPLE_LIST}")
+@click.option("--layer", default=0, show_default=True, type=int, help="layer to explain (0 = first)")
+@click.option("--head", default=0, show_default=True, type=int, help="attention head of that layer (0 = first)")
+@click.option("--top-k", default=5, show_default=True, type=int, help="next-token candidates listed at the end")
+@click.option("--full", is_flag=True, help="print every row and column of large matrices (default: an 8 x 8 corner)")
+@click.option("--precision", default=4, show_default=True, type=click.IntRange(0, 12), help="decimals printed")
+@click.option("--json", "as_json", is_flag=True, help="print the trace as JSON (arrays as nested lists) instead")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path),
+              help="also write heatmaps of the layer's attention weights (one panel per head) to this PNG;"
+              " needs pip install 'tokenkit[plot]'")  # fmt: skip
+def explain_command(text, model_path, example, layer, head, top_k, full, precision, as_json, plot_path) -> int:
+    """Print a forward pass the way the seed documents work it: tokens, embeddings, Q, K, V,
+    scores, attention weights, weighted sum, projection, residual, LayerNorm, MLP, logits.
+
+    \b
+    Examples:
+      tk explain -m runs/tales "Once upon a time" --layer 1 --head 2
+      tk explain -m runs/tales "The cat sat" --json > trace.json
+      tk explain -m runs/tales "The cat sat" --plot attention.png
+      tk explain --example chai --precision 3
+    \b
+    Examples (--example NAME), the seeds' numbers through the library's ops:
+      attention-lookup   seed 004: attention as a fuzzy key/value lookup
+      sitting            seed 003: Q = K = V = X, scaled by sqrt(4)
+      chai               seed 001: one encoder layer on "The chai is hot"
+      one-layer          seed 000: one-layer toy with d_head = 2 and W_O
+    """
+    if example is not None:
+        if model_path is not None or text is not None:
+            raise click.UsageError("--example runs a seed's toy example; give it without -m and TEXT")
+        expl = explain_example(example)
+        doc = {"kind": "example", "example": example, **expl.to_dict()}
+        header = ""
+    else:
+        if model_path is None or text is None:
+            raise click.UsageError('give -m MODEL "TEXT" to explain a model, or --example NAME for a seed\'s toy example')
+        model, tok, _ = load_model(model_path)
+        ids = tok.encode(text)
+        if not ids:
+            raise click.UsageError("TEXT gives no tokens; give some text to explain")
+        raw = [tok.decode_bytes([i]) for i in ids]
+        shown = [show_token(b) for b in raw]
+        vocab = [show_token(tok.decode_bytes([i])) for i in range(tok.vocab_size)]
+        expl = explain_model(model, ids, shown, layer=layer, head=head, top_k=top_k, label=vocab.__getitem__)
+        doc = {
+            "kind": "model",
+            "model": str(model_path),
+            "text": text,
+            **expl.to_dict(),
+            "tokens": [
+                {"position": t, "id": i, "text": b.decode("utf-8", errors="replace"), "bytes": b.hex()}
+                for t, (i, b) in enumerate(zip(ids, raw))
+            ],
+        }
+        header = render_tokens(ids, shown, raw) + "\n"
+    if plot_path is not None:
+        title = expl.title if example is not None else f"attention weights of layer {layer}, one panel per head"
+        _plot(expl, plot_path, title)
+    if as_json:
+        click.echo(json.dumps(doc, ensure_ascii=False))
+    else:
+        click.echo(header + render(expl, precision=precision, full=full), nl=False)
+    if plot_path is not None:
+        click.echo(f"attention heatmaps written to {plot_path}", err=True)
+    return 0
+
+
+def _plot(expl: Explanation, path: Path, title: str) -> None:
+    weights = next(s for s in expl.steps if s.key.endswith("weights"))  # its labels: queries, keys
+    plot_attention(expl.attention, weights.rows, weights.cols, path, title)
+
+
+COMMANDS = (explain_command,)
