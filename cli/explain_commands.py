@@ -61,6 +61,10 @@ def explain_command(text, model_path, example, layer, head, top_k, full, precisi
         ids = tok.encode(text)
         if not ids:
             raise click.UsageError("TEXT gives no tokens; give some text to explain")
+        if len(ids) > model.config.context_length:
+            raise click.ClickException(
+                f"TEXT is {len(ids)} tokens, more than the model's context of {model.config.context_length}; shorten it"
+            )
         raw = [tok.decode_bytes([i]) for i in ids]
         shown = [show_token(b) for b in raw]
         vocab = [show_token(tok.decode_bytes([i])) for i in range(tok.vocab_size)]

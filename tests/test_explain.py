@@ -262,6 +262,34 @@ def test_bad_layer_or_head_is_one_line_exit_1(capsys, saved, flag, value_, messa
     assert err.startswith(f"error: {message}") and err.count("\n") == 1
 
 
+def test_post_norm_bidirectional_sinusoidal_model_is_explained_in_its_own_order():
+    config = GPTConfig(vocab_size=40, context_length=8, d_model=8, n_layers=2, n_heads=2,
+                       positional="sinusoidal", activation="relu", norm="post", causal=False)  # fmt: skip
+    model = GPT(config, seed=5)
+    ids = [3, 1, 4, 1, 5]
+    expl = explain_model(model, ids, [repr(str(i)) for i in ids], layer=1, head=1, top_k=3)
+    trace = {}
+    logits = model.forward(np.array(ids), trace=trace)
+    keys = [s.key for s in expl.steps]
+    assert keys.index("h.1.attn.out") < keys.index("h.1.resid_1") < keys.index("h.1.ln_1") < keys.index("h.1.mlp.pre")
+    assert keys.index("h.1.resid_2") < keys.index("h.1.ln_2")
+    np.testing.assert_array_equal(expl.step("layer_input").value, trace["h.0.ln_2"][0])  # post-norm: the last LN
+    w = expl.step("h.1.attn.weights").value
+    assert np.all(w > 0)  # bidirectional: nothing masked
+    q, k = expl.step("h.1.attn.q").value, expl.step("h.1.attn.k").value
+    np.testing.assert_allclose(w, naive_attention_weights(q, k, causal=False), atol=1e-6)
+    np.testing.assert_array_equal(expl.step("pos_emb").value, trace["pos_emb"])
+    np.testing.assert_array_equal(expl.step("logits").value, logits[0, -1])
+    assert "MLP hidden after RELU" in [s.title for s in expl.steps]
+
+
+def test_text_longer_than_the_context_is_one_line(capsys, saved):
+    path, model, _ = saved
+    code, out, err = run(capsys, "-m", str(path), "fox " * (model.config.context_length + 1))
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert "more than the model's context of 64; shorten it" in err
+
+
 def test_explain_model_rejects_bad_arguments(saved):
     _, model, _ = saved
     with pytest.raises(ModelError, match="top-k"):
