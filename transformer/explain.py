@@ -447,7 +447,7 @@ def example_one_layer() -> Explanation:
         Step("W_E", "embedding matrix W_E (d_model x d_vocab)", W_E, d5, _dims(10, "v"), "column convention: x_i = W_E t_i."),
         _seeded(Step("x", "x(0) = W_E t (tokens 0, 1, 2 one-hot)", x, toks, d5, ""), {0: "[1, -1, 0, 1, -1]", 1: "[-1, 0, 1, 0, 1]", 2: "[0, 1, -1, -1, 0]"}),  # fmt: skip
         Step("W_V", "W_V = W_K = W_Q (d_head x d_model)", W, d2, d5, ""),
-        _seeded(Step("v", "v_i = W_V x_i", t["v"], toks, d2, "the seed multiplies by the first column of W_V only; the exact products are these."), {0: "[-0.1, -0.1]", 1: "[0.1, 0.4]", 2: "[-0.1, -0.2]"}),  # fmt: skip
+        _seeded(Step("v", "v_i = W_V x_i", t["v"], toks, d2, "the seed writes v as [0.1, 0.2] . x (W_V's first column) and its results are not W_V x; the exact products are these."), {0: "[-0.1, -0.1]", 1: "[0.1, 0.4]", 2: "[-0.1, -0.2]"}),  # fmt: skip
         _seeded(Step("k", "k_i = W_K x_i", t["k"], toks, d2, "equal to v (same matrix)."), {0: "[-0.1, -0.1]", 1: "[0.1, 0.4]", 2: "[-0.1, -0.2]"}),  # fmt: skip
         _seeded(Step("q", "q_i = W_Q x_i", t["q"], toks, d2, "the seed uses q_3 only."), {2: "[-0.1, -0.2]"}),
         Step("scores_raw", "raw scores q_i . k_j", t["scores_raw"], toks, toks, ""),
@@ -466,7 +466,7 @@ def example_one_layer() -> Explanation:
         notes=[
             "n = 3, d_vocab = 10, d_model = 5, d_head = 2; causal; the seed follows token 3 (row t3).",
             "Column convention v = W_V x is computed as the library's row convention x W_V^T: same numbers.",
-            "The seed's arithmetic goes wrong from v on (it multiplies by one column of W_V); ERRATA.md has the exact values.",
+            "The seed's arithmetic goes wrong from v on (its v = [0.1, 0.2] . x is not W_V x) and carries through; ERRATA.md has the exact values.",
         ],
     )
 
