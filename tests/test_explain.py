@@ -262,6 +262,15 @@ def test_bad_layer_or_head_is_one_line_exit_1(capsys, saved, flag, value_, messa
     assert err.startswith(f"error: {message}") and err.count("\n") == 1
 
 
+def test_the_heads_shares_of_the_projection_add_up_to_its_output(saved):
+    _, model, tok = saved
+    ids = tok.encode(TEXT)
+    shown = [repr(str(i)) for i in ids]
+    shares = [explain_model(model, ids, shown, layer=1, head=h).step("h.1.attn.head_out").value for h in range(3)]
+    out = explain_model(model, ids, shown, layer=1).step("h.1.attn.out").value
+    np.testing.assert_allclose(sum(shares) + model.params["h.1.attn.c_proj.bias"], out, atol=1e-6)
+
+
 def test_post_norm_bidirectional_sinusoidal_model_is_explained_in_its_own_order():
     config = GPTConfig(vocab_size=40, context_length=8, d_model=8, n_layers=2, n_heads=2,
                        positional="sinusoidal", activation="relu", norm="post", causal=False)  # fmt: skip

@@ -228,6 +228,14 @@ def explain_model(
         row(f"{h}attn.weights", "attention weights softmax(scores)", trace[h + "attn.weights"][0, head], toks, "each row sums to 1."),
         row(f"{h}attn.mix", f"weighted sum of V, head {head}", trace[h + "attn.mix"][0, head], _dims(hd), "weights @ V."),
         row(
+            f"{h}attn.head_out",
+            f"head {head}'s share of the output projection",
+            f64(trace[h + "attn.mix"][0, head]) @ f64(model.params[h + "attn.c_proj.weight"][head * hd : (head + 1) * hd]),
+            _dims(C),
+            f"weighted sum @ rows {head * hd}..{(head + 1) * hd - 1} of attn.c_proj: what this head writes into the"
+            " residual stream (the heads' shares plus the bias make the next step).",
+        ),
+        row(
             f"{h}attn.out",
             "output projection (all heads concatenated) @ c_proj",
             trace[h + "attn.out"][0],
