@@ -79,6 +79,8 @@ def explain_command(text, model_path, example, layer, head, top_k, full, precisi
                 for t, (i, b) in enumerate(zip(ids, raw))
             ],
         }
+        for candidate in doc["top"]:  # plain text in JSON, like "tokens" (the tables show it quoted)
+            candidate["token"] = tok.decode_bytes([candidate["id"]]).decode("utf-8", errors="replace")
         header = render_tokens(ids, shown, raw) + "\n"
     if plot_path is not None:
         title = expl.title if example is not None else f"attention weights of layer {layer}, one panel per head"
