@@ -122,6 +122,10 @@ class _State:
     A pair (a, b) is keyed by the int `a << shift | b`; that key sorts like the tuple, so the
     heap's int entries `-count * 2**(2*shift) + key` pop the highest count first and, among
     equal counts, the smallest pair: the documented tie rule, with no tuples to allocate.
+
+    `where[key]` is a list of positions (pairs born in a small merge) or `(array, start, end)`,
+    a slice of a sorted array that is only cut out if the pair is ever merged: most pairs never
+    are, and one array per pair would cost more than the rest of a big merge.
     """
 
     def __init__(self, chunk_counts: Mapping[bytes, int], max_merges: int | None) -> None:
@@ -129,9 +133,11 @@ class _State:
         weights = np.fromiter((chunk_counts[c] for c in chunks), dtype=np.int64, count=len(chunks))
         if weights.size and weights.min() < 1:
             raise TokenizerError("chunk counts must be positive integers")
-        flat = np.frombuffer(b"".join(chunks), dtype=np.uint8)
-        n = flat.size
         lengths = np.fromiter((len(c) for c in chunks), dtype=np.int64, count=len(chunks))
+        n = int(lengths.sum())
+        if n >= 2**31 - 1:
+            raise TokenizerError("the corpus has 2 GiB or more of distinct chunk bytes; split it into smaller sources")
+        flat = np.frombuffer(b"".join(chunks), dtype=np.uint8)
         ends = np.cumsum(lengths)  # one past each chunk's last position
 
         most_merges = n if max_merges is None else min(max_merges, n)  # each merge removes >= 1 position
@@ -139,37 +145,31 @@ class _State:
         self.id_mask = (1 << self.shift) - 1
         self.key_span = 1 << (2 * self.shift)
 
-        # Links: -1 ends a chunk, so no pair ever spans two chunks.
-        nxt = np.arange(1, n + 1, dtype=np.int64)
-        prv = np.arange(-1, n - 1, dtype=np.int64)
-        if n:
-            nxt[ends - 1] = -1
-            prv[ends[:-1]] = -1
-        if n >= 2**31 - 1:
-            raise TokenizerError("the corpus has 2 GiB or more of distinct chunk bytes; split it into smaller sources")
         # array.array: compact, and as fast to index from Python as a list. The numpy views share
         # the same memory, for merges with so many sites that whole-array operations pay off.
-        self.ids = array("i", flat.astype(np.int32).tobytes())
-        self.nxt = array("i", nxt.astype(np.int32).tobytes())
-        self.prv = array("i", prv.astype(np.int32).tobytes())
-        self.wt = array("q", np.repeat(weights, lengths).tobytes())
-        self.ids_np = np.frombuffer(self.ids, dtype=np.int32)
-        self.nxt_np = np.frombuffer(self.nxt, dtype=np.int32)
-        self.prv_np = np.frombuffer(self.prv, dtype=np.int32)
-        self.wt_np = np.frombuffer(self.wt, dtype=np.int64)
+        # Links: -1 ends a chunk, so no pair ever spans two chunks.
+        self.ids, self.ids_np = _shared("i", flat)
+        self.nxt, self.nxt_np = _shared("i", np.arange(1, n + 1, dtype=np.int32))
+        self.prv, self.prv_np = _shared("i", np.arange(-1, n - 1, dtype=np.int32))
+        if n:
+            self.nxt_np[ends - 1] = -1
+            self.prv_np[ends[:-1]] = -1
+        wide = weights.size and weights.max() >= 2**31
+        self.wt, self.wt_np = _shared("q" if wide else "i", np.repeat(weights, lengths))
+        del flat, weights, lengths, ends
 
-        # Initial pair counts and positions, grouped in one sort instead of n dict updates.
-        starts = np.flatnonzero(nxt >= 0)
-        keys = (flat[starts].astype(np.int64) << self.shift) | flat[starts + 1]
-        order = np.argsort(keys, kind="stable")  # stable: positions stay ascending per pair
-        keys = keys[order]
-        pos = starts[order]
-        first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if keys.size else keys
-        totals = np.add.reduceat(np.repeat(weights, lengths)[pos], first) if keys.size else keys
-        uniq = keys[first].tolist()
-        self.counts: dict[int, int] = dict(zip(uniq, totals.tolist()))
-        # Initial pairs keep their positions as array views; pairs born in a merge use lists.
-        self.where: dict[int, object] = dict(zip(uniq, np.split(pos, first[1:])))
+        # Initial pair counts and positions: one O(n) radix sort of the 16-bit byte pairs.
+        starts = np.flatnonzero(self.nxt_np >= 0).astype(np.int32)
+        pairs = (self.ids_np[starts].astype(np.uint16) << 8) | self.ids_np[starts + 1].astype(np.uint16)
+        order = np.argsort(pairs, kind="stable")  # stable: positions stay ascending per pair
+        pairs, starts = pairs[order], starts[order]
+        del order
+        self.counts: dict[int, int] = {}
+        self.where: dict[int, list[int] | tuple[np.ndarray, int, int]] = {}
+        for pair, count, lo, hi in _groups(pairs, self.wt_np[starts]):
+            key = ((pair >> 8) << self.shift) | (pair & 255)
+            self.counts[key] = count
+            self.where[key] = (starts, lo, hi)
         span = self.key_span
         self.heap = [key - c * span for key, c in self.counts.items()]
         heapify(self.heap)
@@ -192,19 +192,25 @@ class _State:
         return None
 
     def merge(self, key: int, a: int, b: int, new: int) -> None:
-        """Replace every live (a, b) by `new`, fixing neighbouring pair counts and the index."""
-        ids, nxt, prv, wt = self.ids, self.nxt, self.prv, self.wt
-        counts, where, shift = self.counts, self.where, self.shift
-        positions = where.pop(key)
-        if a != b and len(positions) >= _BULK_SITES:
-            self._merge_bulk(key, a, b, new, positions)
-            return
-        if type(positions) is not list:
-            positions = positions.tolist()
-        if a == b:  # overlapping runs must be merged left to right, as the naive loop does
+        """Replace every live (a, b) by `new`, fixing neighbouring pair counts and the index.
+
+        Positions are checked when used: one that no longer holds (a, b) is stale and skipped.
+        A position's id only ever changes to a brand-new id, so a stale entry never comes back
+        to life. In a run like "aaa" occurrences overlap: they are merged left to right.
+        """
+        positions = self.where.pop(key)
+        if type(positions) is tuple:
+            array_, lo, hi = positions
+            if a != b and hi - lo >= _BULK_SITES:
+                return self._merge_bulk(key, a, b, new, array_[lo:hi])
+            positions = array_[lo:hi].tolist()
+        elif a != b and len(positions) >= _BULK_SITES:
+            return self._merge_bulk(key, a, b, new, np.array(positions, dtype=np.int64))
+        if a == b:
             positions.sort()
+        ids, nxt, prv, wt = self.ids, self.nxt, self.prv, self.wt
+        counts, shift = self.counts, self.shift
         new_hi = new << shift
-        a_lo = a
         b_hi = b << shift
         born_counts: dict[int, int] = {}  # pairs containing `new`, created by this merge
         born_where: dict[int, list[int]] = {}
@@ -219,9 +225,9 @@ class _State:
             if p >= 0:
                 x = ids[p]
                 if x == new:  # the left neighbour was merged a moment ago in this same pass
-                    born_counts[new_hi | a_lo] -= w
+                    born_counts[new_hi | a] -= w
                 else:
-                    counts[(x << shift) | a_lo] -= w
+                    counts[(x << shift) | a] -= w
                 k = (x << shift) | new
                 if k in born_counts:
                     born_counts[k] += w
@@ -248,75 +254,81 @@ class _State:
             ids[i] = new
             ids[j] = -1
         del counts[key]  # only now: in a run like "aaa" the overlapping (a, a) is decremented on the way
-        span = self.key_span
-        heap = self.heap
+        where, heap, span = self.where, self.heap, self.key_span
         for k, c in born_counts.items():
             if c > 0:
                 counts[k] = c
                 where[k] = born_where[k]
                 heappush(heap, k - c * span)
 
-    def _merge_bulk(self, key: int, a: int, b: int, new: int, positions) -> None:
+    def _merge_bulk(self, key: int, a: int, b: int, new: int, i: np.ndarray) -> None:
         """`merge` for a != b with many sites, in whole-array operations.
 
         With a != b two occurrences never overlap, but they can touch ("abab"): then the pair
-        between them, (b, a), is counted as destroyed once (as the right neighbour of the first),
-        and the pair born between them, (new, new), once (as the right pair of the first).
+        between them, (b, a), is lost once (as the right neighbour of the first occurrence),
+        and the pair born between them, (new, new), is counted once (as the first's right pair).
         """
         ids, nxt, prv, wt = self.ids_np, self.nxt_np, self.prv_np, self.wt_np
-        counts, where, shift, span = self.counts, self.where, self.shift, self.key_span
-        i = np.asarray(positions, dtype=np.int64)
+        counts, where, heap, shift, span = self.counts, self.where, self.heap, self.shift, self.key_span
         i = i[ids[i] == a]
         j = nxt[i]
-        live = j >= 0
-        i, j = i[live], j[live]
+        i, j = i[j >= 0], j[j >= 0]
         live = ids[j] == b
         i, j = i[live], j[live]
         w = wt[i]
-        left = prv[i]
-        right = nxt[j]
-        has_left = left >= 0
-        has_right = right >= 0
-        left_ids = ids[left[has_left]]  # before any change
-        right_ids = ids[right[has_right]]
+        left, right = prv[i], nxt[j]
+        has_left, has_right = left >= 0, right >= 0
+        left, w_left = left[has_left], w[has_left]
+        i_right, right, w_right = i[has_right], right[has_right], w[has_right]
+        left_ids, right_ids = ids[left], ids[right]  # before any change
 
         ids[j] = -1
         ids[i] = new
-        nxt[i] = right
-        prv[right[has_right]] = i[has_right]
-        # A left neighbour that was the right half of another occurrence is now that occurrence's
-        # new token: its pair was counted from that side already.
-        own_left = ids[left[has_left]] == -1
-        own_left = ~own_left
+        nxt[i] = -1
+        nxt[i_right] = right
+        prv[right] = i_right
+        # A left neighbour that was the right half of another occurrence is linked out now; the
+        # pair there was counted from that occurrence's side.
+        own = ids[left] != -1
+        left, left_ids, w_left = left[own], left_ids[own], w_left[own]
 
-        dec_keys = np.concatenate(((left_ids[own_left].astype(np.int64) << shift) | a, (b << shift) | right_ids.astype(np.int64)))
-        dec_w = np.concatenate((w[has_left][own_left], w[has_right]))
-        lost_keys, lost, _ = _group_sums(dec_keys, dec_w)
-        for k, d in zip(lost_keys, lost):
-            counts[k] -= d
+        for x, lost, _, _ in _groups(left_ids, w_left, keep_order=False):
+            counts[(x << shift) | a] -= lost
+        for y, lost, _, _ in _groups(right_ids, w_right, keep_order=False):
+            counts[(b << shift) | y] -= lost
         del counts[key]
 
-        born_keys = np.concatenate(
-            ((left_ids[own_left].astype(np.int64) << shift) | new, (new << shift) | ids[right[has_right]].astype(np.int64))
-        )
-        born_pos = np.concatenate((left[has_left][own_left], i[has_right]))
-        born_w = np.concatenate((w[has_left][own_left], w[has_right]))
-        order = np.argsort(born_keys, kind="stable")
-        born_keys, born_pos, born_w = born_keys[order], born_pos[order], born_w[order]
-        uniq, totals, first = _group_sums(born_keys, born_w, presorted=True)
-        heap = self.heap
-        for k, c, sites in zip(uniq, totals, np.split(born_pos, first[1:])):
-            counts[k] = c
-            where[k] = sites
-            heappush(heap, k - c * span)
+        # Born pairs: (x, new) at each left neighbour, (new, y) at each merged site with a right
+        # neighbour (y is `new` itself where two occurrences touched).
+        for neighbour_ids, sites, weights, side in ((left_ids, left, w_left, 0), (ids[right], i_right, w_right, 1)):
+            order = np.argsort(neighbour_ids.astype(np.uint16) if new < 65536 else neighbour_ids, kind="stable")
+            sites = sites[order]
+            for x, count, lo, hi in _groups(neighbour_ids[order], weights[order]):
+                k = ((new << shift) | x) if side else ((x << shift) | new)
+                counts[k] = count
+                where[k] = (sites, lo, hi)
+                heappush(heap, k - count * span)
 
 
-def _group_sums(keys: np.ndarray, weights: np.ndarray, presorted: bool = False):
-    """(distinct keys, their weight sums) as lists, plus the start of each group in sorted order."""
-    if not keys.size:
-        return [], [], keys
-    if not presorted:
-        order = np.argsort(keys)
-        keys, weights = keys[order], weights[order]
-    first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-    return keys[first].tolist(), np.add.reduceat(weights, first).tolist(), first
+def _shared(typecode: str, values: np.ndarray) -> tuple[array, np.ndarray]:
+    """An array.array holding `values`, and a numpy view of the very same memory."""
+    store = array(typecode)
+    dtype = np.dtype(typecode)  # "i" -> int32, "q" -> int64, as array.array lays them out
+    store.frombytes(memoryview(np.ascontiguousarray(values, dtype=dtype)).cast("B"))
+    return store, np.frombuffer(store, dtype=dtype)
+
+
+def _groups(values: np.ndarray, weights: np.ndarray, keep_order: bool = True):
+    """Runs of equal values in sorted `values`: (value, weight sum, start, end) per run.
+
+    With keep_order=False the values are sorted here first (the starts then index nothing useful).
+    """
+    if not values.size:
+        return []
+    if not keep_order:
+        order = np.argsort(values)
+        values, weights = values[order], weights[order]
+    first = np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
+    sums = np.add.reduceat(weights, first, dtype=np.int64)
+    bounds = first.tolist()
+    return zip(values[first].tolist(), sums.tolist(), bounds, bounds[1:] + [len(values)])
