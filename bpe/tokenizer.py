@@ -43,8 +43,6 @@ _NO_MERGE = 1 << 62  # "rank" of a pair that has no merge; larger than any id
 _LONG_CHUNK = 64  # from this many bytes on, merge with a heap instead of rescanning the chunk
 _CACHE_LIMIT = 1 << 20  # distinct chunks kept in the cache before it is emptied and refilled
 _CACHE_MAX_CHUNK = 256  # longer chunks are rare; caching them would only cost memory
-_WORDS_MIN_TEXT = 256  # shorter texts take the plain chunk path; both give the same ids
-_WS_BEFORE_SPACE = regex.compile(r"\s(?= )")  # the regex module's \s, as in the split patterns
 _PIECE_BYTES = 1 << 20  # encode_file: bytes per task handed to a worker process
 
 
@@ -145,10 +143,6 @@ class Tokenizer:
         self._pattern = resolve_pattern(pattern) if _pattern_regex is False else _pattern_regex
         self._training = dict(training or {})
         self._cache: dict[str, tuple[int, ...]] = {}  # chunk -> ids
-        self._word_cache: dict[str, tuple[int, ...]] = {}  # word -> ids of " " + word
-        # The faster word path (see _encode_words) holds for the built-in patterns only.
-        builtin = {resolve_pattern("gpt2"), resolve_pattern("gpt4")}
-        self._split_re = regex.compile(self._pattern) if self._pattern in builtin else None
         self._special_res: dict[frozenset, regex.Pattern] = {}
         self.train_report: TrainReport | None = None
 
@@ -343,87 +337,29 @@ class Tokenizer:
         return tuple(self._merge_long(ids) if len(ids) >= _LONG_CHUNK else self._merge_short(ids))
 
     def _encode_ordinary(self, text: str) -> list[int]:
-        """Ids of text that holds no special tokens (anything special-looking is plain text)."""
-        if self._split_re is not None and len(text) >= _WORDS_MIN_TEXT:
-            return self._encode_words(text)
-        return self._encode_chunks(text)
+        """Ids of text that holds no special tokens (anything special-looking is plain text).
 
-    def _encode_chunks(self, text: str) -> list[int]:
-        """Split with the pattern, then look every chunk up in the cache (merging the new ones)."""
+        Split with the pattern, then look every chunk up in the cache, merging only the chunks
+        not seen before. (Caching whole space-separated words instead was measured: slower on
+        real text, where each new megabyte brings many new words but few new chunks.)
+        """
         from bpe.pretokenize import split_text
 
-        chunks = split_text(text, self._pattern)
+        if len(self._cache) > _CACHE_LIMIT:
+            self._cache.clear()
+        return list(chain.from_iterable(self._chunk_values(split_text(text, self._pattern))))
+
+    def _chunk_values(self, chunks: list[str]) -> list[tuple[int, ...]]:
+        """The ids of each chunk, through the chunk cache (merging the chunks not seen yet)."""
         cache = self._cache
-        if len(cache) > _CACHE_LIMIT:
-            cache.clear()
         missing = set(chunks).difference(cache)
         for chunk in missing:
             cache[chunk] = self._chunk_ids(chunk)
-        # One C-level pass over the chunks: every chunk is in the cache now.
-        ids = list(chain.from_iterable(map(cache.__getitem__, chunks)))
+        vals = list(map(cache.__getitem__, chunks))
         for chunk in missing:
-            if len(chunk) > _CACHE_MAX_CHUNK:
+            if len(chunk) > _CACHE_MAX_CHUNK:  # rare and long: not worth the memory
                 del cache[chunk]
-        return ids
-
-    def _encode_words(self, text: str) -> list[int]:
-        """The same ids as `_encode_chunks` for the GPT-2/GPT-4 patterns, about twice as fast.
-
-        Both patterns end a chunk before every space that follows a non-whitespace character
-        ("word| next"), and no chunk before such a cut looks past it (see `bpe.io.find_cut`). So
-        `text.split(" ")`, one C-level pass instead of the regex, cuts the text into words that
-        encode independently as " " + word, and repeat even more than chunks do: the word ->
-        ids cache absorbs nearly all of the text. Where a space follows whitespace ("\n next",
-        "a  b") the cut is not safe, and the words on both sides are joined back.
-        """
-        parts = text.split(" ")
-        runs: list[list[int]] = []  # [first, last] part indices that must stay together
-        k = done = 0
-        for hit in _WS_BEFORE_SPACE.finditer(text):
-            space = hit.start() + 1
-            k += text.count(" ", done, space + 1)  # the space in front of parts[k]
-            done = space + 1
-            if runs and runs[-1][1] == k - 1:
-                runs[-1][1] = k
-            else:
-                runs.append([k - 1, k])
-        head, words, done = parts[0], [], 1
-        for first, last in runs:
-            if first == 0:
-                head = " ".join(parts[: last + 1])
-            else:
-                words.extend(parts[done:first])
-                words.append(" ".join(parts[first : last + 1]))
-            done = last + 1
-        words.extend(parts[done:])
-
-        ids = self._encode_chunks(head) if head else []
-        cache = self._word_cache
-        if len(cache) > _CACHE_LIMIT:
-            cache.clear()
-        if len(self._cache) > _CACHE_LIMIT:
-            self._cache.clear()
-        missing = set(words).difference(cache)
-        for word in missing:
-            cache[word] = self._word_ids(word)
-        ids.extend(chain.from_iterable(map(cache.__getitem__, words)))
-        for word in missing:
-            if len(word) > _CACHE_MAX_CHUNK:
-                del cache[word]
-        return ids
-
-    def _word_ids(self, word: str) -> tuple[int, ...]:
-        """Ids of " " + word, through the chunk cache."""
-        cache = self._cache
-        out: list[int] = []
-        for chunk in self._split_re.findall(" " + word):  # built-in patterns: matches tile the text
-            found = cache.get(chunk)
-            if found is None:
-                found = self._chunk_ids(chunk)
-                if len(chunk) <= _CACHE_MAX_CHUNK:
-                    cache[chunk] = found
-            out.extend(found)
-        return tuple(out)
+        return vals
 
     def _special_re(self, names: frozenset) -> regex.Pattern:
         found = self._special_res.get(names)
@@ -531,9 +467,9 @@ class Tokenizer:
         self,
         path: str | os.PathLike,
         out_path: str | os.PathLike | None = None,
-        *,
         workers: int | None = None,
         quiet: bool = False,
+        *,
         allowed_special: Iterable[str] | str = (),
         disallowed_special: Iterable[str] | str = "all",
     ) -> np.ndarray:
@@ -541,22 +477,24 @@ class Tokenizer:
 
         uint16 when the vocabulary fits, else uint32; saved to `out_path` (.npy) when given.
         Large files are cut into ~1 MB pieces at places where the split pattern always splits
-        (see `bpe.io.find_cut`) and encoded in `workers` processes (default: all cores). With a
-        custom pattern or 'none' no such place is known, so the file is encoded in one piece.
+        (see `bpe.io.find_cut`) and encoded in `workers` processes (default: all cores; with 1,
+        here, one piece at a time). With a custom pattern or 'none' no such place is known, so
+        the file is encoded in one piece.
         """
         size = io.file_size(path)
         allowed = sorted(self._special_set(allowed_special, "allowed_special"))
         disallowed = disallowed_special if disallowed_special == "all" else sorted(self._special_set(disallowed_special, "disallowed_special"))
         workers = max(1, workers or os.cpu_count() or 1)
-        ranges = self._file_ranges(path, size) if workers > 1 else [(0, size)]
+        ranges = self._file_ranges(path, size)
         from tqdm import tqdm
 
         bar = tqdm(total=size, unit="B", unit_scale=True, desc="encoding", disable=quiet or not sys.stderr.isatty())
         parts = []
-        if len(ranges) == 1:
-            text = io.read_range(path, 0, size)
-            parts.append(np.asarray(self.encode(text, allowed_special=allowed, disallowed_special=disallowed), dtype=self.ids_dtype))
-            bar.update(size)
+        if workers == 1 or len(ranges) == 1:  # here, piece by piece: memory stays at one piece of text
+            for a, b in ranges:
+                ids = self.encode(io.read_range(path, a, b), allowed_special=allowed, disallowed_special=disallowed)
+                parts.append(np.asarray(ids, dtype=self.ids_dtype))
+                bar.update(b - a)
         else:
             with ProcessPoolExecutor(min(workers, len(ranges)), initializer=_worker_init, initargs=self.to_tensors()) as pool:
                 futures = [pool.submit(_worker_encode, str(path), a, b, allowed, disallowed) for a, b in ranges]

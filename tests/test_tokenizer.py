@@ -121,21 +121,6 @@ def test_random_tokenizers_equal_naive_reference(corpus, text):
     assert tok.encode(text) == naive_encode(tok, text)
 
 
-@pytest.fixture(scope="module")
-def word_toks() -> dict[str, Tokenizer]:
-    corpus = ("ab's é1. 😀\n\t " * 50).encode()
-    return {p: Tokenizer.train([corpus], vocab_size=280, min_frequency=1, pattern=p, workers=1, quiet=True) for p in ("gpt2", "gpt4")}
-
-
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(text=st.text(alphabet=" \n\t\r\u00a0\u3000ab'sé1.😀\udc80", max_size=80), pattern=st.sampled_from(["gpt2", "gpt4"]))
-def test_word_path_equals_chunk_path(word_toks, text, pattern):
-    # long text is cut at "word| next" spaces (str.split) instead of running the regex over all
-    # of it; on any text, with either built-in pattern, that must give the same ids
-    tok = word_toks[pattern]
-    assert tok._encode_words(text) == tok._encode_chunks(text) == naive_encode(tok, text)
-
-
 def test_cache_does_not_change_results(tok):
     text = make_corpus(seed=5, n_words=300)
     first = tok.encode(text, disallowed_special=())
