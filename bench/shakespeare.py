@@ -25,6 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+# `python bench/shakespeare.py` puts bench/ first on sys.path, where bench/bpe.py would shadow the
+# bpe package; the repository root goes first instead.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "tinyshakespeare.txt"
 NANOGPT = {"val_loss": 1.886, "wall_s": 111.0, "peak_mb": 470.0}
 

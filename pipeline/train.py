@@ -552,5 +552,8 @@ def resume_training(
         )
     tokens = data.prepare_tokens(corpus, state.tokenizer, run_dir, quiet=quiet, corpus_sha256=digest)
     run = _Run(run_dir, tokens, state.tokenizer, config, quiet=quiet, say=say, state=state)
-    say(f"resuming {run_dir} at step {state.step} of {config.steps}")
+    if state.step >= config.steps:
+        say(f"{run_dir} already finished its {config.steps} steps; nothing to resume")
+    else:
+        say(f"resuming {run_dir} at step {state.step} of {config.steps}")
     return run.run()

@@ -216,3 +216,134 @@ def test_config_round_trip_through_dict():
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
     assert TrainConfig.from_dict({"steps": 9}, base=cfg).d_model == 32
 
+
+
+# --- the token cache -------------------------------------------------------------------------
+
+
+def _byte_tokenizer():
+    from bpe import Tokenizer
+
+    return Tokenizer([], pattern="none")
+
+
+def test_token_cache_reused_and_invalidated(tmp_path):
+    from bpe import Tokenizer
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("hello world, hello tokens\n" * 20, encoding="utf-8")
+    run = tmp_path / "run"
+    byte_tok = _byte_tokenizer()
+    first = data.prepare_tokens(corpus, byte_tok, run, quiet=True)
+    assert not first.reused and first.ids.dtype == np.uint16
+    assert isinstance(first.ids, np.memmap)
+    assert first.ids.tolist() == list(corpus.read_bytes())  # byte-level ids are the bytes
+    again = data.prepare_tokens(corpus, byte_tok, run, quiet=True)
+    assert again.reused and np.array_equal(again.ids, first.ids)
+
+    merged = Tokenizer.train([corpus], vocab_size=260, min_frequency=1, quiet=True)
+    other_tok = data.prepare_tokens(corpus, merged, run, quiet=True)
+    assert not other_tok.reused and other_tok.ids.tolist() == merged.encode(corpus.read_text(encoding="utf-8"))
+
+    corpus.write_text("a different corpus\n" * 20, encoding="utf-8")
+    changed = data.prepare_tokens(corpus, merged, run, quiet=True)
+    assert not changed.reused and changed.ids.tolist() == merged.encode(corpus.read_text(encoding="utf-8"))
+    assert data.prepare_tokens(corpus, merged, run, quiet=True).reused
+
+    (run / checkpoint.TOKENS_FILE).write_bytes(b"garbage")  # a damaged cache is rebuilt, not trusted
+    rebuilt = data.prepare_tokens(corpus, merged, run, quiet=True)
+    assert not rebuilt.reused and rebuilt.ids.tolist() == merged.encode(corpus.read_text(encoding="utf-8"))
+    meta = json.loads((run / checkpoint.TOKENS_META_FILE).read_text(encoding="utf-8"))
+    assert meta["corpus_sha256"] == data.sha256_file(corpus) and meta["tokenizer_fingerprint"] == merged.fingerprint()
+
+
+def test_split_views_are_last_fraction(tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_bytes(bytes(range(32, 127)) * 3)
+    tokens = data.prepare_tokens(corpus, _byte_tokenizer(), tmp_path / "run", quiet=True)
+    train, val = tokens.split(0.2, 8)
+    n = len(corpus.read_bytes())
+    assert len(val) == round(n * 0.2) and np.array_equal(np.concatenate([train, val]), tokens.ids)
+
+
+# --- checkpoints: a failed or killed save keeps the previous one -----------------------------
+
+
+def _tiny_model():
+    from transformer import GPT, GPTConfig
+
+    return GPT(GPTConfig(vocab_size=256, context_length=8, d_model=16, n_layers=1, n_heads=2), seed=3)
+
+
+def test_model_checkpoint_round_trip_and_failed_save_keeps_the_old_one(tmp_path, monkeypatch):
+    import safetensors.numpy
+
+    model, tok = _tiny_model(), _byte_tokenizer()
+    path = tmp_path / checkpoint.MODEL_FILE
+    kwargs = dict(config=model.config.to_dict(), step=7, val_loss=1.5, best_val_loss=1.5, provenance={"corpus": "x"})
+    checkpoint.save_model(path, model.params, tok, **kwargs)
+    loaded, loaded_tok, meta = checkpoint.load_model(tmp_path)
+    assert meta["step"] == 7 and meta["best_val_loss"] == 1.5 and meta["provenance"] == {"corpus": "x"}
+    assert loaded_tok.fingerprint() == tok.fingerprint()
+    assert all(np.array_equal(loaded.params[k], v) for k, v in model.params.items())
+
+    real_save = safetensors.numpy.save_file
+
+    def dies_halfway(tensors, filename, metadata=None):
+        real_save(tensors, filename, metadata=metadata)
+        with open(filename, "r+b") as f:  # leave a torn file behind, as a kill in mid-write would
+            f.truncate(f.seek(0, 2) // 2)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint, "save_file", dies_halfway)
+    changed = {k: v + 1 for k, v in model.params.items()}
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save_model(path, changed, tok, **{**kwargs, "step": 8})
+    still, _, meta = checkpoint.load_model(path)
+    assert meta["step"] == 7 and all(np.array_equal(still.params[k], v) for k, v in model.params.items())
+    assert list(tmp_path.glob(".*.tmp")) == []
+
+
+def test_load_model_rejects_inconsistent_files(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    model, tok = _tiny_model(), _byte_tokenizer()
+    path = tmp_path / "m.safetensors"
+    checkpoint.save_model(path, model.params, tok, config=model.config.to_dict(), step=1, val_loss=None,
+                          best_val_loss=None, provenance={})
+    meta = checkpoint.read_header(path)
+    tensors = load_file(str(path))
+    broken = tmp_path / "broken.safetensors"
+    save_file({k: v for k, v in tensors.items() if k != "ln_f.weight"}, str(broken), metadata=meta)
+    with pytest.raises(PipelineError, match="ln_f.weight"):
+        checkpoint.load_model(broken)
+    save_file(tensors, str(broken), metadata={**meta, "format_version": "99"})
+    with pytest.raises(PipelineError, match="version"):
+        checkpoint.load_model(broken)
+    save_file(tensors, str(broken), metadata={**meta, "tokenizer_fingerprint": "0" * 64})
+    with pytest.raises(PipelineError, match="fingerprint"):
+        checkpoint.load_model(broken)
+    tok.save(tmp_path / "tok.safetensors")
+    with pytest.raises(PipelineError, match="tokenizer file, not a model"):
+        checkpoint.load_model(tmp_path / "tok.safetensors")
+
+
+def test_train_state_round_trip_restores_generator_and_optimizer(tmp_path):
+    from transformer import AdamW
+
+    model, tok = _tiny_model(), _byte_tokenizer()
+    opt = AdamW(model.params, lr=1e-3)
+    x = np.random.default_rng(0).integers(0, 256, (2, 8))
+    _, grads = model.loss_and_grads(x, x)
+    opt.step(grads)
+    rng = np.random.default_rng(5)
+    rng.random()
+    state = checkpoint.TrainState(step=1, params=model.params, optimizer=opt.state_dict(), rng=data.rng_to_array(rng),
+                                  best_val_loss=None, best_step=None, train_config={"steps": 3},
+                                  model_config=model.config.to_dict(), data={"corpus": "c"}, tokenizer=tok)
+    checkpoint.save_train_state(tmp_path / "s.safetensors", state)
+    back = checkpoint.load_train_state(tmp_path / "s.safetensors")
+    assert back.step == 1 and back.train_config == {"steps": 3} and back.best_val_loss is None
+    assert back.optimizer.keys() == opt.state_dict().keys()
+    assert all(np.array_equal(back.optimizer[k], v) and back.optimizer[k].shape == v.shape for k, v in opt.state_dict().items())
+    assert data.rng_from_array(back.rng).random() == rng.random()
