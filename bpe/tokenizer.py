@@ -203,10 +203,8 @@ class Tokenizer:
 
         specials = list(special_tokens)
         if vocab_size is not None and vocab_size < 256 + len(specials):
-            raise TokenizerError(
-                f"--vocab-size {vocab_size} is below 256 bytes + {len(specials)} special tokens; "
-                f"use at least {256 + len(specials)}"
-            )
+            need = f"256 byte tokens + {len(specials)} special tokens" if specials else "256 byte tokens"
+            raise TokenizerError(f"vocab size {vocab_size} is too small: the {need} need at least {256 + len(specials)}")
         if min_frequency is not None and min_frequency < 1:
             raise TokenizerError(f"--min-frequency must be at least 1, got {min_frequency}")
         sources = list(sources)

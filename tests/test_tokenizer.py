@@ -246,7 +246,7 @@ def test_train_from_file_equals_train_from_bytes(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"vocab_size": 256, "special_tokens": ["<s>"]}, "below 256"),
+        ({"vocab_size": 256, "special_tokens": ["<s>"]}, "too small"),
         ({"min_frequency": 0}, "min-frequency"),
     ],
 )
