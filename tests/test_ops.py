@@ -179,6 +179,22 @@ def test_attention(B, T, H, hd, causal, seed):
     check("attention dqkv", dqkv, lambda: project(ops.attention_forward(qkv, H, causal)[0], r), qkv)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_with_extreme_scores(causal):
+    """Scores above the fast path's overflow bound, and a row whose scores all lie far below 0
+    (its exponentials underflow unless the row max is subtracted)."""
+    rng = np.random.default_rng(5)
+    T, C = 5, 2
+    big = rng.standard_normal((1, T, 3 * C)) * 40
+    low = rng.standard_normal((1, T, 3 * C)) * 0.1
+    low[0, :, C:2 * C] = 1.0  # every key is (1, 1)
+    low[0, -1, :C] = -300.0  # so the last query scores -424 against all of them
+    for qkv in (big, low):
+        out, _ = ops.attention_forward(qkv, 1, causal)
+        np.testing.assert_allclose(out, ref_attention(qkv, 1, causal), rtol=1e-9, atol=1e-12)
+        assert np.all(np.isfinite(out))
+
+
 @few
 @given(*dims, st.integers(1, 3), st.integers(1, 3), st.integers(1, 3), st.integers(0, 2**31))
 def test_cached_attention_matches_full(B, T, H, hd, n_new, seed):

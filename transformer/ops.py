@@ -6,9 +6,9 @@ float64 for finite-difference checks) and never loop in Python over batch, heads
 
 Speed comes from few passes over memory rather than from clever math: 2-D GEMMs on (B*T, C)
 views, batched matmuls on (B, H, T, hd) views of the fused qkv tensor (no transposed copies),
-`out=` and in-place ufuncs. Where a buffer is not needed after a backward, the backward reuses
-it: `attention_backward` and `softmax_xent_backward` overwrite their caches, so a cache is good
-for exactly one backward.
+row sums as GEMVs, `out=` and in-place ufuncs. `softmax_xent_forward` turns the logits into
+probabilities in place and `softmax_xent_backward` turns those into dlogits in place, so the
+biggest array of the model is written once per step and its cache is good for one backward.
 
 What this module does not do: parameters, initialisation, sampling, I/O (see model.py, io.py).
 """
@@ -166,12 +166,39 @@ def causal_mask(T: int, dtype_name: str) -> np.ndarray:
     return mask
 
 
-def _softmax_lastaxis_(x: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis, in place (max-subtracted, so large scores do not overflow)."""
-    x -= x.max(axis=-1, keepdims=True)
-    np.exp(x, out=x)
-    x *= 1.0 / x.sum(axis=-1, keepdims=True)
-    return x
+_EXP_SAFE = 60.0  # exp(60) ~ 1e26: sums of such terms stay far below float32's max (3.4e38)
+_SUM_UNDERFLOW = 1e-20  # a row summing below this had every score under about -46
+
+
+def _row_sums(x: np.ndarray) -> np.ndarray:
+    """(..., n) -> (...,) sums over the last axis as one GEMV against ones: several times
+    faster than `x.sum(-1)` on short rows."""
+    n = x.shape[-1]
+    return (x.reshape(-1, n) @ np.ones(n, dtype=x.dtype)).reshape(x.shape[:-1])
+
+
+def _softmax_rows(s: np.ndarray) -> np.ndarray:
+    """(..., n) scores -> (..., n) softmax over the last axis, as a new array (s is kept).
+
+    Subtracting each row's max guards exp against overflow, but a row-wise max is the slowest
+    pass of all. When no score exceeds 60, exp cannot overflow, so rows are exponentiated as
+    they are; rows whose sum then underflowed (every score below about -46, where small
+    weights would lose precision) are redone with their max subtracted.
+    """
+    if s.max() < _EXP_SAFE:  # False for NaN too
+        w = np.exp(s)
+    else:
+        w = s - s.max(axis=-1, keepdims=True)
+        np.exp(w, out=w)
+    total = _row_sums(w)
+    low = total < _SUM_UNDERFLOW
+    if low.any():
+        rows = s[low]
+        redo = np.exp(rows - rows.max(axis=-1, keepdims=True))
+        w[low] = redo
+        total[low] = redo.sum(axis=-1)
+    w *= (1.0 / total)[..., None]
+    return w
 
 
 def _split_heads(qkv: np.ndarray, n_heads: int):
@@ -187,7 +214,7 @@ def attention_forward(qkv: np.ndarray, n_heads: int, causal: bool, trace: dict |
     Heads are batched as (B, H, T, hd) views; the weighted sum is written straight into the
     (B, T, C) layout the output projection reads. q is scaled before the product (T*hd work
     instead of T*T). With `trace` (a dict) it records q, k, v, scores_raw, scores, weights and
-    mix, each (B, H, ...), as copies.
+    mix, each (B, H, ...).
     """
     B, T, C3 = qkv.shape
     C = C3 // 3
@@ -195,42 +222,41 @@ def attention_forward(qkv: np.ndarray, n_heads: int, causal: bool, trace: dict |
     scale = 1.0 / math.sqrt(hd)
     q, k, v = _split_heads(qkv, n_heads)
     qs = q * scale  # (B, H, T, hd)
-    att = qs @ k.swapaxes(-1, -2)  # (B, H, T, T)
+    scores = qs @ k.swapaxes(-1, -2)  # (B, H, T, T)
     if causal:
-        att += causal_mask(T, att.dtype.name)
+        scores += causal_mask(T, scores.dtype.name)
+    w = _softmax_rows(scores)  # (B, H, T, T) weights
+    out = np.empty((B, T, C), dtype=qkv.dtype)
+    mix = out.reshape(B, T, n_heads, hd).transpose(0, 2, 1, 3)  # (B, H, T, hd) view of out
+    np.matmul(w, v, out=mix)
     if trace is not None:
         trace["q"], trace["k"], trace["v"] = q.copy(), k.copy(), v.copy()
         trace["scores_raw"] = q @ k.swapaxes(-1, -2)
-        trace["scores"] = att.copy()
-    _softmax_lastaxis_(att)  # att now holds the weights
-    out = np.empty((B, T, C), dtype=qkv.dtype)
-    mix = out.reshape(B, T, n_heads, hd).transpose(0, 2, 1, 3)  # (B, H, T, hd) view of out
-    np.matmul(att, v, out=mix)
-    if trace is not None:
-        trace["weights"] = att.copy()
-        trace["mix"] = mix.copy()
-    return out, (qs, k, v, att, scale)
+        trace["scores"], trace["weights"], trace["mix"] = scores, w, mix.copy()
+    return out, (qs, k, v, w, out, scale)
 
 
 def attention_backward(dout: np.ndarray, cache) -> np.ndarray:
-    """dout (B, T, C) -> dqkv (B, T, 3C). Overwrites the cached weights.
+    """dout (B, T, C) -> dqkv (B, T, 3C).
 
-    Softmax backward per row: ds = w * (dw - sum(dw * w)); masked entries have w = 0, so they
-    get no gradient without looking at the mask.
+    Softmax backward per row: ds = w * (dw - sum_j dw_j w_j). That row sum equals
+    dmix . mix (sum_j (dmix . v_j) w_j = dmix . sum_j w_j v_j), a (T, hd) product instead of
+    a (T, T) one, as FlashAttention computes it. Masked entries have w = 0, so they get no
+    gradient without looking at the mask.
     """
-    qs, k, v, w, scale = cache
+    qs, k, v, w, out, scale = cache
     B, H, T, hd = qs.shape
     dmix = dout.reshape(B, T, H, hd).transpose(0, 2, 1, 3)  # (B, H, T, hd) view
+    row_dot = _row_sums((dout * out).reshape(B, T, H, hd)).transpose(0, 2, 1)  # (B, H, T)
     dqkv = np.empty((B, T, 3 * H * hd), dtype=dout.dtype)
     dq, dk, dv = _split_heads(dqkv, H)
     np.matmul(w.swapaxes(-1, -2), dmix, out=dv)
-    dw = dmix @ v.swapaxes(-1, -2)  # (B, H, T, T)
-    dw *= w
-    w *= dw.sum(axis=-1, keepdims=True)
-    dw -= w  # dw is now ds, the gradient of the scaled scores
-    np.matmul(dw, k, out=dq)
+    ds = dmix @ v.swapaxes(-1, -2)  # (B, H, T, T) d weights
+    ds -= row_dot[..., None]
+    ds *= w  # now the gradient of the scaled scores
+    np.matmul(ds, k, out=dq)
     dq *= scale
-    np.matmul(dw.swapaxes(-1, -2), qs, out=dk)
+    np.matmul(ds.swapaxes(-1, -2), qs, out=dk)
     return dqkv
 
 
@@ -248,12 +274,12 @@ def attention_forward_cached(qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.n
     end = start + n
     k_cache[:, :, start:end] = k
     v_cache[:, :, start:end] = v
-    att = (q * (1.0 / math.sqrt(hd))) @ k_cache[:, :, :end].swapaxes(-1, -2)  # (B, H, n, end)
+    scores = (q * (1.0 / math.sqrt(hd))) @ k_cache[:, :, :end].swapaxes(-1, -2)  # (B, H, n, end)
     if n > 1:
-        att += causal_mask(end, att.dtype.name)[start:end]  # rows of the new queries
-    _softmax_lastaxis_(att)
+        scores += causal_mask(end, scores.dtype.name)[start:end]  # rows of the new queries
+    w = _softmax_rows(scores)
     out = np.empty((B, n, C), dtype=qkv.dtype)
-    np.matmul(att, v_cache[:, :, :end], out=out.reshape(B, n, n_heads, hd).transpose(0, 2, 1, 3))
+    np.matmul(w, v_cache[:, :, :end], out=out.reshape(B, n, n_heads, hd).transpose(0, 2, 1, 3))
     return out, None
 
 
@@ -316,9 +342,9 @@ def softmax_xent_forward(logits: np.ndarray, targets: np.ndarray):
     logits -= logits.max(axis=-1, keepdims=True)
     picked = logits[rows, targets].astype(np.float64)  # z_target - max
     np.exp(logits, out=logits)
-    total = logits.sum(axis=-1, keepdims=True)
-    loss = float(np.mean(np.log(total[:, 0].astype(np.float64)) - picked))
-    logits *= 1.0 / total
+    total = _row_sums(logits)
+    loss = float(np.mean(np.log(total.astype(np.float64)) - picked))
+    logits *= (1.0 / total)[:, None]
     return loss, (logits, targets)
 
 
