@@ -145,6 +145,7 @@ class Tokenizer:
         self._cache: dict[str, tuple[int, ...]] = {}  # chunk -> ids
         self._special_res: dict[frozenset, regex.Pattern] = {}
         self.train_report: TrainReport | None = None
+        self._fingerprint: str | None = None
 
     # ---------------------------------------------------------------------------------- views
 
@@ -550,7 +551,9 @@ class Tokenizer:
 
     def fingerprint(self) -> str:
         """sha256 (hex) of the tokenizer file's bytes: equal fingerprints, equal tokenizers."""
-        return hashlib.sha256(io.serialize(*self.to_tensors())).hexdigest()
+        if self._fingerprint is None:  # a tokenizer never changes, so hash its file once
+            self._fingerprint = hashlib.sha256(io.serialize(*self.to_tensors())).hexdigest()
+        return self._fingerprint
 
     @classmethod
     def from_gpt2(cls, vocab_path: str | os.PathLike, merges_path: str | os.PathLike, *, pattern: str = "gpt2") -> "Tokenizer":
