@@ -36,7 +36,8 @@ def cli() -> None:
 
     \b
     Example:
-      tk bpe-train corpora/tinystories.txt --vocab-size 512 -o tok.safetensors
+      tk pipeline corpora/tiny_tales.txt -o runs/demo
+      tk bpe-train corpora/tiny_tales.txt --vocab-size 512 -o tok.safetensors
       tk encode -t tok.safetensors "Once upon a time"
     """
 
