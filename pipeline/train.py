@@ -57,11 +57,14 @@ class TrainConfig:
     """Every setting of a training run: the model's shape and the optimisation.
 
     The defaults train the default corpus (`corpora/tiny_tales.txt`, with a 1024-token BPE) to a
-    visibly learned model in about two minutes on 2 cores.
+    visibly learned model in about a minute on 2 cores. Measured there: with 1000 steps at lr 4e-3
+    the model learns to copy a story's hero's name from earlier in the context (an induction head;
+    200/200 held-out stories), which 500 steps at 2e-3 did not (9/200); 2 layers learned it as
+    well as 4 (val loss 0.386 vs 0.389) in 60 s instead of 144 s.
     """
 
     # model (the vocabulary size comes from the tokenizer)
-    n_layers: int = 4
+    n_layers: int = 2
     n_heads: int = 4
     d_model: int = 128
     context_length: int = 64
@@ -71,9 +74,9 @@ class TrainConfig:
     bias: bool = True
     # optimisation
     batch_size: int = 16
-    steps: int = 500
-    lr: float = 2e-3
-    min_lr: float = 2e-4
+    steps: int = 1000
+    lr: float = 4e-3
+    min_lr: float = 4e-4
     warmup_steps: int = 50
     weight_decay: float = 0.1
     beta1: float = 0.9
