@@ -83,6 +83,26 @@ def _one_blas_thread():
         setter(before)
 
 
+@lru_cache(maxsize=1)
+def _keep_freed_memory() -> None:
+    """Ask glibc's malloc to keep freed memory for reuse rather than hand it back to the OS.
+
+    A training step allocates and frees the same activation-sized arrays every time; with
+    glibc's defaults many of them are returned to the OS (munmap, heap trim) and page-faulted
+    in again the next step: measured ~9k faults and ~25% extra CPU time per step on config S.
+    Arrays up to 32 MB (the most glibc allows) then come from its heaps, which are not trimmed
+    below 1 GB. A no-op where there is no glibc.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
+    mallopt(m_mmap_threshold, 32 * 1024 * 1024)
+    mallopt(m_trim_threshold, 1024 * 1024 * 1024)
+
+
 @lru_cache(maxsize=8)
 def _pool(n: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(n, thread_name_prefix="gpt-shard")
@@ -280,6 +300,7 @@ class GPT:
     def _sharded(self, fn, batch: int) -> list:
         """[fn(k, rows) for each shard k of the batch], run in worker threads (NumPy releases
         the GIL in matmuls and ufuncs) with single-threaded BLAS; results in shard order."""
+        _keep_freed_memory()
         n = max(1, min(self.threads, batch))
         cuts = np.linspace(0, batch, n + 1).round().astype(int)
         shards = [slice(cuts[k], cuts[k + 1]) for k in range(n)]
