@@ -158,7 +158,7 @@ def generate(
         yield tail
 
 
-def sample_prompt(tokens: np.ndarray, tokenizer, n_words: int = 6) -> str:
+def sample_prompt(tokens: np.ndarray, tokenizer, n_words: int = 10) -> str:
     """The opening words of the first paragraph of the validation text: unseen, but in the corpus's style."""
     text = tokenizer.decode(np.asarray(tokens[: 4096]).tolist())
     start = text.find("\n\n")
