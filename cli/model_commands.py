@@ -91,9 +91,13 @@ def _warn(msg: str) -> None:
 
 def _summary(result: TrainResult) -> None:
     best = f"{result.best_val_loss:.4f} at step {result.best_step}" if result.best_val_loss is not None else "none yet"
-    last = f"{result.last_val_loss:.4f}" if result.last_val_loss is not None else "-"
+    last = (
+        f"val loss {result.last_val_loss:.4f}" + (f" at step {result.last_val_step}" if result.last_val_step != result.step else "")
+        if result.last_val_loss is not None
+        else "no evaluation this session"
+    )
     click.echo(
-        f"step {result.step}/{result.steps}: val loss {last} (best {best}; unigram baseline {result.unigram_baseline:.4f}); "
+        f"step {result.step}/{result.steps}: {last} (best {best}; unigram baseline {result.unigram_baseline:.4f}); "
         f"{result.seconds:.1f} s, {result.tokens_per_s:,.0f} tokens/s"
     )
     if (result.run_dir / checkpoint.MODEL_FILE).exists():
@@ -284,9 +288,11 @@ def _info_model(path: Path) -> None:
         base = prov.get("unigram_baseline")
         if isinstance(base, float):
             _row("unigram baseline", f"{base:.4f}")
-        for key in ("corpus", "corpus_sha256", "n_train_tokens", "tokenkit", "saved_utc"):
+        labels = {"corpus": "corpus", "corpus_sha256": "corpus sha256", "n_train_tokens": "train tokens",
+                  "tokenkit": "written by tokenkit", "saved_utc": "saved (UTC)"}
+        for key, label in labels.items():
             if key in prov:
-                _row(key.replace("_", " "), prov[key])
+                _row(label, f"{prov[key]:,}" if isinstance(prov[key], int) else prov[key])
         if "train_config" in prov:
             _row("training config", json.dumps(prov["train_config"]))
 

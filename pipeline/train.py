@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -192,12 +192,12 @@ class TrainResult:
     best_val_loss: float | None
     best_step: int | None
     last_val_loss: float | None
+    last_val_step: int | None
     unigram_baseline: float
     interrupted: bool
     seconds: float
     tokens_per_s: float
     resumed_from: int | None = None
-    log: list[str] = field(default_factory=list)
 
 
 def _tokenkit_version() -> str:
@@ -280,6 +280,7 @@ class _Run:
         )
         self.baseline = data.unigram_baseline(self.train_ids, self.val_ids, tokenizer.vocab_size)
         self.last_val_loss: float | None = None
+        self.last_val_step: int | None = None
 
     # -- what gets written -----------------------------------------------------------------
 
@@ -407,6 +408,7 @@ class _Run:
             best_val_loss=self.best_val_loss,
             best_step=self.best_step,
             last_val_loss=self.last_val_loss,
+            last_val_step=self.last_val_step,
             unigram_baseline=self.baseline,
             interrupted=interrupted,
             seconds=time.perf_counter() - start,
@@ -433,7 +435,7 @@ class _Run:
     def checkpoint(self, log: checkpoint.JsonlLog) -> None:
         """Evaluate, then save the full state, and the model when it is the best so far."""
         val = self.evaluate()
-        self.last_val_loss = val
+        self.last_val_loss, self.last_val_step = val, self.step
         improved = _finite(val) and (self.best_val_loss is None or val < self.best_val_loss)
         if improved:
             self.best_val_loss, self.best_step = val, self.step
@@ -451,7 +453,7 @@ class _Run:
         self.save_state()
         if not (self.run_dir / checkpoint.MODEL_FILE).exists() and self.step > 0:
             val = self.evaluate()
-            self.last_val_loss = val
+            self.last_val_loss, self.last_val_step = val, self.step
             self.save_model(val, val)
         log.write({"type": "interrupt", "step": self.step})
 
