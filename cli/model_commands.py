@@ -7,9 +7,7 @@ TokenizerError / ModelError and become one line in `cli.main`.
 
 from __future__ import annotations
 
-import functools
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -219,13 +217,17 @@ def generate_command(model_path, prompt, max_new_tokens, temperature, top_k, top
         model, tok, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
         top_k=top_k, top_p=top_p, seed=seed, say=_warn,
     )
-    first = next(pieces, "")  # a bad prompt or flag fails here, before anything is printed
+    _stream(prompt, pieces)
+    return 0
+
+
+def _stream(prompt: str, pieces) -> None:
+    """Echo the prompt, then each piece as it comes (click.echo flushes)."""
+    first = next(pieces, "")  # a bad prompt or flag fails, and notes are said, before any text is printed
     click.echo(prompt + first, nl=False)
     for piece in pieces:
         click.echo(piece, nl=False)
-        sys.stdout.flush()
     click.echo("")
-    return 0
 
 
 # --- info ------------------------------------------------------------------------------------
@@ -345,11 +347,7 @@ def pipeline_command(corpus, run_dir, vocab_size, prompt, max_new_tokens, quiet,
     for token_id, p in pred.top:
         click.echo(f"  {p:7.4f}  {token_text(tok, token_id)}")
     click.echo(f"\ngenerate (greedy, {max_new_tokens} tokens):")
-    click.echo(text, nl=False)
-    for piece in generate(model, tok, text, max_new_tokens=max_new_tokens, temperature=0.0, say=_warn):
-        click.echo(piece, nl=False)
-        sys.stdout.flush()
-    click.echo("")
+    _stream(text, generate(model, tok, text, max_new_tokens=max_new_tokens, temperature=0.0, say=_warn))
     return 0
 
 
