@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import io
 import os
+import queue
 import sys
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from multiprocessing import get_all_start_methods, get_context
@@ -145,32 +146,93 @@ def count_chunks(
     if pattern is None:  # nothing to split: a worker would only copy each source twice
         workers = 1
 
-    totals: Counter[str] = Counter()
     pieces = (p for s in sources for p in _source_pieces(s, piece_bytes))
     first = next(pieces, None)
     second = next(pieces, None)
+    pieces = _chain(first, second, pieces)
     if workers == 1 or second is None:  # one piece: a worker would only add start-up time
+        totals: Counter[str] = Counter()
         with _bar(sum(sizes), quiet) as bar:
-            for piece in _chain(first, second, pieces):
-                totals.update(_count_piece(piece, pattern))
+            for piece in pieces:
+                _count_into(totals, piece, pattern)
                 bar.update(len(piece))
     else:
-        # fork where there is one: a spawned worker re-imports numpy & co. (~0.3 s each).
-        # The pool starts before the progress bar, whose monitor thread a fork should not copy.
-        method = "fork" if "fork" in get_all_start_methods() else "spawn"
-        with get_context(method).Pool(workers) as pool, _bar(sum(sizes), quiet) as bar:
-            in_flight: deque = deque()
-            for piece in _chain(first, second, pieces):
-                in_flight.append((len(piece), pool.apply_async(_count_piece, (piece, pattern))))
-                if len(in_flight) >= 2 * workers:  # bounded: memory stays at a few pieces
-                    size, result = in_flight.popleft()
-                    totals.update(result.get())
-                    bar.update(size)
-            while in_flight:
-                size, result = in_flight.popleft()
-                totals.update(result.get())
-                bar.update(size)
+        totals = _count_in_workers(pieces, pattern, workers, sum(sizes), quiet)
     return {chunk.encode("utf-8", "surrogateescape"): n for chunk, n in totals.items()}
+
+
+def _count_in_workers(pieces: Iterator[bytes], pattern: str | None, workers: int, total: int, quiet: bool) -> Counter:
+    """Hand pieces to `workers` processes; each counts all its pieces into one Counter.
+
+    One Counter per worker, sent back once at the end, instead of one per piece: merging
+    Counters is a Python loop over their keys, and it would run in this (serial) process.
+    """
+    # fork where there is one: a spawned worker re-imports numpy & co. (~0.3 s each).
+    ctx = get_context("fork" if "fork" in get_all_start_methods() else "spawn")
+    tasks = ctx.Queue(maxsize=2 * workers)  # bounded: memory stays at a few pieces
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_count_worker, args=(tasks, results, pattern), daemon=True) for _ in range(workers)]
+    for p in procs:  # started before the progress bar, whose monitor thread a fork should not copy
+        p.start()
+    try:
+        with _bar(total, quiet) as bar:
+            for piece in pieces:
+                _put(tasks, piece, procs)
+                bar.update(len(piece))
+            for _ in procs:
+                _put(tasks, None, procs)
+            totals: Counter[str] = Counter()
+            for _ in procs:
+                part = _next_result(results, procs)
+                if isinstance(part, str):
+                    raise TokenizerError(f"a counting worker failed: {part}; try --workers 1")
+                totals.update(part)
+        for p in procs:
+            p.join()
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        tasks.cancel_join_thread()  # after a failure, unread pieces must not keep this process alive
+    return totals
+
+
+def _count_worker(tasks, results, pattern: str | None) -> None:
+    totals: Counter[str] = Counter()
+    try:
+        while (piece := tasks.get()) is not None:
+            _count_into(totals, piece, pattern)
+    except Exception as err:  # reported to the parent, which turns it into one line
+        results.put(f"{type(err).__name__}: {err}")
+        while tasks.get() is not None:  # keep draining, so that the parent never waits on a full queue
+            pass
+    else:
+        results.put(totals)
+
+
+def _dead(procs) -> str | None:
+    codes = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+    return f"exit code {codes[0]} (out of memory?)" if codes else None
+
+
+def _put(tasks, item: bytes | None, procs) -> None:
+    """Queue `item` for the workers; a worker that died (killed, out of memory) is an error."""
+    while True:
+        try:
+            return tasks.put(item, timeout=0.5)
+        except queue.Full:
+            if (why := _dead(procs)) is not None:
+                raise TokenizerError(f"a counting worker failed: {why}; try --workers 1") from None
+
+
+def _next_result(results, procs) -> Counter | str:
+    """The next worker's result, or why a worker died without one."""
+    while True:
+        try:
+            return results.get(timeout=0.5)
+        except queue.Empty:
+            if (why := _dead(procs)) is not None:
+                return why
 
 
 def _bar(total: int, quiet: bool) -> tqdm:
@@ -191,14 +253,15 @@ def _default_workers() -> int:
         return os.cpu_count() or 1
 
 
-def _count_piece(piece: bytes, pattern: str | None) -> Counter[str]:
-    """Split one piece and count its chunks (runs in a worker; keys stay str until the end)."""
+def _count_into(totals: Counter, piece: bytes, pattern: str | None) -> None:
+    """Split one piece and add its chunks to `totals` (keys stay str until the very end)."""
     text = piece.decode("utf-8", "surrogateescape")
     if pattern is None:
-        return Counter([text])
-    if pattern in _BUILTIN:
-        return Counter(_compile(pattern).findall(text))
-    return Counter(split_text(text, pattern))
+        totals[text] += 1
+    elif pattern in _BUILTIN:
+        totals.update(_compile(pattern).findall(text))  # a list: counted in C
+    else:
+        totals.update(split_text(text, pattern))
 
 
 def _source_size(source: Source) -> int:

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import random
 from collections import Counter
 from pathlib import Path
@@ -311,6 +313,21 @@ def test_count_errors(tmp_path):
         count_chunks([b"abc"], "gpt2", workers=0, quiet=True)
     with pytest.raises(TokenizerError) as info:
         count_chunks([tmp_path / "missing.txt"], "gpt2", quiet=True)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="workers see the patch only when forked")
+@pytest.mark.parametrize("failure", ["raise", "die"])
+def test_a_failing_worker_is_one_line_error(monkeypatch, failure):
+    def broken(totals, piece, pattern):
+        if failure == "raise":
+            raise ValueError("boom")
+        os._exit(3)  # as if killed: no result ever comes back
+
+    monkeypatch.setattr(pretokenize, "_PIECE_BYTES", 64)
+    monkeypatch.setattr(pretokenize, "_count_into", broken)
+    with pytest.raises(TokenizerError, match="worker failed") as info:
+        count_chunks([b"some words and more words " * 40], "gpt2", workers=2, quiet=True)
     assert "\n" not in str(info.value)
 
 
