@@ -301,7 +301,7 @@ def _pieces(stream: BinaryIO, piece_bytes: int | None) -> Iterator[bytes]:
         if data:
             yield data
         return
-    buf = b""
+    buf = bytearray()  # grows in place: a long stretch without a cut must not be copied per block
     while True:
         block = stream.read(piece_bytes)
         if not block:
@@ -310,10 +310,10 @@ def _pieces(stream: BinaryIO, piece_bytes: int | None) -> Iterator[bytes]:
         buf += block
         cut = _find_cut(buf, searched)
         if cut > 0:
-            yield buf[:cut]
-            buf = buf[cut:]
+            yield bytes(buf[:cut])
+            del buf[:cut]
     if buf:
-        yield buf
+        yield bytes(buf)
 
 
 _ASCII_WS = frozenset(b" \t\n\r\x0b\x0c")
