@@ -130,7 +130,7 @@ def count_chunks(
     Raises TokenizerError for a missing file, a directory, or a corpus without a single byte.
 
     >>> count_chunks([b"to be or not to be"], "gpt2", workers=1)
-    {b'to': 1, b' be': 2, b' or': 1, b' not': 1, b' to': 1}
+    {b' be': 2, b' not': 1, b' or': 1, b' to': 1, b'to': 1}
     """
     if isinstance(sources, (str, bytes, bytearray, os.PathLike)):
         sources = [sources]
@@ -158,7 +158,8 @@ def count_chunks(
                 bar.update(len(piece))
     else:
         totals = _count_in_workers(pieces, pattern, workers, sum(sizes), quiet)
-    return {chunk.encode("utf-8", "surrogateescape"): n for chunk, n in totals.items()}
+    # Sorted, so that the result does not depend on which worker finished first.
+    return {chunk.encode("utf-8", "surrogateescape"): totals[chunk] for chunk in sorted(totals)}
 
 
 def _count_in_workers(pieces: Iterator[bytes], pattern: str | None, workers: int, total: int, quiet: bool) -> Counter:
@@ -269,15 +270,23 @@ def _source_size(source: Source) -> int:
         return len(source)
     if not isinstance(source, (str, os.PathLike)):
         raise TokenizerError(f"a corpus source must be a file path or bytes, got {type(source).__name__}")
-    path = Path(source)
-    if path.is_dir():
-        raise TokenizerError(f"{path} is a directory; give the text files inside it")
+    name = _shown(source)
     try:
+        path = Path(source)
+        if path.is_dir():
+            raise TokenizerError(f"{name} is a directory; give the text files inside it")
         return path.stat().st_size
-    except FileNotFoundError:
-        raise TokenizerError(f"corpus file not found: {path}") from None
+    except (FileNotFoundError, ValueError):  # ValueError: a NUL byte, so certainly not a file
+        hint = "; to train on a text itself, pass it as bytes" if isinstance(source, str) else ""
+        raise TokenizerError(f"corpus file not found: {name}{hint}") from None
     except OSError as err:
-        raise TokenizerError(f"cannot read corpus file {path}: {err.strerror}") from None
+        raise TokenizerError(f"cannot read corpus file {name}: {err.strerror}") from None
+
+
+def _shown(source: str | os.PathLike) -> str:
+    """A path for a one-line message: quoted and escaped, and cut short if it is long."""
+    text = repr(os.fspath(source))
+    return text if len(text) <= 120 else text[:100] + "...'"
 
 
 def _source_pieces(source: Source, piece_bytes: int | None) -> Iterator[bytes]:
@@ -288,7 +297,7 @@ def _source_pieces(source: Source, piece_bytes: int | None) -> Iterator[bytes]:
         with open(source, "rb") as f:  # binary on purpose: the exact bytes are decoded per piece
             yield from _pieces(f, piece_bytes)
     except OSError as err:
-        raise TokenizerError(f"cannot read corpus file {source}: {err.strerror}") from None
+        raise TokenizerError(f"cannot read corpus file {_shown(source)}: {err.strerror}") from None
 
 
 def _pieces(stream: BinaryIO, piece_bytes: int | None) -> Iterator[bytes]:
