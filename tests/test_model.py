@@ -297,3 +297,16 @@ def test_bad_files_are_one_line_model_errors(tmp_path):
         assert "\n" not in str(err.value) and path.name in str(err.value), str(err.value)
     with pytest.raises(ModelError):
         GPT(config).save(tmp_path / "no_such_dir" / "m.safetensors")
+
+
+def test_docstring_examples():
+    import doctest
+
+    import transformer.config
+    import transformer.model
+    import transformer.ops
+    import transformer.sampling
+
+    for module in (transformer.config, transformer.model, transformer.ops, transformer.sampling):
+        result = doctest.testmod(module)
+        assert result.failed == 0 and result.attempted > 0, module.__name__

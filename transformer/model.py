@@ -24,8 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer import ops
-from transformer import io
+from transformer import io, ops
 from transformer.config import GPTConfig, param_shapes
 from transformer.errors import ModelError
 from transformer.sampling import check_sampling, sample_next
@@ -34,6 +33,11 @@ _ACTIVATIONS = {
     "gelu": (ops.gelu_forward, ops.gelu_backward),
     "relu": (ops.relu_forward, ops.relu_backward),
 }
+
+
+# ----------------------------------------------------------------------------- the CPU
+# A step runs its batch shards in worker threads, each with single-threaded BLAS; NumPy releases
+# the GIL inside matmuls and ufuncs, so both GEMMs and the elementwise passes use every core.
 
 
 def _available_cores() -> int:
@@ -108,6 +112,9 @@ def _pool(n: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(n, thread_name_prefix="gpt-shard")
 
 
+# ----------------------------------------------------------------------------- the model
+
+
 def init_params(config: GPTConfig, seed: int = 0) -> dict[str, np.ndarray]:
     """GPT-2's initialisation: weights N(0, 0.02), residual projections (attn.c_proj,
     mlp.c_proj) N(0, 0.02 / sqrt(2 * n_layers)) so the residual stream's variance does not grow
@@ -128,6 +135,11 @@ def init_params(config: GPTConfig, seed: int = 0) -> dict[str, np.ndarray]:
 
 class GPT:
     """A GPT-style transformer in NumPy.
+
+    forward, loss and loss_and_grads split the batch into `threads` shards computed at once
+    (data parallel within one process); a shard's gradients are already scaled for the whole
+    batch's mean, so they are simply summed. One GPT must not be used from several threads at
+    the same time (its scratch buffers are shared).
 
     >>> m = GPT(GPTConfig(vocab_size=10, context_length=8, d_model=8, n_layers=1, n_heads=2))
     >>> m.forward(np.array([[1, 2, 3]])).shape
