@@ -32,7 +32,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
-from multiprocessing import get_all_start_methods, get_context
+from multiprocessing import get_context
 from pathlib import Path
 from typing import BinaryIO, Union
 
@@ -168,8 +168,9 @@ def _count_in_workers(pieces: Iterator[bytes], pattern: str | None, workers: int
     One Counter per worker, sent back once at the end, instead of one per piece: merging
     Counters is a Python loop over their keys, and it would run in this (serial) process.
     """
-    # fork where there is one: a spawned worker re-imports numpy & co. (~0.3 s each).
-    ctx = get_context("fork" if "fork" in get_all_start_methods() else "spawn")
+    # fork on Linux: a spawned worker re-imports numpy & co. (~0.3 s each). Elsewhere fork is
+    # either missing or unsafe (macOS system libraries), so spawn.
+    ctx = get_context("fork" if sys.platform.startswith("linux") else "spawn")
     tasks = ctx.Queue(maxsize=2 * workers)  # bounded: memory stays at a few pieces
     results = ctx.Queue()
     procs = [ctx.Process(target=_count_worker, args=(tasks, results, pattern), daemon=True) for _ in range(workers)]
