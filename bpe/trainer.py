@@ -155,6 +155,7 @@ class _State:
             self.nxt_np[ends - 1] = -1
             self.prv_np[ends[:-1]] = -1
         wide = weights.size and weights.max() >= 2**31
+        weights = weights if wide else weights.astype(np.int32)  # no int64 temporary per position
         self.wt, self.wt_np = _shared("q" if wide else "i", np.repeat(weights, lengths))
         del flat, weights, lengths, ends
 
