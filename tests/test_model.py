@@ -66,8 +66,9 @@ def test_gradients_match_finite_differences(variant):
         assert err < 1e-6, f"{variant} {name}: rel error {err:.2e}, max diff {np.abs(grads[name] - numeric).max():.2e}"
 
 
-def test_batch_shards_in_threads_give_the_same_results():
-    config = GPTConfig(**TINY)
+@pytest.mark.parametrize("variant", ["gpt2", "seed001-encoder"])
+def test_batch_shards_in_threads_give_the_same_results(variant):
+    config = GPTConfig(**TINY, **VARIANTS[variant])
     one, three = float64_model(config, threads=1), float64_model(config, threads=3)
     rng = np.random.default_rng(4)
     ids, targets = rng.integers(0, 7, (5, 6)), rng.integers(0, 7, (5, 6))  # uneven shards: 2, 1, 2

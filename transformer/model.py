@@ -384,11 +384,11 @@ class GPT:
             return loss * (xf.shape[0] / ids.shape[0]), self._backward(xf, xent, caches, n_total=ids.size)
 
         results = self._sharded(shard, ids.shape[0])
-        grads = results[0][1]
+        grads = {name: results[0][1][name] for name in self.params}  # drops the absent biases' None
         for _, more in results[1:]:
-            for name, g in more.items():
-                grads[name] += g
-        return float(sum(loss for loss, _ in results)), {name: grads[name] for name in self.params}
+            for name, g in grads.items():
+                g += more[name]
+        return float(sum(loss for loss, _ in results)), grads
 
     # ------------------------------------------------------------------------- backward
 
