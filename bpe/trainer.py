@@ -18,6 +18,12 @@ either side and links out the right token. The work of a whole training run is p
 to the number of merge sites, never merges x corpus size. A chunk may be as long as a whole
 file (pattern "none"): a merge still touches only its own occurrences.
 
+Constant factors, since this loop is the hot one: pairs are single int keys (no tuples), the
+position arrays are array.array (fast to index from Python) and numpy views of the same memory,
+and the few early merges with hundreds of thousands of sites (" t", "he", ...) run as whole-array
+numpy operations, while the long tail of small merges runs as a plain Python loop. On the
+10.8 MB Gutenberg corpus (57k distinct chunks) 8192 / 32000 ids take about 0.4 / 0.7 s.
+
 What this module deliberately does not do: read files, split text, or know special tokens.
 """
 
