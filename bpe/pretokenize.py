@@ -205,7 +205,7 @@ def _count_worker(tasks, results, pattern: str | None) -> None:
         while (piece := tasks.get()) is not None:
             _count_into(totals, piece, pattern)
     except Exception as err:  # reported to the parent, which turns it into one line
-        results.put(f"{type(err).__name__}: {err}")
+        results.put(" ".join(f"{type(err).__name__}: {err}".split()))  # one line
         while tasks.get() is not None:  # keep draining, so that the parent never waits on a full queue
             pass
     else:
