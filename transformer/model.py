@@ -98,9 +98,8 @@ def _keep_freed_memory() -> None:
     below 1 GB. A no-op where there is no glibc.
     """
     try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError, TypeError):  # no libc to open, or not glibc
         return
     m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
     mallopt(m_mmap_threshold, 32 * 1024 * 1024)
