@@ -47,7 +47,9 @@ clock = time.thread_time
 
 
 def best_ms(fn, reps: int, setup=None) -> float:
-    """Minimum CPU ms of fn() (or fn(setup()), setup untimed) over reps calls."""
+    """Minimum CPU ms of fn() (or fn(setup()), setup untimed) over reps calls, after one untimed
+    call (first calls pay for lazy initialisation, in PyTorch especially)."""
+    fn(setup()) if setup else fn()
     best = math.inf
     for _ in range(reps):
         arg = setup() if setup else None
