@@ -210,6 +210,19 @@ def test_cached_attention_matches_full(B, T, H, hd, n_new, seed):
     np.testing.assert_allclose(np.concatenate([first, rest], axis=1), full, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("inplace", [False, True])
+def test_residual(inplace):
+    rng = np.random.default_rng(8)
+    x, branch = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 3, 4))
+    expected = x + branch
+    out, cache = ops.residual_forward(x.copy() if inplace else x, branch, inplace=inplace)
+    np.testing.assert_array_equal(out, expected)
+    r = rng.standard_normal(out.shape)
+    dx, dbranch = ops.residual_backward(r, cache)
+    check("residual dx", dx, lambda: project(ops.residual_forward(x, branch)[0], r), x)
+    check("residual dbranch", dbranch, lambda: project(ops.residual_forward(x, branch)[0], r), branch)
+
+
 @pytest.mark.parametrize("name", ["gelu", "relu"])
 def test_activations(name):
     rng = np.random.default_rng(7)

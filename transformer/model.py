@@ -243,8 +243,8 @@ class GPT:
         ao, c_proj = ops.linear_forward(y, p[h + "attn.c_proj.weight"], p.get(h + "attn.c_proj.bias"))
         if rec:
             trace[h + "attn.out"] = ao
+        x, _ = ops.residual_forward(x, ao, inplace=not post)  # pre-norm: x is in no cache
         if post:
-            x = x + ao
             if rec:
                 trace[h + "resid_1"] = x
             x, ln_1 = ops.layernorm_forward(x, p[h + "ln_1.weight"], p.get(h + "ln_1.bias"))
@@ -252,7 +252,6 @@ class GPT:
             if rec:
                 trace[h + "ln_1"] = x
         else:
-            x += ao  # the residual stream is in no cache, so it is updated in place
             if rec:
                 trace[h + "resid_1"] = x.copy()
             m, ln_2 = ops.layernorm_forward(x, p[h + "ln_2.weight"], p.get(h + "ln_2.bias"))
@@ -263,15 +262,14 @@ class GPT:
         mo, mlp_proj = ops.linear_forward(act, p[h + "mlp.c_proj.weight"], p.get(h + "mlp.c_proj.bias"))
         if rec:
             trace[h + "mlp.pre"], trace[h + "mlp.act"], trace[h + "mlp.out"] = pre, act, mo
+        x, _ = ops.residual_forward(x, mo, inplace=not post)
         if post:
-            x = x + mo
             if rec:
                 trace[h + "resid_2"] = x
             x, ln_2 = ops.layernorm_forward(x, p[h + "ln_2.weight"], p.get(h + "ln_2.bias"))
             if rec:
                 trace[h + "ln_2"] = x
         else:
-            x += mo
             if rec:
                 trace[h + "resid_2"] = x.copy()
         return x, (ln_1, c_attn, attn, c_proj, ln_2, c_fc, act_cache, mlp_proj)
@@ -422,26 +420,24 @@ class GPT:
         # MLP half. pre: x2 = x1 + mlp(ln_2(x1)); post: x2 = ln_2(x1 + mlp(x1))
         if post:
             dx, grads[h + "ln_2.weight"], grads[h + "ln_2.bias"] = ops.layernorm_backward(dx, ln_2)
-        dact, grads[h + "mlp.c_proj.weight"], grads[h + "mlp.c_proj.bias"] = ops.linear_backward(dx, mlp_proj)
+        dx, dbranch = ops.residual_backward(dx, None)
+        dact, grads[h + "mlp.c_proj.weight"], grads[h + "mlp.c_proj.bias"] = ops.linear_backward(dbranch, mlp_proj)
         dpre = act_backward(dact, act_cache)
         dm, grads[h + "mlp.c_fc.weight"], grads[h + "mlp.c_fc.bias"] = ops.linear_backward(dpre, c_fc)
-        if post:
-            dx += dm
-        else:
+        if not post:
             dm, grads[h + "ln_2.weight"], grads[h + "ln_2.bias"] = ops.layernorm_backward(dm, ln_2)
-            dx += dm
+        dx += dm  # x1 reaches x2 both through the skip and through the MLP
 
         # attention half. pre: x1 = x0 + attn(ln_1(x0)); post: x1 = ln_1(x0 + attn(x0))
         if post:
             dx, grads[h + "ln_1.weight"], grads[h + "ln_1.bias"] = ops.layernorm_backward(dx, ln_1)
-        dy, grads[h + "attn.c_proj.weight"], grads[h + "attn.c_proj.bias"] = ops.linear_backward(dx, c_proj)
+        dx, dbranch = ops.residual_backward(dx, None)
+        dy, grads[h + "attn.c_proj.weight"], grads[h + "attn.c_proj.bias"] = ops.linear_backward(dbranch, c_proj)
         dqkv = ops.attention_backward(dy, attn)
         da, grads[h + "attn.c_attn.weight"], grads[h + "attn.c_attn.bias"] = ops.linear_backward(dqkv, c_attn)
-        if post:
-            dx += da
-        else:
+        if not post:
             da, grads[h + "ln_1.weight"], grads[h + "ln_1.bias"] = ops.layernorm_backward(da, ln_1)
-            dx += da
+        dx += da
         return dx
 
     # ------------------------------------------------------------------------- generation

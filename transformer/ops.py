@@ -155,6 +155,25 @@ def linear_backward(dout: np.ndarray, cache):
     return dx, dweight, dbias
 
 
+# ----------------------------------------------------------------------------- residual
+
+
+def residual_forward(x: np.ndarray, branch: np.ndarray, *, inplace: bool = False):
+    """x (B, T, C) skip path, branch (B, T, C) -> x + branch. With inplace the sum is written
+    over x, which is allowed when no cache holds x (pre-norm's residual stream)."""
+    if inplace:
+        x += branch
+        return x, None
+    return x + branch, None
+
+
+def residual_backward(dout: np.ndarray, cache) -> tuple[np.ndarray, np.ndarray]:
+    """dout (B, T, C) -> (d skip, d branch): a sum hands its gradient to both terms unchanged
+    (the same array twice; the caller adds the branch's input gradient to it once the branch's
+    backward has read it)."""
+    return dout, dout
+
+
 # ----------------------------------------------------------------------------- attention
 
 
