@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
           f"   nanoGPT: {NANOGPT['val_loss']}")
     print(f"  val loss of the same model on 200 batches:              {val_200:.4f}")
     print(f"  unigram baseline:                                        {result.unigram_baseline:.4f}")
-    print(f"  wall time (incl. encoding + 9 evals + checkpoints):      {wall:.1f} s"
+    n_evals = -(-config.steps // config.eval_interval)  # every 250 steps, the last step included
+    print(f"  wall time (incl. encoding, {n_evals} evals, checkpoints):     {wall:.1f} s"
           f"   nanoGPT: ~{NANOGPT['wall_s']:.0f} s   ratio {wall / NANOGPT['wall_s']:.2f}")
     print(f"  training throughput:                                     {result.tokens_per_s:,.0f} tokens/s")
     print(f"  peak RSS:                                                {peak_mb:.0f} MB"
