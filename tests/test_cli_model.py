@@ -368,3 +368,33 @@ def test_pipeline_runs_stages_and_skips_what_is_up_to_date(corpus, tmp_path, cap
     assert code == 0 and "training settings changed" in err
     assert json.loads((run_dir / "pipeline.json").read_text(encoding="utf-8"))["vocab_size"] == 300
     assert not np.array_equal(_tensors(run_dir / "model.safetensors")["wte.weight"], first_model["wte.weight"])
+
+
+def test_every_model_flag_reaches_the_checkpoint(corpus, run, tmp_path, capsys):
+    run_dir = tmp_path / "variant"
+    code, out, _ = cli(capsys, "train-model", str(corpus), "-o", str(run_dir), "-t", str(run / "tokenizer.safetensors"),
+                       "--n-layers", "1", "--n-heads", "4", "--d-model", "32", "--context-length", "12",
+                       "--positional", "sinusoidal", "--activation", "relu", "--norm", "post", "--no-bias",
+                       "--batch-size", "4", "--steps", "6", "--warmup-steps", "2", "--eval-interval", "3",
+                       "--eval-batches", "2", "--seed", "7", "--quiet")
+    assert code == 0 and "step 6/6" in out
+    model, tok, meta = load_model(run_dir)
+    expected = {"n_layers": 1, "n_heads": 4, "d_model": 32, "context_length": 12, "positional": "sinusoidal",
+                "activation": "relu", "norm": "post", "bias": False, "vocab_size": tok.vocab_size}
+    assert {k: model.config.to_dict()[k] for k in expected} == expected
+    assert not any(name.endswith(".bias") for name in model.params) and "wpe.weight" not in model.params
+    assert meta["provenance"]["train_config"]["seed"] == 7
+
+
+def test_config_file_and_flags(corpus, run, tmp_path, capsys):
+    config = tmp_path / "small.toml"
+    config.write_text('n_layers = 1\nd_model = 32\nn_heads = 2\ncontext_length = 12\nbatch_size = 4\n'
+                      'steps = 4\nwarmup_steps = 1\neval_interval = 2\nlr = 0.01\n', encoding="utf-8")
+    run_dir = tmp_path / "fromfile"
+    code, _, _ = cli(capsys, "train-model", str(corpus), "-o", str(run_dir), "-t", str(run / "tokenizer.safetensors"),
+                     "--config", str(config), "--lr", "0.02", "--quiet")
+    assert code == 0
+    state = load_train_state(run_dir / "train_state.safetensors")
+    assert state.train_config["d_model"] == 32 and state.train_config["lr"] == 0.02  # the flag wins over the file
+    code, out, _ = cli(capsys, "train-model", "--resume", str(run_dir), "--config", str(config), "--lr", "0.02")
+    assert code == 0  # the same settings again are no contradiction
