@@ -497,9 +497,13 @@ class Tokenizer:
         else:
             with ProcessPoolExecutor(min(workers, len(ranges)), initializer=_worker_init, initargs=self.to_tensors()) as pool:
                 futures = [pool.submit(_worker_encode, str(path), a, b, allowed, disallowed) for a, b in ranges]
-                for (a, b), fut in zip(ranges, futures):
-                    parts.append(fut.result())
-                    bar.update(b - a)
+                try:
+                    for (a, b), fut in zip(ranges, futures):
+                        parts.append(fut.result())
+                        bar.update(b - a)
+                except BaseException:  # e.g. a disallowed special in one piece: stop the others now
+                    pool.shutdown(cancel_futures=True)
+                    raise
         bar.close()
         ids = np.concatenate(parts) if parts else np.zeros(0, dtype=self.ids_dtype)
         if out_path is not None:
