@@ -398,3 +398,26 @@ def test_config_file_and_flags(corpus, run, tmp_path, capsys):
     assert state.train_config["d_model"] == 32 and state.train_config["lr"] == 0.02  # the flag wins over the file
     code, out, _ = cli(capsys, "train-model", "--resume", str(run_dir), "--config", str(config), "--lr", "0.02")
     assert code == 0  # the same settings again are no contradiction
+
+
+def test_pipeline_after_ctrl_c_resumes_training(corpus, tmp_path, monkeypatch, capsys):
+    from transformer import GPT
+
+    real = GPT.loss_and_grads
+    calls = {"n": 0}
+
+    def ctrl_c_at_step_4(self, x, y):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self, x, y)
+
+    run_dir = tmp_path / "pipe"
+    flags = [*SMALL, "--batch-size", "4", "--warmup-steps", "2", "--steps", "12", "--eval-interval", "6",
+             "--vocab-size", "280", "-n", "4"]
+    monkeypatch.setattr(GPT, "loss_and_grads", ctrl_c_at_step_4)
+    code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *flags)
+    assert code == 130 and "interrupted at step 4/12" in err and "predict-next" not in out
+    monkeypatch.setattr(GPT, "loss_and_grads", real)
+    code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *flags)
+    assert code == 0 and "resuming" in err and "step 12/12" in out and "generate (greedy, 4 tokens)" in out
