@@ -197,7 +197,6 @@ class TrainResult:
     interrupted: bool
     seconds: float
     tokens_per_s: float
-    resumed_from: int | None = None
 
 
 def _tokenkit_version() -> str:
@@ -227,10 +226,6 @@ def _interrupt_flag():
         signal.signal(signal.SIGINT, previous)
 
 
-def _finite(x: float) -> bool:
-    return math.isfinite(x)
-
-
 class _Run:
     """One training session over a run directory (fresh or resumed)."""
 
@@ -242,7 +237,6 @@ class _Run:
         config: TrainConfig,
         *,
         quiet: bool,
-        say: Callable[[str], None],
         state: checkpoint.TrainState | None = None,
     ) -> None:
         from transformer import GPT, AdamW, GPTConfig
@@ -252,7 +246,6 @@ class _Run:
         self.tokenizer = tokenizer
         self.config = config
         self.quiet = quiet
-        self.say = say
         self.train_ids, self.val_ids = tokens.split(config.val_fraction, config.context_length)
         self.model_config = GPTConfig.from_dict(config.model_config(tokenizer.vocab_size))
         self.model = GPT(self.model_config, seed=config.seed)
@@ -343,7 +336,6 @@ class _Run:
         from transformer.optim import clip_grad_norm, cosine_schedule
 
         cfg = self.config
-        resumed_from = self.step if self.step > 0 else None
         log_path = self.run_dir / checkpoint.LOG_FILE
         checkpoint.truncate_log(log_path, self.step)  # drop records past the checkpoint we continue from
         log = checkpoint.JsonlLog(log_path)
@@ -374,7 +366,7 @@ class _Run:
                     x, y = data.get_batch(self.train_ids, cfg.batch_size, cfg.context_length, self.rng)
                     loss, grads = self.model.loss_and_grads(x, y)
                     norm = clip_grad_norm(grads, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-                    if not (_finite(loss) and _finite(norm)):
+                    if not (math.isfinite(loss) and math.isfinite(norm)):
                         log.write({"type": "stop", "step": self.step + 1, "loss": str(loss), "grad_norm": str(norm)})
                         kept = (
                             f"the last good checkpoint (step {self._saved_step()}) is kept in {self.run_dir}"
@@ -413,7 +405,6 @@ class _Run:
             interrupted=interrupted,
             seconds=time.perf_counter() - start,
             tokens_per_s=steps_done * tokens_per_step / train_seconds if train_seconds else 0.0,
-            resumed_from=resumed_from,
         )
 
     def _postfix(self, smooth: float | None, lr: float, tps: float) -> dict[str, str]:
@@ -436,7 +427,7 @@ class _Run:
         """Evaluate, then save the full state, and the model when it is the best so far."""
         val = self.evaluate()
         self.last_val_loss, self.last_val_step = val, self.step
-        improved = _finite(val) and (self.best_val_loss is None or val < self.best_val_loss)
+        improved = math.isfinite(val) and (self.best_val_loss is None or val < self.best_val_loss)
         if improved:
             self.best_val_loss, self.best_step = val, self.step
         log.write({"type": "eval", "step": self.step, "val_loss": val, "best_val_loss": self.best_val_loss})
@@ -496,7 +487,7 @@ def train_model(
     if tokens is None:
         tokens = data.prepare_tokens(corpus, tokenizer, run_dir, quiet=quiet)
         say(f"tokens: {'reused' if tokens.reused else 'encoded'} {len(tokens.ids):,} tokens in {run_dir / checkpoint.TOKENS_FILE}")
-    run = _Run(run_dir, tokens, tokenizer, config, quiet=quiet, say=say)
+    run = _Run(run_dir, tokens, tokenizer, config, quiet=quiet)
     _describe(run, say)
     return run.run()
 
@@ -556,7 +547,7 @@ def resume_training(
             f"corpus {corpus} is not the one {run_dir} was trained on (its sha256 changed); resume needs the same corpus"
         )
     tokens = data.prepare_tokens(corpus, state.tokenizer, run_dir, quiet=quiet, corpus_sha256=digest)
-    run = _Run(run_dir, tokens, state.tokenizer, config, quiet=quiet, say=say, state=state)
+    run = _Run(run_dir, tokens, state.tokenizer, config, quiet=quiet, state=state)
     if state.step >= config.steps:
         say(f"{run_dir} already finished its {config.steps} steps; nothing to resume")
     else:
