@@ -1,8 +1,9 @@
 """Every file the pipeline writes, and the checks made when reading them back.
 
-A run directory holds (see `RUN_FILES`):
+A run directory holds:
 
     tokenizer.safetensors    the tokenizer (when the pipeline trained it)
+    pipeline.json            what `tk pipeline` trained that tokenizer on (its up-to-date check)
     tokens.npy, tokens.json  the corpus encoded once, and what it was encoded from (the cache key)
     model.safetensors        weights with the best validation loss + the tokenizer under `tokenizer.*`
                              + metadata: ONE file is enough to predict
