@@ -76,6 +76,9 @@ def _given(kwargs: dict[str, Any]) -> dict[str, Any]:
 
         values.update(load_config_file(kwargs["config_file"]))
     values.update({name: kwargs[name] for name in _FIELDS if kwargs.get(name) is not None})
+    steps = values.get("steps")
+    if isinstance(steps, int) and "warmup_steps" not in values and steps < _DEFAULTS.warmup_steps:
+        values["warmup_steps"] = steps // 10  # a short run asked for: the default warmup would not fit in it
     return values
 
 
@@ -89,6 +92,9 @@ def _warn(msg: str) -> None:
 
 def _summary(result: TrainResult) -> None:
     best = f"{result.best_val_loss:.4f} at step {result.best_step}" if result.best_val_loss is not None else "none yet"
+    if result.steps_run == 0:
+        click.echo(f"step {result.step}/{result.steps}: nothing left to train (best val loss {best})")
+        return
     last = (
         f"val loss {result.last_val_loss:.4f}" + (f" at step {result.last_val_step}" if result.last_val_step != result.step else "")
         if result.last_val_loss is not None

@@ -197,6 +197,7 @@ class TrainResult:
     interrupted: bool
     seconds: float
     tokens_per_s: float
+    steps_run: int  # in this session; 0 when a finished run was resumed
 
 
 def _tokenkit_version() -> str:
@@ -405,6 +406,7 @@ class _Run:
             interrupted=interrupted,
             seconds=time.perf_counter() - start,
             tokens_per_s=steps_done * tokens_per_step / train_seconds if train_seconds else 0.0,
+            steps_run=steps_done,
         )
 
     def _postfix(self, smooth: float | None, lr: float, tps: float) -> dict[str, str]:

@@ -421,3 +421,16 @@ def test_pipeline_after_ctrl_c_resumes_training(corpus, tmp_path, monkeypatch, c
     monkeypatch.setattr(GPT, "loss_and_grads", real)
     code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *flags)
     assert code == 0 and "resuming" in err and "step 12/12" in out and "generate (greedy, 4 tokens)" in out
+
+
+def test_short_run_gets_a_warmup_that_fits_and_a_finished_run_says_so(corpus, run, tmp_path, capsys):
+    run_dir = tmp_path / "short"
+    code, _, _ = cli(capsys, "train-model", str(corpus), "-o", str(run_dir), "-t", str(run / "tokenizer.safetensors"),
+                     *SMALL, "--batch-size", "4", "--steps", "20", "--quiet")
+    assert code == 0
+    assert load_train_state(run_dir / "train_state.safetensors").train_config["warmup_steps"] == 2
+    code, out, _ = cli(capsys, "train-model", "--resume", str(run_dir), "--steps", "20")
+    assert code == 0 and out.startswith("step 20/20: nothing left to train")
+    code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(tmp_path / "x"), "--steps", "20",
+                       "--warmup-steps", "30")
+    assert_one_line_error(code, err, "--warmup-steps (30) must not exceed --steps (20)")
