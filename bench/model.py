@@ -234,18 +234,21 @@ def torch_available() -> bool:
 # ----------------------------------------------------------------------------- measurements
 
 
-def time_training(runner, data, warmup: int) -> dict[str, float]:
-    """Median ms of each part of the training step over data[warmup:], plus forward-only ms."""
-    parts: dict[str, list[float]] = {}
+def time_training(runners: list, data, warmup: int) -> list[dict[str, float]]:
+    """Median ms of each part of the training step over data[warmup:], plus forward-only ms,
+    per runner. The runners take turns step by step, so that a burst of load from elsewhere
+    hits both rather than whichever block happened to be running."""
+    parts: list[dict[str, list[float]]] = [{} for _ in runners]
     for i, (ids, targets) in enumerate(data):
-        timing = runner.train_step(ids, targets)
-        if i >= warmup:
-            for key, value in timing.items():
-                parts.setdefault(key, []).append(value)
-    fwd = [runner.forward(ids, targets) for ids, targets in data[warmup:]]
-    out = {key: median_ms(values) for key, values in parts.items()}
-    out["fwd_only"] = median_ms(fwd)
-    return out
+        for runner, acc in zip(runners, parts):
+            timing = runner.train_step(ids, targets)
+            if i >= warmup:
+                for key, value in timing.items():
+                    acc.setdefault(key, []).append(value)
+    for ids, targets in data[warmup:]:
+        for runner, acc in zip(runners, parts):
+            acc.setdefault("fwd_only", []).append(runner.forward(ids, targets))
+    return [{key: median_ms(values) for key, values in acc.items()} for acc in parts]
 
 
 # Runs in a tiny Python of its own: a child's ru_maxrss starts from the RSS of the process that
@@ -315,8 +318,8 @@ def main(argv: list[str] | None = None) -> None:
     for name in names:
         V, T, C, n_layers, n_heads, B = CONFIGS[name]
         data = batches(name, args.warmup + args.steps)
-        ours = time_training(Ours(name), data, args.warmup)
-        theirs = time_training(Torch(name), data, args.warmup) if have_torch else None
+        ours, theirs = (time_training([Ours(name), Torch(name)], data, args.warmup) if have_torch
+                        else (time_training([Ours(name)], data, args.warmup)[0], None))
         rows.append((name, B * T, ours, theirs))
         print(f"  {name} done: ours {ours['step']:.1f} ms/step"
               + (f", torch {theirs['step']:.1f} ms/step" if theirs else ""), flush=True)
