@@ -78,6 +78,8 @@ def test_batch_shards_in_threads_give_the_same_results(variant):
     for name, g in grads1.items():
         np.testing.assert_allclose(grads3[name], g, rtol=1e-11, atol=1e-14, err_msg=name)
     np.testing.assert_allclose(three.forward(ids), one.forward(ids), rtol=1e-13)
+    again = float64_model(config, threads=3).loss_and_grads(ids, targets)  # same seed, same shards
+    assert again[0] == loss3 and all(np.array_equal(again[1][name], g) for name, g in grads3.items())
     with pytest.raises(ModelError):
         GPT(config, threads=0)
 
