@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import multiprocessing
 import os
 import sys
 import time
@@ -495,7 +496,13 @@ class Tokenizer:
                 parts.append(np.asarray(ids, dtype=self.ids_dtype))
                 bar.update(b - a)
         else:
-            with ProcessPoolExecutor(min(workers, len(ranges)), initializer=_worker_init, initargs=self.to_tensors()) as pool:
+            global _worker_tok
+            ctx = multiprocessing.get_context()
+            if ctx.get_start_method() == "fork":  # workers inherit this tokenizer (and its warm cache)
+                _worker_tok, init, initargs = self, None, ()
+            else:  # spawn/forkserver: each worker rebuilds it from the tensors
+                init, initargs = _worker_init, self.to_tensors()
+            with ProcessPoolExecutor(min(workers, len(ranges)), mp_context=ctx, initializer=init, initargs=initargs) as pool:
                 futures = [pool.submit(_worker_encode, str(path), a, b, allowed, disallowed) for a, b in ranges]
                 try:
                     for (a, b), fut in zip(ranges, futures):
@@ -504,6 +511,8 @@ class Tokenizer:
                 except BaseException:  # e.g. a disallowed special in one piece: stop the others now
                     pool.shutdown(cancel_futures=True)
                     raise
+                finally:
+                    _worker_tok = None
         bar.close()
         ids = np.concatenate(parts) if parts else np.zeros(0, dtype=self.ids_dtype)
         if out_path is not None:
@@ -579,8 +588,8 @@ class Tokenizer:
         return io.write_gpt2(directory, self._vocab, self._merges, self._specials)
 
 
-# Worker processes of encode_file: each builds the tokenizer once and keeps its chunk cache
-# warm across the pieces it gets.
+# Worker processes of encode_file hold the tokenizer here: forked ones inherit it from the
+# parent, others build it once from the tensors; its chunk cache stays warm across pieces.
 _worker_tok: Tokenizer | None = None
 
 
