@@ -292,7 +292,8 @@ class GPT:
 
             def attend(qkv, i=i):
                 attn_trace = {} if trace is not None else None
-                out, cache = ops.attention_forward(qkv, H, causal, attn_trace)
+                with _one_blas_thread():  # many small matmuls: threads would only wait on each other
+                    out, cache = ops.attention_forward(qkv, H, causal, attn_trace)
                 if trace is not None:
                     trace.update({f"h.{i}.attn.{key}": value for key, value in attn_trace.items()})
                 return out, cache
@@ -490,8 +491,7 @@ class GPT:
                     stacklevel=3,
                 )
                 warned = True
-            with _one_blas_thread():
-                logits = steps.send(tokens)
+            logits = steps.send(tokens)
             token = pick(logits)
             yield token
             if token == stop_token:
@@ -534,7 +534,8 @@ class GPT:
             for i in range(cfg.n_layers):
 
                 def attend(qkv, i=i, start=cached):
-                    return ops.attention_forward_cached(qkv, k_cache[i], v_cache[i], start, H)
+                    with _one_blas_thread():
+                        return ops.attention_forward_cached(qkv, k_cache[i], v_cache[i], start, H)
 
                 x, _ = self._block_forward(i, x, None, attend)
             cached += new.shape[1]
