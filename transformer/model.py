@@ -344,7 +344,7 @@ class GPT:
 
     def _unembed_loss(self, xf: np.ndarray, targets: np.ndarray, shard: int = 0):
         """xf (B, T, C), targets (B, T) -> mean loss, cache. The (B*T, V) logits go into a buffer
-        reused across steps (one per shard), and the loss turns them into probabilities in place."""
+        reused across steps (one per shard), and the loss exponentiates them in place."""
         wte = self.params["wte.weight"]
         x2 = xf.reshape(-1, xf.shape[-1])
         logits = self._buffer(f"logits{shard}", (x2.shape[0], wte.shape[0]), wte.dtype)

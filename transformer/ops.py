@@ -6,9 +6,9 @@ float64 for finite-difference checks) and never loop in Python over batch, heads
 
 Speed comes from few passes over memory rather than from clever math: 2-D GEMMs on (B*T, C)
 views, batched matmuls on (B, H, T, hd) views of the fused qkv tensor (no transposed copies),
-row sums as GEMVs, `out=` and in-place ufuncs. `softmax_xent_forward` turns the logits into
-probabilities in place and `softmax_xent_backward` turns those into dlogits in place, so the
-biggest array of the model is written once per step and its cache is good for one backward.
+row sums as GEMVs, `out=` and in-place ufuncs. `softmax_xent_forward` exponentiates the
+logits in place and `softmax_xent_backward` turns those into dlogits in place, so the biggest
+array of the model is allocated once and its cache is good for one backward.
 
 What this module does not do: parameters, initialisation, sampling, I/O (see model.py, io.py).
 """
@@ -353,26 +353,26 @@ def relu_backward(dout: np.ndarray, cache) -> np.ndarray:
 def softmax_xent_forward(logits: np.ndarray, targets: np.ndarray):
     """logits (N, V), targets (N,) int -> mean cross-entropy -log softmax(logits)[target].
 
-    Overwrites `logits` with the probabilities y_hat (the only thing the backward needs), so
-    the biggest array of the model is allocated once. The loss is summed in float64.
+    Overwrites `logits` with exp(logits - row max); with the row sums that is all the backward
+    needs, so the biggest array of the model is allocated once. The division by the row sums
+    is left to the backward, where it joins the 1/N of the mean in one pass (an eval-only
+    loss never pays for it). The loss is summed in float64.
     """
     N = logits.shape[0]
-    rows = np.arange(N)
     logits -= logits.max(axis=-1, keepdims=True)
-    picked = logits[rows, targets].astype(np.float64)  # z_target - max
+    picked = logits[np.arange(N), targets].astype(np.float64)  # z_target - max
     np.exp(logits, out=logits)
     total = _row_sums(logits)
     loss = float(np.mean(np.log(total.astype(np.float64)) - picked))
-    logits *= (1.0 / total)[:, None]
-    return loss, (logits, targets)
+    return loss, (logits, total, targets)
 
 
 def softmax_xent_backward(cache, n_total: int | None = None) -> np.ndarray:
     """-> dlogits (N, V) = (y_hat - y) / N (seed 002's dL/dz for the mean loss), written over
-    the cached probabilities. When these N rows are a shard of a bigger batch whose mean is
-    the loss, n_total is that batch's row count."""
-    probs, targets = cache
-    N = probs.shape[0]
-    probs[np.arange(N), targets] -= 1.0
-    probs *= 1.0 / (n_total or N)
-    return probs
+    the cached exponentials: y_hat / N = exp / (row sum * N). When these N rows are a shard of
+    a bigger batch whose mean is the loss, n_total is that batch's row count."""
+    exps, total, targets = cache
+    n = n_total or exps.shape[0]
+    exps *= (1.0 / (total * n))[:, None]
+    exps[np.arange(exps.shape[0]), targets] -= 1.0 / n
+    return exps
