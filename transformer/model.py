@@ -107,7 +107,8 @@ def _keep_freed_memory() -> None:
 
 
 @lru_cache(maxsize=8)
-def _pool(n: int) -> ThreadPoolExecutor:
+def _pool(n: int, pid: int) -> ThreadPoolExecutor:
+    """n worker threads for this process (keyed by pid: a forked child has none of its parent's)."""
     return ThreadPoolExecutor(n, thread_name_prefix="gpt-shard")
 
 
@@ -317,7 +318,7 @@ class GPT:
         with _one_blas_thread():
             if n == 1:
                 return [fn(0, shards[0])]
-            return list(_pool(n).map(fn, range(n), shards))
+            return list(_pool(n, os.getpid()).map(fn, range(n), shards))
 
     def forward(self, ids, trace: dict | None = None) -> np.ndarray:
         """ids (B, T) or (T,) -> logits (B, T, V) from the tied embedding: logits = ln_f(x) W_e^T.
