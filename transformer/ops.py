@@ -227,13 +227,22 @@ def _split_heads(qkv: np.ndarray, n_heads: int):
     return parts[0], parts[1], parts[2]
 
 
+def _query_blocks(T: int, causal: bool) -> list[tuple[int, int, int]]:
+    """(first query, end query, keys seen) of each block of query rows. Causal attention
+    splits the queries in two halves: the first half sees only the first half of the keys, so
+    the quarter of the (T, T) scores that is entirely masked is never computed (3/4 of the
+    work, as FlashAttention skips masked tiles)."""
+    h = T // 2
+    return [(0, h, h), (h, T, T)] if causal and h else [(0, T, T)]
+
+
 def attention_forward(qkv: np.ndarray, n_heads: int, causal: bool, trace: dict | None = None):
     """qkv (B, T, 3C) fused projections -> out (B, T, C) = softmax(q k^T / sqrt(hd) + mask) v.
 
-    Heads are batched as (B, H, T, hd) views; the weighted sum is written straight into the
+    Heads are batched as (B, H, T, hd) views; the weighted sums are written straight into the
     (B, T, C) layout the output projection reads. q is scaled before the product (T*hd work
     instead of T*T). With `trace` (a dict) it records q, k, v, scores_raw, scores, weights and
-    mix, each (B, H, ...).
+    mix, each (B, H, ...), the (T, T) ones whole (masked scores -inf, their weights 0).
     """
     B, T, C3 = qkv.shape
     C = C3 // 3
@@ -241,18 +250,28 @@ def attention_forward(qkv: np.ndarray, n_heads: int, causal: bool, trace: dict |
     scale = 1.0 / math.sqrt(hd)
     q, k, v = _split_heads(qkv, n_heads)
     qs = q * scale  # (B, H, T, hd)
-    scores = qs @ k.swapaxes(-1, -2)  # (B, H, T, T)
-    if causal:
-        scores += causal_mask(T, scores.dtype.name)
-    w = _softmax_rows(scores)  # (B, H, T, T) weights
     out = np.empty((B, T, C), dtype=qkv.dtype)
     mix = out.reshape(B, T, n_heads, hd).transpose(0, 2, 1, 3)  # (B, H, T, hd) view of out
-    np.matmul(w, v, out=mix)
+    blocks = _query_blocks(T, causal)
+    weights = []
+    if trace is not None:
+        trace["scores"] = np.full((B, n_heads, T, T), -np.inf, dtype=qkv.dtype)
+        trace["weights"] = np.zeros((B, n_heads, T, T), dtype=qkv.dtype)
+    for lo, hi, keys in blocks:
+        scores = qs[:, :, lo:hi] @ k[:, :, :keys].swapaxes(-1, -2)  # (B, H, hi - lo, keys)
+        if causal:
+            scores += causal_mask(keys, scores.dtype.name)[lo:hi]
+        w = _softmax_rows(scores)
+        np.matmul(w, v[:, :, :keys], out=mix[:, :, lo:hi])
+        weights.append(w)
+        if trace is not None:
+            trace["scores"][:, :, lo:hi, :keys] = scores
+            trace["weights"][:, :, lo:hi, :keys] = w
     if trace is not None:
         trace["q"], trace["k"], trace["v"] = q.copy(), k.copy(), v.copy()
         trace["scores_raw"] = q @ k.swapaxes(-1, -2)
-        trace["scores"], trace["weights"], trace["mix"] = scores, w, mix.copy()
-    return out, (qs, k, v, w, out, scale)
+        trace["mix"] = mix.copy()
+    return out, (qs, k, v, blocks, weights, out, scale)
 
 
 def attention_backward(dout: np.ndarray, cache) -> np.ndarray:
@@ -261,21 +280,28 @@ def attention_backward(dout: np.ndarray, cache) -> np.ndarray:
     Softmax backward per row: ds = w * (dw - sum_j dw_j w_j). That row sum equals
     dmix . mix (sum_j (dmix . v_j) w_j = dmix . sum_j w_j v_j), a (T, hd) product instead of
     a (T, T) one, as FlashAttention computes it. Masked entries have w = 0, so they get no
-    gradient without looking at the mask.
+    gradient without looking at the mask. The last query block sees every key, so it writes
+    dk and dv; an earlier block adds to the keys it saw.
     """
-    qs, k, v, w, out, scale = cache
+    qs, k, v, blocks, weights, out, scale = cache
     B, H, T, hd = qs.shape
     dmix = dout.reshape(B, T, H, hd).transpose(0, 2, 1, 3)  # (B, H, T, hd) view
     row_dot = _row_sums((dout * out).reshape(B, T, H, hd)).transpose(0, 2, 1)  # (B, H, T)
     dqkv = np.empty((B, T, 3 * H * hd), dtype=dout.dtype)
     dq, dk, dv = _split_heads(dqkv, H)
-    np.matmul(w.swapaxes(-1, -2), dmix, out=dv)
-    ds = dmix @ v.swapaxes(-1, -2)  # (B, H, T, T) d weights
-    ds -= row_dot[..., None]
-    ds *= w  # now the gradient of the scaled scores
-    np.matmul(ds, k, out=dq)
+    for (lo, hi, keys), w in reversed(list(zip(blocks, weights))):
+        dm = dmix[:, :, lo:hi]
+        ds = dm @ v[:, :, :keys].swapaxes(-1, -2)  # (B, H, hi - lo, keys) d weights
+        ds -= row_dot[:, :, lo:hi, None]
+        ds *= w  # now the gradient of the scaled scores
+        np.matmul(ds, k[:, :, :keys], out=dq[:, :, lo:hi])
+        if keys == T:
+            np.matmul(w.swapaxes(-1, -2), dm, out=dv)
+            np.matmul(ds.swapaxes(-1, -2), qs[:, :, lo:hi], out=dk)
+        else:
+            dv[:, :, :keys] += w.swapaxes(-1, -2) @ dm
+            dk[:, :, :keys] += ds.swapaxes(-1, -2) @ qs[:, :, lo:hi]
     dq *= scale
-    np.matmul(ds.swapaxes(-1, -2), qs, out=dk)
     return dqkv
 
 
