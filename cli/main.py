@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("interrupted", err=True)
         return 130
+    except click.exceptions.NoArgsIsHelpError as bare:  # plain `tk`: the help is the answer
+        click.echo(bare.format_message())
+        return 0
     except click.UsageError as err:
         hint = f" (see `{err.ctx.command_path} --help`)" if err.ctx is not None else ""
         click.echo(f"error: {err.format_message()}{hint}", err=True)
