@@ -201,10 +201,13 @@ def test_kv_cache_generates_the_same_tokens(norm, sampling):
         plain = list(model.generate(prompt, 15, use_cache=False, **sampling))
     assert cached == plain and len(cached) == 15
     assert sum("context_length" in str(w.message) for w in caught) == 2
-    if sampling["temperature"] == 0:  # greedy: every token is the argmax of the full forward
-        tokens = prompt + cached
-        for n in range(len(prompt), len(prompt) + 5):
-            assert tokens[n] == int(np.argmax(model.forward(tokens[:n])[0, -1]))
+    if sampling["temperature"] == 0:  # greedy: every token is the argmax of the full forward over its window
+        tokens, start, T = prompt + cached, 0, config.context_length
+        for n in range(len(prompt), len(tokens)):
+            if n - start > T:  # the documented context shift: keep the last T // 2 tokens
+                start = n - T // 2
+            assert tokens[n] == int(np.argmax(model.forward(tokens[start:n])[0, -1])), n
+        assert start == len(prompt) + 8 - T // 2  # one shift happened: 13 tokens do not fit in 12
 
 
 def test_generation_seeds_stops_and_crops():

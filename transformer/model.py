@@ -459,11 +459,21 @@ class GPT:
         """Yield up to max_new_tokens new token ids, one at a time, continuing the prompt ids (T,).
 
         temperature 0 is greedy; top_k / top_p filter before sampling; `seed` makes it
-        repeatable. Stops after yielding stop_token. A prompt longer than context_length is
-        cropped to its last context_length tokens with a warning (so is the running context).
+        repeatable. Stops after yielding stop_token. Arguments are checked before the first token.
+
+        The model sees a window of at most context_length tokens. A prompt longer than that is
+        cropped to its last context_length tokens. When the window is full, it shifts: the
+        next token is predicted from the last context_length // 2 tokens only, and the window
+        grows again from there until it is full once more (a "context shift", as llama.cpp
+        does). Positions are absolute within the window, so every shift recomputes the window;
+        shifting by half a window rather than by one token pays for that once per
+        context_length // 2 new tokens instead of once per token, at the price of a shorter
+        context just after each shift. One warning says when the prompt or the text outgrows
+        the context.
+
         With use_cache (and causal attention) each step computes only the new position's
         q, k, v and appends k, v to per-layer caches; without it every step reruns the whole
-        context. Both give the same tokens. Arguments are checked before the first token.
+        window. Both follow the same windows, so both give the same tokens.
         """
         prompt = np.asarray(ids)
         if prompt.ndim == 2 and prompt.shape[0] == 1:
@@ -482,17 +492,20 @@ class GPT:
 
     def _generate(self, tokens: list[int], max_new_tokens: int, pick, stop_token, steps) -> Iterator[int]:
         T_max = self.config.context_length
+        start = max(0, len(tokens) - T_max)  # index in `tokens` of the window's first token
         warned = False
         next(steps)  # start the step coroutine
         for _ in range(max_new_tokens):
-            if len(tokens) > T_max and not warned:
+            if len(tokens) - start > T_max:  # the window is full: shift it (see `generate`)
+                start = len(tokens) - max(1, T_max // 2)
+            if start and not warned:
                 warnings.warn(
                     f"context of {len(tokens)} tokens is longer than context_length {T_max};"
-                    f" keeping the last {T_max}",
+                    f" keeping the last {T_max}, then the last {max(1, T_max // 2)} whenever the window fills",
                     stacklevel=3,
                 )
                 warned = True
-            logits = steps.send(tokens)
+            logits = steps.send((tokens, start))
             token = pick(logits)
             yield token
             if token == stop_token:
@@ -504,19 +517,19 @@ class GPT:
         return self.params["wte.weight"] @ xf_last
 
     def _steps_uncached(self):
-        """Coroutine: receives the token list, returns the next-token logits (V,) by rerunning
-        the whole (cropped) context."""
+        """Coroutine: receives (token list, window start), returns the next-token logits (V,) by
+        rerunning the whole window tokens[start:]."""
         logits = None
         while True:
-            tokens = yield logits
-            ctx = np.asarray(tokens[-self.config.context_length :], dtype=np.intp)[None, :]
+            tokens, start = yield logits
+            ctx = np.asarray(tokens[start:], dtype=np.intp)[None, :]
             xf, _ = self._forward(ctx, None, keep_cache=False)
             logits = self._last_logits(xf[0, -1])
 
     def _steps_cached(self):
         """Coroutine like `_steps_uncached` with per-layer K/V caches (1, H, T_max, hd): only
-        the positions not yet cached are computed. When the context outgrows context_length the
-        window slides, every position shifts, and the cache is refilled from the cropped context."""
+        the positions not yet cached are computed. When the window shifts, every position
+        changes, so the caches are refilled from the new window."""
         cfg = self.config
         T_max, H = cfg.context_length, cfg.n_heads
         dtype = self.params["wte.weight"].dtype
@@ -527,9 +540,9 @@ class GPT:
         window_start = 0  # index in the token list of cached position 0
         logits = None
         while True:
-            tokens = yield logits
-            if len(tokens) > T_max:
-                window_start, cached = len(tokens) - T_max, 0
+            tokens, start = yield logits
+            if start != window_start:
+                window_start, cached = start, 0
             new = np.asarray(tokens[window_start + cached :], dtype=np.intp)[None, :]  # (1, n)
             x = self.params["wte.weight"][new] + self._positions()[cached : cached + new.shape[1]]
             for i in range(cfg.n_layers):
