@@ -250,6 +250,31 @@ def test_softmax_xent(N, V, seed):
     check("xent dlogits", dlogits, lambda: ops.softmax_xent_forward(logits.copy(), targets)[0], logits)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_softmax_xent_blocks_with_extreme_rows(monkeypatch, dtype):
+    """Row blocks of 2 rows (forced), some safe to exponentiate as they are, some with logits
+    that would overflow exp, some so negative that their exps underflow unless shifted."""
+    monkeypatch.setattr(ops, "_BLOCK_ELEMS", 10)
+    rng = np.random.default_rng(11)
+    N, V = 9, 5
+    logits = rng.standard_normal((N, V)) * 2
+    logits[2] += 80.0  # overflow territory
+    logits[5] -= 300.0  # underflow territory
+    logits[6] -= 300.0
+    logits[6, 0] = 0.0  # its max is fine but its target is far below
+    targets = rng.integers(0, V, N)
+    targets[6] = 3
+    logits = logits.astype(dtype).astype(np.float64)  # the reference sees the same rounded logits
+    ref = np.mean([-(z[t] - z.max() - math.log(np.exp(z - z.max()).sum())) for z, t in zip(logits, targets)])
+    loss, cache = ops.softmax_xent_forward(logits.astype(dtype), targets)
+    assert loss == pytest.approx(ref, rel=1e-12 if dtype == np.float64 else 1e-5)
+    y_hat = np.exp(logits - logits.max(-1, keepdims=True))
+    y_hat /= y_hat.sum(-1, keepdims=True)
+    dlogits = ops.softmax_xent_backward(cache)
+    assert dlogits.dtype == dtype and np.all(np.isfinite(dlogits))
+    np.testing.assert_allclose(dlogits, (y_hat - np.eye(V)[targets]) / N, atol=1e-15 if dtype == np.float64 else 2e-8)
+
+
 def test_float32_stays_float32():
     rng = np.random.default_rng(0)
     f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731

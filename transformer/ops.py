@@ -376,19 +376,42 @@ def relu_backward(dout: np.ndarray, cache) -> np.ndarray:
 # ----------------------------------------------------------------------------- loss
 
 
+_BLOCK_ELEMS = 1 << 18  # 1 MB of float32: a block of rows stays in L2 across several passes
+_LOW_TARGET = -40.0  # a row whose target logit is above this has a max above it: its sum of exps is >= e^-40
+
+
 def softmax_xent_forward(logits: np.ndarray, targets: np.ndarray):
     """logits (N, V), targets (N,) int -> mean cross-entropy -log softmax(logits)[target].
 
-    Overwrites `logits` with exp(logits - row max); with the row sums that is all the backward
-    needs, so the biggest array of the model is allocated once. The division by the row sums
-    is left to the backward, where it joins the 1/N of the mean in one pass (an eval-only
-    loss never pays for it). The loss is summed in float64.
+    Overwrites `logits` with their exponentials exp(z - shift), and keeps the row sums: with
+    them that is all the backward needs, so the biggest array of the model is allocated once.
+    The loss is log(sum) - (z_target - shift), summed in float64. The division by the row sums is
+    left to the backward, where it joins the 1/N of the mean in one pass (an eval-only loss never
+    pays for it).
+
+    The rows are handled in L2-sized blocks (a few dozen rows of a large vocabulary) that go
+    through the gather, the exponential and the row sums while they are in cache: three passes
+    over the (N, V) array from memory become one. This loop is over a bounded number of row
+    blocks for cache locality, not over time: each block is a batched call over many rows.
+    Like the attention softmax, a block skips the row max (shift 0) when exp cannot overflow
+    (max < 60) and no row can underflow (every target logit, hence every row max, above -40);
+    otherwise its rows are shifted by their max.
     """
-    N = logits.shape[0]
-    logits -= logits.max(axis=-1, keepdims=True)
-    picked = logits[np.arange(N), targets].astype(np.float64)  # z_target - max
-    np.exp(logits, out=logits)
-    total = _row_sums(logits)
+    N, V = logits.shape
+    rows = max(1, _BLOCK_ELEMS // max(V, 1))
+    total = np.empty(N, dtype=logits.dtype)
+    picked = np.empty(N, dtype=np.float64)  # z_target - shift
+    ones = np.ones(V, dtype=logits.dtype)
+    for lo in range(0, N, rows):
+        z = logits[lo : lo + rows]
+        zt = z[np.arange(z.shape[0]), targets[lo : lo + rows]]
+        if not (z.max() < _EXP_SAFE and zt.min() > _LOW_TARGET):  # NaN takes this branch too
+            m = z.max(axis=-1, keepdims=True)
+            z -= m
+            zt -= m[:, 0]
+        picked[lo : lo + rows] = zt
+        np.exp(z, out=z)
+        np.matmul(z, ones, out=total[lo : lo + rows])  # row sums as a GEMV
     loss = float(np.mean(np.log(total.astype(np.float64)) - picked))
     return loss, (logits, total, targets)
 
