@@ -141,7 +141,7 @@ def generate(
     if len(ids) + max_new_tokens > limit:
         say(
             f"note: prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceed the model's context ({limit}); "
-            f"past it, each new token sees the last {limit}"
+            f"when the window is full it keeps its last {limit // 2} tokens and grows again"
         )
     while True:
         # said above, once and before the text starts; the model's own warning would land mid-stream
