@@ -141,6 +141,25 @@ def test_layernorm(B, T, C, bias, seed):
         assert db is None
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_layernorm_in_row_blocks(monkeypatch, bias):
+    """Blocks of 2 rows forced on 7 rows of 5 (the last block short): same values, same gradients."""
+    monkeypatch.setattr(ops, "_ROW_BLOCK", 10)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((7, 5)) * 2 - 1
+    w = rng.standard_normal(5)
+    b = rng.standard_normal(5) if bias else None
+    out, cache = ops.layernorm_forward(x, w, b)
+    np.testing.assert_allclose(out, ref_layernorm(x, w, b), rtol=1e-10, atol=1e-12)
+    r = rng.standard_normal(out.shape)
+    dx, dw, db = ops.layernorm_backward(r, cache)
+    f = lambda: project(ops.layernorm_forward(x, w, b)[0], r)  # noqa: E731
+    check("layernorm dx (blocks)", dx, f, x)
+    check("layernorm dweight (blocks)", dw, f, w)
+    if bias:
+        check("layernorm dbias (blocks)", db, f, b)
+
+
 @few
 @given(*dims, st.integers(1, 6), st.integers(1, 6), st.booleans(), st.integers(0, 2**31))
 def test_linear(B, T, Cin, Cout, bias, seed):
@@ -236,7 +255,7 @@ def test_activations(name):
 
 def test_gelu_in_row_blocks(monkeypatch):
     """Blocks of 3 rows forced on 10 rows of 4 (the last block short): same values, same gradient."""
-    monkeypatch.setattr(ops, "_ACT_BLOCK", 12)
+    monkeypatch.setattr(ops, "_ROW_BLOCK", 12)
     rng = np.random.default_rng(9)
     x = rng.standard_normal((2, 5, 4)) * 2
     out, cache = ops.gelu_forward(x)

@@ -83,27 +83,48 @@ def positional_backward(dout: np.ndarray, cache) -> np.ndarray:
 # ----------------------------------------------------------------------------- layernorm
 
 
+_ROW_BLOCK = 1 << 16  # elements per row block of the LayerNorm and GELU passes: 256 KB of
+# float32, so a block's input, its temporaries and its output all stay in L2 while the passes go over them
+
+
+def _row_blocks(n_rows: int, row_len: int, block_elems: int) -> range:
+    """Starts of the row blocks, each of about block_elems elements (at least one row).
+    A bounded loop for cache locality, not a loop over time: each block holds many rows of
+    the (B*T, n) array, and every call inside is one NumPy pass over the whole block."""
+    return range(0, n_rows, max(1, block_elems // max(row_len, 1)))
+
+
 def layernorm_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: float = LN_EPS):
     """x (..., C) -> out (..., C) = (x - mean) / sqrt(var + eps) * weight + bias, per row.
 
     The cache keeps the normalised xhat (not x) and 1/std: all the backward needs. Row means
-    are GEMVs against a (C,) vector of 1/C: one BLAS read instead of a NumPy reduction.
+    are GEMVs against a (C,) vector of 1/C: one BLAS read instead of a NumPy reduction. The
+    passes run over L2-sized row blocks (`_row_blocks`), as GELU's do.
     """
     C = x.shape[-1]
     x2 = x.reshape(-1, C)
+    N = x2.shape[0]
     inv_c = np.full(C, 1.0 / C, dtype=x.dtype)
-    xhat = x2 - (x2 @ inv_c)[:, None]  # (N, C) centred
-    sq = np.square(xhat)
-    rstd = sq @ inv_c  # (N,) variance
-    rstd += eps
-    np.sqrt(rstd, out=rstd)
-    np.divide(1.0, rstd, out=rstd)
-    rstd = rstd[:, None]
-    xhat *= rstd
-    out = np.multiply(xhat, weight, out=sq)
-    if bias is not None:
-        out += bias
-    return out.reshape(x.shape), (xhat, rstd, weight, bias is not None)
+    xhat = np.empty_like(x2)
+    out = np.empty_like(x2)
+    rstd = np.empty(N, dtype=x.dtype)
+    rows = _row_blocks(N, C, _ROW_BLOCK)
+    scratch = np.empty((min(rows.step, N), C), dtype=x.dtype)
+    for lo in rows:
+        xb, xh, r = x2[lo : lo + rows.step], xhat[lo : lo + rows.step], rstd[lo : lo + rows.step]
+        sq = scratch[: xb.shape[0]]
+        np.subtract(xb, (xb @ inv_c)[:, None], out=xh)  # centred
+        np.square(xh, out=sq)
+        np.matmul(sq, inv_c, out=r)  # variance
+        r += eps
+        np.sqrt(r, out=r)
+        np.divide(1.0, r, out=r)
+        xh *= r[:, None]
+        ob = out[lo : lo + rows.step]
+        np.multiply(xh, weight, out=ob)
+        if bias is not None:
+            ob += bias
+    return out.reshape(x.shape), (xhat, rstd[:, None], weight, bias is not None)
 
 
 def layernorm_backward(dout: np.ndarray, cache):
@@ -111,22 +132,34 @@ def layernorm_backward(dout: np.ndarray, cache):
 
     With g = dout * weight: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), means per row.
     Both means are GEMVs against weight / C, since mean(g) = dout @ weight / C and
-    mean(g * xhat) = (dout * xhat) @ weight / C; dout * xhat also gives dweight.
+    mean(g * xhat) = (dout * xhat) @ weight / C; dout * xhat also gives dweight. Column sums
+    (dweight, dbias) are GEMVs against ones, added up over the row blocks.
     """
     xhat, rstd, weight, has_bias = cache
     C = xhat.shape[-1]
     d2 = dout.reshape(-1, C)
-    d_xhat = d2 * xhat  # (N, C)
-    dweight = d_xhat.sum(axis=0)
-    dbias = d2.sum(axis=0) if has_bias else None
+    N = d2.shape[0]
+    dx = np.empty_like(d2)
+    dweight = np.zeros(C, dtype=d2.dtype)
+    dbias = np.zeros(C, dtype=d2.dtype) if has_bias else None
     w_over_c = weight / C
-    mean_g = (d2 @ w_over_c)[:, None]
-    mean_gx = (d_xhat @ w_over_c)[:, None]
-    dx = np.multiply(d2, weight)
-    dx -= mean_g
-    np.multiply(xhat, mean_gx, out=d_xhat)
-    dx -= d_xhat
-    dx *= rstd
+    rows = _row_blocks(N, C, _ROW_BLOCK)
+    scratch = np.empty((min(rows.step, N), C), dtype=d2.dtype)
+    ones = np.ones(scratch.shape[0], dtype=d2.dtype)
+    for lo in rows:
+        d, xh, g = d2[lo : lo + rows.step], xhat[lo : lo + rows.step], dx[lo : lo + rows.step]
+        t, o = scratch[: d.shape[0]], ones[: d.shape[0]]
+        np.multiply(d, xh, out=t)  # dout * xhat
+        dweight += o @ t
+        if has_bias:
+            dbias += o @ d
+        mean_g = d @ w_over_c
+        mean_gx = t @ w_over_c
+        np.multiply(d, weight, out=g)
+        g -= mean_g[:, None]
+        np.multiply(xh, mean_gx[:, None], out=t)
+        g -= t
+        g *= rstd[lo : lo + rows.step]
     return dx.reshape(dout.shape), dweight, dbias
 
 
@@ -331,17 +364,6 @@ def attention_forward_cached(qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.n
 # ----------------------------------------------------------------------------- activations
 
 
-_ACT_BLOCK = 1 << 16  # elements per row block of the GELU passes: 256 KB of float32, so the
-# block's input, its temporaries and its output all stay in L2 while the passes go over them
-
-
-def _row_blocks(n_rows: int, row_len: int, block_elems: int) -> range:
-    """Starts of the row blocks, each of about block_elems elements (at least one row).
-    A bounded loop for cache locality, not a loop over time: each block holds many rows of
-    the (B*T, n) array, and every call inside is one NumPy pass over the whole block."""
-    return range(0, n_rows, max(1, block_elems // max(row_len, 1)))
-
-
 def gelu_forward(x: np.ndarray):
     """x (...) -> 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GPT-2's tanh GELU.
 
@@ -354,7 +376,7 @@ def gelu_forward(x: np.ndarray):
     x2 = x.reshape(-1, n)
     h2 = np.empty_like(x2)
     out2 = np.empty_like(x2)
-    rows = _row_blocks(x2.shape[0], n, _ACT_BLOCK)
+    rows = _row_blocks(x2.shape[0], n, _ROW_BLOCK)
     for lo in rows:
         xb, h = x2[lo : lo + rows.step], h2[lo : lo + rows.step]
         np.square(xb, out=h)
@@ -375,7 +397,7 @@ def gelu_backward(dout: np.ndarray, cache) -> np.ndarray:
     n = x.shape[-1]
     x2, h2, d2 = x.reshape(-1, n), h.reshape(-1, n), dout.reshape(-1, n)
     g2 = np.empty_like(d2)
-    rows = _row_blocks(x2.shape[0], n, _ACT_BLOCK)
+    rows = _row_blocks(x2.shape[0], n, _ROW_BLOCK)
     scratch = np.empty((min(rows.step, x2.shape[0]), n), dtype=d2.dtype)
     for lo in rows:
         xb, hb, g = x2[lo : lo + rows.step], h2[lo : lo + rows.step], g2[lo : lo + rows.step]
