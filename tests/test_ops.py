@@ -198,6 +198,25 @@ def test_attention(B, T, H, hd, causal, seed):
     check("attention dqkv", dqkv, lambda: project(ops.attention_forward(qkv, H, causal)[0], r), qkv)
 
 
+@pytest.mark.parametrize("tile_scores", [1 << 18, 1])  # 2 query tiles, or 8 (forced)
+def test_causal_attention_in_query_tiles(monkeypatch, tile_scores):
+    """T = 37 is long enough for query tiles (cut unevenly): values, trace and gradient."""
+    monkeypatch.setattr(ops, "_TILE_SCORES", tile_scores)
+    rng = np.random.default_rng(13)
+    B, T, H, hd = 1, 37, 2, 2
+    assert len(ops._query_tiles(T, True, B * H)) == (2 if tile_scores > 1 else 8)
+    qkv = rng.standard_normal((B, T, 3 * H * hd))
+    trace = {}
+    out, _ = ops.attention_forward(qkv, H, True, trace)
+    np.testing.assert_allclose(out, ref_attention(qkv, H, True), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(trace["weights"].sum(-1), 1.0)
+    assert np.all(np.isneginf(trace["scores"][..., np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]]))
+    r = rng.standard_normal(out.shape)
+    _, cache = ops.attention_forward(qkv, H, True)
+    dqkv = ops.attention_backward(r, cache)
+    check("attention dqkv (tiles)", dqkv, lambda: project(ops.attention_forward(qkv, H, True)[0], r), qkv)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_attention_with_extreme_scores(causal):
     """Scores above the fast path's overflow bound, and a row whose scores all lie far below 0

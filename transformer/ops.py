@@ -260,13 +260,26 @@ def _split_heads(qkv: np.ndarray, n_heads: int):
     return parts[0], parts[1], parts[2]
 
 
-def _query_blocks(T: int, causal: bool) -> list[tuple[int, int, int]]:
-    """(first query, end query, keys seen) of each block of query rows. Causal attention
-    splits the queries in two halves: the first half sees only the first half of the keys, so
-    the quarter of the (T, T) scores that is entirely masked is never computed (3/4 of the
-    work, as FlashAttention skips masked tiles)."""
-    h = T // 2
-    return [(0, h, h), (h, T, T)] if causal and h else [(0, T, T)]
+_TILE_SCORES = 1 << 18  # score elements of one query tile, all (batch, head) pairs together, on
+# average: 1 MB of float32, so a tile's scores and weights stay in L2 between the passes over them
+
+
+def _query_tiles(T: int, causal: bool, pairs: int = 1) -> list[tuple[int, int, int]]:
+    """(first query, end query, keys seen) of each tile of query rows; `pairs` is B * H.
+
+    Causal attention cuts the queries into 2 to 8 tiles, as many as keep the average tile's
+    scores within _TILE_SCORES; tile [lo, hi) sees only the keys [0, hi), so the scores above
+    the diagonal blocks ((n - 1) / 2n of the (T, T) scores with n tiles) are never computed, as
+    FlashAttention skips masked tiles, and only each tile's diagonal block needs the mask. This
+    is not a loop over time: each tile is one batched matmul over every batch row, head and its
+    many query rows, and the tile count is bounded whatever T. Bidirectional attention (and a
+    short causal one) is one tile seeing every key.
+    """
+    if not causal or T < 16:
+        return [(0, T, T)]
+    n = max(2, min(8, -(-pairs * T * T // 2 // _TILE_SCORES)))
+    cuts = np.linspace(0, T, n + 1).round().astype(int)
+    return [(int(lo), int(hi), int(hi)) for lo, hi in zip(cuts[:-1], cuts[1:])]
 
 
 def attention_forward(qkv: np.ndarray, n_heads: int, causal: bool, trace: dict | None = None):
@@ -274,8 +287,9 @@ def attention_forward(qkv: np.ndarray, n_heads: int, causal: bool, trace: dict |
 
     Heads are batched as (B, H, T, hd) views; the weighted sums are written straight into the
     (B, T, C) layout the output projection reads. q is scaled before the product (T*hd work
-    instead of T*T). With `trace` (a dict) it records q, k, v, scores_raw, scores, weights and
-    mix, each (B, H, ...), the (T, T) ones whole (masked scores -inf, their weights 0).
+    instead of T*T). Causal attention runs in query tiles (`_query_tiles`), only each tile's
+    diagonal block masked. With `trace` (a dict) it records q, k, v, scores_raw, scores,
+    weights and mix, each (B, H, ...), the (T, T) ones whole (masked scores -inf, their weights 0).
     """
     B, T, C3 = qkv.shape
     C = C3 // 3
@@ -285,15 +299,15 @@ def attention_forward(qkv: np.ndarray, n_heads: int, causal: bool, trace: dict |
     qs = q * scale  # (B, H, T, hd)
     out = np.empty((B, T, C), dtype=qkv.dtype)
     mix = out.reshape(B, T, n_heads, hd).transpose(0, 2, 1, 3)  # (B, H, T, hd) view of out
-    blocks = _query_blocks(T, causal)
+    tiles = _query_tiles(T, causal, B * n_heads)
     weights = []
     if trace is not None:
         trace["scores"] = np.full((B, n_heads, T, T), -np.inf, dtype=qkv.dtype)
         trace["weights"] = np.zeros((B, n_heads, T, T), dtype=qkv.dtype)
-    for lo, hi, keys in blocks:
+    for lo, hi, keys in tiles:
         scores = qs[:, :, lo:hi] @ k[:, :, :keys].swapaxes(-1, -2)  # (B, H, hi - lo, keys)
         if causal:
-            scores += causal_mask(keys, scores.dtype.name)[lo:hi]
+            scores[..., lo:hi] += causal_mask(hi - lo, scores.dtype.name)  # the diagonal block
         w = _softmax_rows(scores)
         np.matmul(w, v[:, :, :keys], out=mix[:, :, lo:hi])
         weights.append(w)
@@ -304,7 +318,7 @@ def attention_forward(qkv: np.ndarray, n_heads: int, causal: bool, trace: dict |
         trace["q"], trace["k"], trace["v"] = q.copy(), k.copy(), v.copy()
         trace["scores_raw"] = q @ k.swapaxes(-1, -2)
         trace["mix"] = mix.copy()
-    return out, (qs, k, v, blocks, weights, out, scale)
+    return out, (qs, k, v, tiles, weights, out, scale)
 
 
 def attention_backward(dout: np.ndarray, cache) -> np.ndarray:
@@ -313,16 +327,16 @@ def attention_backward(dout: np.ndarray, cache) -> np.ndarray:
     Softmax backward per row: ds = w * (dw - sum_j dw_j w_j). That row sum equals
     dmix . mix (sum_j (dmix . v_j) w_j = dmix . sum_j w_j v_j), a (T, hd) product instead of
     a (T, T) one, as FlashAttention computes it. Masked entries have w = 0, so they get no
-    gradient without looking at the mask. The last query block sees every key, so it writes
-    dk and dv; an earlier block adds to the keys it saw.
+    gradient without looking at the mask. Tiles run last to first: the last one sees every key,
+    so it writes dk and dv; each earlier tile adds to the keys it saw.
     """
-    qs, k, v, blocks, weights, out, scale = cache
+    qs, k, v, tiles, weights, out, scale = cache
     B, H, T, hd = qs.shape
     dmix = dout.reshape(B, T, H, hd).transpose(0, 2, 1, 3)  # (B, H, T, hd) view
     row_dot = _row_sums((dout * out).reshape(B, T, H, hd)).transpose(0, 2, 1)  # (B, H, T)
     dqkv = np.empty((B, T, 3 * H * hd), dtype=dout.dtype)
     dq, dk, dv = _split_heads(dqkv, H)
-    for (lo, hi, keys), w in reversed(list(zip(blocks, weights))):
+    for (lo, hi, keys), w in reversed(list(zip(tiles, weights))):
         dm = dmix[:, :, lo:hi]
         ds = dm @ v[:, :, :keys].swapaxes(-1, -2)  # (B, H, hi - lo, keys) d weights
         ds -= row_dot[:, :, lo:hi, None]
