@@ -6,7 +6,10 @@ float64 for finite-difference checks) and never loop in Python over batch, heads
 
 Speed comes from few passes over memory rather than from clever math: 2-D GEMMs on (B*T, C)
 views, batched matmuls on (B, H, T, hd) views of the fused qkv tensor (no transposed copies),
-row sums as GEMVs, `out=` and in-place ufuncs. `softmax_xent_forward` exponentiates the
+row sums as GEMVs, `out=` and in-place ufuncs. The elementwise passes of LayerNorm, GELU and
+the cross-entropy, and causal attention's query tiles, run over a few L2-sized blocks of rows
+so that the passes after the first hit cache; those short loops cut the work for locality and
+are not loops over batch, heads or time. `softmax_xent_forward` exponentiates the
 logits in place and `softmax_xent_backward` turns those into dlogits in place, so the biggest
 array of the model is allocated once and its cache is good for one backward.
 
