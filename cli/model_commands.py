@@ -327,7 +327,7 @@ def _info_state(path: Path) -> None:
 @click.option("--vocab-size", default=DEFAULT_VOCAB_SIZE, show_default=True, type=int, help="tokenizer vocabulary size")
 @_training_options
 @click.option("--prompt", default=None, help="prompt for the final sample (default: words from the validation text)")
-@click.option("-n", "--max-new-tokens", default=60, show_default=True, type=int, help="tokens in the final sample")
+@click.option("-n", "--max-new-tokens", default=None, type=int, help="tokens in the final sample  [default: what fills the model's context]")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bars or notes")
 def pipeline_command(corpus, run_dir, vocab_size, prompt, max_new_tokens, quiet, **kwargs) -> int:
     """Tokenizer -> encode -> train -> sample, each stage skipped when RUN_DIR already has it.
@@ -352,6 +352,9 @@ def pipeline_command(corpus, run_dir, vocab_size, prompt, max_new_tokens, quiet,
     click.echo(f"\npredict-next {text!r}:")
     for token_id, p in pred.top:
         click.echo(f"  {p:7.4f}  {token_text(tok, token_id)}")
+    if max_new_tokens is None:  # past the context the window shifts and the model forgets the start
+        context = model.config.context_length
+        max_new_tokens = max(context - len(tok.encode(text)), context // 2)
     click.echo(f"\ngenerate (greedy, {max_new_tokens} tokens):")
     _stream(text, generate(model, tok, text, max_new_tokens=max_new_tokens, temperature=0.0, say=_warn))
     return 0
