@@ -36,9 +36,12 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import regex
+from tqdm import tqdm
 
 from bpe import io
 from bpe.errors import TokenizerError
+from bpe.pretokenize import count_chunks, resolve_pattern, split_text
+from bpe.trainer import train_merges
 
 _NO_MERGE = 1 << 62  # "rank" of a pair that has no merge; larger than any id
 _LONG_CHUNK = 64  # from this many bytes on, merge with a heap instead of rescanning the chunk
@@ -107,7 +110,6 @@ class Tokenizer:
         training: dict | None = None,
         _pattern_regex: str | None | bool = False,
     ) -> None:
-        from bpe.pretokenize import resolve_pattern
 
         self._merges = [(int(a), int(b)) for a, b in merges]
         order = list(range(256)) if byte_order is None else [int(b) for b in byte_order]
@@ -200,8 +202,6 @@ class Tokenizer:
         occurs fewer than min_frequency times, whichever comes first. on_merge(rank, pair, count)
         is called after each merge; verbose=True prints each merge to stderr instead.
         """
-        from bpe.pretokenize import count_chunks, resolve_pattern
-        from bpe.trainer import train_merges
 
         specials = list(special_tokens)
         if vocab_size is not None and vocab_size < 256 + len(specials):
@@ -345,7 +345,6 @@ class Tokenizer:
         not seen before. (Caching whole space-separated words instead was measured: slower on
         real text, where each new megabyte brings many new words but few new chunks.)
         """
-        from bpe.pretokenize import split_text
 
         if len(self._cache) > _CACHE_LIMIT:
             self._cache.clear()
@@ -488,7 +487,6 @@ class Tokenizer:
         disallowed = disallowed_special if disallowed_special == "all" else sorted(self._special_set(disallowed_special, "disallowed_special"))
         workers = max(1, workers or os.cpu_count() or 1)
         ranges = self._file_ranges(path, size)
-        from tqdm import tqdm
 
         bar = tqdm(total=size, unit="B", unit_scale=True, desc="encoding", disable=quiet or not sys.stderr.isatty())
         parts = []
@@ -522,7 +520,6 @@ class Tokenizer:
         return ids
 
     def _file_ranges(self, path, size: int) -> list[tuple[int, int]]:
-        from bpe.pretokenize import resolve_pattern
 
         known = {resolve_pattern("gpt2"), resolve_pattern("gpt4")}
         if self._pattern not in known or size < 2 * _PIECE_BYTES:

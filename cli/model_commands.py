@@ -24,7 +24,7 @@ from pipeline.run import (
     token_text,
     train_tokenizer,
 )
-from pipeline.train import TrainConfig, TrainResult, resume_training, train_model
+from pipeline.train import TrainConfig, TrainResult, load_config_file, resume_training, train_model
 
 _DEFAULTS = TrainConfig()
 
@@ -72,7 +72,6 @@ def _given(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The training settings given explicitly: a --config file's, then the flags'."""
     values: dict[str, Any] = {}
     if kwargs.get("config_file") is not None:
-        from pipeline.train import load_config_file
 
         values.update(load_config_file(kwargs["config_file"]))
     values.update({name: kwargs[name] for name in _FIELDS if kwargs.get(name) is not None})

@@ -32,7 +32,9 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from bpe import Tokenizer, TokenizerError
 from pipeline.errors import PipelineError
+from transformer import GPT, GPTConfig, ModelError
 
 MODEL_FORMAT = "tokenkit.model"
 STATE_FORMAT = "tokenkit.train_state"
@@ -269,7 +271,6 @@ def _split_tokenizer(tensors: dict[str, np.ndarray], meta: Mapping[str, str]):
 
 
 def _tokenizer_from(path: Path, tensors: dict[str, np.ndarray], meta: Mapping[str, str]):
-    from bpe import Tokenizer, TokenizerError
 
     tok_tensors, tok_meta = _split_tokenizer(tensors, meta)
     if not tok_tensors:
@@ -284,7 +285,6 @@ def _tokenizer_from(path: Path, tensors: dict[str, np.ndarray], meta: Mapping[st
 
 
 def _model_from(path: Path, config_json: str | None, tensors: dict[str, np.ndarray], prefix: str = ""):
-    from transformer import GPT, GPTConfig, ModelError
 
     if config_json is None:
         raise PipelineError(f"{path} has no model config in its metadata; it is not a tokenkit model")

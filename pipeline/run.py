@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from bpe import Tokenizer
 from pipeline import checkpoint, data
 from pipeline.errors import PipelineError
 from pipeline.train import TrainConfig, TrainResult, resume_training, train_model
@@ -36,7 +37,6 @@ DEFAULT_VOCAB_SIZE = 1024
 
 def train_tokenizer(corpus: str | Path, out_path: str | Path, *, vocab_size: int = DEFAULT_VOCAB_SIZE, quiet: bool = False):
     """Train a BPE tokenizer on `corpus` with the defaults (GPT-2 split pattern) and save it."""
-    from bpe import Tokenizer
 
     data.check_corpus(corpus)
     tok = Tokenizer.train([str(corpus)], vocab_size=vocab_size, quiet=quiet)
@@ -47,7 +47,6 @@ def train_tokenizer(corpus: str | Path, out_path: str | Path, *, vocab_size: int
 
 def load_tokenizer(path: str | Path):
     """A tokenizer from a tokenizer.safetensors, or the one embedded in a model file / run dir."""
-    from bpe import Tokenizer
 
     path = Path(path)
     if path.is_dir() or (path.exists() and checkpoint.read_header(path).get("format") == checkpoint.MODEL_FORMAT):
@@ -183,7 +182,6 @@ class PipelineResult:
 
 
 def _tokenizer_stage(corpus: Path, run_dir: Path, digest: str, vocab_size: int, quiet: bool, say) -> tuple[Any, str]:
-    from bpe import Tokenizer
 
     tok_path = run_dir / checkpoint.TOKENIZER_FILE
     stamp = checkpoint.read_json(run_dir / checkpoint.PIPELINE_FILE) or {}

@@ -40,6 +40,7 @@ from tqdm import tqdm
 
 from pipeline import checkpoint, data
 from pipeline.errors import PipelineError
+from transformer import GPT, AdamW, GPTConfig, clip_grad_norm, cosine_schedule
 
 try:  # Python >= 3.11
     import tomllib
@@ -113,7 +114,6 @@ class TrainConfig:
             raise PipelineError(f"--warmup-steps ({self.warmup_steps}) must not exceed --steps ({self.steps})")
         if not 0 < self.val_fraction < 1:
             raise PipelineError(f"--val-fraction must be between 0 and 1 (exclusive), got {self.val_fraction}")
-        from transformer import GPTConfig
 
         GPTConfig.from_dict(self.model_config(vocab_size=256))  # its own one-line ModelError, before any work
 
@@ -242,7 +242,6 @@ class _Run:
         quiet: bool,
         state: checkpoint.TrainState | None = None,
     ) -> None:
-        from transformer import GPT, AdamW, GPTConfig
 
         self.run_dir = run_dir
         self.tokens = tokens
@@ -336,7 +335,6 @@ class _Run:
         return float(np.mean([self.model.loss(x, y) for x, y in self.val_batches]))
 
     def run(self) -> TrainResult:
-        from transformer.optim import clip_grad_norm, cosine_schedule
 
         cfg = self.config
         log_path = self.run_dir / checkpoint.LOG_FILE
