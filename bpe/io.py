@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from bpe.errors import TokenizerError
 
@@ -287,16 +288,8 @@ def load_ids(path: str | os.PathLike) -> np.ndarray:
     return ids.reshape(-1)
 
 
-def read_text_file(path: str | os.PathLike) -> str:
-    """A file's exact bytes as text: invalid UTF-8 survives as surrogate escapes."""
-    path = _check_readable(Path(path))
-    return path.read_bytes().decode("utf-8", errors="surrogateescape")
-
-
 def print_line(line: str) -> None:
     """One line to stderr without breaking a running progress bar (train's verbose=True)."""
-    from tqdm import tqdm
-
     tqdm.write(line, file=sys.stderr)
 
 
