@@ -118,13 +118,11 @@ def layernorm_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None
     out = np.empty_like(x2)
     rstd = np.empty(N, dtype=x.dtype)
     rows = _row_blocks(N, C, _ROW_BLOCK)
-    scratch = np.empty((min(rows.step, N), C), dtype=x.dtype)
     for lo in rows:
         xb, xh, r = x2[lo : lo + rows.step], xhat[lo : lo + rows.step], rstd[lo : lo + rows.step]
-        sq = scratch[: xb.shape[0]]
         np.subtract(xb, (xb @ inv_c)[:, None], out=xh)  # centred
-        np.square(xh, out=sq)
-        np.matmul(sq, inv_c, out=r)  # variance
+        np.vecdot(xh, xh, out=r)  # per-row sums of squares: one read, no squared temporary
+        r *= 1.0 / C  # variance
         r += eps
         np.sqrt(r, out=r)
         np.divide(1.0, r, out=r)
