@@ -150,7 +150,9 @@ def layernorm_backward(dout: np.ndarray, cache):
     dweight = np.zeros(C, dtype=d2.dtype)
     dbias = np.zeros(C, dtype=d2.dtype) if has_bias else None
     w_over_c = weight / C
-    rows = _row_blocks(N, C, _ROW_BLOCK)
+    # a quarter of the forward's block: the backward's four (rows, C) streams (dout, xhat, dx,
+    # scratch) then fit L2 together; 1 thread, isolated, (2048, 256) 1.19 -> 0.96 ms per call
+    rows = _row_blocks(N, C, _ROW_BLOCK // 4)
     scratch = np.empty((min(rows.step, N), C), dtype=d2.dtype)
     ones = np.ones(scratch.shape[0], dtype=d2.dtype)
     for lo in rows:
