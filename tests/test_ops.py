@@ -142,9 +142,12 @@ def test_layernorm(B, T, C, bias, seed):
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_layernorm_in_row_blocks(monkeypatch, bias):
-    """Blocks of 2 rows forced on 7 rows of 5 (the last block short): same values, same gradients."""
-    monkeypatch.setattr(ops, "_ROW_BLOCK", 10)
+@pytest.mark.parametrize("row_block", [10, 40])
+def test_layernorm_in_row_blocks(monkeypatch, bias, row_block):
+    """Small blocks forced on 7 rows of 5, so that a last block is short: 10 elements give the
+    forward blocks of 2 rows, 40 give the backward (a quarter of the forward's) blocks of 2 rows.
+    Same values, same gradients."""
+    monkeypatch.setattr(ops, "_ROW_BLOCK", row_block)
     rng = np.random.default_rng(12)
     x = rng.standard_normal((7, 5)) * 2 - 1
     w = rng.standard_normal(5)
