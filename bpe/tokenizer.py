@@ -520,7 +520,6 @@ class Tokenizer:
         return ids
 
     def _file_ranges(self, path, size: int) -> list[tuple[int, int]]:
-
         known = {resolve_pattern("gpt2"), resolve_pattern("gpt4")}
         if self._pattern not in known or size < 2 * _PIECE_BYTES:
             return [(0, size)]

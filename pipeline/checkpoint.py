@@ -130,7 +130,7 @@ class JsonlLog:
     """Appends one JSON object per line to `log.jsonl`, flushed after every record.
 
     The log is not a checkpoint: after a crash it may run ahead of the last checkpoint, so a
-    resumed run first cuts it back with `truncate_after(step)` — the resumed log then reads
+    resumed run first cuts it back with `truncate_log(path, step)` — the resumed log then reads
     exactly like the log of an uninterrupted run.
     """
 
@@ -271,7 +271,6 @@ def _split_tokenizer(tensors: dict[str, np.ndarray], meta: Mapping[str, str]):
 
 
 def _tokenizer_from(path: Path, tensors: dict[str, np.ndarray], meta: Mapping[str, str]):
-
     tok_tensors, tok_meta = _split_tokenizer(tensors, meta)
     if not tok_tensors:
         raise PipelineError(f"{path} has no embedded tokenizer; it was not written by tokenkit's pipeline")
@@ -285,7 +284,6 @@ def _tokenizer_from(path: Path, tensors: dict[str, np.ndarray], meta: Mapping[st
 
 
 def _model_from(path: Path, config_json: str | None, tensors: dict[str, np.ndarray], prefix: str = ""):
-
     if config_json is None:
         raise PipelineError(f"{path} has no model config in its metadata; it is not a tokenkit model")
     try:

@@ -182,7 +182,6 @@ class PipelineResult:
 
 
 def _tokenizer_stage(corpus: Path, run_dir: Path, digest: str, vocab_size: int, quiet: bool, say) -> tuple[Any, str]:
-
     tok_path = run_dir / checkpoint.TOKENIZER_FILE
     stamp = checkpoint.read_json(run_dir / checkpoint.PIPELINE_FILE) or {}
     if tok_path.exists() and stamp.get("corpus_sha256") == digest and stamp.get("vocab_size") == vocab_size:

@@ -335,7 +335,6 @@ class _Run:
         return float(np.mean([self.model.loss(x, y) for x, y in self.val_batches]))
 
     def run(self) -> TrainResult:
-
         cfg = self.config
         log_path = self.run_dir / checkpoint.LOG_FILE
         checkpoint.truncate_log(log_path, self.step)  # drop records past the checkpoint we continue from
