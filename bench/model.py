@@ -7,7 +7,8 @@ frameworks on the same random batches, float32, medians over --steps after --war
 and the forward, backward and optimizer parts on their own; on M it times generation of 200
 tokens from a 16-token prompt (ours with and without the KV cache, PyTorch with its own); and
 it measures each framework's peak training memory in a fresh child process per config (the
-child's ru_maxrss, read with os.wait4), so that neither pollutes the other's figure.
+child's ru_maxrss, read with os.wait4, plus the private memory of our worker processes), so
+that neither pollutes the other's figure.
 
 The PyTorch model is nanoGPT's, written out below with GPT-2's tanh GELU so that both compute
 the same function: pre-norm blocks, fused qkv, scaled_dot_product_attention, tied unembedding,
@@ -40,6 +41,10 @@ CONFIGS = {  # name: (vocab, context, d_model, layers, heads, batch)
 }
 LR = 3e-4
 N_CORES = len(os.sched_getaffinity(0))
+# Idle time before each timed call. PyTorch's OpenMP threads spin for a while after their last
+# parallel region (measured: ~6 ms of CPU right after an S step); without a pause they spin on
+# the core the other framework's next step needs. 20 ms lets them go to sleep first.
+PAUSE_S = 0.02
 
 
 def gpt_config(name: str) -> GPTConfig:
@@ -238,46 +243,71 @@ def torch_available() -> bool:
 def time_training(runners: list, data, warmup: int) -> list[dict[str, float]]:
     """Median ms of each part of the training step over data[warmup:], plus forward-only ms,
     per runner. The runners take turns step by step, so that a burst of load from elsewhere
-    hits both rather than whichever block happened to be running."""
+    hits both rather than whichever block happened to be running, with PAUSE_S of idle time
+    before each call."""
     parts: list[dict[str, list[float]]] = [{} for _ in runners]
     for i, (ids, targets) in enumerate(data):
         for runner, acc in zip(runners, parts):
+            time.sleep(PAUSE_S)
             timing = runner.train_step(ids, targets)
             if i >= warmup:
                 for key, value in timing.items():
                     acc.setdefault(key, []).append(value)
     for ids, targets in data[warmup:]:
         for runner, acc in zip(runners, parts):
+            time.sleep(PAUSE_S)
             acc.setdefault("fwd_only", []).append(runner.forward(ids, targets))
     return [{key: median_ms(values) for key, values in acc.items()} for acc in parts]
 
 
 # Runs in a tiny Python of its own: a child's ru_maxrss starts from the RSS of the process that
 # forked it (Linux carries the old mm's high-water mark across exec), so the bench itself, with
-# both models loaded, must not be the parent.
+# both models loaded, must not be the parent. The child prints the private memory of its own
+# worker processes, if any, which the launcher passes on.
 _LAUNCHER = """
 import os, subprocess, sys
-proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, text=True)
+workers_kib = proc.stdout.read().strip() or "0"
 _, status, usage = os.wait4(proc.pid, 0)
-print(status, usage.ru_maxrss)
+print(status, usage.ru_maxrss, workers_kib)
 """
 
 
 def peak_rss_mb(framework: str, name: str, steps: int) -> float:
-    """Peak RSS (MB) of a fresh child process that builds `framework`'s model for config `name`
-    and trains it `steps` steps: ru_maxrss of that one child, from os.wait4 in a small launcher."""
+    """Peak memory (MB) of training `framework`'s model for config `name` `steps` steps in a
+    fresh process: that process's ru_maxrss (from os.wait4 in a small launcher) plus the private
+    memory (USS) of the worker processes it forked, if any. Their memory shared with it (the
+    interpreter, NumPy, the shared parameters) is counted once, in its RSS."""
     cmd = [sys.executable, __file__, "--child", framework, "--configs", name, "--steps", str(steps)]
     out = subprocess.run([sys.executable, "-c", _LAUNCHER, *cmd], capture_output=True, text=True, check=True)
-    status, maxrss_kib = (int(v) for v in out.stdout.split())
+    status, maxrss_kib, workers_kib = (int(v) for v in out.stdout.split())
     if status != 0:
         raise RuntimeError(f"memory child {framework} {name} failed with wait status {status}")
-    return maxrss_kib / 1024  # Linux reports KiB
+    return (maxrss_kib + workers_kib) / 1024  # Linux reports KiB
+
+
+def children_private_kib() -> int:
+    """Private memory (USS: Private_Clean + Private_Dirty, KiB) of this process's children, read
+    at the end of training. It is their peak too: freed memory stays with the allocator (the
+    model's mallopt settings, inherited at fork) rather than going back to the OS."""
+    me, total = os.getpid(), 0
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) != me:
+                continue  # stat: pid (comm) state ppid ...
+            for line in (proc / "smaps_rollup").read_text().splitlines():
+                if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                    total += int(line.split()[1])
+        except (FileNotFoundError, ProcessLookupError):  # a process that ended meanwhile
+            continue
+    return total
 
 
 def child_main(framework: str, name: str, steps: int) -> None:
     runner = Ours(name) if framework == "ours" else Torch(name)
     for ids, targets in batches(name, steps):
         runner.train_step(ids, targets)
+    print(children_private_kib())
 
 
 def fmt_ratio(ours: float, theirs: float | None, higher_is_better: bool = True) -> str:
@@ -370,7 +400,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_memory:
         steps = 2 if args.quick else 3
         print()
-        print(f"Peak memory of training ({steps} steps, fresh process each, ru_maxrss)")
+        print(f"Peak memory of training ({steps} steps, fresh process each: ru_maxrss + our workers' private memory)")
         print(f"{'cfg':<4}{'ours MB':>9}{'torch MB':>10}{'ours / torch':>14}")
         for name in names:
             mine = peak_rss_mb("ours", name, steps)

@@ -25,9 +25,9 @@ VARIANTS = {
 }
 
 
-def float64_model(config: GPTConfig, seed: int = 0, scale: float = 0.4, threads: int = 1) -> GPT:
+def float64_model(config: GPTConfig, seed: int = 0, scale: float = 0.4, workers: int = 1) -> GPT:
     """A model in float64 with weights far from init (so every path carries signal)."""
-    model = GPT(config, seed=seed, threads=threads)
+    model = GPT(config, seed=seed, workers=workers)
     rng = np.random.default_rng(seed + 1)
     for name, p in model.params.items():
         base = 1.0 if (".ln_" in name or name.startswith("ln_f")) and name.endswith("weight") else 0.0
@@ -67,9 +67,9 @@ def test_gradients_match_finite_differences(variant):
 
 
 @pytest.mark.parametrize("variant", ["gpt2", "seed001-encoder"])
-def test_batch_shards_in_threads_give_the_same_results(variant):
+def test_batch_shards_in_worker_processes_give_the_same_results(variant):
     config = GPTConfig(**TINY, **VARIANTS[variant])
-    one, three = float64_model(config, threads=1), float64_model(config, threads=3)
+    one, three = float64_model(config, workers=1), float64_model(config, workers=3)
     rng = np.random.default_rng(4)
     ids, targets = rng.integers(0, 7, (5, 6)), rng.integers(0, 7, (5, 6))  # uneven shards: 2, 1, 2
     loss1, grads1 = one.loss_and_grads(ids, targets)
@@ -78,10 +78,10 @@ def test_batch_shards_in_threads_give_the_same_results(variant):
     for name, g in grads1.items():
         np.testing.assert_allclose(grads3[name], g, rtol=1e-11, atol=1e-14, err_msg=name)
     np.testing.assert_allclose(three.forward(ids), one.forward(ids), rtol=1e-13)
-    again = float64_model(config, threads=3).loss_and_grads(ids, targets)  # same seed, same shards
+    again = float64_model(config, workers=3).loss_and_grads(ids, targets)  # same seed, same shards
     assert again[0] == loss3 and all(np.array_equal(again[1][name], g) for name, g in grads3.items())
     with pytest.raises(ModelError):
-        GPT(config, threads=0)
+        GPT(config, workers=0)
 
 
 def test_loss_matches_plain_cross_entropy_of_forward():

@@ -17,7 +17,6 @@ import math
 import os
 import warnings
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -28,6 +27,7 @@ from transformer import io, ops
 from transformer.config import GPTConfig, param_shapes
 from transformer.errors import ModelError
 from transformer.sampling import check_sampling, sample_next
+from transformer.workers import LOSS, LOSS_AND_GRADS, WorkerPool, fork_available
 
 _ACTIVATIONS = {
     "gelu": (ops.gelu_forward, ops.gelu_backward),
@@ -36,8 +36,8 @@ _ACTIVATIONS = {
 
 
 # ----------------------------------------------------------------------------- the CPU
-# A step runs its batch shards in worker threads, each with single-threaded BLAS; NumPy releases
-# the GIL inside matmuls and ufuncs, so both GEMMs and the elementwise passes use every core.
+# A step runs its batch shards at once, in this process and in forked workers (workers.py), each
+# with single-threaded BLAS, so both the GEMMs and the elementwise passes use every core.
 
 
 def _available_cores() -> int:
@@ -70,7 +70,7 @@ def _openblas_threads_api():
 @contextmanager
 def _one_blas_thread():
     """Run a block with single-threaded BLAS. The model parallelises by itself, over batch
-    shards in worker threads (one sync per step, not one per matmul); BLAS threads on top would
+    shards in worker processes (one sync per step, not one per matmul); BLAS threads on top would
     oversubscribe the cores, and their spin-waits collapse on a busy machine (measured: a
     batched (48, 256, 256) @ (48, 256, 64) matmul ran 10-70x slower with 2 threads than with 1
     while other processes were running)."""
@@ -106,12 +106,6 @@ def _keep_freed_memory() -> None:
     mallopt(m_trim_threshold, 1024 * 1024 * 1024)
 
 
-@lru_cache(maxsize=8)
-def _pool(n: int, pid: int) -> ThreadPoolExecutor:
-    """n worker threads for this process (keyed by pid: a forked child has none of its parent's)."""
-    return ThreadPoolExecutor(n, thread_name_prefix="gpt-shard")
-
-
 # ----------------------------------------------------------------------------- the model
 
 
@@ -133,40 +127,68 @@ def init_params(config: GPTConfig, seed: int = 0) -> dict[str, np.ndarray]:
     return params
 
 
+class _CopyInto(dict):
+    """A dict that stores each array by copying it into the preallocated array of the same name
+    (None, an absent bias's gradient, is stored as is)."""
+
+    def __init__(self, targets: dict[str, np.ndarray]):
+        super().__init__()
+        self.targets = targets
+
+    def __setitem__(self, name: str, value) -> None:
+        if value is not None:
+            np.copyto(self.targets[name], value)
+            value = self.targets[name]
+        super().__setitem__(name, value)
+
+
 class GPT:
     """A GPT-style transformer in NumPy.
 
-    forward, loss and loss_and_grads split the batch into `threads` shards computed at once
-    (data parallel within one process); a shard's gradients are already scaled for the whole
-    batch's mean, so they are simply summed. One GPT must not be used from several threads at
-    the same time (its scratch buffers are shared).
+    loss and loss_and_grads split the batch into `workers` shards computed at once: the first
+    in this process, the others in forked worker processes (workers.py) that read the
+    parameters from shared memory. A shard's loss and gradients are already scaled for the whole
+    batch's mean, so they are simply summed, in shard order. One GPT must not be used from
+    several threads at the same time (its scratch buffers and workers are shared).
 
     >>> m = GPT(GPTConfig(vocab_size=10, context_length=8, d_model=8, n_layers=1, n_heads=2))
     >>> m.forward(np.array([[1, 2, 3]])).shape
     (1, 3, 10)
     """
 
-    def __init__(self, config: GPTConfig, seed: int = 0, *, threads: int | None = None):
-        """`threads`: how many batch shards run at once (default: one per available core).
-        Results depend on it only through float rounding of the final sums."""
+    def __init__(self, config: GPTConfig, seed: int = 0, *, workers: int | None = None):
+        """`workers`: how many batch shards run at once, each in a process of its own (default:
+        one per available core). Results depend on it only through float rounding of the final
+        sums; where fork is unavailable (not Linux) the shards run one after the other."""
         if not isinstance(config, GPTConfig):
             raise ModelError(f"expected a GPTConfig, got {type(config).__name__}")
         self.config = config
-        self.params: dict[str, np.ndarray] = init_params(config, seed)
-        self._setup(threads)
+        self._setup(workers, init_params(config, seed))
 
-    def _setup(self, threads: int | None) -> None:
-        self.threads = _available_cores() if threads is None else threads
-        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1:
-            raise ModelError(f"threads must be a positive integer or None, got {threads!r}")
+    def _setup(self, workers: int | None, params: dict[str, np.ndarray]) -> None:
+        """Set workers and params; with workers, params move to the pool's shared memory (so the
+        optimizer's in-place updates reach the workers)."""
+        self.workers = _available_cores() if workers is None else workers
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise ModelError(f"workers must be a positive integer or None, got {workers!r}")
         self._scratch: dict[tuple, np.ndarray] = {}
+        self._pool = self._new_pool(params) if self.workers > 1 and fork_available() else None
+        self.params: dict[str, np.ndarray] = dict(self._pool.params) if self._pool else params
+
+    def _new_pool(self, params: dict[str, np.ndarray]) -> WorkerPool:
+        config = self.config  # the pool must not hold the model: it is closed when the model goes
+
+        def make_worker(shared_params):  # runs in the worker, after the fork
+            worker = GPT.__new__(GPT)
+            worker.config = config
+            worker._setup(1, shared_params)
+            return worker._shard_loss, worker._shard_loss_and_grads
+
+        return WorkerPool(params, self.workers - 1, make_worker)
 
     @classmethod
-    def from_params(cls, config: GPTConfig, params: dict[str, np.ndarray], *, threads: int | None = None) -> GPT:
+    def from_params(cls, config: GPTConfig, params: dict[str, np.ndarray], *, workers: int | None = None) -> GPT:
         """A model with the given weights (checked against the config's names and shapes)."""
-        model = cls.__new__(cls)
-        model.config = config
-        model._setup(threads)
         expected = param_shapes(config)
         missing = [name for name in expected if name not in params]
         if missing:
@@ -174,7 +196,9 @@ class GPT:
         for name, shape in expected.items():
             if tuple(params[name].shape) != shape:
                 raise ModelError(f"parameter {name} has shape {tuple(params[name].shape)}, the config needs {shape}")
-        model.params = {name: np.ascontiguousarray(params[name], dtype=np.float32) for name in expected}
+        model = cls.__new__(cls)
+        model.config = config
+        model._setup(workers, {name: np.ascontiguousarray(params[name], dtype=np.float32) for name in expected})
         return model
 
     # ------------------------------------------------------------------------- inputs
@@ -308,47 +332,54 @@ class GPT:
             trace["ln_f"] = xf
         return xf, (embed_cache, blocks, ln_f) if keep_cache else None
 
-    def _sharded(self, fn, batch: int) -> list:
-        """[fn(k, rows) for each shard k of the batch], run in worker threads (NumPy releases
-        the GIL in matmuls and ufuncs) with single-threaded BLAS; results in shard order."""
+    def _sharded(self, op: int, ids: np.ndarray, targets: np.ndarray, here) -> list[tuple[float, dict | None]]:
+        """[(loss share, grads or None)] of each batch shard, in shard order. `here(ids, targets)`
+        computes a shard in this process: the first one, while the workers compute the others
+        (or every shard, one after the other, without workers). BLAS runs single-threaded."""
         _keep_freed_memory()
-        n = max(1, min(self.threads, batch))
-        cuts = np.linspace(0, batch, n + 1).round().astype(int)
+        B = ids.shape[0]
+        n = max(1, min(self.workers, B))
+        cuts = np.linspace(0, B, n + 1).round().astype(int)
         shards = [slice(cuts[k], cuts[k + 1]) for k in range(n)]
         with _one_blas_thread():
-            if n == 1:
-                return [fn(0, shards[0])]
-            return list(_pool(n, os.getpid()).map(fn, range(n), shards))
+            if n == 1 or self._pool is None:
+                return [here(ids[rows], targets[rows]) for rows in shards]
+            if not self._pool.matches(self.params):  # the params were replaced, e.g. by float64 ones
+                self._pool.close()
+                self._pool = self._new_pool(self.params)
+            pool = self._pool
+            try:
+                pool.sync(self.params)
+                pool.submit(op, [(ids[rows], targets[rows]) for rows in shards[1:]], ids.size, B)
+                first = here(ids[shards[0]], targets[shards[0]])
+                return [first, *pool.collect(n - 1, op)]
+            except BaseException:  # e.g. Ctrl-C: replies may still be on their way; fresh workers next time
+                pool.close()
+                raise
 
     def forward(self, ids, trace: dict | None = None) -> np.ndarray:
         """ids (B, T) or (T,) -> logits (B, T, V) from the tied embedding: logits = ln_f(x) W_e^T.
 
-        With `trace` (a dict) the intermediates are recorded under the contract's names (in
-        one thread); when it is None nothing extra is computed or kept.
+        Runs in this process (its callers ask for a few sequences; `loss` is the batched path).
+        With `trace` (a dict) the intermediates are recorded under the contract's names; when
+        it is None nothing extra is computed or kept.
         """
         ids = self._check_ids(ids)
-        B, T = ids.shape
         wte = self.params["wte.weight"]
-        logits = np.empty((B, T, wte.shape[0]), dtype=wte.dtype)
-
-        def shard(_k, rows):
-            xf, _ = self._forward(ids[rows], trace, keep_cache=False)
-            np.matmul(xf.reshape(-1, xf.shape[-1]), wte.T, out=logits[rows].reshape(-1, wte.shape[0]))
-
+        _keep_freed_memory()
+        with _one_blas_thread():
+            xf, _ = self._forward(ids, trace, keep_cache=False)
+            logits = (xf.reshape(-1, xf.shape[-1]) @ wte.T).reshape(*ids.shape, wte.shape[0])
         if trace is not None:
-            with _one_blas_thread():
-                shard(0, slice(0, B))
             trace["logits"] = logits
-        else:
-            self._sharded(shard, B)
         return logits
 
-    def _unembed_loss(self, xf: np.ndarray, targets: np.ndarray, shard: int = 0):
+    def _unembed_loss(self, xf: np.ndarray, targets: np.ndarray):
         """xf (B, T, C), targets (B, T) -> mean loss, cache. The (B*T, V) logits go into a buffer
-        reused across steps (one per shard), and the loss exponentiates them in place."""
+        reused across steps, and the loss exponentiates them in place."""
         wte = self.params["wte.weight"]
         x2 = xf.reshape(-1, xf.shape[-1])
-        logits = self._buffer(f"logits{shard}", (x2.shape[0], wte.shape[0]), wte.dtype)
+        logits = self._buffer("logits", (x2.shape[0], wte.shape[0]), wte.dtype)
         np.matmul(x2, wte.T, out=logits)  # (B*T, V)
         return ops.softmax_xent_forward(logits, targets.reshape(-1))
 
@@ -359,43 +390,49 @@ class GPT:
             raise ModelError(f"targets have shape {targets.shape}, ids {ids.shape}; they must match")
         return ids, targets
 
+    def _shard_loss(self, ids: np.ndarray, targets: np.ndarray, batch: int) -> float:
+        """A shard's share of a `batch`-row batch's mean loss: its own mean times rows / batch."""
+        xf, _ = self._forward(ids, None, keep_cache=False)
+        return self._unembed_loss(xf, targets)[0] * (ids.shape[0] / batch)
+
+    def _shard_loss_and_grads(self, ids: np.ndarray, targets: np.ndarray, n_total: int, into=None):
+        """A shard's (loss share, grads), both scaled for the mean over n_total positions. With
+        `into` (arrays keyed like params: a worker's shared buffers) each gradient is copied there
+        as soon as it is computed and its own array freed, so no second full set is ever held."""
+        xf, caches = self._forward(ids, None, keep_cache=True)
+        loss, xent = self._unembed_loss(xf, targets)
+        grads = _CopyInto(into) if into is not None else {}
+        return loss * (ids.size / n_total), self._backward(xf, xent, caches, n_total, grads)
+
     def loss(self, ids, targets) -> float:
         """Mean cross-entropy of predicting targets (B, T) from ids (B, T); forward only, for eval."""
         ids, targets = self._check_pair(ids, targets)
-
-        def shard(k, rows):
-            xf, _ = self._forward(ids[rows], None, keep_cache=False)
-            return self._unembed_loss(xf, targets[rows], k)[0] * (xf.shape[0] / ids.shape[0])
-
-        return float(sum(self._sharded(shard, ids.shape[0])))
+        B = ids.shape[0]
+        shards = self._sharded(LOSS, ids, targets, lambda i, t: (self._shard_loss(i, t, B), None))
+        return float(sum(loss for loss, _ in shards))
 
     def loss_and_grads(self, ids, targets) -> tuple[float, dict[str, np.ndarray]]:
         """-> (mean cross-entropy loss, grads keyed and ordered like params).
 
         Each batch shard runs forward and backward on its own, with gradients already scaled
-        for the whole batch's mean; the shards' gradients are then summed.
+        for the whole batch's mean; the shards' gradients are then summed, in shard order.
         """
         ids, targets = self._check_pair(ids, targets)
-
-        def shard(k, rows):
-            xf, caches = self._forward(ids[rows], None, keep_cache=True)
-            loss, xent = self._unembed_loss(xf, targets[rows], k)
-            return loss * (xf.shape[0] / ids.shape[0]), self._backward(xf, xent, caches, n_total=ids.size)
-
-        results = self._sharded(shard, ids.shape[0])
-        grads = {name: results[0][1][name] for name in self.params}  # drops the absent biases' None
-        for _, more in results[1:]:
+        shards = self._sharded(LOSS_AND_GRADS, ids, targets, lambda i, t: self._shard_loss_and_grads(i, t, ids.size))
+        grads = {name: shards[0][1][name] for name in self.params}  # drops the absent biases' None
+        for _, more in shards[1:]:
             for name, g in grads.items():
                 g += more[name]
-        return float(sum(loss for loss, _ in results)), grads
+        return float(sum(loss for loss, _ in shards)), grads
 
     # ------------------------------------------------------------------------- backward
 
-    def _backward(self, xf: np.ndarray, xent, caches, n_total: int) -> dict[str, np.ndarray]:
+    def _backward(self, xf: np.ndarray, xent, caches, n_total: int, grads: dict) -> dict[str, np.ndarray]:
         """The forward read from the top down: loss, tied unembedding, ln_f, blocks N-1..0,
         positions, token embedding (whose gradient adds to the unembedding's). `n_total` is
-        the number of positions the mean loss runs over (more than this shard's)."""
-        p, grads = self.params, {}
+        the number of positions the mean loss runs over (more than this shard's). Fills and
+        returns `grads`."""
+        p = self.params
         embed_cache, blocks, ln_f = caches
         wte = p["wte.weight"]
         dlogits = ops.softmax_xent_backward(xent, n_total)  # (B*T, V) = (y_hat - y) / n_total

@@ -1,0 +1,139 @@
+"""Batch shards in forked worker processes: same numbers as one process, parameters that stay
+in sync with in-place and replaced updates, failures reported in one line, no stray processes."""
+
+import gc
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from transformer import GPT, AdamW, GPTConfig, ModelError
+from transformer.workers import fork_available, shared_arrays
+
+pytestmark = pytest.mark.skipif(not fork_available(), reason="worker processes need os.fork (Linux)")
+
+CONFIG = GPTConfig(vocab_size=11, context_length=8, d_model=16, n_layers=2, n_heads=2)
+
+
+def batch(seed: int = 0, rows: int = 6):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 11, (rows, 8)), rng.integers(0, 11, (rows, 8))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def worker_pids(model: GPT) -> list[int]:
+    return list(model._pool._pids)
+
+
+def test_shared_arrays_are_aligned_copies():
+    like = {"a": np.arange(5, dtype=np.float32), "b": np.ones((3, 7)), "c": np.zeros((0,), np.float32)}
+    out = shared_arrays(like)
+    for name, a in like.items():
+        assert out[name].dtype == a.dtype and out[name].shape == a.shape and out[name].flags.c_contiguous
+        np.testing.assert_array_equal(out[name], a)
+        assert out[name].ctypes.data % 64 == 0
+    assert not np.shares_memory(out["a"], like["a"])
+
+
+def test_training_with_workers_matches_shards_in_one_process(monkeypatch):
+    """Worker processes must read the weights AdamW updated in place: every loss of a few steps
+    equals, bit for bit, that of the same shards computed one after the other in this process."""
+    losses = {}
+    for label in ("processes", "sequential"):
+        if label == "sequential":
+            monkeypatch.setattr("transformer.model.fork_available", lambda: False)
+        model = GPT(CONFIG, seed=1, workers=3)
+        assert (model._pool is not None) == (label == "processes")
+        opt = AdamW(model.params, lr=1e-2)
+        losses[label] = []
+        for step in range(4):
+            ids, targets = batch(step, rows=7)  # uneven shards: 2, 3, 2
+            loss, grads = model.loss_and_grads(ids, targets)
+            opt.step(grads)
+            losses[label].append((loss, model.loss(ids, targets)))
+    assert losses["processes"] == losses["sequential"]
+
+
+def test_replaced_parameters_reach_the_workers():
+    model = GPT(CONFIG, seed=0, workers=2)
+    ids, targets = batch()
+    before = model.loss(ids, targets)
+    model.params["wte.weight"] = model.params["wte.weight"] * 3.0  # a new array, not an in-place edit
+    reference = GPT.from_params(CONFIG, model.params, workers=1)
+    assert model.loss(ids, targets) == pytest.approx(reference.loss(ids, targets), rel=1e-6) != before
+    model.params = {k: v.astype(np.float64) for k, v in model.params.items()}  # new dtype: new pool
+    loss64, grads = model.loss_and_grads(ids, targets)
+    assert grads["wte.weight"].dtype == np.float64
+    assert loss64 == pytest.approx(reference.loss(ids, targets), rel=1e-5)
+
+
+def test_a_failure_in_a_worker_is_one_model_error_and_the_next_call_works(monkeypatch):
+    parent = os.getpid()
+    real = GPT._shard_loss
+
+    def fails_in_workers(self, *args):
+        if os.getpid() != parent:
+            raise MemoryError("no room for the activations")
+        return real(self, *args)
+
+    monkeypatch.setattr(GPT, "_shard_loss", fails_in_workers)
+    model = GPT(CONFIG, workers=2)
+    ids, targets = batch()
+    with pytest.raises(ModelError, match="worker process failed: MemoryError: no room"):
+        model.loss(ids, targets)
+    monkeypatch.setattr(GPT, "_shard_loss", real)  # new workers are forked from the fixed code
+    assert model.loss(ids, targets) == pytest.approx(GPT.from_params(CONFIG, model.params, workers=1).loss(ids, targets))
+
+
+def test_a_killed_worker_is_reported_and_replaced():
+    model = GPT(CONFIG, workers=2)
+    ids, targets = batch()
+    expected = model.loss(ids, targets)
+    (pid,) = worker_pids(model)
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(ModelError, match="died"):
+        model.loss(ids, targets)
+    assert not alive(pid)  # reaped by the pool
+    assert model.loss(ids, targets) == expected
+    assert worker_pids(model) != [pid]
+
+
+def test_an_interrupted_call_leaves_no_stale_reply(monkeypatch):
+    """Ctrl-C while the workers compute: the next call must not read the old call's reply."""
+    model = GPT(CONFIG, workers=2)
+    small, small_t = batch(0)
+    other, other_t = batch(1)
+    model.loss(small, small_t)
+    real = GPT._shard_loss
+
+    def interrupted(self, *args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(GPT, "_shard_loss", interrupted)  # only this process's shard: workers run the forked code
+    with pytest.raises(KeyboardInterrupt):
+        model.loss(small, small_t)
+    monkeypatch.setattr(GPT, "_shard_loss", real)
+    reference = GPT.from_params(CONFIG, model.params, workers=1)
+    assert model.loss(other, other_t) == pytest.approx(reference.loss(other, other_t), rel=1e-6)
+
+
+def test_workers_exit_with_their_model_even_when_another_model_forked_later():
+    first, second = GPT(CONFIG, workers=2), GPT(CONFIG, workers=2)
+    ids, targets = batch()
+    first.loss(ids, targets)
+    second.loss(ids, targets)  # its worker was forked while first's socket was open
+    pids = worker_pids(first) + worker_pids(second)
+    del first
+    gc.collect()
+    assert not alive(pids[0]) and alive(pids[1])
+    del second
+    gc.collect()
+    assert not alive(pids[1])

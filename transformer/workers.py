@@ -1,0 +1,211 @@
+"""Batch shards in worker processes: the data parallelism of one GPT on one machine.
+
+A step splits its batch into shards: this process computes the first, forked worker
+processes the others at the same time, each with single-threaded BLAS. Processes, not
+threads: NumPy releases the GIL inside a call, but a shard makes hundreds of short calls per
+step and every one must take the GIL back, so two threads queue for it. Measured on config S
+(bench/model.py): the two 6-sequence halves of a step take 36 ms in two threads, 28 ms in two
+processes, as long as one half alone.
+
+The parameters live in shared memory, one anonymous MAP_SHARED mapping that forked workers
+inherit, so a worker always reads the weights the optimizer has just updated in place. Each
+worker writes its gradients into a shared buffer of its own; its loss, the ids of its shard and
+any error travel over a socket pair as raw bytes (no pickle).
+
+Lifecycle: workers are forked on the first parallel call and live as long as the pool. A
+worker leaves when its socket closes (the pool was closed or collected, or this process
+died); an interrupted or failed call kills the pool's workers, and the next call forks new
+ones. Fork is Linux-only here (elsewhere `fork_available()` is False and a model computes its
+shards in this process, one after the other).
+
+What this module does not do: the model's math (model.py) or any choice of shard sizes.
+"""
+
+from __future__ import annotations
+
+import gc
+import mmap
+import os
+import signal
+import struct
+import sys
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import NoReturn
+from multiprocessing.connection import Connection, Pipe
+
+import numpy as np
+
+from transformer.errors import ModelError
+
+LOSS, LOSS_AND_GRADS = 0, 1
+_REQUEST = struct.Struct("<BqqqQ")  # op, rows, T, n_total (positions of the whole batch), B total
+_REPLY = struct.Struct("<Bd")  # 0 ok / 1 error (a message follows), loss share
+_ALIGN = 64  # bytes: each array starts on a cache line (and an AVX-512 vector)
+
+_live_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()  # closed in every new worker
+
+
+def fork_available() -> bool:
+    """True where shards can run in forked workers (Linux)."""
+    return hasattr(os, "fork") and sys.platform.startswith("linux")
+
+
+def shared_arrays(like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Copies of `like` (same names, shapes, dtypes, values) in one anonymous shared mapping,
+    each C-contiguous and 64-byte aligned: memory that processes forked later share."""
+    offsets, size = {}, 0
+    for name, a in like.items():
+        offsets[name] = size
+        size += -(-a.nbytes // _ALIGN) * _ALIGN
+    buf = mmap.mmap(-1, max(size, 1))  # anonymous, MAP_SHARED on Unix
+    out = {}
+    for name, a in like.items():
+        view = np.frombuffer(buf, dtype=a.dtype, count=a.size, offset=offsets[name]).reshape(a.shape)
+        view[...] = a
+        out[name] = view
+    return out
+
+
+class WorkerPool:
+    """`n` forked workers computing shards of one model, reading `params` from shared memory.
+
+    `make_worker(params)` is called in each worker, after the fork, with the shared parameters;
+    it returns the two functions that compute a shard there: `shard_loss(ids, targets, batch)
+    -> loss share` and `shard_loss_and_grads(ids, targets, n_total, into) -> loss share, grads`,
+    which writes the gradients into the arrays of `into`.
+    """
+
+    def __init__(self, params: dict[str, np.ndarray], n: int, make_worker: Callable):
+        if not fork_available():
+            raise ModelError("worker processes need os.fork (Linux); use workers=1 here")
+        self.params = shared_arrays(params)
+        self.n = n
+        self._make_worker = make_worker
+        self._conns: list[Connection] = []
+        self._pids: list[int] = []
+        self._grads: list[dict[str, np.ndarray]] = []
+        self._owner = os.getpid()
+        _live_pools.add(self)
+        self._finalizer = weakref.finalize(self, _shut_down, self._conns, self._pids, self._owner)
+
+    def matches(self, params: dict[str, np.ndarray]) -> bool:
+        """Whether `params` have the names, shapes and dtypes of the shared copies."""
+        return params.keys() == self.params.keys() and all(
+            params[k].shape == v.shape and params[k].dtype == v.dtype for k, v in self.params.items())
+
+    def sync(self, params: dict[str, np.ndarray]) -> None:
+        """Copy into shared memory every parameter that is not already the shared array (only
+        when an entry of the model's dict was replaced: the model's own arrays are shared)."""
+        for name, shared in self.params.items():
+            if params[name] is not shared:
+                np.copyto(shared, params[name])
+
+    def _start(self) -> None:
+        """Fork the workers (each with a zeroed gradient buffer, shared, of its own)."""
+        zeros = {name: np.zeros_like(p) for name, p in self.params.items()}
+        while len(self._conns) < self.n:
+            grads = shared_arrays(zeros)
+            mine, theirs = Pipe(duplex=True)
+            with warnings.catch_warnings():
+                # Python >= 3.12 warns on fork in a process with threads: a child could inherit a
+                # lock some thread held. The worker only runs NumPy and this module; malloc,
+                # OpenBLAS and CPython reset their own locks at fork.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+            if pid == 0:  # the worker: never returns to the caller's stack
+                code = 1
+                try:
+                    gc.freeze()  # the garbage collector would otherwise write to, and so copy, every inherited page
+                    mine.close()
+                    for pool in list(_live_pools):  # sockets of other workers: theirs to close
+                        for conn in pool._conns:
+                            conn.close()
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+                    _serve(*self._make_worker(self.params), theirs, grads)
+                    code = 0
+                finally:
+                    os._exit(code)
+            theirs.close()
+            self._conns.append(mine)
+            self._pids.append(pid)
+            self._grads.append(grads)
+
+    def submit(self, op: int, shards: list[tuple[np.ndarray, np.ndarray]], n_total: int, batch: int) -> None:
+        """Send shard k to worker k (at most n shards); `collect` gathers the results."""
+        self._start()
+        for k, (ids, targets) in enumerate(shards):
+            rows, T = ids.shape
+            try:
+                self._conns[k].send_bytes(_REQUEST.pack(op, rows, T, n_total, batch) + ids.astype(np.int64).tobytes()
+                                          + targets.astype(np.int64).tobytes())
+            except OSError:
+                self._died(k)
+
+    def collect(self, n_shards: int, op: int) -> list[tuple[float, dict[str, np.ndarray] | None]]:
+        """[(loss share, gradients)] of the first n_shards workers, in order. The gradients are
+        the workers' shared buffers: valid until the next call."""
+        out, failures = [], []
+        for k in range(n_shards):
+            try:
+                reply = self._conns[k].recv_bytes()
+            except (EOFError, OSError):
+                self._died(k)
+            status, loss = _REPLY.unpack_from(reply)
+            if status:
+                failures.append(reply[_REPLY.size:].decode("utf-8", "replace"))
+            out.append((loss, self._grads[k] if op == LOSS_AND_GRADS else None))
+        if failures:
+            raise ModelError(f"a worker process failed: {failures[0]}")
+        return out
+
+    def _died(self, k: int) -> NoReturn:
+        pid = self._pids[k]
+        self.close()
+        raise ModelError(f"worker process {pid} died (killed, or out of memory?); the next call starts new workers")
+
+    def close(self) -> None:
+        """Stop the workers (their sockets close, they exit) and wait for them."""
+        _shut_down(self._conns, self._pids, self._owner)
+
+
+def _shut_down(conns: list[Connection], pids: list[int], owner: int) -> None:
+    """Close the sockets (a worker blocked on its socket then sees EOF and exits), kill workers
+    that may be busy with a shard nobody will collect, and reap them (only the process that
+    forked them can)."""
+    for conn in conns:
+        conn.close()
+    if os.getpid() == owner:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+    conns.clear()
+    pids.clear()
+
+
+def _serve(shard_loss, shard_loss_and_grads, conn: Connection, grads_out: dict[str, np.ndarray]) -> None:
+    """The worker's loop: read a request, compute the shard, reply; leave at EOF."""
+    while True:
+        try:
+            msg = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        op, rows, T, n_total, batch = _REQUEST.unpack_from(msg)
+        n = rows * T
+        ids = np.frombuffer(msg, np.int64, n, _REQUEST.size).reshape(rows, T)
+        targets = np.frombuffer(msg, np.int64, n, _REQUEST.size + 8 * n).reshape(rows, T)
+        try:
+            if op == LOSS:
+                reply = _REPLY.pack(0, shard_loss(ids, targets, batch))
+            else:
+                reply = _REPLY.pack(0, shard_loss_and_grads(ids, targets, n_total, grads_out)[0])
+        except Exception as exc:  # reported to the parent, which raises it; the worker lives on
+            reply = _REPLY.pack(1, float("nan")) + f"{type(exc).__name__}: {exc}".encode()
+        try:
+            conn.send_bytes(reply)
+        except OSError:
+            return
