@@ -273,6 +273,7 @@ def test_activations(name):
     np.testing.assert_allclose(out, ref_gelu(x) if name == "gelu" else np.maximum(x, 0), rtol=1e-12, atol=1e-15)
     r = rng.standard_normal(x.shape)
     check(f"{name} dx", backward(r, cache), lambda: project(forward(x)[0], r), x)
+    np.testing.assert_array_equal(forward(x, grad=False)[0], out)  # eval: same output, no derivative needed
 
 
 def test_gelu_in_row_blocks(monkeypatch):

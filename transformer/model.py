@@ -245,9 +245,10 @@ class GPT:
 
     # ------------------------------------------------------------------------- forward
 
-    def _block_forward(self, i: int, x: np.ndarray, trace: dict | None, attend):
+    def _block_forward(self, i: int, x: np.ndarray, trace: dict | None, attend, grad: bool = False):
         """x (B, T, C) -> (B, T, C), cache. `attend(qkv)` is the attention op: full-sequence for
-        training, incremental with a KV cache for generation.
+        training, incremental with a KV cache for generation. `grad`: a backward will follow
+        (the activation then caches its derivative).
 
         pre-norm (GPT-2):  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))
         post-norm (seed 001, the original encoder):  x = ln_1(x + attn(x));  x = ln_2(x + mlp(x))
@@ -283,7 +284,7 @@ class GPT:
             if rec:
                 trace[h + "ln_2"] = m
         pre, c_fc = ops.linear_forward(m, p[h + "mlp.c_fc.weight"], p.get(h + "mlp.c_fc.bias"))
-        act, act_cache = _ACTIVATIONS[cfg.activation][0](pre)
+        act, act_cache = _ACTIVATIONS[cfg.activation][0](pre, grad=grad)
         mo, mlp_proj = ops.linear_forward(act, p[h + "mlp.c_proj.weight"], p.get(h + "mlp.c_proj.bias"))
         if rec:
             trace[h + "mlp.pre"], trace[h + "mlp.act"], trace[h + "mlp.out"] = pre, act, mo
@@ -323,7 +324,7 @@ class GPT:
                     trace.update({f"h.{i}.attn.{key}": value for key, value in attn_trace.items()})
                 return out, cache
 
-            x, cache = self._block_forward(i, x, trace, attend)
+            x, cache = self._block_forward(i, x, trace, attend, grad=keep_cache)
             if keep_cache:
                 blocks.append(cache)
             del cache  # without keep_cache, a block's intermediates die with the block
