@@ -137,3 +137,20 @@ def test_workers_exit_with_their_model_even_when_another_model_forked_later():
     del second
     gc.collect()
     assert not alive(pids[1])
+
+
+def test_a_process_forked_by_the_user_gets_workers_of_its_own():
+    model = GPT(CONFIG, workers=2)
+    ids, targets = batch()
+    expected = model.loss(ids, targets)  # the parent's worker exists now
+    pid = os.fork()
+    if pid == 0:  # the child must not talk to the parent's worker
+        code = 1
+        try:
+            ok = model.loss(ids, targets) == expected and worker_pids(model) and alive(worker_pids(model)[0])
+            code = 0 if ok else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert model.loss(ids, targets) == expected  # and the parent's worker still answers the parent

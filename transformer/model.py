@@ -345,7 +345,7 @@ class GPT:
         with _one_blas_thread():
             if n == 1 or self._pool is None:
                 return [here(ids[rows], targets[rows]) for rows in shards]
-            if not self._pool.matches(self.params):  # the params were replaced, e.g. by float64 ones
+            if not self._pool.usable_with(self.params):  # e.g. float64 params, or this is a forked copy
                 self._pool.close()
                 self._pool = self._new_pool(self.params)
             pool = self._pool

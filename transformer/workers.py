@@ -90,9 +90,11 @@ class WorkerPool:
         _live_pools.add(self)
         self._finalizer = weakref.finalize(self, _shut_down, self._conns, self._pids, self._owner)
 
-    def matches(self, params: dict[str, np.ndarray]) -> bool:
-        """Whether `params` have the names, shapes and dtypes of the shared copies."""
-        return params.keys() == self.params.keys() and all(
+    def usable_with(self, params: dict[str, np.ndarray]) -> bool:
+        """Whether this process owns the pool (a process forked from the owner, by the user, must
+        not talk to the owner's workers) and `params` have the names, shapes and dtypes of the
+        shared copies."""
+        return os.getpid() == self._owner and params.keys() == self.params.keys() and all(
             params[k].shape == v.shape and params[k].dtype == v.dtype for k, v in self.params.items())
 
     def sync(self, params: dict[str, np.ndarray]) -> None:
