@@ -7,7 +7,7 @@ tied token embedding. `_backward` walks the same list from the top down. The mod
 the dtype of its parameters: float32 to train, float64 for finite-difference checks.
 
 What this module does not do: the math of each layer (ops.py), the choice of the next token
-(sampling.py), files (io.py), the optimizer (optim.py).
+(sampling.py), the worker processes (workers.py), files (io.py), the optimizer (optim.py).
 """
 
 from __future__ import annotations
