@@ -184,7 +184,7 @@ class Tokenizer:
     @classmethod
     def train(
         cls,
-        sources: Iterable[str | os.PathLike | bytes],
+        sources: str | os.PathLike | bytes | Iterable[str | os.PathLike | bytes],
         *,
         vocab_size: int | None = None,
         min_frequency: int | None = 2,
@@ -197,7 +197,7 @@ class Tokenizer:
     ) -> "Tokenizer":
         """Learn merges from a corpus; the result carries `train_report`.
 
-        sources: file paths (str or Path) or texts (bytes). vocab_size counts everything:
+        sources: file paths (str or Path) or texts (bytes), or one of them alone. vocab_size counts everything:
         256 bytes + merges + special tokens. Training stops at vocab_size or when the best pair
         occurs fewer than min_frequency times, whichever comes first. on_merge(rank, pair, count)
         is called after each merge; verbose=True prints each merge to stderr instead.
@@ -209,7 +209,7 @@ class Tokenizer:
             raise TokenizerError(f"vocab size {vocab_size} is too small: the {need} need at least {256 + len(specials)}")
         if min_frequency is not None and min_frequency < 1:
             raise TokenizerError(f"--min-frequency must be at least 1, got {min_frequency}")
-        sources = list(sources)
+        sources = [sources] if isinstance(sources, (str, bytes, os.PathLike)) else list(sources)
         if not sources:
             raise TokenizerError("no corpus given; pass at least one file")
         regex_ = resolve_pattern(pattern)

@@ -241,6 +241,9 @@ def test_train_from_file_equals_train_from_bytes(tmp_path):
     a = Tokenizer.train([path], vocab_size=350, workers=2, quiet=True)
     b = Tokenizer.train([corpus], vocab_size=350, workers=1, quiet=True)
     assert a.fingerprint() == b.fingerprint()
+    # one source alone, not in a list: a path (str or Path) or a text
+    for alone in (str(path), path, corpus):
+        assert Tokenizer.train(alone, vocab_size=350, workers=1, quiet=True).fingerprint() == a.fingerprint()
 
 
 @pytest.mark.parametrize(
