@@ -252,6 +252,7 @@ def test_save_load_round_trip(tmp_path):
     extra = {"tokenizer.merges": np.arange(6, dtype=np.int32).reshape(3, 2)}
     model.save(path, metadata={"step": "12"}, extra_tensors=extra)
     assert [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]  # no temp files left
+    assert path.stat().st_mode & 0o777 == 0o644  # readable like any file, not the temp file's 0600
     loaded = GPT.load(path)
     assert loaded.config == config and list(loaded.params) == list(model.params)
     for name, p in model.params.items():

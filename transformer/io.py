@@ -30,17 +30,27 @@ _GPT2_HEAD_DIM = 64
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    """Write data to path through a temp file in the same directory, fsync'd, then os.replace."""
+    """Write data to path through a temp file in the same directory, fsync'd, then os.replace;
+    then fsync the directory, so that the rename itself survives a power cut."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would hide a model from everyone else
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    try:
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:  # some filesystems refuse to open directories
+        return
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def save_model(
