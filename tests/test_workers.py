@@ -96,14 +96,19 @@ def test_a_failure_in_a_worker_is_one_model_error_and_the_next_call_works(monkey
 def test_a_killed_worker_is_reported_and_replaced():
     model = GPT(CONFIG, workers=2)
     ids, targets = batch()
-    expected = model.loss(ids, targets)
+    expected = model.loss_and_grads(ids, targets)
     (pid,) = worker_pids(model)
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(ModelError, match="died"):
         model.loss(ids, targets)
     assert not alive(pid)  # reaped by the pool
-    assert model.loss(ids, targets) == expected
+    model.params["wte.weight"] *= 2  # the new worker's gradients, not the old worker's buffer
+    again = model.loss_and_grads(ids, targets)
     assert worker_pids(model) != [pid]
+    fresh = GPT.from_params(CONFIG, model.params, workers=2).loss_and_grads(ids, targets)
+    assert again[0] == fresh[0] != expected[0]
+    for name, g in fresh[1].items():
+        np.testing.assert_array_equal(again[1][name], g, err_msg=name)
 
 
 def test_an_interrupted_call_leaves_no_stale_reply(monkeypatch):

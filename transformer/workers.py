@@ -32,8 +32,8 @@ import sys
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import NoReturn
 from multiprocessing.connection import Connection, Pipe
+from typing import NoReturn
 
 import numpy as np
 
@@ -52,9 +52,10 @@ def fork_available() -> bool:
     return hasattr(os, "fork") and sys.platform.startswith("linux")
 
 
-def shared_arrays(like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Copies of `like` (same names, shapes, dtypes, values) in one anonymous shared mapping,
-    each C-contiguous and 64-byte aligned: memory that processes forked later share."""
+def shared_arrays(like: dict[str, np.ndarray], copy: bool = True) -> dict[str, np.ndarray]:
+    """Arrays with the names, shapes and dtypes of `like` (and its values, with `copy`; zeros
+    without) in one anonymous shared mapping, each C-contiguous and 64-byte aligned: memory
+    that processes forked later share."""
     offsets, size = {}, 0
     for name, a in like.items():
         offsets[name] = size
@@ -63,8 +64,9 @@ def shared_arrays(like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     out = {}
     for name, a in like.items():
         view = np.frombuffer(buf, dtype=a.dtype, count=a.size, offset=offsets[name]).reshape(a.shape)
-        view[...] = a
-        out[name] = view
+        if copy:
+            view[...] = a
+        out[name] = view  # a new anonymous mapping is zero-filled
     return out
 
 
@@ -105,10 +107,9 @@ class WorkerPool:
                 np.copyto(shared, params[name])
 
     def _start(self) -> None:
-        """Fork the workers (each with a zeroed gradient buffer, shared, of its own)."""
-        zeros = {name: np.zeros_like(p) for name, p in self.params.items()}
+        """Fork the missing workers, each with a shared gradient buffer of its own."""
         while len(self._conns) < self.n:
-            grads = shared_arrays(zeros)
+            grads = shared_arrays(self.params, copy=False)
             mine, theirs = Pipe(duplex=True)
             with warnings.catch_warnings():
                 # Python >= 3.12 warns on fork in a process with threads: a child could inherit a
@@ -119,7 +120,7 @@ class WorkerPool:
             if pid == 0:  # the worker: never returns to the caller's stack
                 code = 1
                 try:
-                    gc.freeze()  # the garbage collector would otherwise write to, and so copy, every inherited page
+                    gc.freeze()  # else the collector writes to, so copies, every inherited object's page
                     mine.close()
                     for pool in list(_live_pools):  # sockets of other workers: theirs to close
                         for conn in pool._conns:
@@ -168,8 +169,10 @@ class WorkerPool:
         raise ModelError(f"worker process {pid} died (killed, or out of memory?); the next call starts new workers")
 
     def close(self) -> None:
-        """Stop the workers (their sockets close, they exit) and wait for them."""
+        """Stop the workers (their sockets close, they exit) and wait for them; the next call
+        forks new ones."""
         _shut_down(self._conns, self._pids, self._owner)
+        self._grads.clear()
 
 
 def _shut_down(conns: list[Connection], pids: list[int], owner: int) -> None:
@@ -205,7 +208,7 @@ def _serve(shard_loss, shard_loss_and_grads, conn: Connection, grads_out: dict[s
                 reply = _REPLY.pack(0, shard_loss(ids, targets, batch))
             else:
                 reply = _REPLY.pack(0, shard_loss_and_grads(ids, targets, n_total, grads_out)[0])
-        except Exception as exc:  # reported to the parent, which raises it; the worker lives on
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it; the worker lives on
             reply = _REPLY.pack(1, float("nan")) + f"{type(exc).__name__}: {exc}".encode()
         try:
             conn.send_bytes(reply)
