@@ -52,6 +52,8 @@ _TRAIN_FLAGS = [
     ("--eval-batches", "eval_batches", int, "validation batches per evaluation"),
     ("--val-fraction", "val_fraction", float, "last fraction of the corpus held out for validation"),
     ("--seed", "seed", int, "seed for initialisation and batches"),
+    ("--workers", "workers", int, "processes computing each step's batch shards (0: one per core; "
+     "the same count gives bit-identical runs on any machine)"),
 ]
 _FIELDS = [f for _, f, _, _ in _MODEL_FLAGS + _TRAIN_FLAGS] + ["bias"]
 

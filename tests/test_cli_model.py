@@ -234,6 +234,8 @@ def test_other_bad_training_input(corpus, tmp_path, capsys):
     assert_one_line_error(code, err, "tokenizer file not found")
     code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(tmp_path / "r"), "--d-model", "30", "--n-heads", "4")
     assert_one_line_error(code, err, "divisible")
+    code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(tmp_path / "r"), "--workers", "-1")
+    assert_one_line_error(code, err, "--workers must not be negative")
     bad = tmp_path / "bad.toml"
     bad.write_text("learning_rate = 1\n", encoding="utf-8")
     code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(tmp_path / "r"), "--config", str(bad))
@@ -376,14 +378,14 @@ def test_every_model_flag_reaches_the_checkpoint(corpus, run, tmp_path, capsys):
                        "--n-layers", "1", "--n-heads", "4", "--d-model", "32", "--context-length", "12",
                        "--positional", "sinusoidal", "--activation", "relu", "--norm", "post", "--no-bias",
                        "--batch-size", "4", "--steps", "6", "--warmup-steps", "2", "--eval-interval", "3",
-                       "--eval-batches", "2", "--seed", "7", "--quiet")
+                       "--eval-batches", "2", "--seed", "7", "--workers", "1", "--quiet")
     assert code == 0 and "step 6/6" in out
     model, tok, meta = load_model(run_dir)
     expected = {"n_layers": 1, "n_heads": 4, "d_model": 32, "context_length": 12, "positional": "sinusoidal",
                 "activation": "relu", "norm": "post", "bias": False, "vocab_size": tok.vocab_size}
     assert {k: model.config.to_dict()[k] for k in expected} == expected
     assert not any(name.endswith(".bias") for name in model.params) and "wpe.weight" not in model.params
-    assert meta["provenance"]["train_config"]["seed"] == 7
+    assert meta["provenance"]["train_config"]["seed"] == 7 and meta["provenance"]["train_config"]["workers"] == 1
 
 
 def test_config_file_and_flags(corpus, run, tmp_path, capsys):
