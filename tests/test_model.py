@@ -12,6 +12,7 @@ import safetensors.numpy
 
 from transformer import GPT, AdamW, GPTConfig, ModelError
 from transformer.io import read_metadata
+from transformer.model import SINUSOIDAL_WTE_STD
 
 TINY = dict(vocab_size=7, context_length=6, d_model=8, n_layers=2, n_heads=2)
 VARIANTS = {
@@ -185,6 +186,32 @@ def test_init_is_gpt2_and_seeded():
     assert a.params["h.0.mlp.c_proj.weight"].shape == (256, 64)
     nobias = GPT(GPTConfig(**{**TINY, "bias": False, "positional": "sinusoidal"}))
     assert not any(k.endswith(".bias") for k in nobias.params) and "wpe.weight" not in nobias.params
+    sinusoidal = GPT(GPTConfig(**{**config.to_dict(), "positional": "sinusoidal"}), seed=5)
+    assert sinusoidal.params["wte.weight"].std() == pytest.approx(SINUSOIDAL_WTE_STD, rel=0.05)
+
+
+def _arithmetic_loss(positional: str, steps: int = 200) -> float:
+    """Training loss after `steps` on sequences that count by a random stride mod V: predicting
+    the next token needs the current token's identity."""
+    V, T = 64, 32
+    model = GPT(GPTConfig(vocab_size=V, context_length=T, d_model=32, n_layers=1, n_heads=2, positional=positional),
+                seed=0, workers=1)
+    opt = AdamW(model.params, lr=3e-3)
+    rng = np.random.default_rng(0)
+    for _ in range(steps):
+        seq = (rng.integers(0, V, (16, 1)) + rng.integers(1, 4, (16, 1)) * np.arange(T + 1)) % V
+        loss, grads = model.loss_and_grads(seq[:, :-1], seq[:, 1:])
+        opt.step(grads)
+    return loss
+
+
+def test_sinusoidal_positions_do_not_swamp_the_tokens(monkeypatch):
+    """With fixed sinusoids of amplitude 1, token embeddings at GPT-2's std 0.02 are drowned out
+    and the model learns slowly; at SINUSOIDAL_WTE_STD it keeps up with learned positions."""
+    learned, sinusoidal = _arithmetic_loss("learned"), _arithmetic_loss("sinusoidal")
+    monkeypatch.setattr("transformer.model.SINUSOIDAL_WTE_STD", 0.02)
+    swamped = _arithmetic_loss("sinusoidal")
+    assert sinusoidal < 0.8 * swamped and sinusoidal < 1.5 * learned, (learned, sinusoidal, swamped)
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])

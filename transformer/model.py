@@ -109,10 +109,18 @@ def _keep_freed_memory() -> None:
 # ----------------------------------------------------------------------------- the model
 
 
+# Token embeddings' initial std beside fixed sinusoids of amplitude 1: at GPT-2's 0.02 the
+# positions swamp the tokens and the model barely learns. Measured on the default corpus (2 layers,
+# width 128, 400 steps): val loss 3.58 at 0.02, 0.64 at 0.1, 0.52-0.53 at 0.2 (3 seeds), 0.55 at
+# 0.5, 0.55-0.59 at 0.71 (the table's RMS), 0.56 at 1.0; learned positions: 0.47.
+SINUSOIDAL_WTE_STD = 0.2
+
+
 def init_params(config: GPTConfig, seed: int = 0) -> dict[str, np.ndarray]:
     """GPT-2's initialisation: weights N(0, 0.02), residual projections (attn.c_proj,
     mlp.c_proj) N(0, 0.02 / sqrt(2 * n_layers)) so the residual stream's variance does not grow
-    with depth, biases 0, LayerNorm gains 1. Drawn in a fixed order from one seeded generator."""
+    with depth, biases 0, LayerNorm gains 1; with sinusoidal positions the token embedding is
+    N(0, SINUSOIDAL_WTE_STD) instead. Drawn in a fixed order from one seeded generator."""
     rng = np.random.default_rng(seed)
     resid_std = 0.02 / math.sqrt(2 * config.n_layers)
     params = {}
@@ -123,6 +131,8 @@ def init_params(config: GPTConfig, seed: int = 0) -> dict[str, np.ndarray]:
             params[name] = np.ones(shape, dtype=np.float32)
         else:
             std = resid_std if name.endswith("c_proj.weight") else 0.02
+            if name == "wte.weight" and config.positional == "sinusoidal":
+                std = SINUSOIDAL_WTE_STD
             params[name] = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
     return params
 
