@@ -273,6 +273,41 @@ def save_ids(path: str | os.PathLike, ids: np.ndarray) -> None:
     _write_with(Path(path), lambda f: np.save(f, np.ascontiguousarray(ids), allow_pickle=False))
 
 
+_NPY_HEADER_BYTES = 128  # a .npy v1.0 header padded to this length: room for any 1-D length
+
+
+def _npy_header(dtype: np.dtype, n: int) -> bytes:
+    """The .npy (version 1.0) header of a 1-D array of n `dtype` values, always _NPY_HEADER_BYTES
+    long, so that it can be rewritten in place once n is known.
+
+    >>> len(_npy_header(np.dtype(np.uint16), 0)) == len(_npy_header(np.dtype(np.uint16), 10**15)) == 128
+    True
+    """
+    text = "{'descr': %r, 'fortran_order': False, 'shape': (%d,), }" % (dtype.str, n)
+    text = text.ljust(_NPY_HEADER_BYTES - 10 - 1) + "\n"  # magic (6) + version (2) + length (2) before it
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode("latin1")
+
+
+def save_ids_stream(path: str | os.PathLike, dtype, pieces) -> int:
+    """Write the 1-D id arrays of `pieces` (an iterable, consumed in order) one after the other
+    as one `.npy` file, atomically, holding one piece in memory at a time; returns the count.
+    The header goes first with a provisional length and is rewritten at the end."""
+    dtype = np.dtype(dtype)
+    count = 0
+
+    def write(f) -> None:
+        nonlocal count
+        f.write(_npy_header(dtype, 0))
+        for piece in pieces:
+            f.write(np.ascontiguousarray(piece, dtype=dtype).tobytes())
+            count += len(piece)
+        f.seek(0)
+        f.write(_npy_header(dtype, count))
+
+    _write_with(Path(path), write)
+    return count
+
+
 def load_ids(path: str | os.PathLike) -> np.ndarray:
     """Token ids from a `.npy` file (integers, any shape flattened)."""
     path = _check_readable(Path(path))

@@ -27,12 +27,13 @@ import multiprocessing
 import os
 import sys
 import time
+from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import chain, repeat
+from itertools import chain, islice, repeat
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import regex
@@ -476,7 +477,9 @@ class Tokenizer:
     ) -> np.ndarray:
         """Ids of a whole file (its exact bytes), equal to `encode` of its text, as a 1-D array.
 
-        uint16 when the vocabulary fits, else uint32; saved to `out_path` (.npy) when given.
+        uint16 when the vocabulary fits, else uint32. With `out_path` (.npy) the ids are
+        streamed there piece by piece, atomically, and the result is that file memory-mapped
+        read-only: memory stays at a few pieces however large the corpus.
         Large files are cut into ~1 MB pieces at places where the split pattern always splits
         (see `bpe.io.find_cut`) and encoded in `workers` processes (default: all cores; with 1,
         here, one piece at a time). With a custom pattern or 'none' no such place is known, so
@@ -487,37 +490,54 @@ class Tokenizer:
         disallowed = disallowed_special if disallowed_special == "all" else sorted(self._special_set(disallowed_special, "disallowed_special"))
         workers = max(1, workers or os.cpu_count() or 1)
         ranges = self._file_ranges(path, size)
+        with tqdm(total=size, unit="B", unit_scale=True, desc="encoding", disable=quiet or not sys.stderr.isatty()) as bar:
+            pieces = self._encoded_pieces(path, ranges, workers, allowed, disallowed, bar)
+            if out_path is None:
+                return np.concatenate([self._empty_ids(), *pieces])
+            if io.save_ids_stream(out_path, self.ids_dtype, pieces) == 0:
+                return self._empty_ids()
+        return np.load(out_path, mmap_mode="r", allow_pickle=False)
 
-        bar = tqdm(total=size, unit="B", unit_scale=True, desc="encoding", disable=quiet or not sys.stderr.isatty())
-        parts = []
+    def _empty_ids(self) -> np.ndarray:
+        return np.zeros(0, dtype=self.ids_dtype)
+
+    def _encoded_pieces(self, path, ranges, workers: int, allowed, disallowed, bar) -> Iterator[np.ndarray]:
+        """The ids of each byte range of the file, in order. In worker processes, at most two
+        pieces per worker are in flight, so that finished pieces do not pile up in memory."""
         if workers == 1 or len(ranges) == 1:  # here, piece by piece: memory stays at one piece of text
             for a, b in ranges:
                 ids = self.encode(io.read_range(path, a, b), allowed_special=allowed, disallowed_special=disallowed)
-                parts.append(np.asarray(ids, dtype=self.ids_dtype))
                 bar.update(b - a)
-        else:
-            global _worker_tok
-            ctx = multiprocessing.get_context()
-            if ctx.get_start_method() == "fork":  # workers inherit this tokenizer (and its warm cache)
-                _worker_tok, init, initargs = self, None, ()
-            else:  # spawn/forkserver: each worker rebuilds it from the tensors
-                init, initargs = _worker_init, self.to_tensors()
-            with ProcessPoolExecutor(min(workers, len(ranges)), mp_context=ctx, initializer=init, initargs=initargs) as pool:
-                futures = [pool.submit(_worker_encode, str(path), a, b, allowed, disallowed) for a, b in ranges]
-                try:
-                    for (a, b), fut in zip(ranges, futures):
-                        parts.append(fut.result())
-                        bar.update(b - a)
-                except BaseException:  # e.g. a disallowed special in one piece: stop the others now
-                    pool.shutdown(cancel_futures=True)
-                    raise
-                finally:
-                    _worker_tok = None
-        bar.close()
-        ids = np.concatenate(parts) if parts else np.zeros(0, dtype=self.ids_dtype)
-        if out_path is not None:
-            io.save_ids(out_path, ids)
-        return ids
+                yield np.asarray(ids, dtype=self.ids_dtype)
+            return
+        global _worker_tok
+        ctx = multiprocessing.get_context()
+        if ctx.get_start_method() == "fork":  # workers inherit this tokenizer (and its warm cache)
+            _worker_tok, init, initargs = self, None, ()
+        else:  # spawn/forkserver: each worker rebuilds it from the tensors
+            init, initargs = _worker_init, self.to_tensors()
+        n = min(workers, len(ranges))
+        todo = iter(ranges)
+        pending: deque = deque()  # (bytes, future) of the pieces in flight, in file order
+        with ProcessPoolExecutor(n, mp_context=ctx, initializer=init, initargs=initargs) as pool:
+
+            def submit(count: int) -> None:
+                for a, b in islice(todo, count):
+                    pending.append((b - a, pool.submit(_worker_encode, str(path), a, b, allowed, disallowed)))
+
+            try:
+                submit(2 * n)
+                while pending:
+                    nbytes, fut = pending.popleft()
+                    ids = fut.result()
+                    submit(1)
+                    bar.update(nbytes)
+                    yield ids
+            except BaseException:  # e.g. a disallowed special in one piece: stop the others now
+                pool.shutdown(cancel_futures=True)
+                raise
+            finally:
+                _worker_tok = None
 
     def _file_ranges(self, path, size: int) -> list[tuple[int, int]]:
         known = {resolve_pattern("gpt2"), resolve_pattern("gpt4")}

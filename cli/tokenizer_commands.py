@@ -104,18 +104,17 @@ def encode_command(tokenizer_path, text, file, as_json, output, allow_special, s
     disallowed = () if specials_as_text else "all"
     if file is not None:
         arr = tok.encode_file(file, output, workers=workers, quiet=quiet, allowed_special=allowed, disallowed_special=disallowed)
-        ids = arr.tolist()
         n_bytes = bpe_io.file_size(file)
     else:
-        ids = tok.encode(text, allowed_special=allowed, disallowed_special=disallowed)
-        arr = np.asarray(ids, dtype=tok.ids_dtype)
+        arr = np.asarray(tok.encode(text, allowed_special=allowed, disallowed_special=disallowed), dtype=tok.ids_dtype)
         n_bytes = len(text.encode("utf-8", errors="surrogateescape"))
         if output is not None:
             bpe_io.save_ids(output, arr)
     if output is not None:
-        click.echo(f"wrote {len(ids):,} tokens ({arr.dtype}) to {output}; {n_bytes / max(len(ids), 1):.2f} bytes per token")
+        click.echo(f"wrote {len(arr):,} tokens ({arr.dtype}) to {output}; {n_bytes / max(len(arr), 1):.2f} bytes per token")
         if not show:
-            return 0
+            return 0  # a big file's ids stay on disk: never turned into a Python list
+    ids = arr.tolist()
     if show:
         for i, piece in zip(ids, tok.token_pieces(ids)):
             click.echo(f"{i:>7}  {piece!r}")

@@ -339,8 +339,9 @@ def test_docstring_examples():
     import transformer.config
     import transformer.model
     import transformer.ops
+    import transformer.optim
     import transformer.sampling
 
-    for module in (transformer.config, transformer.model, transformer.ops, transformer.sampling):
+    for module in (transformer.config, transformer.model, transformer.ops, transformer.optim, transformer.sampling):
         result = doctest.testmod(module)
         assert result.failed == 0 and result.attempted > 0, module.__name__

@@ -398,7 +398,9 @@ def test_encode_file_equals_encode(tok, tmp_path, small_pieces):
     expected = tok.encode(data, allowed_special="all")
     ids = tok.encode_file(path, tmp_path / "ids.npy", workers=2, quiet=True, allowed_special="all")
     assert ids.dtype == np.uint16 and ids.tolist() == expected
+    assert isinstance(ids, np.memmap)  # streamed to the file, not held in memory
     assert np.load(tmp_path / "ids.npy").tolist() == expected
+    assert tok.encode_file(path, tmp_path / "one.npy", workers=1, quiet=True, allowed_special="all").tolist() == expected
     assert tok.encode_file(path, workers=1, quiet=True, allowed_special="all").tolist() == expected
     with pytest.raises(TokenizerError, match="special token"):
         tok.encode_file(path, workers=2, quiet=True)
@@ -440,3 +442,40 @@ def test_find_cut_skips_specials(tmp_path):
     assert bpe_io.find_cut(path, 1, 16, [], window=4) == path.read_bytes().index(b" x")
     path.write_bytes(b"no-spaces-here")
     assert bpe_io.find_cut(path, 1, 14, [], window=4) is None
+
+
+def test_ids_streamed_to_npy_equal_np_save(tmp_path):
+    """Pieces written one by one, with the length filled in at the end, read back as np.save's."""
+    from bpe import io as bpe_io
+
+    rng = np.random.default_rng(3)
+    for dtype in (np.uint16, np.uint32):
+        pieces = [rng.integers(0, 60000, size=n).astype(dtype) for n in (5, 0, 1, 1000, 37)]
+        consumed = []
+
+        def lazily():
+            for piece in pieces:
+                consumed.append(len(piece))
+                yield piece
+
+        path = tmp_path / f"ids-{np.dtype(dtype).name}.npy"
+        assert bpe_io.save_ids_stream(path, dtype, lazily()) == 1043 and consumed == [5, 0, 1, 1000, 37]
+        back = np.load(path)
+        assert back.dtype == dtype and np.array_equal(back, np.concatenate(pieces))
+        assert bpe_io.load_ids(path).tolist() == back.tolist()
+    bpe_io.save_ids_stream(tmp_path / "empty.npy", np.uint16, iter([]))
+    assert np.load(tmp_path / "empty.npy").shape == (0,)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.npy", "ids-uint16.npy", "ids-uint32.npy"]  # no temp files
+
+
+def test_docstring_examples():
+    import doctest
+
+    import bpe.io
+    import bpe.pretokenize
+    import bpe.tokenizer
+    import bpe.trainer
+
+    for module in (bpe.io, bpe.pretokenize, bpe.tokenizer, bpe.trainer):
+        result = doctest.testmod(module)
+        assert result.failed == 0 and result.attempted > 0, module.__name__
