@@ -4,6 +4,7 @@ in sync with in-place and replaced updates, failures reported in one line, no st
 import gc
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -27,6 +28,15 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def exited(pid: int) -> bool:
+    """Whether the process has ended (a zombie waiting for its parent to reap it counts)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def worker_pids(model: GPT) -> list[int]:
@@ -159,3 +169,20 @@ def test_a_process_forked_by_the_user_gets_workers_of_its_own():
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert model.loss(ids, targets) == expected  # and the parent's worker still answers the parent
+
+
+def test_an_idle_worker_leaves_and_the_next_call_forks_a_new_one(monkeypatch):
+    monkeypatch.setattr("transformer.workers.IDLE_EXIT_S", 0.2)  # read by the worker, after the fork
+    model = GPT(CONFIG, workers=2)
+    ids, targets = batch()
+    expected = model.loss_and_grads(ids, targets)
+    (pid,) = worker_pids(model)
+    deadline = time.monotonic() + 10
+    while not exited(pid) and time.monotonic() < deadline:  # it leaves by itself once idle
+        time.sleep(0.05)
+    assert exited(pid)
+    again = model.loss_and_grads(ids, targets)
+    assert worker_pids(model) != [pid] and not alive(pid)  # the pool reaped it and forked another
+    assert again[0] == expected[0]
+    for name, g in expected[1].items():
+        np.testing.assert_array_equal(again[1][name], g, err_msg=name)

@@ -12,10 +12,10 @@ inherit, so a worker always reads the weights the optimizer has just updated in 
 worker writes its gradients into a shared buffer of its own; its loss, the ids of its shard and
 any error travel over a socket pair as raw bytes (no pickle).
 
-Lifecycle: workers are forked on the first parallel call and live as long as the pool. A
-worker leaves when its socket closes (the pool was closed or collected, or this process
-died); an interrupted or failed call kills the pool's workers, and the next call forks new
-ones. Fork is Linux-only here (elsewhere `fork_available()` is False and a model computes its
+Lifecycle: workers are forked on the first parallel call. A worker leaves when its socket
+closes (the pool was closed or collected, or this process died) or after IDLE_EXIT_S without
+work, which hands its memory back (a model left alone in a notebook holds no processes); an
+interrupted or failed call kills the pool's workers. The next call forks whatever is missing. Fork is Linux-only here (elsewhere `fork_available()` is False and a model computes its
 shards in this process, one after the other).
 
 What this module does not do: the model's math (model.py) or any choice of shard sizes.
@@ -43,6 +43,7 @@ LOSS, LOSS_AND_GRADS = 0, 1
 _REQUEST = struct.Struct("<BqqqQ")  # op, rows, T, n_total (positions of the whole batch), B total
 _REPLY = struct.Struct("<Bd")  # 0 ok / 1 error (a message follows), loss share
 _ALIGN = 64  # bytes: each array starts on a cache line (and an AVX-512 vector)
+IDLE_EXIT_S = 60.0  # a worker with no request for this long exits; training calls come far more often
 
 _live_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()  # closed in every new worker
 
@@ -107,7 +108,11 @@ class WorkerPool:
                 np.copyto(shared, params[name])
 
     def _start(self) -> None:
-        """Fork the missing workers, each with a shared gradient buffer of its own."""
+        """Fork the missing workers, each with a shared gradient buffer of its own. A socket
+        that is readable between calls means its worker left (idle, or killed): then all are
+        reaped and forked anew."""
+        if any(conn.poll(0) for conn in self._conns):
+            self.close()
         while len(self._conns) < self.n:
             grads = shared_arrays(self.params, copy=False)
             mine, theirs = Pipe(duplex=True)
@@ -193,9 +198,12 @@ def _shut_down(conns: list[Connection], pids: list[int], owner: int) -> None:
 
 
 def _serve(shard_loss, shard_loss_and_grads, conn: Connection, grads_out: dict[str, np.ndarray]) -> None:
-    """The worker's loop: read a request, compute the shard, reply; leave at EOF."""
+    """The worker's loop: read a request, compute the shard, reply; leave at EOF or when idle
+    for IDLE_EXIT_S."""
     while True:
         try:
+            if not conn.poll(IDLE_EXIT_S):
+                return
             msg = conn.recv_bytes()
         except (EOFError, OSError):
             return
