@@ -63,7 +63,7 @@ class TrainConfig:
     200/200 held-out stories), which 500 steps at 2e-3 did not (9/200); 2 layers learned it as
     well as 4 (val loss 0.386 vs 0.389) in 60 s instead of 144 s. Across seeds 1000 steps ended
     between 0.385 and 0.414, and the weaker runs sometimes swap the hero's name mid-story; 2000
-    steps (about 55 s once the model got faster) reached 0.365 and kept the names.
+    steps (about 50 s once the model got faster) reached 0.365-0.369 and kept the names.
     """
 
     # model (the vocabulary size comes from the tokenizer)
