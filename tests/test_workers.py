@@ -103,22 +103,48 @@ def test_a_failure_in_a_worker_is_one_model_error_and_the_next_call_works(monkey
     assert model.loss(ids, targets) == pytest.approx(GPT.from_params(CONFIG, model.params, workers=1).loss(ids, targets))
 
 
-def test_a_killed_worker_is_reported_and_replaced():
+def test_a_worker_dying_mid_step_is_one_error_and_the_next_call_gets_a_new_one(monkeypatch):
+    parent = os.getpid()
+    real = GPT._shard_loss_and_grads
+
+    def dies_in_workers(self, *args):
+        if os.getpid() != parent:
+            os._exit(9)  # as the OOM killer would, halfway through the shard
+        return real(self, *args)
+
+    monkeypatch.setattr(GPT, "_shard_loss_and_grads", dies_in_workers)
+    model = GPT(CONFIG, workers=2)
+    ids, targets = batch()
+    with pytest.raises(ModelError, match="died"):
+        model.loss_and_grads(ids, targets)
+    monkeypatch.setattr(GPT, "_shard_loss_and_grads", real)
+    model.params["wte.weight"] *= 2  # the new worker's gradients, not a dead worker's buffer
+    again = model.loss_and_grads(ids, targets)
+    fresh = GPT.from_params(CONFIG, model.params, workers=2).loss_and_grads(ids, targets)
+    assert again[0] == fresh[0]
+    for name, g in fresh[1].items():
+        np.testing.assert_array_equal(again[1][name], g, err_msg=name)
+
+
+def test_a_worker_killed_between_steps_is_reported_or_replaced_and_then_works():
+    """Whether the end of a killed worker is seen before the next call (then it is replaced
+    quietly) or only during it (then that call raises) is the kernel's timing; either way no
+    wrong number comes out and the call after works."""
     model = GPT(CONFIG, workers=2)
     ids, targets = batch()
     expected = model.loss_and_grads(ids, targets)
     (pid,) = worker_pids(model)
     os.kill(pid, signal.SIGKILL)
-    with pytest.raises(ModelError, match="died"):
-        model.loss(ids, targets)
-    assert not alive(pid)  # reaped by the pool
-    model.params["wte.weight"] *= 2  # the new worker's gradients, not the old worker's buffer
-    again = model.loss_and_grads(ids, targets)
-    assert worker_pids(model) != [pid]
-    fresh = GPT.from_params(CONFIG, model.params, workers=2).loss_and_grads(ids, targets)
-    assert again[0] == fresh[0] != expected[0]
-    for name, g in fresh[1].items():
-        np.testing.assert_array_equal(again[1][name], g, err_msg=name)
+    try:
+        first = model.loss_and_grads(ids, targets)
+    except ModelError as err:
+        assert "died" in str(err)
+        first = model.loss_and_grads(ids, targets)
+    assert worker_pids(model) != [pid] and not alive(pid)
+    for again in (first, model.loss_and_grads(ids, targets)):
+        assert again[0] == expected[0]
+        for name, g in expected[1].items():
+            np.testing.assert_array_equal(again[1][name], g, err_msg=name)
 
 
 def test_an_interrupted_call_leaves_no_stale_reply(monkeypatch):
@@ -186,3 +212,20 @@ def test_an_idle_worker_leaves_and_the_next_call_forks_a_new_one(monkeypatch):
     assert again[0] == expected[0]
     for name, g in expected[1].items():
         np.testing.assert_array_equal(again[1][name], g, err_msg=name)
+
+
+def test_workers_that_leave_at_once_never_lose_a_shard(monkeypatch):
+    """With no idle time at all a worker says goodbye as soon as it has nothing to read, often
+    before a request arrives (the request then crosses the goodbye and its shard is computed
+    here) and otherwise right after replying. Every call still gives the one-process numbers."""
+    monkeypatch.setattr("transformer.workers.IDLE_EXIT_S", 0.0)
+    model = GPT(CONFIG, seed=2, workers=3)
+    reference = GPT(CONFIG, seed=2, workers=3)
+    monkeypatch.setattr(reference, "_pool", None)  # the same three shards, one after the other, here
+    for step in range(6):
+        ids, targets = batch(step, rows=7)
+        loss, grads = model.loss_and_grads(ids, targets)
+        ref_loss, ref_grads = reference.loss_and_grads(ids, targets)
+        assert loss == ref_loss and model.loss(ids, targets) == reference.loss(ids, targets)
+        for name, g in ref_grads.items():
+            np.testing.assert_array_equal(grads[name], g, err_msg=name)

@@ -362,11 +362,12 @@ class GPT:
             try:
                 pool.sync(self.params)
                 pool.submit(op, [(ids[rows], targets[rows]) for rows in shards[1:]], ids.size, B)
-                first = here(ids[shards[0]], targets[shards[0]])
-                return [first, *pool.collect(n - 1, op)]
+                results = [here(ids[shards[0]], targets[shards[0]]), *pool.collect(n - 1, op)]
             except BaseException:  # e.g. Ctrl-C: replies may still be on their way; fresh workers next time
                 pool.close()
                 raise
+            # a shard whose worker had just left idle is computed here (same arithmetic, same numbers)
+            return [r if r is not None else here(ids[rows], targets[rows]) for r, rows in zip(results, shards)]
 
     def forward(self, ids, trace: dict | None = None) -> np.ndarray:
         """ids (B, T) or (T,) -> logits (B, T, V) from the tied embedding: logits = ln_f(x) W_e^T.

@@ -13,9 +13,11 @@ worker writes its gradients into a shared buffer of its own; its loss, the ids o
 any error travel over a socket pair as raw bytes (no pickle).
 
 Lifecycle: workers are forked on the first parallel call. A worker leaves when its socket
-closes (the pool was closed or collected, or this process died) or after IDLE_EXIT_S without
-work, which hands its memory back (a model left alone in a notebook holds no processes); an
-interrupted or failed call kills the pool's workers. The next call forks whatever is missing. Fork is Linux-only here (elsewhere `fork_available()` is False and a model computes its
+closes (the pool was closed or collected, or this process died), or after IDLE_EXIT_S without
+work, which hands its memory back (a model left alone in a notebook holds no processes); it
+says goodbye first, so a request that crossed the goodbye is known to be undone and its shard
+is computed here instead. An interrupted or failed call kills the pool's workers. The next call
+forks whatever is missing. Fork is Linux-only here (elsewhere `fork_available()` is False and a model computes its
 shards in this process, one after the other).
 
 What this module does not do: the model's math (model.py) or any choice of shard sizes.
@@ -41,7 +43,8 @@ from transformer.errors import ModelError
 
 LOSS, LOSS_AND_GRADS = 0, 1
 _REQUEST = struct.Struct("<BqqqQ")  # op, rows, T, n_total (positions of the whole batch), B total
-_REPLY = struct.Struct("<Bd")  # 0 ok / 1 error (a message follows), loss share
+_REPLY = struct.Struct("<Bd")  # status (below), loss share
+_OK, _ERROR, _BYE = 0, 1, 2  # _ERROR: a message follows; _BYE: the worker left idle, unasked
 _ALIGN = 64  # bytes: each array starts on a cache line (and an AVX-512 vector)
 IDLE_EXIT_S = 60.0  # a worker with no request for this long exits; training calls come far more often
 
@@ -89,6 +92,7 @@ class WorkerPool:
         self._conns: list[Connection] = []
         self._pids: list[int] = []
         self._grads: list[dict[str, np.ndarray]] = []
+        self._replies: list[bytes | None] = []
         self._owner = os.getpid()
         _live_pools.add(self)
         self._finalizer = weakref.finalize(self, _shut_down, self._conns, self._pids, self._owner)
@@ -109,8 +113,8 @@ class WorkerPool:
 
     def _start(self) -> None:
         """Fork the missing workers, each with a shared gradient buffer of its own. A socket
-        that is readable between calls means its worker left (idle, or killed): then all are
-        reaped and forked anew."""
+        that is readable between calls holds a goodbye (or the end of a killed worker): then all
+        are reaped and forked anew."""
         if any(conn.poll(0) for conn in self._conns):
             self.close()
         while len(self._conns) < self.n:
@@ -143,29 +147,36 @@ class WorkerPool:
     def submit(self, op: int, shards: list[tuple[np.ndarray, np.ndarray]], n_total: int, batch: int) -> None:
         """Send shard k to worker k (at most n shards); `collect` gathers the results."""
         self._start()
+        self._replies: list[bytes | None] = [None] * len(shards)  # replies already read (a goodbye)
         for k, (ids, targets) in enumerate(shards):
             rows, T = ids.shape
             try:
                 self._conns[k].send_bytes(_REQUEST.pack(op, rows, T, n_total, batch) + ids.astype(np.int64).tobytes()
                                           + targets.astype(np.int64).tobytes())
-            except OSError:
-                self._died(k)
+            except OSError:  # gone: if it said goodbye first, the shard is merely undone
+                self._replies[k] = self._receive(k)
 
-    def collect(self, n_shards: int, op: int) -> list[tuple[float, dict[str, np.ndarray] | None]]:
-        """[(loss share, gradients)] of the first n_shards workers, in order. The gradients are
-        the workers' shared buffers: valid until the next call."""
+    def _receive(self, k: int) -> bytes:
+        try:
+            return self._conns[k].recv_bytes()
+        except (EOFError, OSError):
+            self._died(k)
+
+    def collect(self, n_shards: int, op: int) -> list[tuple[float, dict[str, np.ndarray] | None] | None]:
+        """[(loss share, gradients)] of the first n_shards workers, in order; None for a shard
+        whose worker had left idle before reading it (undone: the caller computes it). The
+        gradients are the workers' shared buffers: valid until the next call."""
         out, failures = [], []
         for k in range(n_shards):
-            try:
-                reply = self._conns[k].recv_bytes()
-            except (EOFError, OSError):
-                self._died(k)
+            reply = self._replies[k] if self._replies[k] is not None else self._receive(k)
             status, loss = _REPLY.unpack_from(reply)
-            if status:
+            if status == _ERROR:
                 failures.append(reply[_REPLY.size:].decode("utf-8", "replace"))
-            out.append((loss, self._grads[k] if op == LOSS_AND_GRADS else None))
+            out.append(None if status == _BYE else (loss, self._grads[k] if op == LOSS_AND_GRADS else None))
         if failures:
             raise ModelError(f"a worker process failed: {failures[0]}")
+        if None in out:  # a worker left: reap them all now (their buffers stay valid), fork anew next call
+            self.close()
         return out
 
     def _died(self, k: int) -> NoReturn:
@@ -203,6 +214,7 @@ def _serve(shard_loss, shard_loss_and_grads, conn: Connection, grads_out: dict[s
     while True:
         try:
             if not conn.poll(IDLE_EXIT_S):
+                conn.send_bytes(_REPLY.pack(_BYE, float("nan")))
                 return
             msg = conn.recv_bytes()
         except (EOFError, OSError):
@@ -213,11 +225,11 @@ def _serve(shard_loss, shard_loss_and_grads, conn: Connection, grads_out: dict[s
         targets = np.frombuffer(msg, np.int64, n, _REQUEST.size + 8 * n).reshape(rows, T)
         try:
             if op == LOSS:
-                reply = _REPLY.pack(0, shard_loss(ids, targets, batch))
+                reply = _REPLY.pack(_OK, shard_loss(ids, targets, batch))
             else:
-                reply = _REPLY.pack(0, shard_loss_and_grads(ids, targets, n_total, grads_out)[0])
+                reply = _REPLY.pack(_OK, shard_loss_and_grads(ids, targets, n_total, grads_out)[0])
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it; the worker lives on
-            reply = _REPLY.pack(1, float("nan")) + f"{type(exc).__name__}: {exc}".encode()
+            reply = _REPLY.pack(_ERROR, float("nan")) + f"{type(exc).__name__}: {exc}".encode()
         try:
             conn.send_bytes(reply)
         except OSError:
