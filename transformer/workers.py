@@ -17,8 +17,8 @@ closes (the pool was closed or collected, or this process died), or after IDLE_E
 work, which hands its memory back (a model left alone in a notebook holds no processes); it
 says goodbye first, so a request that crossed the goodbye is known to be undone and its shard
 is computed here instead. An interrupted or failed call kills the pool's workers. The next call
-forks whatever is missing. Fork is Linux-only here (elsewhere `fork_available()` is False and a model computes its
-shards in this process, one after the other).
+forks whatever is missing. Fork is Linux-only here (elsewhere `fork_available()` is False and a
+model computes its shards in this process, one after the other).
 
 What this module does not do: the model's math (model.py) or any choice of shard sizes.
 """
@@ -147,7 +147,7 @@ class WorkerPool:
     def submit(self, op: int, shards: list[tuple[np.ndarray, np.ndarray]], n_total: int, batch: int) -> None:
         """Send shard k to worker k (at most n shards); `collect` gathers the results."""
         self._start()
-        self._replies: list[bytes | None] = [None] * len(shards)  # replies already read (a goodbye)
+        self._replies = [None] * len(shards)  # replies already read (a goodbye, found on a failed send)
         for k, (ids, targets) in enumerate(shards):
             rows, T = ids.shape
             try:
@@ -157,6 +157,7 @@ class WorkerPool:
                 self._replies[k] = self._receive(k)
 
     def _receive(self, k: int) -> bytes:
+        """Worker k's next message; a closed socket means it died (ModelError)."""
         try:
             return self._conns[k].recv_bytes()
         except (EOFError, OSError):
