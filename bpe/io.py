@@ -269,8 +269,9 @@ def read_tokenizer_file(path: str | os.PathLike) -> tuple[dict[str, np.ndarray],
 
 
 def save_ids(path: str | os.PathLike, ids: np.ndarray) -> None:
-    """Token ids as a `.npy` file, written atomically."""
-    _write_with(Path(path), lambda f: np.save(f, np.ascontiguousarray(ids), allow_pickle=False))
+    """Token ids (1-D) as a `.npy` file, written atomically."""
+    ids = np.asarray(ids)
+    save_ids_stream(path, ids.dtype, [ids])
 
 
 _NPY_HEADER_BYTES = 128  # a .npy v1.0 header padded to this length: room for any 1-D length

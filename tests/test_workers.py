@@ -43,6 +43,26 @@ def worker_pids(model: GPT) -> list[int]:
     return list(model._pool._pids)
 
 
+def in_workers_only(monkeypatch, method: str, misbehave) -> None:
+    """Make GPT.<method> call misbehave() in worker processes (forked after this), and run as
+    usual in this one; monkeypatch.undo or a new setattr restores it."""
+    parent, real = os.getpid(), getattr(GPT, method)
+
+    def patched(self, *args):
+        if os.getpid() != parent:
+            misbehave()
+        return real(self, *args)
+
+    monkeypatch.setattr(GPT, method, patched)
+
+
+def assert_same_step(got, expected) -> None:
+    """Two (loss, grads) results are equal, bit for bit."""
+    assert got[0] == expected[0]
+    for name, g in expected[1].items():
+        np.testing.assert_array_equal(got[1][name], g, err_msg=name)
+
+
 def test_shared_arrays_are_aligned_copies():
     like = {"a": np.arange(5, dtype=np.float32), "b": np.ones((3, 7)), "c": np.zeros((0,), np.float32)}
     out = shared_arrays(like)
@@ -86,44 +106,28 @@ def test_replaced_parameters_reach_the_workers():
 
 
 def test_a_failure_in_a_worker_is_one_model_error_and_the_next_call_works(monkeypatch):
-    parent = os.getpid()
-    real = GPT._shard_loss
+    def fail():
+        raise MemoryError("no room for the activations")
 
-    def fails_in_workers(self, *args):
-        if os.getpid() != parent:
-            raise MemoryError("no room for the activations")
-        return real(self, *args)
-
-    monkeypatch.setattr(GPT, "_shard_loss", fails_in_workers)
+    in_workers_only(monkeypatch, "_shard_loss", fail)
     model = GPT(CONFIG, workers=2)
     ids, targets = batch()
     with pytest.raises(ModelError, match="worker process failed: MemoryError: no room"):
         model.loss(ids, targets)
-    monkeypatch.setattr(GPT, "_shard_loss", real)  # new workers are forked from the fixed code
+    monkeypatch.undo()  # new workers are forked from the fixed code
     assert model.loss(ids, targets) == pytest.approx(GPT.from_params(CONFIG, model.params, workers=1).loss(ids, targets))
 
 
 def test_a_worker_dying_mid_step_is_one_error_and_the_next_call_gets_a_new_one(monkeypatch):
-    parent = os.getpid()
-    real = GPT._shard_loss_and_grads
-
-    def dies_in_workers(self, *args):
-        if os.getpid() != parent:
-            os._exit(9)  # as the OOM killer would, halfway through the shard
-        return real(self, *args)
-
-    monkeypatch.setattr(GPT, "_shard_loss_and_grads", dies_in_workers)
+    in_workers_only(monkeypatch, "_shard_loss_and_grads", lambda: os._exit(9))  # as the OOM killer would
     model = GPT(CONFIG, workers=2)
     ids, targets = batch()
     with pytest.raises(ModelError, match="died"):
         model.loss_and_grads(ids, targets)
-    monkeypatch.setattr(GPT, "_shard_loss_and_grads", real)
+    monkeypatch.undo()
     model.params["wte.weight"] *= 2  # the new worker's gradients, not a dead worker's buffer
-    again = model.loss_and_grads(ids, targets)
     fresh = GPT.from_params(CONFIG, model.params, workers=2).loss_and_grads(ids, targets)
-    assert again[0] == fresh[0]
-    for name, g in fresh[1].items():
-        np.testing.assert_array_equal(again[1][name], g, err_msg=name)
+    assert_same_step(model.loss_and_grads(ids, targets), fresh)
 
 
 def test_a_worker_killed_between_steps_is_reported_or_replaced_and_then_works():
@@ -142,9 +146,7 @@ def test_a_worker_killed_between_steps_is_reported_or_replaced_and_then_works():
         first = model.loss_and_grads(ids, targets)
     assert worker_pids(model) != [pid] and not alive(pid)
     for again in (first, model.loss_and_grads(ids, targets)):
-        assert again[0] == expected[0]
-        for name, g in expected[1].items():
-            np.testing.assert_array_equal(again[1][name], g, err_msg=name)
+        assert_same_step(again, expected)
 
 
 def test_an_interrupted_call_leaves_no_stale_reply(monkeypatch):
@@ -209,9 +211,7 @@ def test_an_idle_worker_leaves_and_the_next_call_forks_a_new_one(monkeypatch):
     assert exited(pid)
     again = model.loss_and_grads(ids, targets)
     assert worker_pids(model) != [pid] and not alive(pid)  # the pool reaped it and forked another
-    assert again[0] == expected[0]
-    for name, g in expected[1].items():
-        np.testing.assert_array_equal(again[1][name], g, err_msg=name)
+    assert_same_step(again, expected)
 
 
 def test_workers_that_leave_at_once_never_lose_a_shard(monkeypatch):
@@ -224,8 +224,5 @@ def test_workers_that_leave_at_once_never_lose_a_shard(monkeypatch):
     monkeypatch.setattr(reference, "_pool", None)  # the same three shards, one after the other, here
     for step in range(6):
         ids, targets = batch(step, rows=7)
-        loss, grads = model.loss_and_grads(ids, targets)
-        ref_loss, ref_grads = reference.loss_and_grads(ids, targets)
-        assert loss == ref_loss and model.loss(ids, targets) == reference.loss(ids, targets)
-        for name, g in ref_grads.items():
-            np.testing.assert_array_equal(grads[name], g, err_msg=name)
+        assert_same_step(model.loss_and_grads(ids, targets), reference.loss_and_grads(ids, targets))
+        assert model.loss(ids, targets) == reference.loss(ids, targets)
