@@ -15,16 +15,8 @@ import click
 
 from pipeline import PipelineError, checkpoint
 from pipeline.data import check_corpus
-from pipeline.run import (
-    DEFAULT_VOCAB_SIZE,
-    generate,
-    load_tokenizer,
-    predict_next,
-    run_pipeline,
-    token_text,
-    train_tokenizer,
-)
-from pipeline.train import TrainConfig, TrainResult, load_config_file, resume_training, train_model
+from pipeline.run import generate, load_tokenizer, predict_next, run_pipeline, token_text
+from pipeline.train import DEFAULT_VOCAB_SIZE, TrainConfig, TrainResult, load_config_file, resume_training, train_model
 
 _DEFAULTS = TrainConfig()
 
@@ -129,13 +121,15 @@ def _interrupted(result: TrainResult) -> int:
 @click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[RUN_DIR]",
               help="continue the run in RUN_DIR (or -o) exactly where it stopped")
 @_training_options
+@click.option("--overwrite", is_flag=True, help="replace the files of another run in RUN_DIR (otherwise refused)")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bar or notes, only the summary")
-def train_model_command(corpus, tokenizer_path, run_dir, resume, quiet, **kwargs) -> int:
+def train_model_command(corpus, tokenizer_path, run_dir, resume, overwrite, quiet, **kwargs) -> int:
     """Train a GPT on CORPUS; checkpoints, log and token cache go in RUN_DIR.
 
     RUN_DIR/model.safetensors holds the best evaluated weights with the tokenizer inside (one
     file is enough to predict); RUN_DIR/train_state.safetensors the last state for --resume.
-    Ctrl-C saves and exits; --resume then continues bit-exactly.
+    Ctrl-C (or SIGTERM) saves and exits; --resume then continues bit-exactly. A RUN_DIR holding
+    another run's files is refused unless --overwrite.
 
     \b
     Example:
@@ -152,6 +146,8 @@ def train_model_command(corpus, tokenizer_path, run_dir, resume, quiet, **kwargs
             raise click.UsageError(f"--resume {resume} and -o {run_dir} name different run directories; give one")
         if target.is_file():
             raise click.UsageError(f"--resume takes a run directory, and {target} is a file")
+        if overwrite:
+            raise click.UsageError("--overwrite starts a new run; it cannot be combined with --resume")
         tok = load_tokenizer(tokenizer_path) if tokenizer_path is not None else None
         result = resume_training(target, corpus=corpus, tokenizer=tok, overrides=given, quiet=quiet, say=say)
     else:
@@ -160,16 +156,9 @@ def train_model_command(corpus, tokenizer_path, run_dir, resume, quiet, **kwargs
         if run_dir is None:
             raise click.UsageError("missing -o RUN_DIR: where the checkpoints and logs go")
         config = TrainConfig.from_dict(given)
-        check_corpus(corpus)  # these checks come before a tokenizer is trained for nothing
-        if (run_dir / checkpoint.STATE_FILE).exists():
-            raise PipelineError(f"{run_dir} already holds a training run; continue it with --resume or choose another -o")
-        if tokenizer_path is None:
-            tok_path = run_dir / checkpoint.TOKENIZER_FILE
-            say(f"no tokenizer given (-t): training one on {corpus} with the defaults (vocab {DEFAULT_VOCAB_SIZE}) -> {tok_path}")
-            tok = train_tokenizer(corpus, tok_path, quiet=quiet)
-        else:
-            tok = load_tokenizer(tokenizer_path)
-        result = train_model(corpus, run_dir, tok, config, quiet=quiet, say=say)
+        check_corpus(corpus)
+        tok = load_tokenizer(tokenizer_path) if tokenizer_path is not None else None
+        result = train_model(corpus, run_dir, tok, config, overwrite=overwrite, quiet=quiet, say=say)
     _summary(result)
     return _interrupted(result) if result.interrupted else 0
 
@@ -329,12 +318,14 @@ def _info_state(path: Path) -> None:
 @_training_options
 @click.option("--prompt", default=None, help="prompt for the final sample (default: words from the validation text)")
 @click.option("-n", "--max-new-tokens", default=None, type=int, help="tokens in the final sample  [default: what fills the model's context]")
+@click.option("--overwrite", is_flag=True, help="redo stages whose outputs are stale, and replace files not made by the pipeline")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bars or notes")
-def pipeline_command(corpus, run_dir, vocab_size, prompt, max_new_tokens, quiet, **kwargs) -> int:
+def pipeline_command(corpus, run_dir, vocab_size, prompt, max_new_tokens, overwrite, quiet, **kwargs) -> int:
     """Tokenizer -> encode -> train -> sample, each stage skipped when RUN_DIR already has it.
 
-    Rerunning continues an interrupted training run, and redoes only the stages whose inputs
-    changed (a new corpus, another vocabulary size or training settings).
+    Rerunning continues an interrupted training run and reuses finished stages. A stage whose
+    inputs changed (a new corpus, another vocabulary size or training settings) would replace
+    its output: that needs --overwrite.
 
     \b
     Example:
@@ -342,7 +333,7 @@ def pipeline_command(corpus, run_dir, vocab_size, prompt, max_new_tokens, quiet,
     """
     say = _say(quiet)
     config = TrainConfig.from_dict(_given(kwargs))
-    result = run_pipeline(corpus, run_dir, vocab_size=vocab_size, config=config, quiet=quiet, say=say)
+    result = run_pipeline(corpus, run_dir, vocab_size=vocab_size, config=config, overwrite=overwrite, quiet=quiet, say=say)
     if result.train is not None:
         _summary(result.train)
         if result.train.interrupted:

@@ -11,10 +11,13 @@ A run directory holds:
                              for an exact `--resume`
     log.jsonl                one JSON object per training step and per evaluation
 
-Writes are atomic: the bytes go to a temporary file in the same directory, are flushed and
-fsync'ed, and `os.replace` swaps the file in (then the directory is fsync'ed so the rename
-itself survives a power cut). A crash or Ctrl-C at any moment leaves either the old file or
-the new one, never half of one. This module does not decide *when* to save; `pipeline.train` does.
+Writes go through the one atomic writer, `common.atomic` (temp file beside the target, fsync,
+rename, fsync of the directory; mode 0o666 under the umask): a crash or Ctrl-C at any moment
+leaves either the old file or the new one, never half of one, and a SIGKILL leaves only a temp
+name that the next run removes once it holds the directory's lock (`pipeline.rundir`). The model
+file is `transformer.io`'s one model format, with the tokenizer embedded; identical runs write
+byte-identical model, state and tokenizer files (sorted metadata, no timestamps: those live in
+log.jsonl). This module does not decide *when* to save; `pipeline.train` does.
 """
 
 from __future__ import annotations
@@ -22,21 +25,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
-from safetensors.numpy import save_file
 
 from bpe import Tokenizer, TokenizerError
+from common import FileError, atomic, jsonsafe, safetensors_file
 from pipeline.errors import PipelineError
 from transformer import GPT, GPTConfig, ModelError
+from transformer import io as model_io
 
-MODEL_FORMAT = "tokenkit.model"
+MODEL_FORMAT = model_io.FORMAT
 STATE_FORMAT = "tokenkit.train_state"
 FORMAT_VERSION = "1"
 TOKENIZER_PREFIX = "tokenizer."
@@ -54,46 +56,28 @@ PIPELINE_FILE = "pipeline.json"
 # --- atomic writes ---------------------------------------------------------------------------
 
 
-def _fsync_dir(directory: Path) -> None:
-    # Without this the rename may be lost on power failure even though the file data is safe.
-    with contextlib.suppress(OSError):  # some filesystems refuse to open directories
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; when the block succeeds, it becomes `path` atomically.
-
-    The caller writes the whole file to the yielded path. On success the temp file is
-    fsync'ed and renamed over `path`; on any exception (KeyboardInterrupt included) it is
-    removed and `path` is untouched.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
+    """Yield a temp path beside `path`; when the block succeeds, it becomes `path` atomically
+    (`common.atomic.atomic_path`; a failed write is a one-line PipelineError)."""
     try:
-        yield tmp
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files; a checkpoint should be readable like any other
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
-    _fsync_dir(path.parent)
+        with atomic.atomic_path(path) as tmp:
+            yield tmp
+    except FileError as err:
+        raise PipelineError(str(err)) from None
+
+
+def write_bytes(path: str | os.PathLike, data) -> None:
+    """Write bytes (or what a function writes into the open file) atomically; PipelineError on failure."""
+    try:
+        atomic.write_atomic(path, data)
+    except FileError as err:
+        raise PipelineError(str(err)) from None
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
     """Write a UTF-8 text file atomically."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+    write_bytes(path, text.encode("utf-8"))
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
@@ -101,26 +85,33 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    """Read a JSON file, or None when it is missing or unreadable (callers treat that as 'no cache')."""
+def read_json(path: str | os.PathLike, limit: int = 1 << 20) -> Any:
+    """Read a small JSON file, or None when it is missing, too big or unreadable (callers treat that as 'no cache')."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            return None
+        return jsonsafe.loads(data, str(path))
+    except (OSError, FileError):
         return None
 
 
-def remove_stale_temps(run_dir: str | os.PathLike) -> None:
-    """Delete temp files left by a process killed mid-write (only one writer uses a run dir)."""
-    for tmp in Path(run_dir).glob(".*.tmp"):
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+def loads(text: str, what: str) -> Any:
+    """JSON from a file's metadata, nesting bounded; one-line PipelineError when it is not."""
+    try:
+        return jsonsafe.loads(text, what)
+    except FileError as err:
+        raise PipelineError(str(err)) from None
+
+
+def remove_stale_temps(run_dir: str | os.PathLike) -> list[Path]:
+    """Delete temp files of writers that died mid-write (only our own temp names)."""
+    return atomic.remove_stale_temps(run_dir)
 
 
 def _save_safetensors(path: Path, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
-    # np.ascontiguousarray would turn a 0-d array (AdamW's step count) into shape (1,)
-    arrays = {k: np.require(v, requirements="C") for k, v in tensors.items()}
-    with atomic_path(path) as tmp:
-        save_file(arrays, tmp, metadata=dict(metadata))
+    write_bytes(path, lambda f: safetensors_file.write(f, tensors, metadata))
 
 
 # --- the JSON-lines log ----------------------------------------------------------------------
@@ -156,9 +147,9 @@ def truncate_log(path: str | os.PathLike, step: int) -> None:
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue  # a line cut short by a kill
-        if record.get("step", 0) <= step:
+        if isinstance(record, dict) and isinstance(record.get("step", 0), int) and record.get("step", 0) <= step:
             kept.append(line)
     write_text(path, "".join(line + "\n" for line in kept))
 
@@ -167,7 +158,7 @@ def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
     """All records of a `log.jsonl` (a torn last line is skipped)."""
     records = []
     for line in Path(path).read_text(encoding="utf-8").splitlines():
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError, RecursionError):
             records.append(json.loads(line))
     return records
 
@@ -183,23 +174,16 @@ def read_header(path: str | os.PathLike, what: str = "file") -> dict[str, str]:
     if path.is_dir():
         raise PipelineError(f"{what} {path} is a directory; give a .safetensors file")
     try:
-        with safe_open(str(path), framework="numpy") as f:
-            return dict(f.metadata() or {})
-    except (SafetensorError, OSError, ValueError) as err:
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise PipelineError(f"{path} is not a readable safetensors file ({first}); it may be truncated or corrupt") from None
+        return safetensors_file.read_header(path)[1]
+    except FileError as err:
+        raise PipelineError(f"{err}; it may be truncated or corrupt") from None
 
 
 def _load_tensors(path: Path) -> dict[str, np.ndarray]:
     try:
-        tensors = {}
-        with safe_open(str(path), framework="numpy") as f:
-            for key in f.keys():
-                tensors[key] = f.get_tensor(key)
-        return tensors
-    except (SafetensorError, OSError, ValueError) as err:
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise PipelineError(f"{path} is corrupt ({first}); delete it or restore a good copy") from None
+        return safetensors_file.read(path)[0]
+    except FileError as err:
+        raise PipelineError(f"{err}; delete it or restore a good copy") from None
 
 
 def _check_format(path: Path, meta: Mapping[str, str], expected: str, hint: str) -> None:
@@ -227,19 +211,14 @@ def save_model(
     best_val_loss: float | None,
     provenance: Mapping[str, Any],
 ) -> None:
-    """Write model.safetensors: weights + embedded tokenizer + metadata, atomically.
+    """Write model.safetensors: the model format of `transformer.io` + embedded tokenizer + metadata.
 
     `params` keys are GPT-2 names; the tokenizer's own tensors and metadata go under
     `tokenizer.` so that `GPT.load` (which ignores non-parameter keys) and
     `Tokenizer.from_tensors` can both read the one file.
     """
     tok_tensors, tok_meta = tokenizer.to_tensors()
-    tensors = dict(params)
-    tensors.update({TOKENIZER_PREFIX + k: v for k, v in tok_tensors.items()})
     metadata = {
-        "format": MODEL_FORMAT,
-        "format_version": FORMAT_VERSION,
-        "config": json.dumps(dict(config), sort_keys=True),
         "step": str(step),
         "val_loss": json.dumps(val_loss),
         "best_val_loss": json.dumps(best_val_loss),
@@ -247,7 +226,13 @@ def save_model(
         "provenance": json.dumps(dict(provenance), sort_keys=True),
     }
     metadata.update({TOKENIZER_PREFIX + k: v for k, v in tok_meta.items()})
-    _save_safetensors(Path(path), tensors, metadata)
+    try:
+        model_io.save_model(
+            path, dict(params), dict(config), metadata=metadata,
+            extra_tensors={TOKENIZER_PREFIX + k: v for k, v in tok_tensors.items()},
+        )
+    except ModelError as err:
+        raise PipelineError(str(err)) from None
 
 
 def resolve_model_path(path_or_run_dir: str | os.PathLike) -> Path:
@@ -270,9 +255,11 @@ def _split_tokenizer(tensors: dict[str, np.ndarray], meta: Mapping[str, str]):
     return tok_tensors, tok_meta
 
 
-def _tokenizer_from(path: Path, tensors: dict[str, np.ndarray], meta: Mapping[str, str]):
+def _tokenizer_from(path: Path, tensors: dict[str, np.ndarray], meta: Mapping[str, str], required: bool = True):
     tok_tensors, tok_meta = _split_tokenizer(tensors, meta)
     if not tok_tensors:
+        if not required:
+            return None
         raise PipelineError(f"{path} has no embedded tokenizer; it was not written by tokenkit's pipeline")
     try:
         tok = Tokenizer.from_tensors(tok_tensors, tok_meta)
@@ -283,18 +270,18 @@ def _tokenizer_from(path: Path, tensors: dict[str, np.ndarray], meta: Mapping[st
     return tok
 
 
-def _model_from(path: Path, config_json: str | None, tensors: dict[str, np.ndarray], prefix: str = ""):
-    if config_json is None:
+def _params_from(path: Path, meta: Mapping[str, str], tensors: dict[str, np.ndarray], prefix: str = ""):
+    """(GPTConfig, params) of a file, every name, shape and dtype checked against its config."""
+    if "config" not in meta:
         raise PipelineError(f"{path} has no model config in its metadata; it is not a tokenkit model")
+    params = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix) and not k.startswith(TOKENIZER_PREFIX)}
+    for name, arr in params.items():
+        if arr.dtype != np.float32:  # params_from would convert silently; a tokenkit file is float32
+            raise PipelineError(f"{path}: parameter {name!r} is {arr.dtype}, expected float32; the file is corrupt")
     try:
-        config = GPTConfig.from_dict(json.loads(config_json))
-        params = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix) and not k.startswith(TOKENIZER_PREFIX)}
-        for name, arr in params.items():
-            if arr.dtype != np.float32:  # from_params would convert silently; a tokenkit file is float32
-                raise PipelineError(f"{path}: parameter {name!r} is {arr.dtype}, expected float32; the file is corrupt")
-        return GPT.from_params(config, params)
-    except (ValueError, ModelError) as err:
-        raise PipelineError(f"{path}: {err}") from None
+        return model_io.params_from(path, params, {"config": meta["config"]})
+    except ModelError as err:
+        raise PipelineError(str(err) if str(path) in str(err) else f"{path}: {err}") from None
 
 
 @dataclass
@@ -317,21 +304,23 @@ def decode_metadata(meta: Mapping[str, str]) -> dict[str, Any]:
             continue
         if key in ("config", "provenance", "val_loss", "best_val_loss", "train_config", "data"):
             try:
-                out[key] = json.loads(value)
-            except ValueError:
+                out[key] = jsonsafe.loads(value, key)
+            except FileError:
                 out[key] = value
         elif key == "step":
-            out[key] = int(value) if value.isdigit() else value
+            out[key] = int(value) if value.isdigit() and len(value) < 20 else value
         else:
             out[key] = value
     return out
 
 
-def load_model(path_or_run_dir: str | os.PathLike) -> LoadedModel:
+def load_model(path_or_run_dir: str | os.PathLike, *, tokenizer_required: bool = True) -> LoadedModel:
     """Load a model.safetensors (or a run dir's) -> (GPT, Tokenizer, metadata), all validated.
 
-    A missing, foreign (e.g. a tokenizer file), truncated or corrupt file is a one-line
-    PipelineError saying which and what to do.
+    Reads every file in the model format: the pipeline's (tokenizer embedded) and `GPT.save`'s
+    (tokenizer None when `tokenizer_required` is False, else a one-line error). A missing,
+    foreign (e.g. a tokenizer file), truncated or corrupt file is a one-line PipelineError
+    saying which and what to do.
     """
     path = resolve_model_path(path_or_run_dir)
     meta = read_header(path, "model file")
@@ -339,12 +328,18 @@ def load_model(path_or_run_dir: str | os.PathLike) -> LoadedModel:
         raise PipelineError(f"{path} is a tokenizer file, not a model; give a run directory or its model.safetensors")
     _check_format(path, meta, MODEL_FORMAT, "give a run directory or a model.safetensors written by `tk train-model`")
     tensors = _load_tensors(path)
-    tokenizer = _tokenizer_from(path, tensors, meta)
-    model = _model_from(path, meta.get("config"), tensors)
-    if model.config.vocab_size != tokenizer.vocab_size:
+    tokenizer = _tokenizer_from(path, tensors, meta, required=False)
+    if tokenizer is None and tokenizer_required:
+        raise PipelineError(f"{path} has no embedded tokenizer (saved by GPT.save without one); give the tokenizer with -t")
+    config, params = _params_from(path, meta, tensors)
+    if tokenizer is not None and config.vocab_size != tokenizer.vocab_size:
         raise PipelineError(
-            f"{path} is inconsistent: model vocab {model.config.vocab_size} != tokenizer vocab {tokenizer.vocab_size}"
+            f"{path} is inconsistent: model vocab {config.vocab_size} != tokenizer vocab {tokenizer.vocab_size}"
         )
+    try:
+        model = GPT.from_params(config, params)
+    except ModelError as err:
+        raise PipelineError(f"{path}: {err}") from None
     return LoadedModel(model, tokenizer, decode_metadata(meta))
 
 
@@ -397,21 +392,24 @@ def load_train_state(path: str | os.PathLike) -> TrainState:
     _check_format(path, meta, STATE_FORMAT, "resume needs the train_state.safetensors of a tokenkit run")
     tensors = _load_tensors(path)
     tokenizer = _tokenizer_from(path, tensors, meta)
-    model = _model_from(path, meta.get("config"), tensors, prefix="params.")
+    _, params = _params_from(path, meta, tensors, prefix="params.")
     if "rng.train" not in tensors:
         raise PipelineError(f"{path} is incomplete: no data generator state")
     try:
-        return TrainState(
+        state = TrainState(
             step=int(meta["step"]),
-            params=model.params,
+            params=params,
             optimizer={k[len("optimizer."):]: v for k, v in tensors.items() if k.startswith("optimizer.")},
             rng=tensors["rng.train"],
-            best_val_loss=json.loads(meta["best_val_loss"]),
-            best_step=json.loads(meta["best_step"]),
-            train_config=json.loads(meta["train_config"]),
-            model_config=json.loads(meta["config"]),
-            data=json.loads(meta["data"]),
+            best_val_loss=loads(meta["best_val_loss"], f"{path}: best_val_loss"),
+            best_step=loads(meta["best_step"], f"{path}: best_step"),
+            train_config=loads(meta["train_config"], f"{path}: train_config"),
+            model_config=loads(meta["config"], f"{path}: config"),
+            data=loads(meta["data"], f"{path}: data"),
             tokenizer=tokenizer,
         )
     except (KeyError, ValueError) as err:
         raise PipelineError(f"{path} has bad metadata ({err}); it is corrupt") from None
+    if not all(isinstance(v, dict) for v in (state.train_config, state.model_config, state.data)) or state.step < 0:
+        raise PipelineError(f"{path} has bad metadata (a setting table is not a JSON object); it is corrupt")
+    return state

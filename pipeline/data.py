@@ -10,7 +10,8 @@ The last `val_fraction` of the tokens is the validation split. Training batches 
 windows drawn by a `np.random.Generator` whose whole state fits in a few uint64 words
 (`rng_to_array` / `rng_from_array`), so a checkpoint can resume the exact batch sequence.
 
-This module does not write files itself; `pipeline.checkpoint` does.
+This module writes no file contents itself (`bpe` encodes into the file, `pipeline.checkpoint`
+writes the JSON); it only renames finished ids into place.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common import atomic
 from pipeline import checkpoint
 from pipeline.errors import PipelineError
 
@@ -54,7 +56,11 @@ def check_corpus(corpus: str | os.PathLike) -> Path:
 
 @dataclass
 class TokenData:
-    """The encoded corpus: `ids` is a read-only memmap (N,) of the whole corpus."""
+    """The encoded corpus: `ids` is a read-only memmap (N,) of the whole corpus.
+
+    `pending` is the temp file holding freshly encoded ids until `commit_tokens` renames it to
+    tokens.npy (a run commits only once it is known to start); None when nothing is pending.
+    """
 
     ids: np.ndarray
     vocab_size: int
@@ -62,6 +68,7 @@ class TokenData:
     corpus_sha256: str
     tokenizer_fingerprint: str
     reused: bool  # True when the cached tokens.npy was used as is
+    pending: Path | None = None
 
     def split(self, val_fraction: float, context_length: int) -> tuple[np.ndarray, np.ndarray]:
         """(train, val) views of the memmap: val is the last `val_fraction` of the tokens."""
@@ -71,6 +78,12 @@ class TokenData:
     def key(self) -> dict[str, str]:
         """What the ids depend on; a run records it to detect a changed corpus or tokenizer."""
         return {"corpus_sha256": self.corpus_sha256, "tokenizer_fingerprint": self.tokenizer_fingerprint}
+
+    def discard(self) -> None:
+        """Remove the pending temp file (the run did not start)."""
+        if self.pending is not None:
+            self.pending.unlink(missing_ok=True)
+            self.pending = None
 
 
 def split_point(n_tokens: int, val_fraction: float, context_length: int) -> int:
@@ -95,6 +108,19 @@ def split_point(n_tokens: int, val_fraction: float, context_length: int) -> int:
     return n_train
 
 
+def cached_tokens(run_dir: str | os.PathLike, key: dict[str, str], dtype) -> np.ndarray | None:
+    """run_dir/tokens.npy memory-mapped when tokens.json says it was made with `key`, else None."""
+    run_dir = Path(run_dir)
+    tokens_path = run_dir / checkpoint.TOKENS_FILE
+    cached = checkpoint.read_json(run_dir / checkpoint.TOKENS_META_FILE)
+    if not (isinstance(cached, dict) and all(cached.get(k) == v for k, v in key.items()) and tokens_path.exists()):
+        return None
+    ids = _open_ids(tokens_path)
+    if ids is None or ids.dtype != dtype or len(ids) != cached.get("n_tokens"):
+        return None
+    return ids
+
+
 def prepare_tokens(
     corpus: str | os.PathLike,
     tokenizer,
@@ -102,50 +128,60 @@ def prepare_tokens(
     *,
     quiet: bool = False,
     corpus_sha256: str | None = None,
+    commit: bool = True,
 ) -> TokenData:
-    """Encode `corpus` into `run_dir/tokens.npy`, or reuse it when corpus and tokenizer are unchanged.
+    """Encode `corpus` for `run_dir/tokens.npy`, or reuse it when corpus and tokenizer are unchanged.
 
     Returns the ids memory-mapped; the split is made later (`split_point`) because it depends
-    on training settings, not on the encoding.
+    on training settings, not on the encoding. With `commit=False` fresh ids stay in a temp
+    file beside tokens.npy (`TokenData.pending`) until `commit_tokens`, so that nothing in the
+    run directory is replaced before the run is known to start.
     """
     corpus = check_corpus(corpus)
     run_dir = Path(run_dir)
-    tokens_path = run_dir / checkpoint.TOKENS_FILE
-    meta_path = run_dir / checkpoint.TOKENS_META_FILE
+    run_dir.mkdir(parents=True, exist_ok=True)
     digest = corpus_sha256 or sha256_file(corpus)
     fingerprint = tokenizer.fingerprint()
     dtype = np.uint16 if tokenizer.vocab_size <= 65536 else np.uint32
     key = {"corpus_sha256": digest, "tokenizer_fingerprint": fingerprint}
-
-    cached = checkpoint.read_json(meta_path)
-    reused = False
-    if (
-        isinstance(cached, dict)
-        and all(cached.get(k) == v for k, v in key.items())
-        and tokens_path.exists()
-    ):
-        ids = _open_ids(tokens_path)
-        reused = ids is not None and ids.dtype == dtype and len(ids) == cached.get("n_tokens")
-    if not reused:
-        with checkpoint.atomic_path(tokens_path) as tmp:
-            # encode_file writes .npy to the exact path it is given; the temp name has no .npy suffix
+    ids = cached_tokens(run_dir, key, dtype)
+    tokens = TokenData(
+        ids=ids, vocab_size=tokenizer.vocab_size, corpus=str(corpus), corpus_sha256=digest,
+        tokenizer_fingerprint=fingerprint, reused=ids is not None,
+    )
+    if ids is None:
+        tmp = atomic.temp_path(run_dir / checkpoint.TOKENS_FILE)
+        try:
             tokenizer.encode_file(corpus, out_path=tmp, quiet=quiet)
-        ids = _open_ids(tokens_path)
-        if ids is None:
-            raise PipelineError(f"encoding {corpus} wrote an unreadable {tokens_path}")
-        checkpoint.write_json(
-            meta_path,
-            {**key, "corpus": str(corpus), "n_tokens": int(len(ids)), "dtype": np.dtype(dtype).name},
-        )
-    if len(ids) == 0:
+            tokens.ids = _open_ids(tmp)
+            if tokens.ids is None:
+                raise PipelineError(f"encoding {corpus} wrote an unreadable {tmp}")
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        tokens.pending = tmp
+        if commit:
+            commit_tokens(tokens, run_dir)
+    if len(tokens.ids) == 0:
+        tokens.discard()
         raise PipelineError(f"corpus {corpus} encodes to no tokens")
-    return TokenData(
-        ids=ids,
-        vocab_size=tokenizer.vocab_size,
-        corpus=str(corpus),
-        corpus_sha256=digest,
-        tokenizer_fingerprint=fingerprint,
-        reused=reused,
+    return tokens
+
+
+def commit_tokens(tokens: TokenData, run_dir: str | os.PathLike) -> None:
+    """Rename pending ids to run_dir/tokens.npy and record what they were made from in tokens.json."""
+    if tokens.pending is None:
+        return
+    run_dir = Path(run_dir)
+    try:
+        atomic.commit(tokens.pending, run_dir / checkpoint.TOKENS_FILE)
+    except OSError as err:
+        tokens.discard()
+        raise PipelineError(str(atomic.write_error(run_dir / checkpoint.TOKENS_FILE, err))) from None
+    tokens.pending = None
+    checkpoint.write_json(
+        run_dir / checkpoint.TOKENS_META_FILE,
+        {**tokens.key(), "corpus": tokens.corpus, "n_tokens": int(len(tokens.ids)), "dtype": tokens.ids.dtype.name},
     )
 
 

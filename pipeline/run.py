@@ -17,7 +17,7 @@ This module prints nothing; it reports through the `say` callback and return val
 from __future__ import annotations
 
 import codecs
-import json
+import dataclasses
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -27,22 +27,9 @@ from typing import Any
 import numpy as np
 
 from bpe import Tokenizer
-from pipeline import checkpoint, data
+from pipeline import checkpoint, data, rundir
 from pipeline.errors import PipelineError
-from pipeline.train import TrainConfig, TrainResult, resume_training, train_model
-
-# Measured on corpora/tiny_tales.txt: see TrainConfig's defaults for the model side.
-DEFAULT_VOCAB_SIZE = 1024
-
-
-def train_tokenizer(corpus: str | Path, out_path: str | Path, *, vocab_size: int = DEFAULT_VOCAB_SIZE, quiet: bool = False):
-    """Train a BPE tokenizer on `corpus` with the defaults (GPT-2 split pattern) and save it."""
-
-    data.check_corpus(corpus)
-    tok = Tokenizer.train([str(corpus)], vocab_size=vocab_size, quiet=quiet)
-    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-    tok.save(out_path)
-    return tok
+from pipeline.train import DEFAULT_VOCAB_SIZE, TrainConfig, TrainResult, fit_tokenizer, resume_training, train_model
 
 
 def load_tokenizer(path: str | Path):
@@ -181,24 +168,28 @@ class PipelineResult:
     prompt: str
 
 
-def _tokenizer_stage(corpus: Path, run_dir: Path, digest: str, vocab_size: int, quiet: bool, say) -> tuple[Any, str]:
+def _tokenizer_stage(corpus: Path, run_dir: Path, digest: str, vocab_size: int, quiet: bool, say):
+    """(tokenizer, "reused" | "trained", the pipeline.json stamp to write when the run starts)."""
     tok_path = run_dir / checkpoint.TOKENIZER_FILE
     stamp = checkpoint.read_json(run_dir / checkpoint.PIPELINE_FILE) or {}
     if tok_path.exists() and stamp.get("corpus_sha256") == digest and stamp.get("vocab_size") == vocab_size:
         tok = Tokenizer.load(tok_path)
         if tok.fingerprint() == stamp.get("tokenizer_fingerprint"):
             say(f"tokenizer: up to date ({tok_path}, vocab {tok.vocab_size})")
-            return tok, "reused"
+            return tok, "reused", None
     say(f"tokenizer: training BPE on {corpus} (vocab {vocab_size})")
-    tok = train_tokenizer(corpus, tok_path, vocab_size=vocab_size, quiet=quiet)
+    tok = fit_tokenizer(corpus, vocab_size, quiet=quiet)
+    new_stamp = {"corpus": str(corpus), "corpus_sha256": digest, "vocab_size": vocab_size, "tokenizer_fingerprint": tok.fingerprint()}
+    return tok, "trained", new_stamp
+
+
+def _save_tokenizer(run_dir: Path, tok, stamp: dict[str, Any], say) -> None:
+    tok_path = run_dir / checkpoint.TOKENIZER_FILE
+    tok.save(tok_path)
     report = getattr(tok, "train_report", None)
     detail = f", {report.merges_learned} merges, {report.seconds:.1f} s" if report is not None else ""
     say(f"tokenizer: saved {tok_path} (vocab {tok.vocab_size}{detail})")
-    checkpoint.write_json(
-        run_dir / checkpoint.PIPELINE_FILE,
-        {"corpus": str(corpus), "corpus_sha256": digest, "vocab_size": vocab_size, "tokenizer_fingerprint": tok.fingerprint()},
-    )
-    return tok, "trained"
+    checkpoint.write_json(run_dir / checkpoint.PIPELINE_FILE, stamp)
 
 
 def run_pipeline(
@@ -207,59 +198,89 @@ def run_pipeline(
     *,
     vocab_size: int = DEFAULT_VOCAB_SIZE,
     config: TrainConfig | None = None,
+    overwrite: bool = False,
     quiet: bool = False,
     say: Callable[[str], None] = lambda m: None,
 ) -> PipelineResult:
     """Stages 1-3 (tokenizer, encode, train), each skipped or resumed when its output is current.
 
-    Returns where things are and a prompt from the validation text for stage 4 (`predict_next`
-    and `generate` on `checkpoint.load_model(run_dir)`), which the caller runs so it can stream.
+    The run directory is locked for the whole call. A stage whose output exists but is stale (a
+    new corpus, vocabulary size or training settings) is redone only with `overwrite`; without
+    it the call stops in one line before touching anything, as it does for a directory holding
+    files not made by the pipeline. New outputs are committed only once training is known to
+    start. Returns where things are and a prompt from the validation text for stage 4
+    (`predict_next` and `generate` on `checkpoint.load_model(run_dir)`), which the caller runs
+    so it can stream.
     """
     corpus = data.check_corpus(corpus)
     config = config or TrainConfig()
-    run_dir = Path(run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise PipelineError(f"run directory {run_dir} is a file; give a directory path with -o")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    digest = data.sha256_file(corpus)
-    stages: dict[str, str] = {}
+    with rundir.RunDir(run_dir) as rd:
+        run_dir = rd.path
+        if not overwrite and not (run_dir / checkpoint.PIPELINE_FILE).exists():
+            rundir.refuse_conflicts(run_dir, rd.present(), what="a run not made by `tk pipeline`")
+        digest = data.sha256_file(corpus)
+        stages: dict[str, str] = {}
+        tok, stages["tokenizer"], stamp = _tokenizer_stage(corpus, run_dir, digest, vocab_size, quiet, say)
+        if stamp is not None and not overwrite:
+            rundir.refuse_conflicts(run_dir, rd.present([checkpoint.TOKENIZER_FILE]), what="a tokenizer trained on another corpus or vocabulary size")
+        tokens = data.prepare_tokens(corpus, tok, run_dir, quiet=quiet, corpus_sha256=digest, commit=False)
+        stages["encode"] = "reused" if tokens.reused else "encoded"
+        try:
+            stages["train"], result = _train_stage(corpus, rd, tok, tokens, stamp, config, overwrite, quiet, say)
+        finally:
+            tokens.discard()  # still pending only when the run did not start
+        _, val = tokens.split(config.val_fraction, config.context_length)
+        return PipelineResult(run_dir=run_dir, stages=stages, train=result, prompt=sample_prompt(val, tok))
 
-    tok, stages["tokenizer"] = _tokenizer_stage(corpus, run_dir, digest, vocab_size, quiet, say)
 
-    tokens = data.prepare_tokens(corpus, tok, run_dir, quiet=quiet, corpus_sha256=digest)
-    stages["encode"] = "reused" if tokens.reused else "encoded"
-    say(f"encode: {'up to date' if tokens.reused else 'encoded'} ({len(tokens.ids):,} tokens in {run_dir / checkpoint.TOKENS_FILE})")
-
-    stages["train"], result = _train_stage(corpus, run_dir, tok, tokens, config, quiet, say)
-    _, val = tokens.split(config.val_fraction, config.context_length)
-    return PipelineResult(run_dir=run_dir, stages=stages, train=result, prompt=sample_prompt(val, tok))
-
-
-def _train_stage(corpus, run_dir: Path, tok, tokens: data.TokenData, config: TrainConfig, quiet, say):
+def _train_stage(corpus, rd: rundir.RunDir, tok, tokens: data.TokenData, stamp, config: TrainConfig, overwrite: bool, quiet, say):
+    run_dir = rd.path
     state_path = run_dir / checkpoint.STATE_FILE
+    why = None
     if state_path.exists():
         try:
             meta = checkpoint.read_header(state_path)
-            same_config = TrainConfig.from_dict(_json(meta.get("train_config"))) == config
+            recorded_config = TrainConfig.from_dict(_json(meta.get("train_config")))
+            if config.workers == 0:  # "one per core": whatever count the run recorded
+                recorded_config = dataclasses.replace(recorded_config, workers=0)
+            same_config = recorded_config == config
             recorded = _json(meta.get("data"))
             same_data = all(recorded.get(k) == v for k, v in tokens.key().items())
             step = int(meta.get("step", -1))
         except (PipelineError, ValueError, TypeError):
             same_config = same_data = False
             step = -1
-        if same_config and same_data and (run_dir / checkpoint.MODEL_FILE).exists() and step == config.steps:
+        current = stamp is None and same_config and same_data
+        if current and (run_dir / checkpoint.MODEL_FILE).exists() and step == config.steps:
+            data.commit_tokens(tokens, run_dir)
+            say(f"encode: {'up to date' if tokens.reused else 'encoded'} ({len(tokens.ids):,} tokens in {run_dir / checkpoint.TOKENS_FILE})")
             say(f"train: up to date ({run_dir / checkpoint.MODEL_FILE}, step {step})")
             return "reused", None
-        if same_config and same_data and 0 <= step < config.steps:
+        if current and 0 <= step < config.steps:
+            data.commit_tokens(tokens, run_dir)
+            say(f"encode: {'up to date' if tokens.reused else 'encoded'} ({len(tokens.ids):,} tokens in {run_dir / checkpoint.TOKENS_FILE})")
             return "resumed", resume_training(run_dir, corpus=corpus, quiet=quiet, say=say)
-        why = "the corpus or tokenizer changed" if not same_data else "the training settings changed"
-        say(f"train: {why} since the last run; training from scratch")
-    result = train_model(corpus, run_dir, tok, config, replace=True, tokens=tokens, quiet=quiet, say=say)
+        why = "the corpus or tokenizer changed" if not (stamp is None and same_data) else "the training settings changed"
+    elif (run_dir / checkpoint.MODEL_FILE).exists():
+        why = f"{checkpoint.MODEL_FILE} has no {checkpoint.STATE_FILE} beside it to check it against"
+    if why is not None and not overwrite:
+        raise PipelineError(
+            f"{run_dir} holds a model that is not up to date ({why}); pass --overwrite to train it again, "
+            "or choose another -o"
+        )
+    if why is not None:
+        say(f"train: {why} since the last run; training from scratch (--overwrite)")
+
+    def start() -> None:
+        if stamp is not None:
+            _save_tokenizer(run_dir, tok, stamp, say)
+
+    result = train_model(corpus, run_dir, tok, config, overwrite=True, tokens=tokens, on_start=start, quiet=quiet, say=say)
     return "trained", result
 
 
 def _json(value: str | None) -> Mapping[str, Any]:
-    parsed = json.loads(value) if value else {}
+    parsed = checkpoint.loads(value, "training state metadata") if value else {}
     if not isinstance(parsed, dict):
         raise ValueError("not a JSON object")
     return parsed

@@ -38,9 +38,11 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from pipeline import checkpoint, data
+from bpe import Tokenizer
+from pipeline import checkpoint, data, rundir
 from pipeline.errors import PipelineError
 from transformer import GPT, AdamW, GPTConfig, clip_grad_norm, cosine_schedule
+from transformer.model import available_cores
 
 try:  # Python >= 3.11
     import tomllib
@@ -50,6 +52,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     except ModuleNotFoundError:
         tomllib = None  # type: ignore[assignment]
 
+DEFAULT_VOCAB_SIZE = 1024  # tokenizer trained when none is given: laptop-sized, like the model defaults
 MODEL_FIELDS = ("n_layers", "n_heads", "d_model", "context_length", "positional", "activation", "norm", "bias")
 
 
@@ -214,22 +217,31 @@ def _tokenkit_version() -> str:
 
 @contextlib.contextmanager
 def _interrupt_flag():
-    """Turn the first SIGINT into a flag the loop polls between steps; a second one aborts."""
+    """Turn the first SIGINT, SIGTERM or SIGHUP into a flag the loop polls between steps; a
+    second one aborts. SIGTERM or SIGHUP left ignored (nohup) stays ignored. The signal is noted
+    (common.processes.note_interrupt) for the exit code, 128 + its number."""
+    from common.processes import note_interrupt
+
     flag = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield flag  # signals only reach the main thread; plain KeyboardInterrupt handling applies
         return
 
     def handler(signum, frame):
+        note_interrupt(signum)
         if flag.is_set():
             raise KeyboardInterrupt
         flag.set()
 
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, handler)}
     try:
+        for signum in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if signum is not None and signal.getsignal(signum) not in (signal.SIG_IGN, None):  # None: not Python's
+                previous[signum] = signal.signal(signum, handler)
         yield flag
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 class _Run:
@@ -246,6 +258,8 @@ class _Run:
         state: checkpoint.TrainState | None = None,
     ) -> None:
 
+        if config.workers == 0:  # recorded as the count used, so a resume elsewhere is the same run
+            config = dataclasses.replace(config, workers=available_cores())
         self.run_dir = run_dir
         self.tokens = tokens
         self.tokenizer = tokenizer
@@ -253,7 +267,7 @@ class _Run:
         self.quiet = quiet
         self.train_ids, self.val_ids = tokens.split(config.val_fraction, config.context_length)
         self.model_config = GPTConfig.from_dict(config.model_config(tokenizer.vocab_size))
-        self.model = GPT(self.model_config, seed=config.seed, workers=config.workers or None)
+        self.model = GPT(self.model_config, seed=config.seed, workers=config.workers)
         self.opt = AdamW(
             self.model.params,
             lr=config.lr,
@@ -294,7 +308,6 @@ class _Run:
     def provenance(self) -> dict[str, Any]:
         return {
             "tokenkit": _tokenkit_version(),
-            "saved_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "corpus": self.tokens.corpus,
             "corpus_sha256": self.tokens.corpus_sha256,
             "n_train_tokens": int(len(self.train_ids)),
@@ -342,6 +355,9 @@ class _Run:
         log_path = self.run_dir / checkpoint.LOG_FILE
         checkpoint.truncate_log(log_path, self.step)  # drop records past the checkpoint we continue from
         log = checkpoint.JsonlLog(log_path)
+        # wall-clock times live here, never in the weight files (identical runs, identical files)
+        log.write({"type": "session", "step": self.step, "utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                   "workers": self.config.workers, "tokenkit": _tokenkit_version()})
         tokens_per_step = cfg.batch_size * cfg.context_length
         start = time.perf_counter()
         train_seconds = 0.0
@@ -453,47 +469,69 @@ class _Run:
         log.write({"type": "interrupt", "step": self.step})
 
 
-def _prepare_run_dir(run_dir: str | Path) -> Path:
-    run_dir = Path(run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise PipelineError(f"run directory {run_dir} is a file; give a directory path with -o")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint.remove_stale_temps(run_dir)
-    return run_dir
+def fit_tokenizer(corpus: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE, *, quiet: bool = False) -> Tokenizer:
+    """A BPE tokenizer trained on `corpus` with the defaults (GPT-2 split pattern), in memory."""
+    data.check_corpus(corpus)
+    return Tokenizer.train(str(corpus), vocab_size=vocab_size, quiet=quiet)
 
 
 def train_model(
     corpus: str | Path,
     run_dir: str | Path,
-    tokenizer,
-    config: TrainConfig,
+    tokenizer: Tokenizer | None = None,
+    config: TrainConfig | None = None,
     *,
-    replace: bool = False,
+    overwrite: bool = False,
     tokens: data.TokenData | None = None,
+    on_start: Callable[[], None] | None = None,
     quiet: bool = False,
     say: Callable[[str], None] = lambda msg: None,
 ) -> TrainResult:
     """Train a fresh model on `corpus` in `run_dir` (encoding the corpus first, or reusing the cache).
 
-    Refuses to start over an existing run unless `replace`; use `resume_training` to continue one.
-    `tokens` skips the cache check when the caller has just prepared them.
+    Without `tokenizer`, one is trained on the corpus (vocab DEFAULT_VOCAB_SIZE) and saved in
+    the run directory. Everything is validated first (corpus, settings, tokenizer, the encoded
+    corpus's size, the model's memory) and nothing in `run_dir` is replaced or removed before
+    the run starts. A directory holding another run's files is refused unless `overwrite`; use
+    `resume_training` to continue one. `run_dir` is locked for the whole run (`pipeline.rundir`).
+    `tokens` skips encoding when the caller has just prepared them (their pending file, if any,
+    is committed here); `on_start` is called once everything is validated, before the first
+    file is written (the pipeline commits its tokenizer there).
     """
+    config = config or TrainConfig()
     data.check_corpus(corpus)
-    run_dir = _prepare_run_dir(run_dir)
-    state_path = run_dir / checkpoint.STATE_FILE
-    if state_path.exists() and not replace:
-        step = checkpoint.read_header(state_path).get("step", "?")
-        raise PipelineError(
-            f"{run_dir} already holds a training run (step {step}); continue it with --resume or choose another -o"
-        )
-    for stale in (checkpoint.MODEL_FILE, checkpoint.STATE_FILE, checkpoint.LOG_FILE):
-        (run_dir / stale).unlink(missing_ok=True)
-    if tokens is None:
-        tokens = data.prepare_tokens(corpus, tokenizer, run_dir, quiet=quiet)
-        say(f"tokens: {'reused' if tokens.reused else 'encoded'} {len(tokens.ids):,} tokens in {run_dir / checkpoint.TOKENS_FILE}")
-    run = _Run(run_dir, tokens, tokenizer, config, quiet=quiet)
-    _describe(run, say)
-    return run.run()
+    with rundir.RunDir(run_dir) as rd:
+        run_dir = rd.path
+        own = [checkpoint.MODEL_FILE, checkpoint.STATE_FILE, checkpoint.LOG_FILE]
+        if tokenizer is None:
+            own.append(checkpoint.TOKENIZER_FILE)
+        if not overwrite:
+            rundir.refuse_conflicts(run_dir, rd.present(own))
+        if tokenizer is None:
+            say(f"no tokenizer given (-t): training one on {corpus} with the defaults (vocab {DEFAULT_VOCAB_SIZE})")
+            tokenizer = fit_tokenizer(corpus, quiet=quiet)
+        if tokens is None:
+            tokens = data.prepare_tokens(corpus, tokenizer, run_dir, quiet=quiet, commit=False)
+        try:
+            if not overwrite and tokens.pending is not None:  # the cache holds another corpus's ids
+                rundir.refuse_conflicts(run_dir, rd.present([checkpoint.TOKENS_FILE]))
+            run = _Run(run_dir, tokens, tokenizer, config, quiet=quiet)  # checks the split and the model's size
+            # the run starts: from here on the directory is this run's
+            if on_start is not None:
+                on_start()
+            if checkpoint.TOKENIZER_FILE in own:
+                tokenizer.save(run_dir / checkpoint.TOKENIZER_FILE)
+                say(f"tokenizer: saved {run_dir / checkpoint.TOKENIZER_FILE} (vocab {tokenizer.vocab_size})")
+            data.commit_tokens(tokens, run_dir)
+        except BaseException:
+            tokens.discard()
+            raise
+        say(f"encode: {'up to date' if tokens.reused else 'encoded'} ({len(tokens.ids):,} tokens in {run_dir / checkpoint.TOKENS_FILE})")
+        for stale in (checkpoint.MODEL_FILE, checkpoint.STATE_FILE):
+            (run_dir / stale).unlink(missing_ok=True)  # another run's (overwrite): never beside this one's
+        checkpoint.write_text(run_dir / checkpoint.LOG_FILE, "")
+        _describe(run, say)
+        return run.run()
 
 
 def _describe(run: _Run, say: Callable[[str], None]) -> None:
@@ -522,38 +560,41 @@ def resume_training(
 
     `overrides` are settings the user gave explicitly: any that differs from the checkpoint's is
     a one-line error (a resumed run must be the same run). `corpus` defaults to the recorded path
-    and must hash the same; a given `tokenizer` must have the run's fingerprint.
+    and must hash the same; a given `tokenizer` must have the run's fingerprint. The run uses
+    the worker count recorded in the checkpoint, so it continues bit for bit on any core count.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise PipelineError(f"run directory not found: {run_dir}")
-    state_path = run_dir / checkpoint.STATE_FILE
-    if not state_path.exists():
-        raise PipelineError(f"nothing to resume in {run_dir}: no {checkpoint.STATE_FILE}; start a run with `tk train-model`")
-    checkpoint.remove_stale_temps(run_dir)
-    state = checkpoint.load_train_state(state_path)
-    config = TrainConfig.from_dict(state.train_config)
-    for key, value in (overrides or {}).items():
-        key = key.replace("-", "_")
-        old = getattr(config, key)
-        if _coerce(key, type(old).__name__, value) != old:
+    with rundir.RunDir(run_dir):
+        state_path = run_dir / checkpoint.STATE_FILE
+        if not state_path.exists():
+            raise PipelineError(f"nothing to resume in {run_dir}: no {checkpoint.STATE_FILE}; start a run with `tk train-model`")
+        state = checkpoint.load_train_state(state_path)
+        config = TrainConfig.from_dict(state.train_config)
+        for key, value in (overrides or {}).items():
+            key = key.replace("-", "_")
+            old = getattr(config, key)
+            if key == "workers" and value == 0:
+                continue  # "one per core" means the count the run recorded
+            if _coerce(key, type(old).__name__, value) != old:
+                raise PipelineError(
+                    f"{_flag(key)} {value} contradicts the checkpoint in {run_dir} ({old}); drop the flag to resume, "
+                    "or start a new run with another -o"
+                )
+        if tokenizer is not None and tokenizer.fingerprint() != state.tokenizer.fingerprint():
+            raise PipelineError(f"the given tokenizer is not the one {run_dir} was trained with; drop -t to use the run's own")
+        corpus = Path(corpus) if corpus is not None else Path(str(state.data.get("corpus")))
+        data.check_corpus(corpus)
+        digest = data.sha256_file(corpus)
+        if digest != state.data.get("corpus_sha256"):
             raise PipelineError(
-                f"{_flag(key)} {value} contradicts the checkpoint in {run_dir} ({old}); drop the flag to resume, "
-                "or start a new run with another -o"
+                f"corpus {corpus} is not the one {run_dir} was trained on (its sha256 changed); resume needs the same corpus"
             )
-    if tokenizer is not None and tokenizer.fingerprint() != state.tokenizer.fingerprint():
-        raise PipelineError(f"the given tokenizer is not the one {run_dir} was trained with; drop -t to use the run's own")
-    corpus = Path(corpus) if corpus is not None else Path(state.data["corpus"])
-    data.check_corpus(corpus)
-    digest = data.sha256_file(corpus)
-    if digest != state.data["corpus_sha256"]:
-        raise PipelineError(
-            f"corpus {corpus} is not the one {run_dir} was trained on (its sha256 changed); resume needs the same corpus"
-        )
-    tokens = data.prepare_tokens(corpus, state.tokenizer, run_dir, quiet=quiet, corpus_sha256=digest)
-    run = _Run(run_dir, tokens, state.tokenizer, config, quiet=quiet, state=state)
-    if state.step >= config.steps:
-        say(f"{run_dir} already finished its {config.steps} steps; nothing to resume")
-    else:
-        say(f"resuming {run_dir} at step {state.step} of {config.steps}")
-    return run.run()
+        tokens = data.prepare_tokens(corpus, state.tokenizer, run_dir, quiet=quiet, corpus_sha256=digest)
+        run = _Run(run_dir, tokens, state.tokenizer, config, quiet=quiet, state=state)
+        if state.step >= config.steps:
+            say(f"{run_dir} already finished its {config.steps} steps; nothing to resume")
+        else:
+            say(f"resuming {run_dir} at step {state.step} of {config.steps}")
+        return run.run()

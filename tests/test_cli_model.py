@@ -175,7 +175,7 @@ def test_missing_and_foreign_model_files(run, tmp_path, capsys):
     text = tmp_path / "notes.txt"
     text.write_text("hello", encoding="utf-8")
     code, _, err = cli(capsys, "generate", "-m", str(text), "up 1")
-    assert_one_line_error(code, err, "not a readable safetensors file")
+    assert_one_line_error(code, err, "not a safetensors file")
     from safetensors.numpy import save_file
 
     foreign = tmp_path / "foreign.safetensors"
@@ -222,7 +222,7 @@ def test_resume_flags_contradicting_the_checkpoint(run, corpus, tmp_path, capsys
     code, _, err = cli(capsys, "train-model", str(other), "--resume", str(run))
     assert_one_line_error(code, err, "is not the one")
     code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(run))
-    assert_one_line_error(code, err, "already holds a training run")
+    assert_one_line_error(code, err, "already holds files of another run")
     code, _, err = cli(capsys, "train-model", "--resume", str(tmp_path / "none"))
     assert_one_line_error(code, err, "run directory not found")
 
@@ -365,8 +365,12 @@ def test_pipeline_runs_stages_and_skips_what_is_up_to_date(corpus, tmp_path, cap
     code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *flags)
     assert code == 0 and "encode: encoded" in err and "train: up to date" in err
 
-    code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *flags[:-4], "--steps", "40",
-                         "--vocab-size", "300", "-n", "8")
+    changed = [*flags[:-4], "--steps", "40", "--vocab-size", "300", "-n", "8"]
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *changed, "-q")
+    assert_one_line_error(code, err, "training settings changed); pass --overwrite")
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before  # nothing touched
+    code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *changed, "--overwrite")
     assert code == 0 and "training settings changed" in err
     assert json.loads((run_dir / "pipeline.json").read_text(encoding="utf-8"))["vocab_size"] == 300
     assert not np.array_equal(_tensors(run_dir / "model.safetensors")["wte.weight"], first_model["wte.weight"])

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from common import safetensors_file
 from pipeline import PipelineError, checkpoint, data
 from pipeline.train import TrainConfig, load_config_file
 
@@ -49,11 +52,16 @@ def test_atomic_path_interrupt_during_fsync_keeps_old_file(tmp_path, monkeypatch
     assert target.read_text(encoding="utf-8") == "good"
 
 
-def test_remove_stale_temps(tmp_path):
-    (tmp_path / ".model.safetensors.abc.tmp").write_bytes(b"x")
+def test_remove_stale_temps_removes_only_our_temps_of_dead_writers(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f".model.safetensors.tk-{dead.pid}-0123abcd.tmp").write_bytes(b"x")  # a writer killed mid-write
+    live = tmp_path / f".model.safetensors.tk-{os.getppid()}-0123abcd.tmp"  # a live writer's
+    live.write_bytes(b"x")
+    (tmp_path / ".notes.tmp").write_bytes(b"the user's")  # not ours: never touched
     (tmp_path / "keep.txt").write_text("y", encoding="utf-8")
     checkpoint.remove_stale_temps(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, ".notes.tmp", "keep.txt"])
 
 
 def test_truncate_log_drops_records_past_step_and_torn_lines(tmp_path):
@@ -286,18 +294,18 @@ def test_model_checkpoint_round_trip_and_failed_save_keeps_the_old_one(tmp_path,
     assert loaded_tok.fingerprint() == tok.fingerprint()
     assert all(np.array_equal(loaded.params[k], v) for k, v in model.params.items())
 
-    real_save = safetensors.numpy.save_file
+    real_write = safetensors_file.write
 
-    def dies_halfway(tensors, filename, metadata=None):
-        real_save(tensors, filename, metadata=metadata)
-        with open(filename, "r+b") as f:  # leave a torn file behind, as a kill in mid-write would
-            f.truncate(f.seek(0, 2) // 2)
+    def dies_halfway(f, tensors, metadata):
+        real_write(f, tensors, metadata)
+        f.truncate(f.tell() // 2)  # leave a torn file behind, as a kill in mid-write would
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(checkpoint, "save_file", dies_halfway)
+    monkeypatch.setattr(safetensors_file, "write", dies_halfway)
     changed = {k: v + 1 for k, v in model.params.items()}
     with pytest.raises(KeyboardInterrupt):
         checkpoint.save_model(path, changed, tok, **{**kwargs, "step": 8})
+    monkeypatch.undo()
     still, _, meta = checkpoint.load_model(path)
     assert meta["step"] == 7 and all(np.array_equal(still.params[k], v) for k, v in model.params.items())
     assert list(tmp_path.glob(".*.tmp")) == []

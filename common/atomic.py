@@ -1,0 +1,165 @@
+"""The one atomic writer: a file is replaced whole or not at all, and a crash leaves only our temps.
+
+`write_atomic(path, data_or_writer)` writes to a temp file beside `path`, flushes and fsyncs it,
+renames it over `path` (`os.replace`, atomic on POSIX) and fsyncs the directory, so the rename
+itself survives a power cut. Readers see the old file or the new one, never half of one.
+
+Temp files are named `.NAME.tk-PID-RANDOM.tmp`: recognisably ours, with the writer's PID, so
+`remove_stale_temps` can delete exactly the temps of writers that died (a SIGKILL mid-write)
+and never a file it did not create. Files are created with mode 0o666 and the umask applies,
+as for any other program's output; nothing is chmod'ed.
+
+A write that fails (read-only file system, full disk, no permission) removes its temp and
+raises one-line FileError naming the path and what to do; Ctrl-C and other exceptions remove
+the temp and propagate unchanged.
+
+What it deliberately does not do: decide what goes in a file (the format modules do) or lock
+anything (a run directory's lock is `pipeline.rundir`'s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from common.errors import FileError
+
+_TEMP = re.compile(r"^\..+\.tk-(\d+)-[0-9a-f]{8}\.tmp$")
+
+_HINTS = {
+    errno.ENOSPC: "the disk is full; free some space or write elsewhere",
+    errno.EDQUOT: "the disk quota is exceeded; free some space or write elsewhere",
+    errno.EROFS: "the file system is read-only; write elsewhere",
+    errno.EACCES: "permission denied; write elsewhere or fix the directory's permissions",
+    errno.EPERM: "permission denied; write elsewhere or fix the directory's permissions",
+    errno.ENOENT: "the directory does not exist; create it first",
+}
+
+
+def write_error(path: str | os.PathLike, err: OSError) -> FileError:
+    """The one-line FileError for an OSError met while writing `path`."""
+    hint = _HINTS.get(err.errno, "check the path and the disk")
+    return FileError(f"{path}: cannot write ({err.strerror or err}); {hint}")
+
+
+def temp_path(path: str | os.PathLike) -> Path:
+    """A fresh temp name beside `path` that `remove_stale_temps` recognises as ours."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.tk-{os.getpid()}-{secrets.token_hex(4)}.tmp")
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """Make a rename in `directory` durable (a no-op where directories cannot be opened)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _check_target(path: Path) -> None:
+    if not path.parent.is_dir():
+        raise FileError(f"{path}: directory {path.parent} does not exist; create it first")
+    if path.is_dir():
+        raise FileError(f"{path}: is a directory; give a file name")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temp path beside `path` for the caller to write whole; on success it becomes `path`.
+
+    For writers that take a path rather than a file object. On any exception the temp is removed
+    and `path` is untouched.
+    """
+    path = Path(path)
+    _check_target(path)
+    tmp = temp_path(path)
+    try:
+        yield tmp
+        commit(tmp, path)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(err, OSError):
+            raise write_error(path, err) from None
+        raise
+
+
+def commit(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
+    """fsync `tmp`, rename it over `path`, fsync the directory (the last steps of an atomic write)."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(Path(path).parent)
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], None]) -> None:
+    """Write `data` (bytes, or a function that writes into the open binary file) to `path` atomically."""
+    path = Path(path)
+    _check_target(path)
+    tmp = temp_path(path)
+    try:
+        # O_EXCL: never write through a name someone else made; 0o666 & ~umask like any output file
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        with os.fdopen(fd, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(err, OSError):
+            raise write_error(path, err) from None
+        raise
+    fsync_dir(path.parent)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    # a zombie (killed, not yet reaped) is not writing anything
+    with contextlib.suppress(OSError):
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    return True
+
+
+def stale_temps(directory: str | os.PathLike) -> list[Path]:
+    """Our temp files in `directory` whose writer is no longer alive."""
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            match = _TEMP.match(entry.name)
+            if match and entry.is_file(follow_symlinks=False):
+                pid = int(match.group(1))
+                if pid != os.getpid() and not _alive(pid):
+                    found.append(Path(entry.path))
+    return found
+
+
+def remove_stale_temps(directory: str | os.PathLike) -> list[Path]:
+    """Delete the temps of writers that died mid-write (only names `temp_path` makes); returns them."""
+    removed = []
+    for tmp in stale_temps(directory):
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+            removed.append(tmp)
+    return removed

@@ -1,0 +1,178 @@
+"""safetensors files written byte-for-byte reproducibly, and read with every size checked.
+
+The layout is the standard one (any safetensors reader opens our files): an 8-byte little-endian
+header length, a JSON header (tensor name -> dtype, shape, data_offsets; `__metadata__` -> str:str)
+padded with spaces to a multiple of 8, then the tensors' raw little-endian bytes.
+
+Writing is our own (`write`, `serialize`) because a file must be reproducible: the same tensors
+and metadata give the same bytes (names and metadata keys sorted), whereas the library orders
+`__metadata__` differently from one process to the next. `write` streams each array into the
+file object of `common.atomic.write_atomic`, so saving never holds a second copy of the weights.
+
+Reading checks the header against the file before anything is allocated (`read_header`): its
+length, its nesting, every dtype, shape and offset, and that the offsets tile the data exactly;
+`read` then hands the tensors over from the library's memory-mapped reader.
+
+What it deliberately does not do: interpret names or metadata (bpe/io.py and transformer/io.py do).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from common import jsonsafe
+from common.errors import FileError
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
+
+DTYPES = {
+    "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
+    "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
+    "U64": np.dtype("<u8"), "U32": np.dtype("<u4"), "U16": np.dtype("<u2"), "U8": np.dtype("u1"),
+    "BOOL": np.dtype("?"),
+}
+_NAMES = {dtype.newbyteorder("="): name for name, dtype in DTYPES.items()}
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    name = _NAMES.get(dtype.newbyteorder("="))
+    if name is None:
+        raise FileError(f"cannot store dtype {dtype} in a safetensors file")
+    return name
+
+
+def header_bytes(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> bytes:
+    """The 8-byte length and the padded JSON header for these tensors (sorted: reproducible)."""
+    header: dict[str, Any] = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(metadata[k]) for k in sorted(metadata)}
+    start = 0
+    for name in sorted(tensors):
+        arr = tensors[name]
+        header[name] = {"dtype": _dtype_name(arr.dtype), "shape": list(arr.shape), "data_offsets": [start, start + arr.nbytes]}
+        start += arr.nbytes
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
+def write(f: BinaryIO, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
+    """Stream a safetensors file into `f`: header, then each tensor's bytes in name order."""
+    arrays = {name: np.asarray(a) for name, a in tensors.items()}
+    f.write(header_bytes(arrays, metadata))
+    for name in sorted(arrays):
+        arr = arrays[name]
+        little = arr.dtype.newbyteorder("<")
+        if arr.dtype != little or not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr, dtype=little)
+        f.write(memoryview(arr.reshape(-1)).cast("B"))
+
+
+def serialize(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> bytes:
+    """The whole file as bytes (small files, fingerprints)."""
+    buf = io.BytesIO()
+    write(buf, tensors, metadata)
+    return buf.getvalue()
+
+
+def parse_header(data: bytes, file_size: int, what: str) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Validate a header (the bytes after the 8-byte length) against a file of `file_size` bytes.
+
+    Returns ({name: {"dtype", "shape", "data_offsets"}}, metadata). FileError for anything that
+    does not describe exactly the bytes that follow it.
+    """
+    header = jsonsafe.loads(data, f"{what}'s header")
+    if not isinstance(header, dict):
+        raise FileError(f"{what} is not a safetensors file (its header is not a JSON object)")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise FileError(f"{what} has invalid safetensors metadata (it must map strings to strings)")
+    data_bytes = file_size - 8 - len(data)
+    spans = []
+    for name, entry in header.items():
+        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+            raise FileError(f"{what}: tensor {name!r} has a malformed header entry; the file is corrupt")
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if dtype not in DTYPES:
+            raise FileError(f"{what}: tensor {name!r} has unknown dtype {dtype!r}; the file is corrupt")
+        ints = lambda xs: isinstance(xs, list) and all(type(x) is int and x >= 0 for x in xs)  # noqa: E731
+        if not ints(shape) or not ints(offsets) or len(offsets) != 2 or len(shape) > 8:
+            raise FileError(f"{what}: tensor {name!r} has a bad shape or offsets; the file is corrupt")
+        begin, end = offsets
+        if not begin <= end <= data_bytes or math.prod(shape) * DTYPES[dtype].itemsize != end - begin:
+            raise FileError(
+                f"{what}: tensor {name!r} ({dtype} {shape}) does not fit its bytes {begin}..{end} "
+                f"of {data_bytes}; the file is truncated or corrupt"
+            )
+        spans.append((begin, end))
+    spans.sort()
+    covered = 0
+    for begin, end in spans:
+        if begin != covered:
+            raise FileError(f"{what}: tensor data overlaps or has gaps; the file is corrupt")
+        covered = end
+    if covered != data_bytes:
+        raise FileError(f"{what}: {data_bytes - covered} bytes after the last tensor; the file is truncated or corrupt")
+    return header, metadata
+
+
+def read_header(path: str | os.PathLike, what: str | None = None) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """The validated tensor entries and metadata of a safetensors file (reads only its header)."""
+    path = Path(path)
+    what = what or str(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            if len(head) < 8:
+                raise FileError(f"{what} is not a safetensors file (too short; truncated?)")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(size - 8, MAX_HEADER_BYTES):
+                raise FileError(f"{what} is not a safetensors file, or it is truncated (its header length {n} runs past the end)")
+            data = f.read(n)
+    except OSError as err:
+        raise FileError(f"{what}: cannot read ({err.strerror or err})") from None
+    return parse_header(data, size, what)
+
+
+def read(path: str | os.PathLike, what: str | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """All tensors (native byte order) and the metadata of a safetensors file, sizes checked first."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    what = what or str(path)
+    entries, metadata = read_header(path, what)
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            return {name: f.get_tensor(name) for name in sorted(entries)}, metadata
+    except (SafetensorError, OSError, ValueError) as err:  # e.g. the file changed under us
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise FileError(f"{what}: cannot read tensors ({first}); the file may be truncated") from None
+
+
+def load_bytes(data: bytes, what: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Tensors and metadata of a whole file held in memory (checked as `read` checks a file)."""
+    if len(data) < 8:
+        raise FileError(f"{what} is not a safetensors file (too short; truncated?)")
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > min(len(data) - 8, MAX_HEADER_BYTES):
+        raise FileError(f"{what} is not a safetensors file, or it is truncated (its header length {n} runs past the end)")
+    entries, metadata = parse_header(data[8 : 8 + n], len(data), what)
+    start = 8 + n
+    tensors = {}
+    for name in sorted(entries):
+        entry = entries[name]
+        begin, end = entry["data_offsets"]
+        dtype = DTYPES[entry["dtype"]]
+        arr = np.frombuffer(data, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=start + begin)
+        tensors[name] = arr.reshape(entry["shape"]).astype(dtype.newbyteorder("="))
+    return tensors, metadata

@@ -1,0 +1,152 @@
+"""A run directory belongs to one process at a time, and a run never takes another run's files.
+
+`RunDir(path)` is a context manager around the run: it creates the directory if needed, takes
+an exclusive advisory lock (`fcntl.flock` on `.tk.lock` inside it) for the whole run, and only
+then removes the temp files of writers that died mid-write (`common.atomic`'s names; nothing
+else). A second process gets one line naming the holder's PID; the kernel drops the lock of a
+process that dies, so a stale lock never blocks. Worker processes close their inherited copy
+of the lock at fork. Taking the lock again in the same process nests (the pipeline holds it
+while it calls `train_model`).
+
+`conflicts(...)` lists the files of another run that a fresh run would replace: callers refuse
+to start unless the user asked to overwrite. When the run fails before it wrote anything, a
+directory this process created is removed again, so a failed first run leaves nothing behind.
+
+What it deliberately does not do: read or write the run's files (checkpoint.py does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from pathlib import Path
+
+from common import atomic
+from pipeline import checkpoint
+from pipeline.errors import PipelineError
+
+try:
+    import fcntl
+except ModuleNotFoundError:  # pragma: no cover - not POSIX: runs are not locked
+    fcntl = None  # type: ignore[assignment]
+
+LOCK_FILE = ".tk.lock"
+# Every file a run writes; a fresh run refuses a directory holding any of them (unless overwriting).
+RUN_FILES = (
+    checkpoint.MODEL_FILE,
+    checkpoint.STATE_FILE,
+    checkpoint.LOG_FILE,
+    checkpoint.TOKENIZER_FILE,
+    checkpoint.TOKENS_FILE,
+    checkpoint.TOKENS_META_FILE,
+    checkpoint.PIPELINE_FILE,
+)
+
+_held: dict[str, list] = {}  # real path -> [lock fd, nesting depth]: this process's locks
+
+
+def _close_inherited_locks() -> None:
+    for fd, _ in _held.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    # a forked worker must not keep a run locked after its parent is gone
+    os.register_at_fork(after_in_child=_close_inherited_locks)
+
+
+class RunDir:
+    """The run directory `path`, locked by this process while the `with` block runs."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.created = False
+        self._key: str | None = None
+
+    def __enter__(self) -> RunDir:
+        path = self.path
+        if path.exists() and not path.is_dir():
+            raise PipelineError(f"run directory {path} is a file; give a directory path with -o")
+        if not path.exists():
+            try:
+                path.mkdir(parents=True)
+                self.created = True
+            except FileExistsError:
+                pass
+            except OSError as err:
+                raise PipelineError(f"cannot create run directory {path} ({err.strerror}); choose another -o") from None
+        self._key = os.path.realpath(path)
+        held = _held.get(self._key)
+        if held is not None:
+            held[1] += 1
+            return self
+        fd = self._lock()
+        _held[self._key] = [fd, 1]
+        atomic.remove_stale_temps(path)
+        return self
+
+    def _lock(self) -> int:
+        lock_path = self.path / LOCK_FILE
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except OSError as err:
+            self._undo_create()
+            if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise PipelineError(f"run directory {self.path} is not writable ({err.strerror}); choose another -o") from None
+            raise PipelineError(f"cannot lock run directory {self.path} ({err.strerror})") from None
+        if fcntl is None:
+            return fd
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            with contextlib.suppress(OSError):
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            who = f"process {holder}" if holder.isdigit() else "another process"
+            raise PipelineError(
+                f"run directory {self.path} is in use by {who} (another tk run); wait for it to finish or choose another -o"
+            ) from None
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
+
+    def __exit__(self, *exc) -> None:
+        held = _held.get(self._key)
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] > 0:
+            return
+        del _held[self._key]
+        if exc[0] is not None:
+            self._undo_create()  # before unlocking: no other process can have started in it
+        os.close(held[0])
+
+    def _undo_create(self) -> None:
+        """A directory this process created, holding nothing but the lock, goes again."""
+        if not self.created:
+            return
+        with contextlib.suppress(OSError):
+            names = os.listdir(self.path)
+            if set(names) <= {LOCK_FILE}:
+                for name in names:
+                    os.unlink(self.path / name)
+                os.rmdir(self.path)
+
+    def present(self, names=RUN_FILES) -> list[str]:
+        """Which of `names` exist in the directory."""
+        return [name for name in names if (self.path / name).exists()]
+
+
+def refuse_conflicts(run_dir: Path, names: list[str], *, what: str = "another run") -> None:
+    """One line when a fresh run would replace `names` (files of `what`)."""
+    if names:
+        listed = ", ".join(names)
+        raise PipelineError(
+            f"{run_dir} already holds files of {what} ({listed}); continue it with --resume, "
+            "choose another -o, or pass --overwrite to replace them"
+        )
