@@ -23,6 +23,7 @@ File layout (format "tokenkit.bpe", version 1):
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 import sys
@@ -32,13 +33,14 @@ import numpy as np
 from tqdm import tqdm
 
 from bpe.errors import TokenizerError
+from bpe.pretokenize import PATTERNS, resolve_pattern
+from common import jsonsafe
+from common import FileError, atomic, safetensors_file
 
 FORMAT = "tokenkit.bpe"
 FORMAT_VERSION = "1"
 TENSOR_NAMES = ("merges", "vocab_bytes", "vocab_offsets")
 
-# safetensors' dtype names for the dtypes we write.
-_DTYPE_NAMES = {np.dtype(np.int32): "I32", np.dtype(np.int64): "I64", np.dtype(np.uint8): "U8"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,6 +95,7 @@ def unpack(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None) -> d
     missing = [k for k in ("pattern", "pattern_regex", "special_tokens", "training") if k not in metadata]
     if missing:
         raise TokenizerError(f"tokenizer metadata lacks {', '.join(missing)}; the file is damaged")
+    pattern_regex = _check_pattern(metadata["pattern"], metadata["pattern_regex"])
     if set(tensors) != set(TENSOR_NAMES):
         raise TokenizerError(
             f"tokenizer tensors are {sorted(tensors)}, expected {list(TENSOR_NAMES)}; the file is damaged"
@@ -141,11 +144,14 @@ def unpack(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None) -> d
     for r, (a, b) in enumerate(merges):
         if tokens[256 + r] != tokens[a] + tokens[b]:
             raise TokenizerError(f"vocab_bytes of token {256 + r} disagree with merge {r}; the file is damaged")
-    try:
-        specials = json.loads(metadata["special_tokens"])
-        training = json.loads(metadata["training"])
-    except json.JSONDecodeError as err:
-        raise TokenizerError(f"tokenizer metadata is not valid JSON ({err.msg}); the file is damaged") from None
+    for key in ("special_tokens", "training"):
+        if not isinstance(metadata[key], str):
+            raise TokenizerError(f"tokenizer metadata {key} must be a JSON string, got {type(metadata[key]).__name__}")
+    try:  # bounded: JSON nested 100,000 deep is a one-line error, not a RecursionError
+        specials = jsonsafe.loads(metadata["special_tokens"], "tokenizer metadata special_tokens")
+        training = jsonsafe.loads(metadata["training"], "tokenizer metadata training")
+    except FileError as err:
+        raise TokenizerError(f"{err}; the file is damaged") from None
     if not isinstance(specials, dict) or not isinstance(training, dict):
         raise TokenizerError("tokenizer metadata special_tokens/training must be JSON objects")
     expected = set(range(n_tokens, n_tokens + len(specials)))
@@ -161,9 +167,34 @@ def unpack(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None) -> d
         "byte_order": byte_order,
         "special_tokens": specials,
         "pattern": metadata["pattern"],
-        "pattern_regex": metadata["pattern_regex"] or None,
+        "pattern_regex": pattern_regex,
         "training": training,
     }
+
+
+def _check_pattern(pattern, pattern_regex) -> str | None:
+    """The split regex of a tokenizer file (None for no split), refusing one the file's `pattern`
+    does not imply.
+
+    A tokenizer file is data: it names its pattern (gpt2, gpt4/cl100k, none, or a custom regex)
+    and `pattern_regex` must be exactly what `resolve_pattern` makes of that name, so a file
+    cannot run a regex of its own under a built-in name (built-ins run without a time limit,
+    custom patterns with one: see bpe.pretokenize.split_text).
+    """
+    for key, value in (("pattern", pattern), ("pattern_regex", pattern_regex)):
+        if not isinstance(value, str):
+            raise TokenizerError(f"tokenizer metadata {key} must be a string, got {type(value).__name__}; the file is damaged")
+    if pattern in PATTERNS or pattern == "":  # a built-in name ("" is no pattern, like none)
+        expected = PATTERNS.get(pattern) or ""
+    else:
+        expected = pattern  # a custom regex: it is its own regex (and must compile)
+    if pattern_regex != expected:
+        shown = repr(pattern) if len(pattern) <= 60 else repr(pattern[:50]) + "..."
+        raise TokenizerError(
+            f"tokenizer metadata pattern_regex is not the regex of its pattern {shown}; the file was "
+            "altered or damaged (re-train or re-import the tokenizer)"
+        )
+    return resolve_pattern(expected) if expected else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,51 +202,17 @@ def unpack(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None) -> d
 
 
 def serialize(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
-    """The safetensors file for these tensors, byte-identical for identical input.
-
-    Written by hand because the safetensors library orders `__metadata__` keys differently from
-    one process to the next, and a tokenizer file must be reproducible (same corpus and options,
-    same bytes, same fingerprint). The layout is standard: 8-byte little-endian header length,
-    JSON header padded with spaces to a multiple of 8, then the tensors' raw little-endian data.
-    """
-    header: dict[str, object] = {"__metadata__": dict(sorted(metadata.items()))}
-    blobs = []
-    start = 0
-    for name in sorted(tensors):
-        arr = np.ascontiguousarray(tensors[name])
-        arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
-        blob = arr.tobytes()
-        header[name] = {
-            "dtype": _DTYPE_NAMES[arr.dtype],
-            "shape": list(arr.shape),
-            "data_offsets": [start, start + len(blob)],
-        }
-        blobs.append(blob)
-        start += len(blob)
-    text = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode("ascii")
-    text += b" " * (-len(text) % 8)
-    return struct.pack("<Q", len(text)) + text + b"".join(blobs)
+    """The safetensors file for these tensors, byte-identical for identical input (sorted names
+    and metadata, see `common.safetensors_file`): same corpus and options, same fingerprint."""
+    return safetensors_file.serialize(tensors, metadata)
 
 
 def deserialize(data: bytes, what: str = "the file") -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Tensors and metadata of safetensors bytes; one-line TokenizerError when they are not."""
-    from safetensors.numpy import load  # the library checks offsets, sizes and dtypes for us
-
-    if len(data) < 8:
-        raise TokenizerError(f"{what} is not a safetensors file (too short; truncated?)")
-    (n,) = struct.unpack("<Q", data[:8])
-    if n > len(data) - 8:
-        raise TokenizerError(f"{what} is not a safetensors file, or it is truncated (header runs past the end)")
+    """Tensors and metadata of safetensors bytes, every size checked; one-line TokenizerError when they are not."""
     try:
-        header = json.loads(data[8 : 8 + n])
-        tensors = load(data)
-    except Exception as err:  # the library raises its own SafetensorError, json its own: one line for both
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise TokenizerError(f"{what} is not a valid safetensors file ({first}); is it truncated?") from None
-    metadata = header.get("__metadata__") if isinstance(header, dict) else None
-    if metadata is not None and not isinstance(metadata, dict):
-        raise TokenizerError(f"{what} has invalid safetensors metadata")
-    return tensors, metadata or {}
+        return safetensors_file.load_bytes(data, what)
+    except FileError as err:
+        raise TokenizerError(str(err)) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,28 +228,13 @@ def _check_readable(path: Path) -> Path:
     return path
 
 
-def write_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` so that readers see the old file or the new one, never half."""
-    _write_with(Path(path), lambda f: f.write(data))
-
-
-def _write_with(path: Path, write) -> None:
-    if not path.parent.is_dir():
-        raise TokenizerError(f"{path}: directory {path.parent} does not exist; create it first")
-    if path.is_dir():
-        raise TokenizerError(f"{path}: is a directory, give a file name")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def write_atomic(path: str | os.PathLike, data) -> None:
+    """Write `data` (bytes, or a function writing into the open file) so that readers see the old
+    file or the new one, never half (`common.atomic`); one-line TokenizerError when it cannot."""
     try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as err:
-        raise TokenizerError(f"{path}: cannot write ({err.strerror})") from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+        atomic.write_atomic(path, data)
+    except FileError as err:
+        raise TokenizerError(str(err)) from None
 
 
 def write_tokenizer_file(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
@@ -305,23 +287,62 @@ def save_ids_stream(path: str | os.PathLike, dtype, pieces) -> int:
         f.seek(0)
         f.write(_npy_header(dtype, count))
 
-    _write_with(Path(path), write)
+    write_atomic(path, write)
     return count
 
 
 def load_ids(path: str | os.PathLike) -> np.ndarray:
-    """Token ids from a `.npy` file (integers, any shape flattened)."""
+    """Token ids from a `.npy` file (integers, any shape flattened), memory-mapped read-only.
+
+    The header is checked before anything is allocated: an integer dtype (never objects, so never
+    pickle) and a shape whose size is exactly the bytes after the header. Memory then follows
+    what is read, so a header claiming 1e11 ids in a 200-byte file is an error, not 186 GiB.
+    """
     path = _check_readable(Path(path))
-    with open(path, "rb") as f:
-        if f.read(6) != b"\x93NUMPY":
-            raise TokenizerError(f"{path}: not a .npy file (give the ids file that `tk encode -o` wrote)")
+    dtype, shape, _, offset, size = _npy_header_of(path)
+    if dtype.hasobject or dtype.kind not in "iu":
+        raise TokenizerError(f"{path}: holds {dtype}, expected integer token ids (give the ids file that `tk encode -o` wrote)")
+    count = math.prod(shape)
+    if any(n < 0 for n in shape) or count * dtype.itemsize != size - offset:
+        raise TokenizerError(
+            f"{path}: its header declares {count:,} ids of {dtype} ({count * dtype.itemsize:,} bytes) but "
+            f"{size - offset:,} bytes follow it; the file is truncated or corrupt"
+        )
+    if count == 0:
+        return np.zeros(0, dtype=dtype)
     try:
-        ids = np.load(path, allow_pickle=False)
+        ids = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:
         raise TokenizerError(f"{path}: not a .npy file of token ids ({str(err).splitlines()[0]})") from None
-    if not isinstance(ids, np.ndarray) or ids.dtype.kind not in "iu":
-        raise TokenizerError(f"{path}: holds {getattr(ids, 'dtype', type(ids))}, expected integer token ids")
     return ids.reshape(-1)
+
+
+def _npy_header_of(path: Path) -> tuple[np.dtype, tuple[int, ...], bool, int, int]:
+    """(dtype, shape, fortran_order, data offset, file size) of a .npy file; TokenizerError when its
+    header is not one numpy would read."""
+    from numpy.lib import format as npy
+
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if f.read(6) != b"\x93NUMPY":
+                raise TokenizerError(f"{path}: not a .npy file (give the ids file that `tk encode -o` wrote)")
+            f.seek(0)
+            version = npy.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = npy.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, fortran, dtype = npy.read_array_header_2_0(f)
+            else:
+                raise TokenizerError(f"{path}: .npy format version {version[0]}.{version[1]} is not supported; re-encode it")
+            return dtype, shape, fortran, f.tell(), size
+    except OSError as err:
+        raise TokenizerError(f"{path}: cannot read ({err.strerror or err})") from None
+    except TokenizerError:
+        raise
+    except Exception as err:  # numpy's header parser raises ValueError, SyntaxError, ...: one line for all
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise TokenizerError(f"{path}: not a .npy file of token ids (bad header: {first})") from None
 
 
 def print_line(line: str) -> None:
@@ -412,13 +433,17 @@ def read_gpt2(vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> 
     """
     vocab_path, merges_path = _check_readable(Path(vocab_path)), _check_readable(Path(merges_path))
     try:
-        encoder = json.loads(vocab_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise TokenizerError(f"{vocab_path}: not a GPT-2 vocabulary JSON ({err}); give encoder.json or vocab.json") from None
-    if not isinstance(encoder, dict) or not all(isinstance(v, int) for v in encoder.values()):
+        encoder = jsonsafe.loads(vocab_path.read_bytes(), str(vocab_path))
+    except OSError as err:
+        raise TokenizerError(f"{vocab_path}: cannot read ({err.strerror})") from None
+    except FileError as err:  # invalid, not UTF-8, or nested absurdly deep
+        raise TokenizerError(f"{err}; give GPT-2's encoder.json or vocab.json") from None
+    if not isinstance(encoder, dict) or not all(type(v) is int for v in encoder.values()):
         raise TokenizerError(f"{vocab_path}: expected a JSON object of token string -> id")
     try:
         lines = merges_path.read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        raise TokenizerError(f"{merges_path}: cannot read ({err.strerror})") from None
     except UnicodeDecodeError:
         raise TokenizerError(f"{merges_path}: not UTF-8 text; give vocab.bpe or merges.txt") from None
     byte_of = {c: b for b, c in bytes_to_unicode().items()}

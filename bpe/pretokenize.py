@@ -40,6 +40,7 @@ import regex
 from tqdm import tqdm
 
 from bpe.errors import TokenizerError
+from common.processes import die_with_parent
 
 __all__ = ["GPT2_PATTERN", "GPT4_PATTERN", "PATTERNS", "count_chunks", "resolve_pattern", "split_text"]
 
@@ -98,19 +99,47 @@ def split_text(text: str, pattern: str | None) -> list[str]:
     rx = _compile(pattern)
     if pattern in _BUILTIN:  # they match every character, so the matches are the whole split
         return rx.findall(text)
+    # A custom pattern is data (it may come from a tokenizer file): it runs with a time limit, so
+    # that a catastrophically backtracking regex is an error instead of a hang.
+    limit = custom_pattern_timeout(len(text))
     chunks = []
     done = 0
-    for m in rx.finditer(text):
-        start, end = m.span()
-        if start == end:
-            continue
-        if start > done:
-            chunks.append(text[done:start])
-        chunks.append(text[start:end])
-        done = end
+    try:
+        for m in rx.finditer(text, timeout=limit):
+            start, end = m.span()
+            if start == end:
+                continue
+            if start > done:
+                chunks.append(text[done:start])
+            chunks.append(text[start:end])
+            done = end
+    except TimeoutError:
+        shown = repr(pattern) if len(pattern) <= 60 else repr(pattern[:50]) + "..."
+        raise TokenizerError(
+            f"the split pattern {shown} takes too long on this text (over {limit:.0f} s for {len(text):,} "
+            "characters: catastrophic backtracking, e.g. nested quantifiers like (a|aa)+); simplify the "
+            "regex or use gpt2, gpt4 or none"
+        ) from None
     if done < len(text):
         chunks.append(text[done:])
     return chunks
+
+
+# Time limit of a custom pattern on a text: 1 s, plus 4 s per million characters. Sane patterns
+# split 2.7-14 million characters per second with the limit on (measured on 10 MB of Gutenberg
+# text: \w+|\W+, GPT-2's and GPT-4's patterns, look-behinds), so the limit is 10x or more what
+# they need; a catastrophically backtracking one (exponential in a run's length) hits it.
+_TIMEOUT_BASE_S = 1.0
+_TIMEOUT_PER_CHAR_S = 4e-6
+
+
+def custom_pattern_timeout(n_chars: int) -> float:
+    """Seconds a custom split pattern may take on a text of n_chars characters.
+
+    >>> custom_pattern_timeout(0), custom_pattern_timeout(1_000_000)
+    (1.0, 5.0)
+    """
+    return _TIMEOUT_BASE_S + _TIMEOUT_PER_CHAR_S * n_chars
 
 
 def count_chunks(
@@ -145,6 +174,9 @@ def count_chunks(
     piece_bytes = _PIECE_BYTES if pattern in _BUILTIN else None
     if pattern is None:  # nothing to split: a worker would only copy each source twice
         workers = 1
+    # More workers than pieces would only idle (and --workers 1000000 must not fork a million):
+    # a source of s bytes yields at most ceil(s / piece_bytes) + 1 pieces.
+    workers = min(workers, sum(1 if piece_bytes is None else -(-s // piece_bytes) + 1 for s in sizes))
 
     pieces = (p for s in sources for p in _source_pieces(s, piece_bytes))
     first = next(pieces, None)
@@ -173,7 +205,8 @@ def _count_in_workers(pieces: Iterator[bytes], pattern: str | None, workers: int
     ctx = get_context("fork" if sys.platform.startswith("linux") else "spawn")
     tasks = ctx.Queue(maxsize=2 * workers)  # bounded: memory stays at a few pieces
     results = ctx.Queue()
-    procs = [ctx.Process(target=_count_worker, args=(tasks, results, pattern), daemon=True) for _ in range(workers)]
+    procs = [ctx.Process(target=_count_worker, args=(tasks, results, pattern, os.getpid()), daemon=True)
+             for _ in range(workers)]
     for p in procs:  # started before the progress bar, whose monitor thread a fork should not copy
         p.start()
     try:
@@ -186,6 +219,8 @@ def _count_in_workers(pieces: Iterator[bytes], pattern: str | None, workers: int
             totals: Counter[str] = Counter()
             for _ in procs:
                 part = _next_result(results, procs)
+                if isinstance(part, TokenizerError):  # e.g. a custom pattern over its time limit
+                    raise TokenizerError(str(part)) from None
                 if isinstance(part, str):
                     raise TokenizerError(f"a counting worker failed: {part}; try --workers 1")
                 totals.update(part)
@@ -199,13 +234,14 @@ def _count_in_workers(pieces: Iterator[bytes], pattern: str | None, workers: int
     return totals
 
 
-def _count_worker(tasks, results, pattern: str | None) -> None:
+def _count_worker(tasks, results, pattern: str | None, parent: int) -> None:
+    die_with_parent(parent)  # daemon=True only covers a parent that exits normally
     totals: Counter[str] = Counter()
     try:
         while (piece := tasks.get()) is not None:
             _count_into(totals, piece, pattern)
     except Exception as err:  # reported to the parent, which turns it into one line
-        results.put(" ".join(f"{type(err).__name__}: {err}".split()))  # one line
+        results.put(err if isinstance(err, TokenizerError) else " ".join(f"{type(err).__name__}: {err}".split()))
         while tasks.get() is not None:  # keep draining, so that the parent never waits on a full queue
             pass
     else:

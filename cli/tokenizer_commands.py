@@ -148,11 +148,13 @@ def decode_command(tokenizer_path, ids, file) -> int:
         values = bpe_io.load_ids(file)
     else:
         words = " ".join(ids).replace(",", " ").replace("[", " ").replace("]", " ").split()
-        try:
-            values = [int(w) for w in words]
-        except ValueError:
-            bad = next(w for w in words if not w.lstrip("-").isdigit())
-            raise click.BadParameter(f"{bad!r} is not a token id (ids are whole numbers)", param_hint="IDS") from None
+        values = []
+        for w in words:
+            try:  # int() itself is the test: '²' passes isdigit() and fails int()
+                values.append(int(w))
+            except ValueError:
+                shown = repr(w) if len(w) <= 40 else repr(w[:30]) + "..."
+                raise click.BadParameter(f"{shown} is not a token id (ids are whole numbers)", param_hint="IDS") from None
     click.echo(tok.decode(values))
     return 0
 

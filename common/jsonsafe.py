@@ -9,7 +9,7 @@ to bound (a file's length bounds its text).
 >>> loads("[" * 100 + "]" * 100, "config")
 Traceback (most recent call last):
 ...
-common.errors.FileError: config is nested deeper than 64 levels; it is not a file tokenkit wrote
+common.errors.FileError: config is nested deeper than 64 levels (tokenkit never nests that deep; the file is damaged or hostile)
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def loads(text: str | bytes, what: str = "JSON text") -> Any:
         except UnicodeDecodeError:
             raise FileError(f"{what} is not UTF-8 text") from None
     if depth(text) > MAX_DEPTH:
-        raise FileError(f"{what} is nested deeper than {MAX_DEPTH} levels; it is not a file tokenkit wrote")
+        raise FileError(f"{what} is nested deeper than {MAX_DEPTH} levels (tokenkit never nests that deep; the file is damaged or hostile)")
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as err:

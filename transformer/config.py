@@ -8,6 +8,7 @@ in one line, before any array is allocated. It holds no weights and does no I/O.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -17,6 +18,26 @@ _CHOICES = {
     "positional": ("learned", "sinusoidal"),
     "activation": ("gelu", "relu"),
     "norm": ("pre", "post"),
+}
+
+# Upper bounds, so that a config read from a file cannot imply absurd work or allocations before
+# any tensor is looked at (whether the model then fits in memory is GPT's check: see
+# transformer.model.check_memory). Far beyond any model this NumPy code can train or run:
+# - context_length 65,536 (GPT-2: 1,024): with sinusoidal positions no tensor backs it, and one
+#   sequence of that length already needs 16 GiB of attention scores per head; learned positions
+#   share the bound (their wpe table must be in the file anyway).
+# - vocab_size 2**24 (GPT-2: 50,257; the largest tokenizers ~256k); token ids stay far inside uint32.
+# - d_model 65,536 (GPT-2 small: 768, GPT-3: 12,288), n_layers 1,024 (GPT-3: 96).
+MAX_CONTEXT_LENGTH = 1 << 16
+MAX_VOCAB_SIZE = 1 << 24
+MAX_D_MODEL = 1 << 16
+MAX_LAYERS = 1 << 10
+_LIMITS = {
+    "vocab_size": MAX_VOCAB_SIZE,
+    "context_length": MAX_CONTEXT_LENGTH,
+    "d_model": MAX_D_MODEL,
+    "n_layers": MAX_LAYERS,
+    "n_heads": MAX_D_MODEL,  # n_heads divides d_model, so this only bounds the message's number
 }
 
 
@@ -44,7 +65,9 @@ class GPTConfig:
             value = getattr(self, name)
             # bool is an int subclass; `n_layers=True` is a mistake, not a 1.
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ModelError(f"config: {name} must be a positive integer, got {value!r}")
+                raise ModelError(f"config: {name} must be a positive integer, got {_short(value)}")
+            if value > _LIMITS[name]:
+                raise ModelError(f"config: {name} must be at most {_LIMITS[name]:,}, got {_short(value)}")
         if self.d_model % self.n_heads:
             raise ModelError(
                 f"config: d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads});"
@@ -62,6 +85,14 @@ class GPTConfig:
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    def n_params(self) -> int:
+        """Number of parameters (float32 each: 4 bytes).
+
+        >>> GPTConfig().n_params()  # GPT-2 small
+        124439808
+        """
+        return sum(math.prod(shape) for shape in param_shapes(self).values())
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict; `GPTConfig.from_dict(c.to_dict()) == c`."""
         return asdict(self)
@@ -78,6 +109,15 @@ class GPTConfig:
                 f"config: unknown field(s) {', '.join(map(str, unknown))}; known: {', '.join(sorted(known))}"
             )
         return cls(**d)
+
+
+def _short(value: Any) -> str:
+    """A value for a one-line message: its repr, cut short (a config from a file may hold anything)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int too long to print (Python refuses over 4,300 digits)
+        return f"an integer of {value.bit_length():,} bits"
+    return text if len(text) <= 40 else text[:30] + "..."
 
 
 def param_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:

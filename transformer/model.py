@@ -26,6 +26,7 @@ import numpy as np
 from transformer import io, ops
 from transformer.config import GPTConfig, param_shapes
 from transformer.errors import ModelError
+from transformer.memory import check_memory
 from transformer.sampling import check_sampling, sample_next
 from transformer.workers import LOSS, LOSS_AND_GRADS, WorkerPool, fork_available
 
@@ -40,7 +41,7 @@ _ACTIVATIONS = {
 # with single-threaded BLAS, so both the GEMMs and the elementwise passes use every core.
 
 
-def _available_cores() -> int:
+def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
@@ -172,13 +173,14 @@ class GPT:
         sums; where fork is unavailable (not Linux) the shards run one after the other."""
         if not isinstance(config, GPTConfig):
             raise ModelError(f"expected a GPTConfig, got {type(config).__name__}")
+        check_memory(config)  # before init_params allocates: one line, not a MemoryError
         self.config = config
         self._setup(workers, init_params(config, seed))
 
     def _setup(self, workers: int | None, params: dict[str, np.ndarray]) -> None:
         """Set workers and params; with workers, params move to the pool's shared memory (so the
         optimizer's in-place updates reach the workers)."""
-        self.workers = _available_cores() if workers is None else workers
+        self.workers = available_cores() if workers is None else workers
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise ModelError(f"workers must be a positive integer or None, got {workers!r}")
         self._scratch: dict[tuple, np.ndarray] = {}
@@ -199,6 +201,9 @@ class GPT:
     @classmethod
     def from_params(cls, config: GPTConfig, params: dict[str, np.ndarray], *, workers: int | None = None) -> GPT:
         """A model with the given weights (checked against the config's names and shapes)."""
+        if not isinstance(config, GPTConfig):
+            raise ModelError(f"expected a GPTConfig, got {type(config).__name__}")
+        check_memory(config, loaded=True)  # the weights are here; the sinusoid table and caches are not yet
         expected = param_shapes(config)
         missing = [name for name in expected if name not in params]
         if missing:
@@ -534,6 +539,8 @@ class GPT:
         if isinstance(max_new_tokens, bool) or int(max_new_tokens) != max_new_tokens or max_new_tokens < 0:
             raise ModelError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens}")
         check_sampling(temperature, top_k, top_p)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise ModelError(f"seed must be a non-negative integer or None, got {seed!r}")
         rng = np.random.default_rng(seed)
         pick = lambda logits: sample_next(logits, rng, temperature=temperature, top_k=top_k, top_p=top_p)  # noqa: E731
         steps = self._steps_cached() if use_cache and self.config.causal else self._steps_uncached()

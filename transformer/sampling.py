@@ -86,7 +86,10 @@ def sample_next(
     then top-p, then one draw by inverse CDF from `rng`."""
     if temperature == 0:
         return greedy(logits)
-    z = apply_temperature(logits, temperature)
+    with np.errstate(over="ignore"):
+        z = apply_temperature(logits, temperature)
+    if np.isinf(z.max()):  # a temperature so small (e.g. 1e-320) that logits overflow: that is greedy
+        return greedy(logits)
     if top_k is not None:
         z = top_k_filter(z, int(top_k))
     if top_p is not None:
