@@ -43,6 +43,7 @@ from bpe import io
 from bpe.errors import TokenizerError
 from bpe.pretokenize import count_chunks, resolve_pattern, split_text
 from bpe.trainer import train_merges
+from common.processes import die_with_parent
 
 _NO_MERGE = 1 << 62  # "rank" of a pair that has no merge; larger than any id
 _LONG_CHUNK = 64  # from this many bytes on, merge with a heap instead of rescanning the chunk
@@ -513,13 +514,16 @@ class Tokenizer:
         global _worker_tok
         ctx = multiprocessing.get_context()
         if ctx.get_start_method() == "fork":  # workers inherit this tokenizer (and its warm cache)
-            _worker_tok, init, initargs = self, None, ()
+            _worker_tok, packed = self, None
         else:  # spawn/forkserver: each worker rebuilds it from the tensors
-            init, initargs = _worker_init, self.to_tensors()
+            packed = self.to_tensors()
         n = min(workers, len(ranges))
         todo = iter(ranges)
         pending: deque = deque()  # (bytes, future) of the pieces in flight, in file order
-        with ProcessPoolExecutor(n, mp_context=ctx, initializer=init, initargs=initargs) as pool:
+        # The pool starts its workers from the thread that submits (this one; its manager thread
+        # only replaces workers under max_tasks_per_child, unused here): the thread whose exit
+        # fires the workers' death signal (see die_with_parent).
+        with ProcessPoolExecutor(n, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(), packed)) as pool:
 
             def submit(count: int) -> None:
                 for a, b in islice(todo, count):
@@ -533,7 +537,13 @@ class Tokenizer:
                     submit(1)
                     bar.update(nbytes)
                     yield ids
-            except BaseException:  # e.g. a disallowed special in one piece: stop the others now
+            except BaseException as exc:  # e.g. a disallowed special in one piece: stop the others now
+                if not isinstance(exc, Exception):
+                    # Interrupted (Ctrl-C, SIGTERM) or closed early: the pieces in flight are not worth
+                    # waiting for. Terminate first, then shut down, which waits for the manager thread to
+                    # reap them (the other order races this process's exit on Python 3.11).
+                    for proc in list((pool._processes or {}).values()):  # Python >= 3.14: terminate_workers()
+                        proc.terminate()
                 pool.shutdown(cancel_futures=True)
                 raise
             finally:
@@ -611,9 +621,13 @@ class Tokenizer:
 _worker_tok: Tokenizer | None = None
 
 
-def _worker_init(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+def _worker_init(parent: int, packed: tuple[dict[str, np.ndarray], dict[str, str]] | None) -> None:
+    """First thing in an encoding worker: die with `parent`; rebuild the tokenizer from its
+    tensors unless it was inherited through fork (`packed` None)."""
     global _worker_tok
-    _worker_tok = Tokenizer.from_tensors(tensors, metadata)
+    die_with_parent(parent)
+    if packed is not None:
+        _worker_tok = Tokenizer.from_tensors(*packed)
 
 
 def _worker_encode(path: str, start: int, end: int, allowed, disallowed) -> np.ndarray:

@@ -13,7 +13,8 @@ worker writes its gradients into a shared buffer of its own; its loss, the ids o
 any error travel over a socket pair as raw bytes (no pickle).
 
 Lifecycle: workers are forked on the first parallel call. A worker leaves when its socket
-closes (the pool was closed or collected, or this process died), or after IDLE_EXIT_S without
+closes (the pool was closed or collected, or this process died), when this process dies (a
+death signal: see common.processes.die_with_parent), or after IDLE_EXIT_S without
 work, which hands its memory back (a model left alone in a notebook holds no processes); it
 says goodbye first, so a request that crossed the goodbye is known to be undone and its shard
 is computed here instead. An interrupted or failed call kills the pool's workers. The next call
@@ -39,6 +40,7 @@ from typing import NoReturn
 
 import numpy as np
 
+from common.processes import die_with_parent
 from transformer.errors import ModelError
 
 LOSS, LOSS_AND_GRADS = 0, 1
@@ -120,6 +122,7 @@ class WorkerPool:
         while len(self._conns) < self.n:
             grads = shared_arrays(self.params, copy=False)
             mine, theirs = Pipe(duplex=True)
+            parent = os.getpid()
             with warnings.catch_warnings():
                 # Python >= 3.12 warns on fork in a process with threads: a child could inherit a
                 # lock some thread held. The worker only runs NumPy and this module; malloc,
@@ -129,6 +132,8 @@ class WorkerPool:
             if pid == 0:  # the worker: never returns to the caller's stack
                 code = 1
                 try:
+                    # EOF alone is not enough: a process forked from the parent later holds its socket too
+                    die_with_parent(parent)
                     gc.freeze()  # else the collector writes to, so copies, every inherited object's page
                     mine.close()
                     for pool in list(_live_pools):  # sockets of other workers: theirs to close
