@@ -125,10 +125,8 @@ def split_text(text: str, pattern: str | None) -> list[str]:
     return chunks
 
 
-# Time limit of a custom pattern on a text: 1 s, plus 4 s per million characters. Sane patterns
-# split 2.7-14 million characters per second with the limit on (measured on 10 MB of Gutenberg
-# text: \w+|\W+, GPT-2's and GPT-4's patterns, look-behinds), so the limit is 10x or more what
-# they need; a catastrophically backtracking one (exponential in a run's length) hits it.
+# Time limit of a custom pattern on a text: 1 s, plus 4 s per million characters, ten times what
+# sane patterns need (BENCHMARKS.md); a catastrophically backtracking one (exponential) hits it.
 _TIMEOUT_BASE_S = 1.0
 _TIMEOUT_PER_CHAR_S = 4e-6
 

@@ -15,7 +15,7 @@ import click
 
 from pipeline import PipelineError, checkpoint
 from pipeline.data import check_corpus
-from pipeline.run import generate, load_tokenizer, predict_next, run_pipeline, token_text
+from pipeline.run import generate, load_model_and_tokenizer, load_tokenizer, predict_next, run_pipeline, token_text
 from pipeline.train import DEFAULT_VOCAB_SIZE, TrainConfig, TrainResult, load_config_file, resume_training, train_model
 
 _DEFAULTS = TrainConfig()
@@ -62,15 +62,16 @@ def _training_options(func):
     return func
 
 
-def _given(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The training settings given explicitly: a --config file's, then the flags'."""
+def _given(kwargs: dict[str, Any], fresh: bool = True) -> dict[str, Any]:
+    """The training settings given explicitly: a --config file's, then the flags'. For a fresh run
+    a short --steps brings a warmup that fits in it; a resumed run keeps its own."""
     values: dict[str, Any] = {}
     if kwargs.get("config_file") is not None:
 
         values.update(load_config_file(kwargs["config_file"]))
     values.update({name: kwargs[name] for name in _FIELDS if kwargs.get(name) is not None})
     steps = values.get("steps")
-    if isinstance(steps, int) and "warmup_steps" not in values and steps < _DEFAULTS.warmup_steps:
+    if fresh and isinstance(steps, int) and "warmup_steps" not in values and steps < _DEFAULTS.warmup_steps:
         values["warmup_steps"] = steps // 10  # a short run asked for: the default warmup would not fit in it
     return values
 
@@ -137,7 +138,7 @@ def train_model_command(corpus, tokenizer_path, run_dir, resume, overwrite, quie
       tk train-model --resume runs/tales
     """
     say = _say(quiet)
-    given = _given(kwargs)
+    given = _given(kwargs, fresh=resume is None)
     if resume is not None:
         target = Path(resume) if resume else run_dir
         if target is None:
@@ -169,16 +170,18 @@ def train_model_command(corpus, tokenizer_path, run_dir, resume, overwrite, quie
 @click.command("predict-next")
 @click.option("-m", "--model", "model_path", required=True, type=click.Path(path_type=Path),
               help="run directory or model.safetensors")
+@click.option("-t", "--tokenizer", "tokenizer_path", type=click.Path(path_type=Path),
+              help="tokenizer.safetensors, for a model file without one embedded (GPT.save's)")
 @click.argument("text")
 @click.option("--top-k", default=10, show_default=True, type=int, help="rows in the table of likely tokens")
-def predict_next_command(model_path, text, top_k) -> int:
+def predict_next_command(model_path, tokenizer_path, text, top_k) -> int:
     """The most likely token after TEXT (argmax), then the top K with their probabilities.
 
     \b
     Example:
       tk predict-next -m runs/tales "Once upon a time, there was a"
     """
-    model, tok, _ = checkpoint.load_model(model_path)
+    model, tok = load_model_and_tokenizer(model_path, tokenizer_path)
     pred = predict_next(model, tok, text, top_k=top_k, say=_warn)
     best_id, best_p = pred.top[0]
     click.echo(f"next token: {token_text(tok, best_id)} (id {best_id}, p = {best_p:.4f})")
@@ -195,20 +198,22 @@ def predict_next_command(model_path, text, top_k) -> int:
 @click.command("generate")
 @click.option("-m", "--model", "model_path", required=True, type=click.Path(path_type=Path),
               help="run directory or model.safetensors")
+@click.option("-t", "--tokenizer", "tokenizer_path", type=click.Path(path_type=Path),
+              help="tokenizer.safetensors, for a model file without one embedded (GPT.save's)")
 @click.argument("prompt")
 @click.option("-n", "--max-new-tokens", default=100, show_default=True, type=int, help="tokens to generate")
 @click.option("--temperature", default=1.0, show_default=True, type=float, help="0 = greedy (argmax)")
 @click.option("--top-k", default=None, type=int, help="sample among the K most likely tokens")
 @click.option("--top-p", default=None, type=float, help="sample among the smallest set with probability >= P")
 @click.option("--seed", default=None, type=int, help="seed for reproducible sampling")
-def generate_command(model_path, prompt, max_new_tokens, temperature, top_k, top_p, seed) -> int:
+def generate_command(model_path, tokenizer_path, prompt, max_new_tokens, temperature, top_k, top_p, seed) -> int:
     """Continue PROMPT, streaming the text as it is generated (KV-cached decoding).
 
     \b
     Example:
       tk generate -m runs/tales "Once upon a time" -n 60 --temperature 0.8 --seed 1
     """
-    model, tok, _ = checkpoint.load_model(model_path)
+    model, tok = load_model_and_tokenizer(model_path, tokenizer_path)
     pieces = generate(
         model, tok, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
         top_k=top_k, top_p=top_p, seed=seed, say=_warn,
@@ -271,23 +276,27 @@ def _info_tokenizer(path: Path, meta: dict[str, str]) -> None:
 
 
 def _info_model(path: Path) -> None:
-    model, tok, meta = checkpoint.load_model(path)
+    model, tok, meta = checkpoint.load_model(path, tokenizer_required=False)
     n_params = sum(int(p.size) for p in model.params.values())
     _row("file", path)
-    _row("format", f"{meta.get('format')} v{meta.get('format_version')} (model + embedded tokenizer)")
+    what = "model + embedded tokenizer" if tok is not None else "model; no tokenizer embedded"
+    _row("format", f"{meta.get('format')} v{meta.get('format_version')} ({what})")
     _row("config", json.dumps(model.config.to_dict()))
     _row("parameters", f"{n_params:,}")
-    _row("vocab size", f"{tok.vocab_size} (tokenizer {meta.get('tokenizer_fingerprint', '')[:16]}...)")
-    _row("training step", meta.get("step"))
+    if tok is not None:
+        _row("vocab size", f"{tok.vocab_size} (tokenizer {meta.get('tokenizer_fingerprint', '')[:16]}...)")
+    if "step" in meta:
+        _row("training step", meta.get("step"))
     val = meta.get("val_loss")
-    _row("validation loss", f"{val:.4f}" if isinstance(val, float) else val)
+    if "val_loss" in meta:
+        _row("validation loss", f"{val:.4f}" if isinstance(val, float) else val)
     prov = meta.get("provenance") or {}
     if isinstance(prov, dict):
         base = prov.get("unigram_baseline")
         if isinstance(base, float):
             _row("unigram baseline", f"{base:.4f}")
         labels = {"corpus": "corpus", "corpus_sha256": "corpus sha256", "n_train_tokens": "train tokens",
-                  "tokenkit": "written by tokenkit", "saved_utc": "saved (UTC)"}
+                  "tokenkit": "written by tokenkit"}
         for key, label in labels.items():
             if key in prov:
                 _row(label, f"{prov[key]:,}" if isinstance(prov[key], int) else prov[key])

@@ -105,10 +105,7 @@ def commit(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
 
 def write_atomic(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], None]) -> None:
     """Write `data` (bytes, or a function that writes into the open binary file) to `path` atomically."""
-    path = Path(path)
-    _check_target(path)
-    tmp = temp_path(path)
-    try:
+    with atomic_path(path) as tmp:
         # O_EXCL: never write through a name someone else made; 0o666 & ~umask like any output file
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
         with os.fdopen(fd, "wb") as f:
@@ -116,16 +113,6 @@ def write_atomic(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], Non
                 data(f)
             else:
                 f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        if isinstance(err, OSError):
-            raise write_error(path, err) from None
-        raise
-    fsync_dir(path.parent)
 
 
 def _alive(pid: int) -> bool:

@@ -43,6 +43,22 @@ def load_tokenizer(path: str | Path):
     return Tokenizer.load(path)
 
 
+def load_model_and_tokenizer(model_path: str | Path, tokenizer_path: str | Path | None = None):
+    """(GPT, Tokenizer) for inference: the model file's own tokenizer, or the one given.
+
+    A model saved by `GPT.save` carries no tokenizer: then `tokenizer_path` is needed. A given
+    tokenizer must have the model's vocabulary size.
+    """
+    loaded = checkpoint.load_model(model_path, tokenizer_required=tokenizer_path is None)
+    tok = loaded.tokenizer if tokenizer_path is None else load_tokenizer(tokenizer_path)
+    if tok.vocab_size != loaded.model.config.vocab_size:
+        raise PipelineError(
+            f"tokenizer {tokenizer_path} has {tok.vocab_size} tokens but the model expects {loaded.model.config.vocab_size}; "
+            "give the tokenizer the model was trained with"
+        )
+    return loaded.model, tok
+
+
 # --- prediction ------------------------------------------------------------------------------
 
 

@@ -1,10 +1,10 @@
 """A run directory belongs to one process at a time, and a run never takes another run's files.
 
 `RunDir(path)` is a context manager around the run: it creates the directory if needed, takes
-an exclusive advisory lock (`fcntl.flock` on `.tk.lock` inside it) for the whole run, and only
-then removes the temp files of writers that died mid-write (`common.atomic`'s names; nothing
-else). A second process gets one line naming the holder's PID; the kernel drops the lock of a
-process that dies, so a stale lock never blocks. Worker processes close their inherited copy
+an exclusive advisory lock (`fcntl.flock` on `.tk.lock` inside it, removed again when the run
+ends) for the whole run, and only then removes the temp files of writers that died mid-write
+(`common.atomic`'s names; nothing else). A second process gets one line naming the holder's
+PID; the kernel drops the lock of a process that dies, so a stale lock file never blocks. Worker processes close their inherited copy
 of the lock at fork. Taking the lock again in the same process nests (the pipeline holds it
 while it calls `train_model`).
 
@@ -90,25 +90,35 @@ class RunDir:
 
     def _lock(self) -> int:
         lock_path = self.path / LOCK_FILE
-        try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
-        except OSError as err:
-            self._undo_create()
-            if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-                raise PipelineError(f"run directory {self.path} is not writable ({err.strerror}); choose another -o") from None
-            raise PipelineError(f"cannot lock run directory {self.path} ({err.strerror})") from None
-        if fcntl is None:
-            return fd
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            with contextlib.suppress(OSError):
-                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        while True:
+            try:
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+            except OSError as err:
+                self._undo_create()
+                if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                    raise PipelineError(f"run directory {self.path} is not writable ({err.strerror}); choose another -o") from None
+                raise PipelineError(f"cannot lock run directory {self.path} ({err.strerror})") from None
+            if fcntl is None:
+                return fd
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = ""
+                with contextlib.suppress(OSError):
+                    holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+                os.close(fd)
+                who = f"process {holder}" if holder.isdigit() else "another process"
+                raise PipelineError(
+                    f"run directory {self.path} is in use by {who} (another tk run); wait for it to finish or choose another -o"
+                ) from None
+            # the holder before us unlinks the file when it is done: lock the file that is there now
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(lock_path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
             os.close(fd)
-            who = f"process {holder}" if holder.isdigit() else "another process"
-            raise PipelineError(
-                f"run directory {self.path} is in use by {who} (another tk run); wait for it to finish or choose another -o"
-            ) from None
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -122,20 +132,19 @@ class RunDir:
         if held[1] > 0:
             return
         del _held[self._key]
+        # while still locked: a process waiting on this file sees it replaced and locks the new one
+        with contextlib.suppress(OSError):
+            os.unlink(self.path / LOCK_FILE)
         if exc[0] is not None:
-            self._undo_create()  # before unlocking: no other process can have started in it
+            self._undo_create()
         os.close(held[0])
 
     def _undo_create(self) -> None:
-        """A directory this process created, holding nothing but the lock, goes again."""
+        """A directory this process created and left empty goes again."""
         if not self.created:
             return
         with contextlib.suppress(OSError):
-            names = os.listdir(self.path)
-            if set(names) <= {LOCK_FILE}:
-                for name in names:
-                    os.unlink(self.path / name)
-                os.rmdir(self.path)
+            os.rmdir(self.path)  # only when empty
 
     def present(self, names=RUN_FILES) -> list[str]:
         """Which of `names` exist in the directory."""

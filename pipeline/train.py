@@ -39,9 +39,12 @@ import numpy as np
 from tqdm import tqdm
 
 from bpe import Tokenizer
+from common import FileError, jsonsafe
+from common.processes import note_interrupt
 from pipeline import checkpoint, data, rundir
 from pipeline.errors import PipelineError
 from transformer import GPT, AdamW, GPTConfig, clip_grad_norm, cosine_schedule
+from transformer.memory import check_memory
 from transformer.model import available_cores
 
 try:  # Python >= 3.11
@@ -166,6 +169,13 @@ def _coerce(key: str, typ: str, value: Any) -> Any:
     return float(value) if typ == "float" else value
 
 
+def _read_small(path: Path, limit: int = 1 << 20) -> str:
+    """A settings file's text; a file over `limit` bytes is not one."""
+    if path.stat().st_size > limit:
+        raise PipelineError(f"config file {path} is {path.stat().st_size:,} bytes; a settings file is a few hundred")
+    return path.read_text(encoding="utf-8")
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """The settings table of a .json or .toml file (TOML needs Python >= 3.11 or the `tomli` package)."""
     path = Path(path)
@@ -175,13 +185,18 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         if path.suffix.lower() == ".toml":
             if tomllib is None:
                 raise PipelineError("reading TOML needs Python >= 3.11 or `pip install tomli`; or give a .json config")
-            values = tomllib.loads(path.read_text(encoding="utf-8"))
+            values = tomllib.loads(_read_small(path))
         elif path.suffix.lower() == ".json":
-            values = json.loads(path.read_text(encoding="utf-8"))
+            try:
+                values = jsonsafe.loads(_read_small(path), "its text")
+            except FileError as err:
+                raise PipelineError(f"config file {path} does not parse: {err}") from None
         else:
             raise PipelineError(f"config file {path} must end in .json or .toml")
     except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError and TOMLDecodeError are ValueErrors
         raise PipelineError(f"config file {path} does not parse: {str(err).splitlines()[0]}") from None
+    except RecursionError:  # TOML nested thousands deep
+        raise PipelineError(f"config file {path} is nested too deep; it must be one flat table of settings") from None
     if not isinstance(values, dict):
         raise PipelineError(f"config file {path} must hold one table of settings")
     return values
@@ -220,8 +235,6 @@ def _interrupt_flag():
     """Turn the first SIGINT, SIGTERM or SIGHUP into a flag the loop polls between steps; a
     second one aborts. SIGTERM or SIGHUP left ignored (nohup) stays ignored. The signal is noted
     (common.processes.note_interrupt) for the exit code, 128 + its number."""
-    from common.processes import note_interrupt
-
     flag = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield flag  # signals only reach the main thread; plain KeyboardInterrupt handling applies
@@ -267,6 +280,7 @@ class _Run:
         self.quiet = quiet
         self.train_ids, self.val_ids = tokens.split(config.val_fraction, config.context_length)
         self.model_config = GPTConfig.from_dict(config.model_config(tokenizer.vocab_size))
+        check_memory(self.model_config, training=True, workers=config.workers)  # one line, not a MemoryError
         self.model = GPT(self.model_config, seed=config.seed, workers=config.workers)
         self.opt = AdamW(
             self.model.params,

@@ -1,0 +1,189 @@
+"""Run every `$ tk ...` example of README.md in a scratch directory and show (or write) its real output.
+
+    python bench/readme_examples.py            # print each command and its fresh output
+    python bench/readme_examples.py --write    # also rewrite README.md's example blocks with them
+
+Each fenced example block holds `$ command` lines, each followed by its output. The commands
+run in README order (the pipeline's block first, since the others use runs/demo), in a scratch
+directory with `corpora/` linked in and `../shared` beside it (blocks that need `../shared/data`
+are skipped when it is absent), stdout and stderr merged as a terminal shows them.
+
+Outputs the README shortens with `...` lines keep their shape: the part before the first `...`
+is the new output's head, the part after the last one its tail, and a part between two `...`
+is found in the new output by its first line with the numbers masked. `# ...` after a command
+is a comment. The train-model example gets Ctrl-C (SIGINT) once its log reaches
+INTERRUPT_AT[command], as a user pressed it. The line of README.md that starts with MACHINE_LINE
+is rewritten to say what machine and versions the outputs came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+SHARED = REPO.parent / "shared"
+MACHINE_LINE = "The example outputs below were produced by"
+INTERRUPT_AT = {"tk train-model corpora/tiny_tales.txt -t runs/demo/tokenizer.safetensors -o runs/tales --steps 400": 211}
+FIRST = "tk pipeline corpora/tiny_tales.txt -o runs/demo"
+
+
+def blocks(lines: list[str]) -> list[tuple[int, int]]:
+    """(first, last) line indices inside each plain ``` block that starts with a `$ ` command."""
+    found: list[tuple[int, int]] = []
+    start: int | None = None  # first line inside the open block; -1 inside a block with a language
+    for i, line in enumerate(lines):
+        if not line.startswith("```"):
+            continue
+        if start is None:
+            start = i + 1 if line.strip() == "```" else -1
+            continue
+        if start >= 0 and start < i and lines[start].startswith("$ "):
+            found.append((start, i))
+        start = None
+    return found
+
+
+def commands(block: list[str]) -> list[tuple[str, list[str]]]:
+    """[(command line after '$ ', its output lines)]."""
+    out: list[tuple[str, list[str]]] = []
+    for line in block:
+        if line.startswith("$ "):
+            out.append((line[2:], []))
+        else:
+            out[-1][1].append(line)
+    return out
+
+
+def masked(line: str) -> str:
+    return re.sub(r"\d[\d,.]*", "#", line).strip()
+
+
+def excerpt(old: list[str], new: list[str]) -> list[str]:
+    """`new` shortened the way `old` is (see the module docstring)."""
+    if "..." not in old:
+        return new
+    parts: list[list[str]] = [[]]
+    for line in old:
+        if line == "...":
+            parts.append([])
+        else:
+            parts[-1].append(line)
+    result: list[str] = []
+    head, *middle, tail = parts
+    result += new[: len(head)]
+    pos = len(head)
+    for part in middle:
+        result.append("...")
+        if not part:
+            continue
+        key = masked(part[0])
+        hit = next((i for i in range(pos, len(new)) if masked(new[i]) == key), None)
+        if hit is None:
+            hit = next((i for i in range(pos, len(new)) if masked(new[i]).split()[:2] == key.split()[:2]), pos)
+        result += new[hit : hit + len(part)]
+        pos = hit + len(part)
+    result.append("...")
+    if tail:
+        result += new[-len(tail):]
+    return result
+
+
+def run(command: str, cwd: Path, env: dict[str, str]) -> list[str]:
+    """The merged output lines of one shell command (Ctrl-C at INTERRUPT_AT's step, if listed)."""
+    bare = command.split("  #")[0].strip()
+    proc = subprocess.Popen(["bash", "-c", bare + " 2>&1"], cwd=cwd, env=env, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    stop_at = INTERRUPT_AT.get(bare)
+    if stop_at is not None:
+        log = cwd / bare.split(" -o ")[1].split()[0] / "log.jsonl"
+        while proc.poll() is None:
+            try:
+                steps = [json.loads(line).get("step", 0) for line in log.read_text(encoding="utf-8").splitlines()[-3:]]
+            except (OSError, ValueError):
+                steps = []
+            if steps and max(steps) >= stop_at:
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+            time.sleep(0.005)
+    text, _ = proc.communicate()
+    return text.rstrip("\n").splitlines()
+
+
+def machine() -> str:
+    import numpy
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (f"{MACHINE_LINE} `python bench/readme_examples.py --write` on {cpu}, {cores} cores, "
+            f"{platform.system()}, Python {platform.python_version()}, NumPy {numpy.__version__} "
+            f"({time.strftime('%Y-%m-%d')}); timings and the model's numbers differ on other machines.")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="rewrite README.md's example blocks")
+    args = parser.parse_args()
+    lines = README.read_text(encoding="utf-8").splitlines()
+    found = blocks(lines)
+    order = sorted(range(len(found)), key=lambda k: not any(line == "$ " + FIRST for line in lines[found[k][0]:found[k][1]]))
+    scratch = Path(tempfile.mkdtemp(prefix="tk-readme-"))
+    work = scratch / "main"
+    work.mkdir()
+    (work / "corpora").symlink_to(REPO / "corpora")
+    if SHARED.exists():
+        (scratch / "shared").symlink_to(SHARED)
+    shim = scratch / "bin"
+    shim.mkdir()
+    (shim / "tk").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m cli.main "$@"\n', encoding="utf-8")
+    (shim / "tk").chmod(0o755)
+    env = {**os.environ, "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    new_blocks: dict[int, list[str]] = {}
+    try:
+        for k in order:
+            a, b = found[k]
+            block = lines[a:b]
+            if "../shared/data" in "\n".join(block) and not SHARED.exists():
+                print(f"skipped (no ../shared/data): {block[0]}", file=sys.stderr)
+                continue
+            rebuilt = []
+            for command, old in commands(block):
+                new = run(command, work, env)
+                shown = excerpt(old, new)
+                print(f"$ {command}\n" + "\n".join(shown) + "\n", flush=True)
+                rebuilt += ["$ " + command, *shown]
+            new_blocks[k] = rebuilt
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if args.write:
+        out: list[str] = []
+        pos = 0
+        for k, (a, b) in enumerate(found):
+            out += lines[pos:a]
+            out += new_blocks.get(k, lines[a:b])
+            pos = b
+        out += lines[pos:]
+        out = [machine() if line.startswith(MACHINE_LINE) else line for line in out]
+        README.write_text("\n".join(out) + "\n", encoding="utf-8")
+        print(f"wrote {README}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
