@@ -166,6 +166,8 @@ def main() -> int:
             for command, old in commands(block):
                 new = run(command, work, env)
                 shown = excerpt(old, new)
+                if old and old[-1] == "" and (not shown or shown[-1] != ""):
+                    shown.append("")  # the blank line that separates it from the next command
                 print(f"$ {command}\n" + "\n".join(shown) + "\n", flush=True)
                 rebuilt += ["$ " + command, *shown]
             new_blocks[k] = rebuilt
