@@ -344,8 +344,7 @@ class Tokenizer:
         """Ids of text that holds no special tokens (anything special-looking is plain text).
 
         Split with the pattern, then look every chunk up in the cache, merging only the chunks
-        not seen before. (Caching whole space-separated words instead was measured: slower on
-        real text, where each new megabyte brings many new words but few new chunks.)
+        not seen before (chunks, not whole words: new text brings few new chunks; BENCHMARKS.md).
         """
 
         if len(self._cache) > _CACHE_LIMIT:

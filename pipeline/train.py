@@ -64,12 +64,8 @@ class TrainConfig:
     """Every setting of a training run: the model's shape and the optimisation.
 
     The defaults train the default corpus (`corpora/tiny_tales.txt`, with a 1024-token BPE) to a
-    visibly learned model in about a minute on 2 cores. Measured there: with 1000 steps at lr 4e-3
-    the model learns to copy a story's hero's name from earlier in the context (an induction head;
-    200/200 held-out stories), which 500 steps at 2e-3 did not (9/200); 2 layers learned it as
-    well as 4 (val loss 0.386 vs 0.389) in 60 s instead of 144 s. Across seeds 1000 steps ended
-    between 0.385 and 0.414, and the weaker runs sometimes swap the hero's name mid-story; 2000
-    steps (about 50 s once the model got faster) reached 0.365-0.369 and kept the names.
+    visibly learned model in about a minute on 2 cores: it learns to carry a story's hero's name
+    (an induction head), steadily across seeds (the measurements behind them: BENCHMARKS.md).
     """
 
     # model (the vocabulary size comes from the tokenizer)

@@ -72,9 +72,7 @@ def _openblas_threads_api():
 def _one_blas_thread():
     """Run a block with single-threaded BLAS. The model parallelises by itself, over batch
     shards in worker processes (one sync per step, not one per matmul); BLAS threads on top would
-    oversubscribe the cores, and their spin-waits collapse on a busy machine (measured: a
-    batched (48, 256, 256) @ (48, 256, 64) matmul ran 10-70x slower with 2 threads than with 1
-    while other processes were running)."""
+    oversubscribe the cores, and their spin-waits collapse on a busy machine (BENCHMARKS.md)."""
     api = _openblas_threads_api()
     if api is None:
         yield
@@ -94,8 +92,7 @@ def _keep_freed_memory() -> None:
 
     A training step allocates and frees the same activation-sized arrays every time; with
     glibc's defaults many of them are returned to the OS (munmap, heap trim) and page-faulted
-    in again the next step: measured ~9k faults and ~25% extra CPU time per step on config S.
-    Arrays up to 32 MB (the most glibc allows) then come from its heaps, which are not trimmed
+    in again the next step (page faults cost a quarter of a small step: BENCHMARKS.md). Arrays up to 32 MB (the most glibc allows) then come from its heaps, which are not trimmed
     below 1 GB. A no-op where there is no glibc.
     """
     try:
@@ -111,9 +108,7 @@ def _keep_freed_memory() -> None:
 
 
 # Token embeddings' initial std beside fixed sinusoids of amplitude 1: at GPT-2's 0.02 the
-# positions swamp the tokens and the model barely learns. Measured on the default corpus (2 layers,
-# width 128, 400 steps): val loss 3.58 at 0.02, 0.64 at 0.1, 0.52-0.53 at 0.2 (3 seeds), 0.55 at
-# 0.5, 0.55-0.59 at 0.71 (the table's RMS), 0.56 at 1.0; learned positions: 0.47.
+# positions swamp the tokens and the model barely learns (the sweep is in BENCHMARKS.md).
 SINUSOIDAL_WTE_STD = 0.2
 
 

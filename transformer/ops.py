@@ -13,6 +13,9 @@ are not loops over batch, heads or time. `softmax_xent_forward` exponentiates th
 logits in place and `softmax_xent_backward` turns those into dlogits in place, so the biggest
 array of the model is allocated once and its cache is good for one backward.
 
+Each fast op names its plain, obviously correct twin in `transformer/reference.py`, which the
+tests compare it with.
+
 What this module does not do: parameters, initialisation, sampling, I/O (see model.py, io.py).
 """
 
@@ -32,7 +35,10 @@ _GELU_A = 0.044715
 
 
 def embedding_forward(ids: np.ndarray, weight: np.ndarray):
-    """ids (B, T) int, weight (V, C) -> out (B, T, C): row ids[b, t] of weight."""
+    """ids (B, T) int, weight (V, C) -> out (B, T, C): row ids[b, t] of weight.
+
+    Plain twin: `transformer.reference.embedding`.
+    """
     return weight.take(ids, axis=0), (ids, weight.shape)
 
 
@@ -68,6 +74,7 @@ def _sinusoidal_table64(n_positions: int, d_model: int) -> np.ndarray:
 def sinusoidal_table(n_positions: int, d_model: int, dtype=np.float32) -> np.ndarray:
     """(T, C) fixed encodings of "Attention is all you need" (seed 001):
     PE[p, 2i] = sin(p / 10000^(2i/C)), PE[p, 2i+1] = cos(p / 10000^(2i/C)).
+    Plain twin: `transformer.reference.sinusoidal_table`.
 
     >>> sinusoidal_table(2, 4, np.float64)[1].round(3).tolist()
     [0.841, 0.54, 0.01, 1.0]
@@ -92,8 +99,7 @@ def positional_backward(dout: np.ndarray, cache) -> np.ndarray:
 
 
 _ROW_BLOCK = 1 << 18  # elements per row block of the LayerNorm and GELU passes: 1 MB of float32,
-# so a block's passes mostly hit L2 (2 MB per core here); measured in 2-thread training steps,
-# 256 KB and 512 KB blocks were no faster and cost more NumPy calls (S: 36.5 vs 34.9 ms)
+# so a block's passes mostly hit L2; smaller blocks only cost more NumPy calls
 
 
 def _row_blocks(n_rows: int, row_len: int, block_elems: int) -> range:
@@ -109,6 +115,7 @@ def layernorm_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None
     The cache keeps the normalised xhat (not x) and 1/std: all the backward needs. Row means
     are GEMVs against a (C,) vector of 1/C: one BLAS read instead of a NumPy reduction. The
     passes run over L2-sized row blocks (`_row_blocks`), as GELU's do.
+    Plain twin: `transformer.reference.layernorm`.
     """
     C = x.shape[-1]
     x2 = x.reshape(-1, C)
@@ -151,7 +158,7 @@ def layernorm_backward(dout: np.ndarray, cache):
     dbias = np.zeros(C, dtype=d2.dtype) if has_bias else None
     w_over_c = weight / C
     # a quarter of the forward's block: the backward's four (rows, C) streams (dout, xhat, dx,
-    # scratch) then fit L2 together; 1 thread, isolated, (2048, 256) 1.19 -> 0.96 ms per call
+    # scratch) then fit L2 together
     rows = _row_blocks(N, C, _ROW_BLOCK // 4)
     scratch = np.empty((min(rows.step, N), C), dtype=d2.dtype)
     ones = np.ones(scratch.shape[0], dtype=d2.dtype)
@@ -179,6 +186,7 @@ def linear_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None):
     """x (..., Cin), weight (Cin, Cout) (GPT-2's Conv1D layout), bias (Cout,) -> (..., Cout).
 
     One 2-D GEMM on the (B*T, Cin) view of x.
+    Plain twin: `transformer.reference.linear`.
     """
     out = x.reshape(-1, x.shape[-1]) @ weight
     if bias is not None:
@@ -284,7 +292,7 @@ def _query_tiles(T: int, causal: bool, pairs: int = 1) -> list[tuple[int, int, i
     many query rows, and the tile count is bounded whatever T. Bidirectional attention, a short
     causal one, and one whose whole (B, H, T, T) scores fit a tile's budget are one tile seeing
     every key: there the extra calls of a second tile cost more than the masked quarter they
-    skip (config S, 24 pairs at T = 64: a training step 37.5 -> 35.7 ms with one tile).
+    skip.
     """
     if not causal or T < 16 or pairs * T * T <= _TILE_SCORES:
         return [(0, T, T)]
@@ -301,6 +309,7 @@ def attention_forward(qkv: np.ndarray, n_heads: int, causal: bool, trace: dict |
     instead of T*T). Causal attention runs in query tiles (`_query_tiles`), only each tile's
     diagonal block masked. With `trace` (a dict) it records q, k, v, scores_raw, scores,
     weights and mix, each (B, H, ...), the (T, T) ones whole (masked scores -inf, their weights 0).
+    Plain twin: `transformer.reference.attention`.
     """
     B, T, C3 = qkv.shape
     C = C3 // 3
@@ -398,6 +407,7 @@ def gelu_forward(x: np.ndarray, grad: bool = True):
     then one multiply, and the cache is one array instead of x and h. Without `grad` (eval) the
     cache is None. The passes run over L2-sized row blocks (`_row_blocks`), so only the first
     reads x from memory and only the last ones write a finished block.
+    Plain twin: `transformer.reference.gelu`.
     """
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
@@ -437,7 +447,10 @@ def gelu_backward(dout: np.ndarray, cache) -> np.ndarray:
 
 def relu_forward(x: np.ndarray, grad: bool = True):
     """x (...) -> max(x, 0); the cache is the output (its sign says where gradient flows), kept
-    whether or not `grad` asks for it since it costs nothing extra."""
+    whether or not `grad` asks for it since it costs nothing extra.
+
+    Plain twin: `transformer.reference.relu`.
+    """
     out = np.maximum(x, 0)
     return out, out
 
@@ -470,6 +483,7 @@ def softmax_xent_forward(logits: np.ndarray, targets: np.ndarray):
     Like the attention softmax, a block skips the row max (shift 0) when exp cannot overflow
     (max < 60) and no row can underflow (every target logit, hence every row max, above -40);
     otherwise its rows are shifted by their max.
+    Plain twins: `transformer.reference.softmax_xent` and `softmax_xent_grad`.
     """
     N, V = logits.shape
     rows = max(1, _BLOCK_ELEMS // max(V, 1))

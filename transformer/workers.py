@@ -3,9 +3,7 @@
 A step splits its batch into shards: this process computes the first, forked worker
 processes the others at the same time, each with single-threaded BLAS. Processes, not
 threads: NumPy releases the GIL inside a call, but a shard makes hundreds of short calls per
-step and every one must take the GIL back, so two threads queue for it. Measured on config S
-(bench/model.py): the two 6-sequence halves of a step take 36 ms in two threads, 28 ms in two
-processes, as long as one half alone.
+step and every one must take the GIL back, so two threads queue for it (BENCHMARKS.md).
 
 The parameters live in shared memory, one anonymous MAP_SHARED mapping that forked workers
 inherit, so a worker always reads the weights the optimizer has just updated in place. Each

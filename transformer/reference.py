@@ -1,0 +1,94 @@
+"""The plain versions of the fast ops: obviously correct, slow, for reading and for the tests.
+
+`transformer/ops.py` computes the same things in cache-sized row blocks, query tiles, fused
+in-place passes and GEMV row sums; each op's docstring names its twin here. These functions
+loop where the math loops (over rows, positions, heads), use float64-friendly formulas as a
+textbook writes them, and allocate freely. The tests compare every op against them on random
+shapes, as llm.c keeps `matmul_forward_naive` beside its fast matmul and tiktoken keeps
+`_educational.py`.
+
+What this module deliberately does not do: backward passes (the ops' backwards are checked
+against finite differences of these forwards), speed, or anything the model does not need.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+LN_EPS = 1e-5  # GPT-2's LayerNorm epsilon
+
+
+def embedding(ids: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """(B, T) ids, (V, C) table -> (B, T, C): row ids[b, t] of the table."""
+    B, T = ids.shape
+    return np.stack([np.stack([weight[ids[b, t]] for t in range(T)]) for b in range(B)])
+
+
+def sinusoidal_table(n_positions: int, d_model: int) -> np.ndarray:
+    """(n_positions, d_model): PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(the same)."""
+    table = np.zeros((n_positions, d_model))
+    for p in range(n_positions):
+        for j in range(d_model):
+            angle = p / 10000 ** (2 * (j // 2) / d_model)
+            table[p, j] = math.sin(angle) if j % 2 == 0 else math.cos(angle)
+    return table
+
+
+def layernorm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: float = LN_EPS) -> np.ndarray:
+    """(..., C) -> (..., C): each row centred, divided by sqrt(its variance + eps), scaled, shifted."""
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * weight + (0 if bias is None else bias)
+
+
+def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """(..., Cin) @ (Cin, Cout) (+ bias) -> (..., Cout)."""
+    return x @ weight + (0 if bias is None else bias)
+
+
+def attention(qkv: np.ndarray, n_heads: int, causal: bool) -> np.ndarray:
+    """(B, T, 3C) fused q|k|v -> (B, T, C): one (batch, head, query) at a time, softmax written out."""
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    hd = C // n_heads
+    out = np.zeros((B, T, C), dtype=np.result_type(qkv.dtype, np.float64))
+    for b in range(B):
+        for h in range(n_heads):
+            sl = slice(h * hd, (h + 1) * hd)
+            q, k, v = qkv[b, :, sl], qkv[b, :, C:][:, sl], qkv[b, :, 2 * C :][:, sl]
+            for t in range(T):
+                seen = t + 1 if causal else T
+                s = np.array([q[t] @ k[j] / math.sqrt(hd) for j in range(seen)])
+                w = np.exp(s - s.max())
+                w /= w.sum()
+                out[b, t, sl] = sum(w[j] * v[j] for j in range(seen))
+    return out
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """GPT-2's GELU (tanh approximation), element by element."""
+    f = lambda z: 0.5 * z * (1 + math.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))  # noqa: E731
+    return np.vectorize(f)(x)
+
+
+def relu(x: np.ndarray) -> np.ndarray:
+    """max(x, 0), element by element."""
+    return np.where(x > 0, x, 0.0)
+
+
+def softmax_xent(logits: np.ndarray, targets: np.ndarray) -> float:
+    """(N, V) logits, (N,) targets -> the mean of -log softmax(row)[target], one row at a time."""
+    losses = []
+    for z, t in zip(logits, targets):
+        m = z.max()
+        losses.append(-(z[t] - m - math.log(np.exp(z - m).sum())))
+    return float(np.mean(losses))
+
+
+def softmax_xent_grad(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """d softmax_xent / d logits = (softmax(row) - onehot(target)) / N (seed 002: y_hat - y)."""
+    y_hat = np.exp(logits - logits.max(-1, keepdims=True))
+    y_hat /= y_hat.sum(-1, keepdims=True)
+    return (y_hat - np.eye(logits.shape[1])[targets]) / len(targets)
