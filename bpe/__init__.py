@@ -2,8 +2,8 @@
 
 What it does: trains a tokenizer on any bytes (ids 0-255 are the bytes, so nothing is ever
 unknown), encodes and decodes text with it, honours special tokens only where the caller allows
-them, and reads/writes `tokenizer.safetensors` plus GPT-2's vocabulary files (an imported GPT-2
-tokenizer gives GPT-2's exact ids).
+them, and reads/writes `tokenizer.safetensors` plus GPT-2's vocabulary files, Hugging Face's
+tokenizer.json and tiktoken's rank files (an imported tokenizer gives its library's exact ids).
 
 What it deliberately does not do: normalise text (no lowercasing, no Unicode normalisation, no
 byte fallback: the exact bytes go in and come back out), know anything about models, or touch

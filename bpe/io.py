@@ -6,6 +6,9 @@ What it does:
   deterministically, `write_tokenizer_file`/`read_tokenizer_file` store and read them atomically.
 - GPT-2's published formats: `read_gpt2` (encoder.json + vocab.bpe, or vocab.json + merges.txt) and
   `write_gpt2` (vocab.json + merges.txt, so people can open a tokenizer in an editor).
+- Hugging Face's `tokenizer.json` (`read_hf`, `write_hf`, with tokenizer_config.json and
+  special_tokens_map.json) and tiktoken's rank files (`read_tiktoken`, `write_tiktoken`, with a
+  `NAME_tiktoken.json` of pat_str and special tokens); the conversions are `bpe.interop`'s.
 - Byte ranges of large text files for parallel encoding (`file_size`, `find_cut`, `read_range`)
   and the atomic `.npy` writer for token ids.
 
@@ -22,6 +25,8 @@ File layout (format "tokenkit.bpe", version 1):
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import os
@@ -32,6 +37,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from bpe import interop
 from bpe.errors import TokenizerError
 from bpe.pretokenize import PATTERNS, resolve_pattern
 from common import jsonsafe
@@ -485,13 +491,7 @@ def read_gpt2(vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> 
 
 def write_gpt2(directory: str | os.PathLike, vocab: list[bytes], merges: list[tuple[int, int]], special_tokens: dict[str, int]) -> tuple[Path, Path]:
     """Write `vocab.json` + `merges.txt` (GPT-2's format, as Hugging Face names them) into a directory."""
-    directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
-        raise TokenizerError(f"{directory}: exists and is not a directory")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise TokenizerError(f"{directory}: cannot create directory ({err.strerror})") from None
+    directory = _output_dir(directory)
     table = bytes_to_unicode()
     names = ["".join(table[b] for b in token) for token in vocab]
     encoder = {name: i for i, name in enumerate(names)}
@@ -501,3 +501,119 @@ def write_gpt2(directory: str | os.PathLike, vocab: list[bytes], merges: list[tu
     lines = ["#version: 0.2"] + [f"{names[a]} {names[b]}" for a, b in merges]
     write_atomic(merges_file, ("\n".join(lines) + "\n").encode("utf-8"))
     return vocab_file, merges_file
+
+
+def _output_dir(directory: str | os.PathLike) -> Path:
+    """`directory`, created if missing; a path that is a file is refused, never replaced."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise TokenizerError(f"{directory}: exists and is not a directory")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise TokenizerError(f"{directory}: cannot create directory ({err.strerror})") from None
+    return directory
+
+
+def _write_json(path: Path, value) -> Path:
+    write_atomic(path, (json.dumps(value, ensure_ascii=False, indent=2) + "\n").encode("utf-8"))
+    return path
+
+
+def _read_json(path: Path, hint: str):
+    path = _check_readable(path)
+    try:
+        return jsonsafe.loads(path.read_bytes(), str(path))
+    except OSError as err:
+        raise TokenizerError(f"{path}: cannot read ({err.strerror})") from None
+    except FileError as err:
+        raise TokenizerError(f"{err}; {hint}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face and tiktoken formats
+
+
+def write_hf(directory: str | os.PathLike, data: dict, config: dict, special_map: dict) -> list[Path]:
+    """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into a directory."""
+    directory = _output_dir(directory)
+    return [
+        _write_json(directory / "tokenizer.json", data),
+        _write_json(directory / "tokenizer_config.json", config),
+        _write_json(directory / "special_tokens_map.json", special_map),
+    ]
+
+
+def find_hf(path: str | os.PathLike) -> tuple[Path, ...]:
+    """The files of a Hugging Face tokenizer at `path`: (tokenizer.json,) or (vocab.json, merges.txt).
+
+    `path` is a tokenizer.json or a directory holding one (preferred) or vocab.json + merges.txt.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return (_check_readable(path),)
+    if (path / "tokenizer.json").is_file():
+        return (path / "tokenizer.json",)
+    if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
+        return (path / "vocab.json", path / "merges.txt")
+    raise TokenizerError(f"{path}: holds neither tokenizer.json nor vocab.json + merges.txt")
+
+
+def read_hf(path: str | os.PathLike) -> dict:
+    """Parts of a byte-level BPE tokenizer from a Hugging Face tokenizer.json (see `interop.from_hf`)."""
+    path = Path(path)
+    return interop.from_hf(_read_json(path, "give a Hugging Face tokenizer.json"), str(path))
+
+
+def tiktoken_meta_path(path: str | os.PathLike) -> Path:
+    """Where the pattern and specials of a rank file live: tokenizer.tiktoken -> tokenizer_tiktoken.json."""
+    path = Path(path)
+    return path.with_name(path.stem + "_tiktoken.json")
+
+
+def write_tiktoken(directory: str | os.PathLike, ranks: list[tuple[bytes, int]], pat_str: str, special_tokens: dict[str, int], pattern: str) -> list[Path]:
+    """Write tokenizer.tiktoken (one "base64-bytes rank" line per token, tiktoken's format) and
+    tokenizer_tiktoken.json ({"pat_str", "special_tokens"}, plus tk's own name of the pattern)."""
+    directory = _output_dir(directory)
+    ranks_file = directory / "tokenizer.tiktoken"
+    write_atomic(ranks_file, b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in ranks))
+    meta = {"pat_str": pat_str, "special_tokens": special_tokens, "pattern": pattern}
+    return [ranks_file, _write_json(tiktoken_meta_path(ranks_file), meta)]
+
+
+def read_tiktoken(path: str | os.PathLike) -> tuple[dict[bytes, int], dict | None]:
+    """The mergeable ranks of a tiktoken rank file, and its `NAME_tiktoken.json` when there is one
+    beside it (checked: a pat_str string and special tokens as string -> id)."""
+    path = _check_readable(Path(path))
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError as err:
+        raise TokenizerError(f"{path}: cannot read ({err.strerror})") from None
+    ranks: dict[bytes, int] = {}
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        parts = line.split()
+        try:
+            token, rank = base64.b64decode(parts[0], validate=True), int(parts[1])
+            if len(parts) != 2 or not token or rank < 0:
+                raise ValueError
+        except (ValueError, IndexError, binascii.Error):
+            raise TokenizerError(f"{path}:{lineno}: expected 'base64-bytes rank', got {line[:40]!r}; give a .tiktoken rank file") from None
+        if token in ranks:
+            raise TokenizerError(f"{path}:{lineno}: the bytes {token!r} have two ranks ({ranks[token]} and {rank})")
+        ranks[token] = rank
+    meta_path = tiktoken_meta_path(path)
+    if not meta_path.exists():
+        return ranks, None
+    meta = _read_json(meta_path, "give the tokenizer_tiktoken.json that tk bpe-export wrote")
+    specials = meta.get("special_tokens", {}) if isinstance(meta, dict) else None
+    if (
+        not isinstance(meta, dict)
+        or not isinstance(meta.get("pat_str"), str)
+        or not isinstance(specials, dict)
+        or not all(isinstance(s, str) and s and type(i) is int for s, i in specials.items())
+        or not isinstance(meta.get("pattern", ""), str)
+    ):
+        raise TokenizerError(f"{meta_path}: expected {{\"pat_str\": str, \"special_tokens\": {{str: id}}}}")
+    return ranks, meta

@@ -39,9 +39,9 @@ import numpy as np
 import regex
 from tqdm import tqdm
 
-from bpe import io
+from bpe import interop, io
 from bpe.errors import TokenizerError
-from bpe.pretokenize import count_chunks, resolve_pattern, split_text
+from bpe.pretokenize import PATTERNS, count_chunks, resolve_pattern, split_text
 from bpe.trainer import train_merges
 from common.processes import die_with_parent
 
@@ -98,8 +98,8 @@ class Tokenizer:
     Ids 0-255 are the 256 bytes (in `byte_order`, identity unless imported from GPT-2), id 256 + r
     is the result of merge r, and special tokens follow the merges.
 
-    Build one with `Tokenizer.train`, `Tokenizer.load`, `Tokenizer.from_gpt2` or
-    `Tokenizer.from_tensors`; the constructor takes the merges directly.
+    Build one with `Tokenizer.train`, `Tokenizer.load`, `Tokenizer.from_gpt2`, `Tokenizer.from_hf`,
+    `Tokenizer.from_tiktoken` or `Tokenizer.from_tensors`; the constructor takes the merges directly.
     """
 
     def __init__(
@@ -613,6 +613,110 @@ class Tokenizer:
     def export_gpt2(self, directory: str | os.PathLike) -> tuple[Path, Path]:
         """Write vocab.json + merges.txt (GPT-2's format) into `directory`; returns both paths."""
         return io.write_gpt2(directory, self._vocab, self._merges, self._specials)
+
+    EXPORT_FORMATS = ("gpt2", "hf", "tiktoken")
+
+    def export(self, directory: str | os.PathLike, format: str = "gpt2") -> list[Path]:
+        """Write the tokenizer into `directory` in another library's format; returns the paths.
+
+        "gpt2": vocab.json + merges.txt; "hf": Hugging Face's tokenizer.json (`export_hf`);
+        "tiktoken": tokenizer.tiktoken + tokenizer_tiktoken.json (`export_tiktoken`). A vocabulary
+        the format cannot express exactly is refused (TokenizerError) before anything is written.
+        """
+        if format == "gpt2":
+            return list(self.export_gpt2(directory))
+        if format == "hf":
+            return self.export_hf(directory)
+        if format == "tiktoken":
+            return self.export_tiktoken(directory)
+        raise TokenizerError(f"unknown export format {format!r}; use one of {', '.join(self.EXPORT_FORMATS)}")
+
+    @property
+    def _byte_order(self) -> list[int]:
+        return [t[0] for t in self._vocab[:256]]
+
+    def export_hf(self, directory: str | os.PathLike) -> list[Path]:
+        """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into `directory`
+        (created if missing), which `tokenizers.Tokenizer.from_file` and transformers'
+        `AutoTokenizer.from_pretrained` read with our exact ids; returns the three paths."""
+        data = interop.to_hf(self._merges, self._byte_order, self._specials, self._pattern)
+        return io.write_hf(directory, data, *interop.hf_configs(self._specials))
+
+    def export_tiktoken(self, directory: str | os.PathLike) -> list[Path]:
+        """Write tokenizer.tiktoken (tiktoken's rank file: our ids are the ranks) and
+        tokenizer_tiktoken.json (pat_str, special_tokens) into `directory`; returns both paths."""
+        ranks = interop.to_tiktoken(self._merges, self._byte_order)
+        self._check_whole_tokens("tiktoken looks whole chunks up before merging and", "exported to tiktoken")
+        pat_str = interop.tiktoken_pat_str(self._pattern)
+        return io.write_tiktoken(directory, ranks, pat_str, self._specials, self._pattern_name)
+
+    def _check_whole_tokens(self, who: str, action: str) -> None:
+        """Refuse a vocabulary where some token's bytes do not merge back into that token: `who`
+        (tiktoken, HF with ignore_merges) would give the token where these merges do not."""
+        for i in range(256, len(self._vocab)):
+            ids = self._chunk_ids(self._vocab[i].decode("utf-8", errors="surrogateescape"))
+            if ids != (i,):
+                raise TokenizerError(
+                    f"token {i} ({self._vocab[i]!r}) is not what its own bytes merge into ({list(ids)}); {who} would "
+                    f"give {i} for that text, so this vocabulary cannot be {action}"
+                )
+
+    @classmethod
+    def from_hf(cls, path: str | os.PathLike) -> "Tokenizer":
+        """Import a Hugging Face byte-level BPE tokenizer: a tokenizer.json, or a directory holding
+        tokenizer.json or vocab.json + merges.txt (GPT-2's pair, split with GPT-2's pattern).
+
+        The result gives the library's ids; what tk cannot reproduce (normalizers, prefix spaces,
+        merges out of id order, ...) is refused in one line.
+        """
+        files = io.find_hf(path)
+        if len(files) == 2:
+            return cls.from_gpt2(*files)
+        parts = io.read_hf(files[0])
+        tok = cls(
+            parts["merges"],
+            special_tokens=parts["special_tokens"],
+            pattern=parts["pattern"],
+            byte_order=parts["byte_order"],
+            training={"imported": "Hugging Face tokenizer.json"},
+        )
+        if parts["whole_tokens"]:
+            tok._check_whole_tokens(f"{files[0]} sets ignore_merges (HF looks whole chunks up first) and", "imported")
+        return tok
+
+    @classmethod
+    def from_tiktoken(cls, path: str | os.PathLike, pattern: str | None = None, special_tokens: Iterable[str] = ()) -> "Tokenizer":
+        """Import a tiktoken rank file (base64 token bytes and rank per line; ranks become ids).
+
+        The split pattern and special tokens come from `NAME_tiktoken.json` beside `NAME.tiktoken`
+        (as `export_tiktoken` writes it) or, for a bare rank file, from `pattern` (a name, or
+        tiktoken's pat_str) and `special_tokens` (numbered after the ranks, in order).
+        """
+        ranks, meta = io.read_tiktoken(path)
+        parts = interop.from_tiktoken(ranks, str(path))
+        n_tokens = 256 + len(parts["merges"])
+        specials = list(special_tokens)
+        if meta is not None:
+            meta_path = io.tiktoken_meta_path(path)
+            if pattern is not None or specials:
+                raise TokenizerError(f"{meta_path} gives the pattern and special tokens; do not give them again")
+            pattern = meta.get("pattern") or interop.pattern_of_pat_str(meta["pat_str"])
+            if meta.get("pattern") and interop.tiktoken_pat_str(resolve_pattern(pattern)) != meta["pat_str"]:
+                raise TokenizerError(f"{meta_path}: pattern {pattern[:40]!r} is not the one of its pat_str; the file was altered")
+            specials = meta["special_tokens"]
+            if sorted(specials.values()) != list(range(n_tokens, n_tokens + len(specials))):
+                raise TokenizerError(f"{meta_path}: special tokens must have consecutive ids right after the ranks ({n_tokens}...)")
+        elif pattern is None:
+            raise TokenizerError(f"{path}: a .tiktoken file does not hold its split pattern; give it (--pattern gpt2|gpt4|none|REGEX)")
+        tok = cls(
+            parts["merges"],
+            special_tokens=specials,
+            pattern=pattern if pattern in PATTERNS else interop.pattern_name(pattern),  # tiktoken's gpt2 pat_str is "gpt2"
+            byte_order=parts["byte_order"],
+            training={"imported": "tiktoken rank file"},
+        )
+        tok._check_whole_tokens("tiktoken looks whole chunks up before merging and", "imported")
+        return tok
 
 
 # Worker processes of encode_file hold the tokenizer here: forked ones inherit it from the

@@ -160,39 +160,74 @@ def decode_command(tokenizer_path, ids, file) -> int:
 
 
 @click.command("bpe-import")
-@click.argument("vocab", type=click.Path(path_type=Path))
-@click.argument("merges", type=click.Path(path_type=Path))
+@click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Where to write the tokenizer.safetensors.")
-@click.option("--pattern", default="gpt2", show_default=True, help="Split pattern the vocabulary was made with.")
-def bpe_import_command(vocab, merges, output, pattern) -> int:
-    """Import GPT-2's vocabulary: encoder.json + vocab.bpe, or vocab.json + merges.txt.
+@click.option("--pattern", default=None, help="Split pattern: gpt2, gpt4, none or a regex. For GPT-2's pair (default gpt2) and a bare .tiktoken file (required); tokenizer.json holds its own.")
+@click.option("--special", "specials", multiple=True, metavar="TOKEN", help="A special token of a bare .tiktoken file (repeatable); ids follow the ranks.")
+def bpe_import_command(sources, output, pattern, specials) -> int:
+    """Import a byte-level BPE tokenizer from GPT-2's, Hugging Face's or tiktoken's files.
 
-    The imported tokenizer gives GPT-2's exact ids (<|endoftext|> is 50256).
+    SOURCES is GPT-2's pair (encoder.json + vocab.bpe, or vocab.json + merges.txt), a Hugging Face
+    tokenizer.json (or a directory holding it), or a tiktoken rank file (NAME.tiktoken; the pattern
+    and special tokens come from NAME_tiktoken.json beside it, or from --pattern and --special).
+    The imported tokenizer gives the library's exact ids.
 
     \b
-    Example:
+    Examples:
       tk bpe-import encoder.json vocab.bpe -o gpt2.safetensors
+      tk bpe-import hf_dir/tokenizer.json -o tok.safetensors
+      tk bpe-import gpt2.tiktoken --pattern gpt2 --special '<|endoftext|>' -o gpt2.safetensors
     """
-    tok = Tokenizer.from_gpt2(vocab, merges, pattern=pattern)
+    if len(sources) > 2:
+        raise click.UsageError("give one file (tokenizer.json, a .tiktoken file, a directory) or GPT-2's two files")
+    if specials and not (len(sources) == 1 and sources[0].suffix == ".tiktoken"):
+        raise click.UsageError("--special is for a .tiktoken file; the other formats hold their special tokens")
+    if len(sources) == 2:
+        tok = Tokenizer.from_gpt2(*sources, pattern=pattern or "gpt2")
+    elif sources[0].suffix == ".tiktoken":
+        tok = Tokenizer.from_tiktoken(sources[0], pattern, specials)
+    else:
+        if pattern is not None:
+            raise click.UsageError("tokenizer.json holds its own split pattern; leave out --pattern")
+        tok = Tokenizer.from_hf(sources[0])
     tok.save(output)
-    specials = ", ".join(f"{s}={i}" for s, i in tok.special_tokens.items()) or "none"
-    click.echo(f"wrote {output}: 256 bytes + {len(tok.merges)} merges, specials: {specials}; vocab size {tok.vocab_size}")
+    specials_text = ", ".join(f"{s}={i}" for s, i in tok.special_tokens.items()) or "none"
+    click.echo(f"wrote {output}: 256 bytes + {len(tok.merges)} merges, specials: {specials_text}; vocab size {tok.vocab_size}")
     return 0
 
 
 @click.command("bpe-export")
 @click.argument("tokenizer_path", type=click.Path(path_type=Path))
-@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Directory for vocab.json + merges.txt.")
-def bpe_export_command(tokenizer_path, output) -> int:
-    """Write a tokenizer as GPT-2-style vocab.json + merges.txt, readable in any editor.
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Directory for the files (created if missing).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(Tokenizer.EXPORT_FORMATS),
+    default="gpt2",
+    show_default=True,
+    help="gpt2: vocab.json + merges.txt; hf: tokenizer.json (+ tokenizer_config.json, special_tokens_map.json); tiktoken: tokenizer.tiktoken + tokenizer_tiktoken.json.",
+)
+def bpe_export_command(tokenizer_path, output, fmt) -> int:
+    """Write a tokenizer in GPT-2's, Hugging Face's or tiktoken's format.
+
+    The files give tk's exact ids in those libraries; a vocabulary a format cannot express
+    exactly is refused in one line and nothing is written.
 
     \b
-    Example:
+    Examples:
       tk bpe-export tok.safetensors -o tok_readable/
+      tk bpe-export tok.safetensors --format hf -o tok_hf/
+      tk bpe-export tok.safetensors --format tiktoken -o tok_tiktoken/
     """
     tok = Tokenizer.load(tokenizer_path)
-    vocab_file, merges_file = tok.export_gpt2(output)
-    click.echo(f"wrote {vocab_file} ({tok.vocab_size} tokens) and {merges_file} ({len(tok.merges)} merges)")
+    paths = tok.export(output, fmt)
+    if fmt == "gpt2":
+        click.echo(f"wrote {paths[0]} ({tok.vocab_size} tokens) and {paths[1]} ({len(tok.merges)} merges)")
+    elif fmt == "hf":
+        click.echo(f"wrote {paths[0]} ({tok.vocab_size} tokens, {len(tok.merges)} merges), {paths[1].name} and {paths[2].name}")
+    else:
+        n_specials = len(tok.special_tokens)
+        click.echo(f"wrote {paths[0]} ({tok.vocab_size - n_specials} ranks) and {paths[1]} ({n_specials} special token{'s' * (n_specials != 1)})")
     return 0
 
 

@@ -1,0 +1,369 @@
+"""Conversion between a tokenizer's parts and the formats of Hugging Face `tokenizers` and tiktoken.
+
+What it does, as pure functions on plain values (no files, no BPE):
+- `to_hf` / `from_hf`: parts <-> the dict of a Hugging Face `tokenizer.json` (a byte-level BPE
+  model: GPT-2's byte-to-character table, the vocabulary as token string -> id, the merges in rank
+  order, special tokens as added tokens). The split pattern becomes HF's ByteLevel pre-tokenizer
+  with its own regex (GPT-2's pattern, which is HF's), a Split pre-tokenizer with the regex followed
+  by ByteLevel without one (GPT-4's and custom patterns), or ByteLevel alone (no split).
+- `to_tiktoken` / `from_tiktoken`: parts <-> tiktoken's mergeable ranks (token bytes -> rank; our
+  ranks are our ids), its `pat_str` and special tokens. tiktoken keeps only the regex's matches,
+  so a custom pattern is widened to keep the text between matches too, as we do.
+
+Every vocabulary that a format cannot express exactly is refused with one-line TokenizerError:
+two ids with the same bytes, a merge whose result is not the next id, a special token the other
+library would read as another token, settings that change ids (normalizers, prefix spaces,
+dropout, post-processors that add tokens).
+
+What it deliberately does not do: read or write files (bpe/io.py does), or check that the merges
+give the same ids as the other library's algorithm where that needs encoding: tiktoken (and HF
+with `ignore_merges`) looks a whole chunk up before merging, which equals merging only when every
+token's bytes merge back into that token. `Tokenizer` checks that (`_check_whole_tokens`).
+
+>>> parts = {"merges": [(97, 98)], "byte_order": list(range(256)), "special_tokens": {"<|end|>": 257}, "pattern_regex": None}
+>>> hf = to_hf(**parts)
+>>> hf["model"]["merges"], hf["added_tokens"][0]["id"], hf["pre_tokenizer"]["use_regex"]
+(['a b'], 257, False)
+>>> from_hf(hf)["merges"] == [(97, 98)]
+True
+"""
+
+from __future__ import annotations
+
+import re
+import string
+
+import regex
+
+from bpe.errors import TokenizerError
+from bpe.pretokenize import GPT2_PATTERN, GPT4_PATTERN
+
+# tiktoken's own spellings of the built-in patterns (equivalent to ours; tested against tiktoken)
+TIKTOKEN_GPT2 = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+TIKTOKEN_GPT2_OLD = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+WHOLE_TEXT = r"(?s:.+)"  # the pat_str of "none": each stretch between special tokens is one piece
+_KNOWN = {GPT2_PATTERN: "gpt2", TIKTOKEN_GPT2: "gpt2", TIKTOKEN_GPT2_OLD: "gpt2", GPT4_PATTERN: "gpt4"}
+
+
+def _byte_table() -> dict[int, str]:
+    from bpe.io import bytes_to_unicode  # the one copy of GPT-2's table (bpe.io imports nothing of ours back)
+
+    return bytes_to_unicode()
+
+
+def token_bytes(merges: list[tuple[int, int]], byte_order: list[int]) -> list[bytes]:
+    """Each id's bytes (specials excluded), refusing two ids with the same bytes, which neither
+    format can hold (both map a token's text to one id).
+
+    >>> token_bytes([(97, 98)], list(range(256)))[256]
+    b'ab'
+    """
+    vocab = [bytes([b]) for b in byte_order]
+    for a, b in merges:
+        vocab.append(vocab[a] + vocab[b])
+    if len(set(vocab)) != len(vocab):
+        first: dict[bytes, int] = {}
+        for i, t in enumerate(vocab):
+            if t in first:
+                raise TokenizerError(
+                    f"ids {first[t]} and {i} have the same bytes {t!r}; Hugging Face and tiktoken map each token's "
+                    "bytes to one id, so this vocabulary cannot be exported"
+                )
+            first[t] = i
+    return vocab
+
+
+_PROBE = string.printable + " naïve café 日本語 😀 \u00a0\u3000 it's 2024, don't!  \n\n\t x_y -1.5e3 "
+
+
+def check_custom_pattern(pattern_regex: str | None, action: str = "exported") -> None:
+    """Refuse a custom pattern that matches the empty string at some place of a probe text.
+
+    tk skips empty matches (text up to the next real match stays one chunk), Hugging Face's Split
+    cuts there and tiktoken keeps the empty piece and drops the text after it, so such a pattern
+    cannot give the same ids. The probe (every printable ASCII character, Unicode letters,
+    digits and whitespace) catches `\\w*`, `\\b`, `(?=x)` and the like, though not every case.
+    """
+    if pattern_regex is None or pattern_regex in (GPT2_PATTERN, GPT4_PATTERN):
+        return
+    rx = regex.compile(pattern_regex)
+    try:
+        for i in range(len(_PROBE) + 1):
+            m = rx.match(_PROBE, i, timeout=1.0)
+            if m is not None and m.end() == i:
+                raise TokenizerError(
+                    f"the split pattern {pattern_regex[:50]!r} matches the empty string (at {_PROBE[i:i + 8]!r}); "
+                    f"Hugging Face and tiktoken split at empty matches where tk does not, so it cannot be {action}"
+                )
+    except TimeoutError:
+        raise TokenizerError(f"the split pattern {pattern_regex[:50]!r} takes too long on a short probe text; simplify it") from None
+
+
+def pattern_name(regex_: str | None) -> str:
+    """tk's name for a split regex read from another format (a built-in name when it is one).
+
+    >>> pattern_name(GPT4_PATTERN), pattern_name(None), pattern_name(r"\\w+")
+    ('gpt4', 'none', '\\\\w+')
+    """
+    if regex_ is None:
+        return "none"
+    return _KNOWN.get(regex_, regex_)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face tokenizer.json
+
+
+def _byte_level(use_regex: bool) -> dict:
+    return {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": use_regex}
+
+
+def to_hf(merges: list[tuple[int, int]], byte_order: list[int], special_tokens: dict[str, int], pattern_regex: str | None) -> dict:
+    """The `tokenizer.json` dict of a tokenizer (ids, merges and specials exactly ours)."""
+    check_custom_pattern(pattern_regex)
+    table = _byte_table()
+    names = ["".join(table[b] for b in token) for token in token_bytes(merges, byte_order)]
+    vocab = {name: i for i, name in enumerate(names)}
+    inverse = {c: b for b, c in table.items()}
+    added = []
+    for s, i in sorted(special_tokens.items(), key=lambda kv: kv[1]):
+        _check_hf_special(s, i, vocab, inverse, "rename the special token to export")
+        added.append({"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True})
+    if pattern_regex is None:
+        pre = _byte_level(False)
+    elif pattern_regex == GPT2_PATTERN:  # HF's ByteLevel regex is GPT-2's
+        pre = _byte_level(True)
+    else:
+        split = {"type": "Split", "pattern": {"Regex": pattern_regex}, "behavior": "Isolated", "invert": False}
+        pre = {"type": "Sequence", "pretokenizers": [split, _byte_level(False)]}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": pre,
+        "post_processor": None,
+        "decoder": _byte_level(True),
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": [f"{names[a]} {names[b]}" for a, b in merges],
+        },
+    }
+
+
+def _check_hf_special(s: str, i: int, vocab: dict[str, int], inverse: dict[str, int], todo: str) -> None:
+    """Refuse a special token that HF would not treat as tk does: one spelled like a vocabulary
+    token (HF gives it that token's id) or made of byte stand-ins that decode as other bytes."""
+    if vocab.get(s, i) != i:
+        raise TokenizerError(f"special token {s!r} is spelled like token {vocab[s]} in the byte-level vocabulary, which would give it that id; {todo}")
+    if all(c in inverse for c in s) and bytes(inverse[c] for c in s) != s.encode("utf-8"):
+        raise TokenizerError(
+            f"special token {s!r} would decode as other bytes through Hugging Face's ByteLevel decoder (its "
+            f"characters are byte stand-ins); {todo}"
+        )
+
+
+def _pattern_of_hf(pre, what: str) -> str | None:
+    """The split regex of a tokenizer.json pre-tokenizer (None for no split), or TokenizerError."""
+
+    def byte_level(p) -> bool:  # a ByteLevel pre-tokenizer we can read; returns its use_regex
+        if not isinstance(p, dict) or p.get("type") != "ByteLevel":
+            raise TokenizerError(f"{what}: pre-tokenizer {_type(p)} is not supported; tk reads byte-level BPE (ByteLevel, or Split + ByteLevel)")
+        if p.get("add_prefix_space", False):
+            raise TokenizerError(f"{what}: ByteLevel add_prefix_space adds a space to the text; tk encodes the text as it is")
+        return bool(p.get("use_regex", True))
+
+    if isinstance(pre, dict) and pre.get("type") == "Sequence":
+        steps = pre.get("pretokenizers")
+        if not isinstance(steps, list) or len(steps) != 2 or not isinstance(steps[0], dict) or steps[0].get("type") != "Split":
+            raise TokenizerError(f"{what}: pre-tokenizer Sequence must be [Split, ByteLevel] for tk")
+        split = steps[0]
+        pattern = split.get("pattern")
+        if not isinstance(pattern, dict) or not isinstance(pattern.get("Regex", pattern.get("String")), str):
+            raise TokenizerError(f"{what}: the Split pre-tokenizer has no pattern")
+        if split.get("behavior") != "Isolated" or split.get("invert", False):
+            raise TokenizerError(f"{what}: Split behavior {split.get('behavior')!r} (invert {split.get('invert')}) is not supported; tk keeps matches and gaps as chunks (Isolated)")
+        if byte_level(steps[1]):
+            raise TokenizerError(f"{what}: ByteLevel after Split must not split again (use_regex false)")
+        found = pattern["Regex"] if "Regex" in pattern else regex.escape(pattern["String"])
+        try:
+            check_custom_pattern(found, "imported")
+        except regex.error as err:
+            raise TokenizerError(f"{what}: the Split regex does not compile in Python's regex module ({err})") from None
+        return found
+    return GPT2_PATTERN if byte_level(pre) else None
+
+
+def _type(value) -> str:
+    return repr(value.get("type")) if isinstance(value, dict) else type(value).__name__
+
+
+def from_hf(data, what: str = "tokenizer.json") -> dict:
+    """Parts of a byte-level BPE tokenizer from a `tokenizer.json` dict.
+
+    Returns merges, byte_order, special_tokens, pattern (tk's name or regex) and whole_tokens
+    (True when the model looks whole chunks up first: `ignore_merges`).
+    """
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise TokenizerError(f"{what}: not a Hugging Face tokenizer.json (no model)")
+    model = data["model"]
+    if model.get("type", "BPE") != "BPE":
+        raise TokenizerError(f"{what}: model type {model.get('type')!r} is not BPE; tk reads byte-level BPE tokenizers")
+    for key in ("dropout", "continuing_subword_prefix", "end_of_word_suffix", "byte_fallback"):
+        if model.get(key):  # None, "", 0 and false are all "off"
+            raise TokenizerError(f"{what}: model {key} = {model.get(key)!r} changes ids; tk reads plain byte-level BPE")
+    if data.get("normalizer") is not None:
+        raise TokenizerError(f"{what}: normalizer {_type(data['normalizer'])} changes the text; tk encodes the text as it is")
+    post = data.get("post_processor")
+    if post is not None and not (isinstance(post, dict) and post.get("type") == "ByteLevel"):
+        raise TokenizerError(f"{what}: post-processor {_type(post)} may add tokens; tk reads tokenizers without one (or ByteLevel)")
+    decoder = data.get("decoder")
+    if decoder is not None and not (isinstance(decoder, dict) and decoder.get("type") == "ByteLevel"):
+        raise TokenizerError(f"{what}: decoder {_type(decoder)} is not ByteLevel")
+    pattern = pattern_name(_pattern_of_hf(data.get("pre_tokenizer"), what))
+    vocab, merges_in = model.get("vocab"), model.get("merges")
+    if not isinstance(vocab, dict) or not all(type(v) is int for v in vocab.values()) or not isinstance(merges_in, list):
+        raise TokenizerError(f"{what}: model vocab must map token strings to ids and merges must be a list")
+    byte_of = {c: b for b, c in _byte_table().items()}
+    byte_order: list = [None] * 256
+    for char, b in byte_of.items():
+        i = vocab.get(char)
+        if i is None or not 0 <= i < 256:
+            raise TokenizerError(f"{what}: the byte token {char!r} must have an id in 0..255 (got {i}); tk's ids 0-255 are the bytes")
+        byte_order[i] = b
+    merges = []
+    for r, m in enumerate(merges_in):
+        pair = m.split(" ") if isinstance(m, str) else m
+        if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(p, str) for p in pair):
+            raise TokenizerError(f"{what}: merge {r} is {str(m)[:40]!r}, expected 'left right' or [left, right]")
+        ids = vocab.get(pair[0]), vocab.get(pair[1]), vocab.get(pair[0] + pair[1])
+        if None in ids:
+            raise TokenizerError(f"{what}: merge {r} {pair!r} uses a token missing from the vocab")
+        if ids[2] != 256 + r:
+            raise TokenizerError(
+                f"{what}: merge {r} makes id {ids[2]}, expected {256 + r}; tk needs merge r to make id 256 + r "
+                "(its rank order is its id order)"
+            )
+        merges.append((ids[0], ids[1]))
+    n_tokens = 256 + len(merges)
+    specials: dict[str, int] = {}
+    added = data.get("added_tokens") or []
+    if not isinstance(added, list):
+        raise TokenizerError(f"{what}: added_tokens must be a list")
+    for t in added:
+        if not isinstance(t, dict) or not isinstance(t.get("content"), str) or type(t.get("id")) is not int:
+            raise TokenizerError(f"{what}: an added token lacks content or id")
+        if not t.get("special", False):
+            raise TokenizerError(f"{what}: added token {t['content']!r} is not special; tk reads only special added tokens")
+        if t.get("lstrip") or t.get("rstrip") or t.get("single_word") or t.get("normalized"):
+            raise TokenizerError(f"{what}: added token {t['content']!r} strips, matches single words or is normalized; tk matches it exactly")
+        _check_hf_special(t["content"], t["id"], vocab, byte_of, "tk would give it other ids or bytes")
+        specials[t["content"]] = t["id"]
+    extra = {s: i for s, i in vocab.items() if i >= n_tokens}
+    if any(specials.get(s) != i for s, i in extra.items()) or len(vocab) != n_tokens + len(extra):
+        raise TokenizerError(f"{what}: the vocab has {len(vocab)} entries, expected 256 bytes + {len(merges)} merges (+ the special tokens)")
+    if sorted(specials.values()) != list(range(n_tokens, n_tokens + len(specials))):
+        raise TokenizerError(f"{what}: special tokens must have consecutive ids right after the merges ({n_tokens}...)")
+    return {
+        "merges": merges,
+        "byte_order": byte_order,
+        "special_tokens": specials,
+        "pattern": pattern,
+        "whole_tokens": bool(model.get("ignore_merges", False)),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# tiktoken
+
+
+def tiktoken_pat_str(pattern_regex: str | None) -> str:
+    """The `pat_str` that makes tiktoken split as we do.
+
+    tiktoken encodes only the regex's matches; the built-in patterns match every character, and a
+    custom one is widened with a second branch that takes the text up to its next match, which we
+    keep as a chunk of its own. No split is one piece per stretch between special tokens.
+
+    >>> tiktoken_pat_str(r"\\d+")
+    '(?:\\\\d+)|(?:(?!(?:\\\\d+))(?s:.))+'
+    """
+    if pattern_regex is None:
+        return WHOLE_TEXT
+    if pattern_regex in (GPT2_PATTERN, GPT4_PATTERN):
+        return pattern_regex
+    check_custom_pattern(pattern_regex)
+    return f"(?:{pattern_regex})|(?:(?!(?:{pattern_regex}))(?s:.))+"
+
+
+_WIDENED = re.compile(r"\(\?:(?P<p>.*)\)\|\(\?:\(\?!\(\?:(?P=p)\)\)\(\?s:\.\)\)\+", re.DOTALL)
+
+
+def pattern_of_pat_str(pat_str: str) -> str:
+    """tk's pattern (name or regex) for a tiktoken `pat_str`, undoing `tiktoken_pat_str`."""
+    if pat_str == WHOLE_TEXT:
+        return "none"
+    widened = _WIDENED.fullmatch(pat_str)
+    return pattern_name(widened.group("p") if widened else pat_str)
+
+
+def to_tiktoken(merges: list[tuple[int, int]], byte_order: list[int]) -> list[tuple[bytes, int]]:
+    """tiktoken's mergeable ranks as (token bytes, rank) in rank order: our ranks are our ids."""
+    return [(t, i) for i, t in enumerate(token_bytes(merges, byte_order))]
+
+
+def from_tiktoken(ranks: dict[bytes, int], what: str = "the ranks") -> dict:
+    """Merges and byte order of tiktoken mergeable ranks (ranks 0..N-1, the 256 bytes first).
+
+    Each token's merge is found as tiktoken finds it: merging its bytes with the lower ranks only
+    must end in exactly two parts (minbpe's `recover_merges`, HF's tiktoken converter).
+    """
+    by_rank = sorted(ranks.items(), key=lambda kv: kv[1])
+    if [r for _, r in by_rank] != list(range(len(by_rank))):
+        raise TokenizerError(f"{what}: ranks must be 0..{len(by_rank) - 1} without gaps; tk's ids are its ranks")
+    if len(by_rank) < 256 or any(len(t) != 1 for t, _ in by_rank[:256]):
+        raise TokenizerError(f"{what}: ranks 0-255 must be the 256 single bytes")
+    byte_order = [t[0] for t, _ in by_rank[:256]]
+    merges = []
+    for token, rank in by_rank[256:]:
+        parts = [bytes([b]) for b in token]
+        while True:  # tiktoken's merge loop, limited to ranks below this token's
+            best = None
+            for i in range(len(parts) - 1):
+                r = ranks.get(parts[i] + parts[i + 1])
+                if r is not None and r < rank and (best is None or r < best[0]):
+                    best = (r, i)
+            if best is None:
+                break
+            i = best[1]
+            parts[i : i + 2] = [parts[i] + parts[i + 1]]
+        if len(parts) != 2:
+            raise TokenizerError(f"{what}: token {rank} ({token!r}) is not the merge of two lower-ranked tokens")
+        merges.append((ranks[parts[0]], ranks[parts[1]]))
+    return {"merges": merges, "byte_order": byte_order}
+
+
+def hf_configs(special_tokens: dict[str, int]) -> tuple[dict, dict]:
+    """`tokenizer_config.json` and `special_tokens_map.json` for transformers' AutoTokenizer: the
+    fast tokenizer of tokenizer.json as it is (no prefix space, no clean-up of spaces on decode,
+    nothing added around the ids). `<|endoftext|>`, when there, is also the end-of-text token."""
+    names = sorted(special_tokens, key=special_tokens.__getitem__)
+    special_map: dict = {"additional_special_tokens": names} if names else {}
+    if "<|endoftext|>" in special_tokens:
+        special_map["eos_token"] = "<|endoftext|>"
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "add_prefix_space": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 1 << 30,
+        **special_map,
+    }
+    return config, special_map
