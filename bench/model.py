@@ -33,6 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from transformer import GPT, AdamW, GPTConfig  # noqa: E402
+from transformer.parallel import DataParallel  # noqa: E402
 
 CONFIGS = {  # name: (vocab, context, d_model, layers, heads, batch)
     "S": (256, 64, 128, 4, 4, 12),
@@ -71,10 +72,10 @@ def median_ms(times: list[float]) -> float:
 
 
 class Ours:
-    """Our GPT + AdamW behind the small interface the bench drives."""
+    """Our GPT (batches split over one process per core) + AdamW behind the small interface the bench drives."""
 
     def __init__(self, name: str):
-        self.model = GPT(gpt_config(name), seed=0)
+        self.model = DataParallel(GPT(gpt_config(name), seed=0))
         self.opt = AdamW(self.model.params, lr=LR)
 
     def train_step(self, ids, targets) -> dict[str, float]:

@@ -2,7 +2,7 @@
 
     flock /tmp/tokenkit-bench.lock python bench/profile_model.py [--configs S,M,L] [--steps 5]
 
-Everything runs on ONE thread (our model with workers=1, OpenBLAS and PyTorch at one thread)
+Everything runs on ONE thread (our plain GPT, one process, OpenBLAS and PyTorch at one thread)
 and is timed in CPU time of the calling thread (time.thread_time), minimum over repeats: such
 figures hardly move when other processes share the cores, unlike wall-clock medians of a
 2-thread run. Two tables per config:
@@ -104,7 +104,7 @@ class OpTimer:
 def profile_step(name: str, steps: int) -> None:
     V, T, C, n_layers, n_heads, B = CONFIGS[name]
     model = GPT(GPTConfig(vocab_size=V, context_length=T, d_model=C, n_layers=n_layers, n_heads=n_heads),
-                seed=0, workers=1)
+                seed=0)
     opt = AdamW(model.params, lr=3e-4, threads=1)
     rng = np.random.default_rng(0)
     per_step: list[dict[str, float]] = []

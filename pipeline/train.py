@@ -45,7 +45,8 @@ from pipeline import checkpoint, data, rundir
 from pipeline.errors import PipelineError
 from transformer import GPT, AdamW, GPTConfig, clip_grad_norm, cosine_schedule
 from transformer.memory import check_memory
-from transformer.model import available_cores
+from transformer.parallel import DataParallel
+from transformer.runtime import available_cores
 
 try:  # Python >= 3.11
     import tomllib
@@ -277,7 +278,7 @@ class _Run:
         self.train_ids, self.val_ids = tokens.split(config.val_fraction, config.context_length)
         self.model_config = GPTConfig.from_dict(config.model_config(tokenizer.vocab_size))
         check_memory(self.model_config, training=True, workers=config.workers)  # one line, not a MemoryError
-        self.model = GPT(self.model_config, seed=config.seed, workers=config.workers)
+        self.model = DataParallel(GPT(self.model_config, seed=config.seed), workers=config.workers)
         self.opt = AdamW(
             self.model.params,
             lr=config.lr,

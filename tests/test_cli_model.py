@@ -265,9 +265,9 @@ def test_ctrl_c_then_resume_equals_uninterrupted(corpus, run, tmp_path, monkeypa
     whole, split = tmp_path / "whole", tmp_path / "split"
     assert main(["train-model", str(corpus), "-o", str(whole), *tok, *RESUME_FLAGS]) == 0
 
-    from transformer import GPT
+    from transformer.parallel import DataParallel
 
-    real = GPT.loss_and_grads
+    real = DataParallel.loss_and_grads
     calls = {"n": 0}
 
     def ctrl_c_at_step_13(self, x, y):
@@ -276,11 +276,11 @@ def test_ctrl_c_then_resume_equals_uninterrupted(corpus, run, tmp_path, monkeypa
             os.kill(os.getpid(), signal.SIGINT)  # as a user's Ctrl-C in the middle of step 13
         return real(self, x, y)
 
-    monkeypatch.setattr(GPT, "loss_and_grads", ctrl_c_at_step_13)
+    monkeypatch.setattr(DataParallel, "loss_and_grads", ctrl_c_at_step_13)
     code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(split), *tok, *RESUME_FLAGS)
     assert code == 130 and "interrupted at step 13/24" in err and "--resume" in err
     assert load_train_state(split / "train_state.safetensors").step == 13
-    monkeypatch.setattr(GPT, "loss_and_grads", real)
+    monkeypatch.setattr(DataParallel, "loss_and_grads", real)
     code, out, _ = cli(capsys, "train-model", "--resume", str(split), "--quiet")
     assert code == 0 and "step 24/24" in out
 
@@ -323,9 +323,9 @@ def test_sigkill_at_any_moment_leaves_loadable_checkpoints(corpus, run, tmp_path
 
 
 def test_nan_loss_stops_with_the_last_good_checkpoint(corpus, run, tmp_path, monkeypatch, capsys):
-    from transformer import GPT
+    from transformer.parallel import DataParallel
 
-    real = GPT.loss_and_grads
+    real = DataParallel.loss_and_grads
     calls = {"n": 0}
 
     def diverge_at_step_8(self, x, y):
@@ -333,7 +333,7 @@ def test_nan_loss_stops_with_the_last_good_checkpoint(corpus, run, tmp_path, mon
         loss, grads = real(self, x, y)
         return (float("nan") if calls["n"] >= 8 else loss), grads
 
-    monkeypatch.setattr(GPT, "loss_and_grads", diverge_at_step_8)
+    monkeypatch.setattr(DataParallel, "loss_and_grads", diverge_at_step_8)
     run_dir = tmp_path / "nan"
     code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(run_dir), "-t", str(run / "tokenizer.safetensors"),
                        *RESUME_FLAGS)
@@ -407,9 +407,9 @@ def test_config_file_and_flags(corpus, run, tmp_path, capsys):
 
 
 def test_pipeline_after_ctrl_c_resumes_training(corpus, tmp_path, monkeypatch, capsys):
-    from transformer import GPT
+    from transformer.parallel import DataParallel
 
-    real = GPT.loss_and_grads
+    real = DataParallel.loss_and_grads
     calls = {"n": 0}
 
     def ctrl_c_at_step_4(self, x, y):
@@ -421,10 +421,10 @@ def test_pipeline_after_ctrl_c_resumes_training(corpus, tmp_path, monkeypatch, c
     run_dir = tmp_path / "pipe"
     flags = [*SMALL, "--batch-size", "4", "--warmup-steps", "2", "--steps", "12", "--eval-interval", "6",
              "--vocab-size", "280", "-n", "4"]
-    monkeypatch.setattr(GPT, "loss_and_grads", ctrl_c_at_step_4)
+    monkeypatch.setattr(DataParallel, "loss_and_grads", ctrl_c_at_step_4)
     code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *flags)
     assert code == 130 and "interrupted at step 4/12" in err and "predict-next" not in out
-    monkeypatch.setattr(GPT, "loss_and_grads", real)
+    monkeypatch.setattr(DataParallel, "loss_and_grads", real)
     code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *flags)
     assert code == 0 and "resuming" in err and "step 12/12" in out and "generate (greedy, 4 tokens)" in out
 

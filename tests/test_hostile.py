@@ -602,7 +602,7 @@ def test_memory_estimate():
     from transformer.memory import available_bytes, estimate_bytes
 
     c = GPTConfig(vocab_size=300, context_length=64, d_model=32, n_layers=2, n_heads=4)
-    params = 4 * sum(int(np.prod(p.shape)) for p in GPT(c, workers=1).params.values())
+    params = 4 * sum(int(np.prod(p.shape)) for p in GPT(c).params.values())
     assert c.n_params() * 4 == params
     assert estimate_bytes(c, training=True) == 4 * params  # params, grads, two AdamW moments
     assert estimate_bytes(c) == params + 2 * 4 * 2 * 64 * 32  # + K/V caches of generation
@@ -619,7 +619,7 @@ def test_memory_estimate():
 
 def test_model_too_big_for_memory_is_one_line_before_any_allocation():
     with capped_memory(), within(1.0), pytest.raises(ModelError, match="GB") as err:
-        GPT(GPTConfig(vocab_size=300, context_length=64, d_model=65536, n_heads=1, n_layers=2), workers=1)
+        GPT(GPTConfig(vocab_size=300, context_length=64, d_model=65536, n_heads=1, n_layers=2))
     assert "\n" not in str(err.value)
 
 

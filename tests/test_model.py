@@ -12,6 +12,7 @@ import safetensors.numpy
 
 from transformer import GPT, AdamW, GPTConfig, ModelError
 from transformer.io import read_metadata
+from transformer.parallel import DataParallel
 from transformer.model import SINUSOIDAL_WTE_STD
 
 TINY = dict(vocab_size=7, context_length=6, d_model=8, n_layers=2, n_heads=2)
@@ -26,14 +27,15 @@ VARIANTS = {
 }
 
 
-def float64_model(config: GPTConfig, seed: int = 0, scale: float = 0.4, workers: int = 1) -> GPT:
-    """A model in float64 with weights far from init (so every path carries signal)."""
-    model = GPT(config, seed=seed, workers=workers)
+def float64_model(config: GPTConfig, seed: int = 0, scale: float = 0.4, workers: int = 1):
+    """A model in float64 with weights far from init (so every path carries signal); with
+    workers > 1, wrapped in DataParallel."""
+    model = GPT(config, seed=seed)
     rng = np.random.default_rng(seed + 1)
     for name, p in model.params.items():
         base = 1.0 if (".ln_" in name or name.startswith("ln_f")) and name.endswith("weight") else 0.0
         model.params[name] = base + scale * rng.standard_normal(p.shape)
-    return model
+    return DataParallel(model, workers=workers) if workers > 1 else model
 
 
 def rel_error(a, b):
@@ -82,7 +84,7 @@ def test_batch_shards_in_worker_processes_give_the_same_results(variant):
     again = float64_model(config, workers=3).loss_and_grads(ids, targets)  # same seed, same shards
     assert again[0] == loss3 and all(np.array_equal(again[1][name], g) for name, g in grads3.items())
     with pytest.raises(ModelError):
-        GPT(config, workers=0)
+        DataParallel(GPT(config), workers=0)
 
 
 def test_loss_matches_plain_cross_entropy_of_forward():
@@ -195,7 +197,7 @@ def _arithmetic_loss(positional: str, steps: int = 200) -> float:
     the next token needs the current token's identity."""
     V, T = 64, 32
     model = GPT(GPTConfig(vocab_size=V, context_length=T, d_model=32, n_layers=1, n_heads=2, positional=positional),
-                seed=0, workers=1)
+                seed=0)
     opt = AdamW(model.params, lr=3e-3)
     rng = np.random.default_rng(0)
     for _ in range(steps):

@@ -24,6 +24,7 @@ from pipeline import checkpoint, train
 from pipeline.checkpoint import load_model, load_train_state
 from pipeline.rundir import RunDir
 from transformer import GPT, GPTConfig
+from transformer.parallel import DataParallel
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -271,7 +272,7 @@ def test_resume_uses_the_recorded_worker_count_on_any_core_count(corpus, tok_pat
     flags = ["-t", str(tok_path), *TINY, "--steps", "12", "--eval-interval", "4", "--workers", "0"]
     monkeypatch.setattr(train, "available_cores", lambda: 3)
     assert main(["train-model", str(corpus), "-o", str(tmp_path / "whole"), *flags]) == 0
-    real = GPT.loss_and_grads
+    real = DataParallel.loss_and_grads
     calls = {"n": 0}
 
     def stop_at_step_5(self, x, y):
@@ -280,10 +281,10 @@ def test_resume_uses_the_recorded_worker_count_on_any_core_count(corpus, tok_pat
             os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler ending the job
         return real(self, x, y)
 
-    monkeypatch.setattr(GPT, "loss_and_grads", stop_at_step_5)
+    monkeypatch.setattr(DataParallel, "loss_and_grads", stop_at_step_5)
     assert main(["train-model", str(corpus), "-o", str(tmp_path / "split"), *flags]) == 128 + signal.SIGTERM
     assert load_train_state(tmp_path / "split" / "train_state.safetensors").train_config["workers"] == 3
-    monkeypatch.setattr(GPT, "loss_and_grads", real)
+    monkeypatch.setattr(DataParallel, "loss_and_grads", real)
     monkeypatch.setattr(train, "available_cores", lambda: 1)  # "another machine"
     assert main(["train-model", "--resume", str(tmp_path / "split"), "-q", "--workers", "0"]) == 0
     for name in ("model.safetensors", "train_state.safetensors"):
@@ -296,7 +297,7 @@ def test_resume_uses_the_recorded_worker_count_on_any_core_count(corpus, tok_pat
 
 def test_gpt_save_files_are_read_by_every_command(tok_path, tmp_path, capsys):
     tok = Tokenizer.load(tok_path)
-    model = GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=16, d_model=32, n_layers=1, n_heads=2), seed=3, workers=1)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=16, d_model=32, n_layers=1, n_heads=2), seed=3)
     path = tmp_path / "saved.safetensors"
     model.save(path)
     assert main(["info", str(path)]) == 0

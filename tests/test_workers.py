@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from transformer import GPT, AdamW, GPTConfig, ModelError
+from transformer.parallel import DataParallel
 from transformer.workers import fork_available, shared_arrays
 
 pytestmark = pytest.mark.skipif(not fork_available(), reason="worker processes need os.fork (Linux)")
@@ -39,7 +40,7 @@ def exited(pid: int) -> bool:
         return True
 
 
-def worker_pids(model: GPT) -> list[int]:
+def worker_pids(model: DataParallel) -> list[int]:
     return list(model._pool._pids)
 
 
@@ -79,8 +80,8 @@ def test_training_with_workers_matches_shards_in_one_process(monkeypatch):
     losses = {}
     for label in ("processes", "sequential"):
         if label == "sequential":
-            monkeypatch.setattr("transformer.model.fork_available", lambda: False)
-        model = GPT(CONFIG, seed=1, workers=3)
+            monkeypatch.setattr("transformer.parallel.fork_available", lambda: False)
+        model = DataParallel(GPT(CONFIG, seed=1), workers=3)
         assert (model._pool is not None) == (label == "processes")
         opt = AdamW(model.params, lr=1e-2)
         losses[label] = []
@@ -93,11 +94,11 @@ def test_training_with_workers_matches_shards_in_one_process(monkeypatch):
 
 
 def test_replaced_parameters_reach_the_workers():
-    model = GPT(CONFIG, seed=0, workers=2)
+    model = DataParallel(GPT(CONFIG, seed=0), workers=2)
     ids, targets = batch()
     before = model.loss(ids, targets)
     model.params["wte.weight"] = model.params["wte.weight"] * 3.0  # a new array, not an in-place edit
-    reference = GPT.from_params(CONFIG, model.params, workers=1)
+    reference = GPT.from_params(CONFIG, model.params)
     assert model.loss(ids, targets) == pytest.approx(reference.loss(ids, targets), rel=1e-6) != before
     model.params = {k: v.astype(np.float64) for k, v in model.params.items()}  # new dtype: new pool
     loss64, grads = model.loss_and_grads(ids, targets)
@@ -109,24 +110,24 @@ def test_a_failure_in_a_worker_is_one_model_error_and_the_next_call_works(monkey
     def fail():
         raise MemoryError("no room for the activations")
 
-    in_workers_only(monkeypatch, "_shard_loss", fail)
-    model = GPT(CONFIG, workers=2)
+    in_workers_only(monkeypatch, "shard_loss", fail)
+    model = DataParallel(GPT(CONFIG), workers=2)
     ids, targets = batch()
     with pytest.raises(ModelError, match="worker process failed: MemoryError: no room"):
         model.loss(ids, targets)
     monkeypatch.undo()  # new workers are forked from the fixed code
-    assert model.loss(ids, targets) == pytest.approx(GPT.from_params(CONFIG, model.params, workers=1).loss(ids, targets))
+    assert model.loss(ids, targets) == pytest.approx(GPT.from_params(CONFIG, model.params).loss(ids, targets))
 
 
 def test_a_worker_dying_mid_step_is_one_error_and_the_next_call_gets_a_new_one(monkeypatch):
-    in_workers_only(monkeypatch, "_shard_loss_and_grads", lambda: os._exit(9))  # as the OOM killer would
-    model = GPT(CONFIG, workers=2)
+    in_workers_only(monkeypatch, "shard_loss_and_grads", lambda: os._exit(9))  # as the OOM killer would
+    model = DataParallel(GPT(CONFIG), workers=2)
     ids, targets = batch()
     with pytest.raises(ModelError, match="died"):
         model.loss_and_grads(ids, targets)
     monkeypatch.undo()
     model.params["wte.weight"] *= 2  # the new worker's gradients, not a dead worker's buffer
-    fresh = GPT.from_params(CONFIG, model.params, workers=2).loss_and_grads(ids, targets)
+    fresh = DataParallel(GPT.from_params(CONFIG, model.params), workers=2).loss_and_grads(ids, targets)
     assert_same_step(model.loss_and_grads(ids, targets), fresh)
 
 
@@ -134,7 +135,7 @@ def test_a_worker_killed_between_steps_is_reported_or_replaced_and_then_works():
     """Whether the end of a killed worker is seen before the next call (then it is replaced
     quietly) or only during it (then that call raises) is the kernel's timing; either way no
     wrong number comes out and the call after works."""
-    model = GPT(CONFIG, workers=2)
+    model = DataParallel(GPT(CONFIG), workers=2)
     ids, targets = batch()
     expected = model.loss_and_grads(ids, targets)
     (pid,) = worker_pids(model)
@@ -151,25 +152,25 @@ def test_a_worker_killed_between_steps_is_reported_or_replaced_and_then_works():
 
 def test_an_interrupted_call_leaves_no_stale_reply(monkeypatch):
     """Ctrl-C while the workers compute: the next call must not read the old call's reply."""
-    model = GPT(CONFIG, workers=2)
+    model = DataParallel(GPT(CONFIG), workers=2)
     small, small_t = batch(0)
     other, other_t = batch(1)
     model.loss(small, small_t)
-    real = GPT._shard_loss
+    real = GPT.shard_loss
 
     def interrupted(self, *args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(GPT, "_shard_loss", interrupted)  # only this process's shard: workers run the forked code
+    monkeypatch.setattr(GPT, "shard_loss", interrupted)  # only this process's shard: workers run the forked code
     with pytest.raises(KeyboardInterrupt):
         model.loss(small, small_t)
-    monkeypatch.setattr(GPT, "_shard_loss", real)
-    reference = GPT.from_params(CONFIG, model.params, workers=1)
+    monkeypatch.setattr(GPT, "shard_loss", real)
+    reference = GPT.from_params(CONFIG, model.params)
     assert model.loss(other, other_t) == pytest.approx(reference.loss(other, other_t), rel=1e-6)
 
 
 def test_workers_exit_with_their_model_even_when_another_model_forked_later():
-    first, second = GPT(CONFIG, workers=2), GPT(CONFIG, workers=2)
+    first, second = DataParallel(GPT(CONFIG), workers=2), DataParallel(GPT(CONFIG), workers=2)
     ids, targets = batch()
     first.loss(ids, targets)
     second.loss(ids, targets)  # its worker was forked while first's socket was open
@@ -183,7 +184,7 @@ def test_workers_exit_with_their_model_even_when_another_model_forked_later():
 
 
 def test_a_process_forked_by_the_user_gets_workers_of_its_own():
-    model = GPT(CONFIG, workers=2)
+    model = DataParallel(GPT(CONFIG), workers=2)
     ids, targets = batch()
     expected = model.loss(ids, targets)  # the parent's worker exists now
     pid = os.fork()
@@ -201,7 +202,7 @@ def test_a_process_forked_by_the_user_gets_workers_of_its_own():
 
 def test_an_idle_worker_leaves_and_the_next_call_forks_a_new_one(monkeypatch):
     monkeypatch.setattr("transformer.workers.IDLE_EXIT_S", 0.2)  # read by the worker, after the fork
-    model = GPT(CONFIG, workers=2)
+    model = DataParallel(GPT(CONFIG), workers=2)
     ids, targets = batch()
     expected = model.loss_and_grads(ids, targets)
     (pid,) = worker_pids(model)
@@ -219,8 +220,8 @@ def test_workers_that_leave_at_once_never_lose_a_shard(monkeypatch):
     before a request arrives (the request then crosses the goodbye and its shard is computed
     here) and otherwise right after replying. Every call still gives the one-process numbers."""
     monkeypatch.setattr("transformer.workers.IDLE_EXIT_S", 0.0)
-    model = GPT(CONFIG, seed=2, workers=3)
-    reference = GPT(CONFIG, seed=2, workers=3)
+    model = DataParallel(GPT(CONFIG, seed=2), workers=3)
+    reference = DataParallel(GPT(CONFIG, seed=2), workers=3)
     monkeypatch.setattr(reference, "_pool", None)  # the same three shards, one after the other, here
     for step in range(6):
         ids, targets = batch(step, rows=7)

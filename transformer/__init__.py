@@ -4,5 +4,6 @@ from transformer.config import GPTConfig
 from transformer.errors import ModelError
 from transformer.model import GPT
 from transformer.optim import AdamW, clip_grad_norm, cosine_schedule
+from transformer.parallel import DataParallel
 
-__all__ = ["GPT", "GPTConfig", "ModelError", "AdamW", "clip_grad_norm", "cosine_schedule"]
+__all__ = ["GPT", "GPTConfig", "DataParallel", "ModelError", "AdamW", "clip_grad_norm", "cosine_schedule"]

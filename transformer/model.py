@@ -6,19 +6,23 @@ MLP with residuals and LayerNorm (pre- or post-norm), a final LayerNorm, and log
 tied token embedding. `_backward` walks the same list from the top down. The model computes in
 the dtype of its parameters: float32 to train, float64 for finite-difference checks.
 
-What this module does not do: the math of each layer (ops.py), the choice of the next token
-(sampling.py), the worker processes (workers.py), files (io.py), the optimizer (optim.py).
+The model is one process over plain arrays, as nanoGPT's model.py: it knows nothing of worker
+processes, ranks, BLAS threads or malloc. `transformer.parallel.DataParallel` wraps a GPT with
+the same call signature to split each batch over processes (as DDP wraps a module), and
+`transformer.runtime` holds the CPU settings that the executors and the pipeline switch on.
+`shard_loss` and `shard_loss_and_grads` are the pieces they split a batch into: a shard's loss
+and gradients already scaled for the whole batch's mean, so shards are summed.
+
+What this module does not do: the math of each layer (ops.py, each op with its plain twin in
+reference.py), the choice of the next token (sampling.py), splitting batches over processes
+(parallel.py), CPU settings (runtime.py), files (io.py), the optimizer (optim.py).
 """
 
 from __future__ import annotations
 
-import ctypes
 import math
-import os
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -28,80 +32,11 @@ from transformer.config import GPTConfig, param_shapes
 from transformer.errors import ModelError
 from transformer.memory import check_memory
 from transformer.sampling import check_sampling, sample_next
-from transformer.workers import LOSS, LOSS_AND_GRADS, WorkerPool, fork_available
 
 _ACTIVATIONS = {
     "gelu": (ops.gelu_forward, ops.gelu_backward),
     "relu": (ops.relu_forward, ops.relu_backward),
 }
-
-
-# ----------------------------------------------------------------------------- the CPU
-# A step runs its batch shards at once, in this process and in forked workers (workers.py), each
-# with single-threaded BLAS, so both the GEMMs and the elementwise passes use every core.
-
-
-def available_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-@lru_cache(maxsize=1)
-def _openblas_threads_api():
-    """(set, get) of the OpenBLAS thread count NumPy uses, or None where it cannot be found
-    (another BLAS, another OS): then the BLAS keeps its own setting."""
-    try:
-        with open("/proc/self/maps", encoding="utf-8") as maps:
-            paths = sorted({line.split()[-1] for line in maps if "openblas" in line.rsplit("/", 1)[-1].lower()})
-    except OSError:
-        return None
-    for path in paths:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for prefix in ("scipy_openblas", "openblas"):
-            for suffix in ("64_", ""):
-                setter = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
-                getter = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
-                if setter is not None and getter is not None:
-                    return setter, getter
-    return None
-
-
-@contextmanager
-def _one_blas_thread():
-    """Run a block with single-threaded BLAS. The model parallelises by itself, over batch
-    shards in worker processes (one sync per step, not one per matmul); BLAS threads on top would
-    oversubscribe the cores, and their spin-waits collapse on a busy machine (BENCHMARKS.md)."""
-    api = _openblas_threads_api()
-    if api is None:
-        yield
-        return
-    setter, getter = api
-    before = getter()
-    setter(1)
-    try:
-        yield
-    finally:
-        setter(before)
-
-
-@lru_cache(maxsize=1)
-def _keep_freed_memory() -> None:
-    """Ask glibc's malloc to keep freed memory for reuse rather than hand it back to the OS.
-
-    A training step allocates and frees the same activation-sized arrays every time; with
-    glibc's defaults many of them are returned to the OS (munmap, heap trim) and page-faulted
-    in again the next step (page faults cost a quarter of a small step: BENCHMARKS.md). Arrays up to 32 MB (the most glibc allows) then come from its heaps, which are not trimmed
-    below 1 GB. A no-op where there is no glibc.
-    """
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError, TypeError):  # no libc to open, or not glibc
-        return
-    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
-    mallopt(m_mmap_threshold, 32 * 1024 * 1024)
-    mallopt(m_trim_threshold, 1024 * 1024 * 1024)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -148,54 +83,41 @@ class _CopyInto(dict):
         super().__setitem__(name, value)
 
 
-class GPT:
-    """A GPT-style transformer in NumPy.
+class _Prefixed:
+    """Writes `name` into `grads` as prefix + name: one block's gradients under their full names."""
 
-    loss and loss_and_grads split the batch into `workers` shards computed at once: the first
-    in this process, the others in forked worker processes (workers.py) that read the
-    parameters from shared memory. A shard's loss and gradients are already scaled for the whole
-    batch's mean, so they are simply summed, in shard order. One GPT must not be used from
-    several threads at the same time (its scratch buffers and workers are shared).
+    __slots__ = ("grads", "prefix")
+
+    def __init__(self, grads: dict, prefix: str):
+        self.grads, self.prefix = grads, prefix
+
+    def __setitem__(self, name: str, value) -> None:
+        self.grads[self.prefix + name] = value
+
+
+class GPT:
+    """A GPT-style transformer in NumPy, in one process.
+
+    One GPT must not be used from several threads at the same time (its scratch buffers are
+    shared between calls).
 
     >>> m = GPT(GPTConfig(vocab_size=10, context_length=8, d_model=8, n_layers=1, n_heads=2))
     >>> m.forward(np.array([[1, 2, 3]])).shape
     (1, 3, 10)
     """
 
-    def __init__(self, config: GPTConfig, seed: int = 0, *, workers: int | None = None):
-        """`workers`: how many batch shards run at once, each in a process of its own (default:
-        one per available core). Results depend on it only through float rounding of the final
-        sums; where fork is unavailable (not Linux) the shards run one after the other."""
+    def __init__(self, config: GPTConfig, seed: int = 0):
         if not isinstance(config, GPTConfig):
             raise ModelError(f"expected a GPTConfig, got {type(config).__name__}")
         check_memory(config)  # before init_params allocates: one line, not a MemoryError
         self.config = config
-        self._setup(workers, init_params(config, seed))
-
-    def _setup(self, workers: int | None, params: dict[str, np.ndarray]) -> None:
-        """Set workers and params; with workers, params move to the pool's shared memory (so the
-        optimizer's in-place updates reach the workers)."""
-        self.workers = available_cores() if workers is None else workers
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
-            raise ModelError(f"workers must be a positive integer or None, got {workers!r}")
+        self.params: dict[str, np.ndarray] = init_params(config, seed)
         self._scratch: dict[tuple, np.ndarray] = {}
-        self._pool = self._new_pool(params) if self.workers > 1 and fork_available() else None
-        self.params: dict[str, np.ndarray] = dict(self._pool.params) if self._pool else params
-
-    def _new_pool(self, params: dict[str, np.ndarray]) -> WorkerPool:
-        config = self.config  # the pool must not hold the model: it is closed when the model goes
-
-        def make_worker(shared_params):  # runs in the worker, after the fork
-            worker = GPT.__new__(GPT)
-            worker.config = config
-            worker._setup(1, shared_params)
-            return worker._shard_loss, worker._shard_loss_and_grads
-
-        return WorkerPool(params, self.workers - 1, make_worker)
 
     @classmethod
-    def from_params(cls, config: GPTConfig, params: dict[str, np.ndarray], *, workers: int | None = None) -> GPT:
-        """A model with the given weights (checked against the config's names and shapes)."""
+    def from_params(cls, config: GPTConfig, params: dict[str, np.ndarray]) -> GPT:
+        """A model with the given weights (checked against the config's names and shapes; used as
+        they are when already contiguous float32, else converted)."""
         if not isinstance(config, GPTConfig):
             raise ModelError(f"expected a GPTConfig, got {type(config).__name__}")
         check_memory(config, loaded=True)  # the weights are here; the sinusoid table and caches are not yet
@@ -208,7 +130,8 @@ class GPT:
                 raise ModelError(f"parameter {name} has shape {tuple(params[name].shape)}, the config needs {shape}")
         model = cls.__new__(cls)
         model.config = config
-        model._setup(workers, {name: np.ascontiguousarray(params[name], dtype=np.float32) for name in expected})
+        model.params = {name: np.ascontiguousarray(params[name], dtype=np.float32) for name in expected}
+        model._scratch = {}
         return model
 
     # ------------------------------------------------------------------------- inputs
@@ -255,60 +178,62 @@ class GPT:
 
     # ------------------------------------------------------------------------- forward
 
+    def _layer(self, i: int) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+        """Block i's parameters as (weight, bias or None) pairs under short names ("ln_1", ...)."""
+        p, h = self.params, f"h.{i}."
+        names = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
+        return {name: (p[h + name + ".weight"], p.get(h + name + ".bias")) for name in names}
+
     def _block_forward(self, i: int, x: np.ndarray, trace: dict | None, attend, grad: bool = False):
-        """x (B, T, C) -> (B, T, C), cache. `attend(qkv)` is the attention op: full-sequence for
-        training, incremental with a KV cache for generation. `grad`: a backward will follow
-        (the activation then caches its derivative).
+        """Block i: x (B, T, C) -> (B, T, C), cache. `attend(qkv)` is the attention op: full-sequence
+        for training, incremental with a KV cache for generation. `grad`: a backward will follow
+        (the activation then caches its derivative). The trace is filled here, from what the
+        block saw."""
+        block = self._post_norm_block if self.config.norm == "post" else self._pre_norm_block
+        x, cache, seen = block(self._layer(i), x, attend, grad, trace is not None)
+        if trace is not None:
+            trace.update({f"h.{i}.{name}": value for name, value in seen.items()})
+        return x, cache
 
-        pre-norm (GPT-2):  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))
-        post-norm (seed 001, the original encoder):  x = ln_1(x + attn(x));  x = ln_2(x + mlp(x))
-        """
-        p, cfg = self.params, self.config
-        h = f"h.{i}."
-        rec = trace is not None
-        post = cfg.norm == "post"
+    def _pre_norm_block(self, p, x, attend, grad: bool, record: bool):
+        """GPT-2: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)). The residuals add in place (x is in
+        no cache), so a recorded residual stream is a copy."""
+        a, ln_1 = ops.layernorm_forward(x, *p["ln_1"])
+        ao, attn = self._attention_half(p, a, attend)
+        x, _ = ops.residual_forward(x, ao, inplace=True)
+        resid_1 = x.copy() if record else None
+        m, ln_2 = ops.layernorm_forward(x, *p["ln_2"])
+        mo, mlp, (pre, act) = self._mlp_half(p, m, grad)
+        x, _ = ops.residual_forward(x, mo, inplace=True)
+        seen = {"ln_1": a, "attn.out": ao, "resid_1": resid_1, "ln_2": m, "mlp.pre": pre, "mlp.act": act,
+                "mlp.out": mo, "resid_2": x.copy() if record else None}
+        return x, (ln_1, *attn, ln_2, *mlp), seen
 
-        if post:
-            a = x
-        else:
-            a, ln_1 = ops.layernorm_forward(x, p[h + "ln_1.weight"], p.get(h + "ln_1.bias"))
-            if rec:
-                trace[h + "ln_1"] = a
-        qkv, c_attn = ops.linear_forward(a, p[h + "attn.c_attn.weight"], p.get(h + "attn.c_attn.bias"))
+    def _post_norm_block(self, p, x, attend, grad: bool, record: bool):
+        """The original encoder (seed 001): x = ln_1(x + attn(x)); x = ln_2(x + mlp(x))."""
+        ao, attn = self._attention_half(p, x, attend)
+        r1, _ = ops.residual_forward(x, ao)  # not in place: x is in c_attn's cache
+        x1, ln_1 = ops.layernorm_forward(r1, *p["ln_1"])
+        mo, mlp, (pre, act) = self._mlp_half(p, x1, grad)
+        r2, _ = ops.residual_forward(x1, mo)
+        x2, ln_2 = ops.layernorm_forward(r2, *p["ln_2"])
+        seen = {"attn.out": ao, "resid_1": r1, "ln_1": x1, "mlp.pre": pre, "mlp.act": act, "mlp.out": mo,
+                "resid_2": r2, "ln_2": x2}
+        return x2, (ln_1, *attn, ln_2, *mlp), seen
+
+    def _attention_half(self, p, a: np.ndarray, attend):
+        """a (B, T, C) -> c_proj(attention(c_attn(a))) (B, T, C), caches (c_attn, attention, c_proj)."""
+        qkv, c_attn = ops.linear_forward(a, *p["attn.c_attn"])  # (B, T, 3C)
         y, attn = attend(qkv)  # (B, T, C)
-        ao, c_proj = ops.linear_forward(y, p[h + "attn.c_proj.weight"], p.get(h + "attn.c_proj.bias"))
-        if rec:
-            trace[h + "attn.out"] = ao
-        x, _ = ops.residual_forward(x, ao, inplace=not post)  # pre-norm: x is in no cache
-        if post:
-            if rec:
-                trace[h + "resid_1"] = x
-            x, ln_1 = ops.layernorm_forward(x, p[h + "ln_1.weight"], p.get(h + "ln_1.bias"))
-            m = x
-            if rec:
-                trace[h + "ln_1"] = x
-        else:
-            if rec:
-                trace[h + "resid_1"] = x.copy()
-            m, ln_2 = ops.layernorm_forward(x, p[h + "ln_2.weight"], p.get(h + "ln_2.bias"))
-            if rec:
-                trace[h + "ln_2"] = m
-        pre, c_fc = ops.linear_forward(m, p[h + "mlp.c_fc.weight"], p.get(h + "mlp.c_fc.bias"))
-        act, act_cache = _ACTIVATIONS[cfg.activation][0](pre, grad=grad)
-        mo, mlp_proj = ops.linear_forward(act, p[h + "mlp.c_proj.weight"], p.get(h + "mlp.c_proj.bias"))
-        if rec:
-            trace[h + "mlp.pre"], trace[h + "mlp.act"], trace[h + "mlp.out"] = pre, act, mo
-        x, _ = ops.residual_forward(x, mo, inplace=not post)
-        if post:
-            if rec:
-                trace[h + "resid_2"] = x
-            x, ln_2 = ops.layernorm_forward(x, p[h + "ln_2.weight"], p.get(h + "ln_2.bias"))
-            if rec:
-                trace[h + "ln_2"] = x
-        else:
-            if rec:
-                trace[h + "resid_2"] = x.copy()
-        return x, (ln_1, c_attn, attn, c_proj, ln_2, c_fc, act_cache, mlp_proj)
+        out, c_proj = ops.linear_forward(y, *p["attn.c_proj"])
+        return out, (c_attn, attn, c_proj)
+
+    def _mlp_half(self, p, m: np.ndarray, grad: bool):
+        """m (B, T, C) -> c_proj(act(c_fc(m))) (B, T, C), caches (c_fc, act, c_proj), (pre, act)."""
+        pre, c_fc = ops.linear_forward(m, *p["mlp.c_fc"])  # (B, T, 4C)
+        act, act_cache = _ACTIVATIONS[self.config.activation][0](pre, grad=grad)
+        out, c_proj = ops.linear_forward(act, *p["mlp.c_proj"])
+        return out, (c_fc, act_cache, c_proj), (pre, act)
 
     def _embed(self, ids: np.ndarray, trace: dict | None):
         """ids (B, T) -> x0 (B, T, C) = token embedding + positional encoding, cache."""
@@ -328,8 +253,7 @@ class GPT:
 
             def attend(qkv, i=i):
                 attn_trace = {} if trace is not None else None
-                with _one_blas_thread():  # many small matmuls: threads would only wait on each other
-                    out, cache = ops.attention_forward(qkv, H, causal, attn_trace)
+                out, cache = ops.attention_forward(qkv, H, causal, attn_trace)
                 if trace is not None:
                     trace.update({f"h.{i}.attn.{key}": value for key, value in attn_trace.items()})
                 return out, cache
@@ -343,45 +267,16 @@ class GPT:
             trace["ln_f"] = xf
         return xf, (embed_cache, blocks, ln_f) if keep_cache else None
 
-    def _sharded(self, op: int, ids: np.ndarray, targets: np.ndarray, here) -> list[tuple[float, dict | None]]:
-        """[(loss share, grads or None)] of each batch shard, in shard order. `here(ids, targets)`
-        computes a shard in this process: the first one, while the workers compute the others
-        (or every shard, one after the other, without workers). BLAS runs single-threaded."""
-        _keep_freed_memory()
-        B = ids.shape[0]
-        n = max(1, min(self.workers, B))
-        cuts = np.linspace(0, B, n + 1).round().astype(int)
-        shards = [slice(cuts[k], cuts[k + 1]) for k in range(n)]
-        with _one_blas_thread():
-            if n == 1 or self._pool is None:
-                return [here(ids[rows], targets[rows]) for rows in shards]
-            if not self._pool.usable_with(self.params):  # e.g. float64 params, or this is a forked copy
-                self._pool.close()
-                self._pool = self._new_pool(self.params)
-            pool = self._pool
-            try:
-                pool.sync(self.params)
-                pool.submit(op, [(ids[rows], targets[rows]) for rows in shards[1:]], ids.size, B)
-                results = [here(ids[shards[0]], targets[shards[0]]), *pool.collect(n - 1, op)]
-            except BaseException:  # e.g. Ctrl-C: replies may still be on their way; fresh workers next time
-                pool.close()
-                raise
-            # a shard whose worker had just left idle is computed here (same arithmetic, same numbers)
-            return [r if r is not None else here(ids[rows], targets[rows]) for r, rows in zip(results, shards)]
-
     def forward(self, ids, trace: dict | None = None) -> np.ndarray:
         """ids (B, T) or (T,) -> logits (B, T, V) from the tied embedding: logits = ln_f(x) W_e^T.
 
-        Runs in this process (its callers ask for a few sequences; `loss` is the batched path).
         With `trace` (a dict) the intermediates are recorded under the contract's names; when
         it is None nothing extra is computed or kept.
         """
         ids = self._check_ids(ids)
         wte = self.params["wte.weight"]
-        _keep_freed_memory()
-        with _one_blas_thread():
-            xf, _ = self._forward(ids, trace, keep_cache=False)
-            logits = (xf.reshape(-1, xf.shape[-1]) @ wte.T).reshape(*ids.shape, wte.shape[0])
+        xf, _ = self._forward(ids, trace, keep_cache=False)
+        logits = (xf.reshape(-1, xf.shape[-1]) @ wte.T).reshape(*ids.shape, wte.shape[0])
         if trace is not None:
             trace["logits"] = logits
         return logits
@@ -395,22 +290,25 @@ class GPT:
         np.matmul(x2, wte.T, out=logits)  # (B*T, V)
         return ops.softmax_xent_forward(logits, targets.reshape(-1))
 
-    def _check_pair(self, ids, targets) -> tuple[np.ndarray, np.ndarray]:
+    def check_pair(self, ids, targets) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, targets) as (B, T) intp arrays of the same shape, within the model's limits."""
         ids = self._check_ids(ids)
         targets = self._check_ids(targets, "targets")
         if targets.shape != ids.shape:
             raise ModelError(f"targets have shape {targets.shape}, ids {ids.shape}; they must match")
         return ids, targets
 
-    def _shard_loss(self, ids: np.ndarray, targets: np.ndarray, batch: int) -> float:
-        """A shard's share of a `batch`-row batch's mean loss: its own mean times rows / batch."""
+    def shard_loss(self, ids: np.ndarray, targets: np.ndarray, batch_rows: int) -> float:
+        """A shard's share of a `batch_rows`-row batch's mean loss: its own mean times rows / batch_rows.
+        Inputs as `check_pair` returns them."""
         xf, _ = self._forward(ids, None, keep_cache=False)
-        return self._unembed_loss(xf, targets)[0] * (ids.shape[0] / batch)
+        return self._unembed_loss(xf, targets)[0] * (ids.shape[0] / batch_rows)
 
-    def _shard_loss_and_grads(self, ids: np.ndarray, targets: np.ndarray, n_total: int, into=None):
-        """A shard's (loss share, grads), both scaled for the mean over n_total positions. With
-        `into` (arrays keyed like params: a worker's shared buffers) each gradient is copied there
-        as soon as it is computed and its own array freed, so no second full set is ever held."""
+    def shard_loss_and_grads(self, ids: np.ndarray, targets: np.ndarray, n_total: int, into=None):
+        """A shard's (loss share, grads), both scaled for the mean over the n_total positions of the
+        whole batch, so that the shards' results add up to the batch's. With `into` (arrays keyed
+        like params, e.g. a worker's shared buffers) each gradient is copied there as soon as it
+        is computed and its own array freed, so no second full set is ever held."""
         xf, caches = self._forward(ids, None, keep_cache=True)
         loss, xent = self._unembed_loss(xf, targets)
         grads = _CopyInto(into) if into is not None else {}
@@ -418,24 +316,14 @@ class GPT:
 
     def loss(self, ids, targets) -> float:
         """Mean cross-entropy of predicting targets (B, T) from ids (B, T); forward only, for eval."""
-        ids, targets = self._check_pair(ids, targets)
-        B = ids.shape[0]
-        shards = self._sharded(LOSS, ids, targets, lambda i, t: (self._shard_loss(i, t, B), None))
-        return float(sum(loss for loss, _ in shards))
+        ids, targets = self.check_pair(ids, targets)
+        return float(self.shard_loss(ids, targets, ids.shape[0]))
 
     def loss_and_grads(self, ids, targets) -> tuple[float, dict[str, np.ndarray]]:
-        """-> (mean cross-entropy loss, grads keyed and ordered like params).
-
-        Each batch shard runs forward and backward on its own, with gradients already scaled
-        for the whole batch's mean; the shards' gradients are then summed, in shard order.
-        """
-        ids, targets = self._check_pair(ids, targets)
-        shards = self._sharded(LOSS_AND_GRADS, ids, targets, lambda i, t: self._shard_loss_and_grads(i, t, ids.size))
-        grads = {name: shards[0][1][name] for name in self.params}  # drops the absent biases' None
-        for _, more in shards[1:]:
-            for name, g in grads.items():
-                g += more[name]
-        return float(sum(loss for loss, _ in shards)), grads
+        """-> (mean cross-entropy loss, grads keyed and ordered like params)."""
+        ids, targets = self.check_pair(ids, targets)
+        loss, grads = self.shard_loss_and_grads(ids, targets, ids.size)
+        return float(loss), {name: grads[name] for name in self.params}  # drops the absent biases' None
 
     # ------------------------------------------------------------------------- backward
 
@@ -461,35 +349,48 @@ class GPT:
         return grads
 
     def _block_backward(self, i: int, dx: np.ndarray, cache, grads: dict) -> np.ndarray:
-        """d(block output) (B, T, C) -> d(block input) (B, T, C); fills the block's grads.
-        `_block_forward` read backwards: MLP half, then attention half."""
+        """d(block i's output) (B, T, C) -> d(its input) (B, T, C); its grads go into `grads`."""
+        backward = self._post_norm_block_backward if self.config.norm == "post" else self._pre_norm_block_backward
+        g = _Prefixed(grads, f"h.{i}.")
+        return backward(dx, cache, g)
+
+    def _pre_norm_block_backward(self, dx: np.ndarray, cache, g) -> np.ndarray:
+        """`_pre_norm_block` read backwards: MLP half (x2 = x1 + mlp(ln_2(x1))), then attention half."""
         ln_1, c_attn, attn, c_proj, ln_2, c_fc, act_cache, mlp_proj = cache
-        h = f"h.{i}."
-        act_backward = _ACTIVATIONS[self.config.activation][1]
-        post = self.config.norm == "post"
-
-        # MLP half. pre: x2 = x1 + mlp(ln_2(x1)); post: x2 = ln_2(x1 + mlp(x1))
-        if post:
-            dx, grads[h + "ln_2.weight"], grads[h + "ln_2.bias"] = ops.layernorm_backward(dx, ln_2)
         dx, dbranch = ops.residual_backward(dx, None)
-        dact, grads[h + "mlp.c_proj.weight"], grads[h + "mlp.c_proj.bias"] = ops.linear_backward(dbranch, mlp_proj)
-        dpre = act_backward(dact, act_cache)
-        dm, grads[h + "mlp.c_fc.weight"], grads[h + "mlp.c_fc.bias"] = ops.linear_backward(dpre, c_fc)
-        if not post:
-            dm, grads[h + "ln_2.weight"], grads[h + "ln_2.bias"] = ops.layernorm_backward(dm, ln_2)
+        dm = self._mlp_half_backward(dbranch, (c_fc, act_cache, mlp_proj), g)
+        dm, g["ln_2.weight"], g["ln_2.bias"] = ops.layernorm_backward(dm, ln_2)
         dx += dm  # x1 reaches x2 both through the skip and through the MLP
-
-        # attention half. pre: x1 = x0 + attn(ln_1(x0)); post: x1 = ln_1(x0 + attn(x0))
-        if post:
-            dx, grads[h + "ln_1.weight"], grads[h + "ln_1.bias"] = ops.layernorm_backward(dx, ln_1)
         dx, dbranch = ops.residual_backward(dx, None)
-        dy, grads[h + "attn.c_proj.weight"], grads[h + "attn.c_proj.bias"] = ops.linear_backward(dbranch, c_proj)
-        dqkv = ops.attention_backward(dy, attn)
-        da, grads[h + "attn.c_attn.weight"], grads[h + "attn.c_attn.bias"] = ops.linear_backward(dqkv, c_attn)
-        if not post:
-            da, grads[h + "ln_1.weight"], grads[h + "ln_1.bias"] = ops.layernorm_backward(da, ln_1)
+        da = self._attention_half_backward(dbranch, (c_attn, attn, c_proj), g)
+        da, g["ln_1.weight"], g["ln_1.bias"] = ops.layernorm_backward(da, ln_1)
         dx += da
         return dx
+
+    def _post_norm_block_backward(self, dx: np.ndarray, cache, g) -> np.ndarray:
+        """`_post_norm_block` read backwards: x2 = ln_2(x1 + mlp(x1)), then x1 = ln_1(x0 + attn(x0))."""
+        ln_1, c_attn, attn, c_proj, ln_2, c_fc, act_cache, mlp_proj = cache
+        dx, g["ln_2.weight"], g["ln_2.bias"] = ops.layernorm_backward(dx, ln_2)
+        dx, dbranch = ops.residual_backward(dx, None)
+        dx += self._mlp_half_backward(dbranch, (c_fc, act_cache, mlp_proj), g)
+        dx, g["ln_1.weight"], g["ln_1.bias"] = ops.layernorm_backward(dx, ln_1)
+        dx, dbranch = ops.residual_backward(dx, None)
+        dx += self._attention_half_backward(dbranch, (c_attn, attn, c_proj), g)
+        return dx
+
+    def _attention_half_backward(self, dout: np.ndarray, cache, g) -> np.ndarray:
+        c_attn, attn, c_proj = cache
+        dy, g["attn.c_proj.weight"], g["attn.c_proj.bias"] = ops.linear_backward(dout, c_proj)
+        dqkv = ops.attention_backward(dy, attn)
+        da, g["attn.c_attn.weight"], g["attn.c_attn.bias"] = ops.linear_backward(dqkv, c_attn)
+        return da
+
+    def _mlp_half_backward(self, dout: np.ndarray, cache, g) -> np.ndarray:
+        c_fc, act_cache, c_proj = cache
+        dact, g["mlp.c_proj.weight"], g["mlp.c_proj.bias"] = ops.linear_backward(dout, c_proj)
+        dpre = _ACTIVATIONS[self.config.activation][1](dact, act_cache)
+        dm, g["mlp.c_fc.weight"], g["mlp.c_fc.bias"] = ops.linear_backward(dpre, c_fc)
+        return dm
 
     # ------------------------------------------------------------------------- generation
 
@@ -599,8 +500,7 @@ class GPT:
             for i in range(cfg.n_layers):
 
                 def attend(qkv, i=i, start=cached):
-                    with _one_blas_thread():
-                        return ops.attention_forward_cached(qkv, k_cache[i], v_cache[i], start, H)
+                    return ops.attention_forward_cached(qkv, k_cache[i], v_cache[i], start, H)
 
                 x, _ = self._block_forward(i, x, None, attend)
             cached += new.shape[1]
