@@ -1,4 +1,5 @@
-"""`tk train-model`, `tk predict-next`, `tk generate`, `tk info`, `tk pipeline`: thin wrappers over `pipeline`.
+"""`tk train-model`, `tk predict-next`, `tk generate`, `tk info`, `tk pipeline`, `tk export-hf`, `tk import-hf`:
+thin wrappers over `pipeline`.
 
 Each command parses flags, calls the pipeline API and prints. Progress and notes go to stderr,
 results (tables, generated text, summaries) to stdout. User mistakes arrive as PipelineError /
@@ -13,10 +14,10 @@ from typing import Any
 
 import click
 
-from pipeline import PipelineError, checkpoint
+from pipeline import PipelineError, checkpoint, hf
 from pipeline.data import check_corpus
 from pipeline.run import generate, load_model_and_tokenizer, load_tokenizer, predict_next, run_pipeline, token_text
-from pipeline.train import DEFAULT_VOCAB_SIZE, TrainConfig, TrainResult, load_config_file, resume_training, train_model
+from pipeline.train import DEFAULT_VOCAB_SIZE, StartFrom, TrainConfig, TrainResult, load_config_file, resume_training, train_model
 
 _DEFAULTS = TrainConfig()
 
@@ -121,10 +122,13 @@ def _interrupted(result: TrainResult) -> int:
 @click.option("-o", "--out", "run_dir", type=click.Path(file_okay=False, path_type=Path), help="run directory")
 @click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[RUN_DIR]",
               help="continue the run in RUN_DIR (or -o) exactly where it stopped")
+@click.option("--init-from", "init_from", type=click.Path(path_type=Path), metavar="MODEL",
+              help="start a new run from MODEL's weights and tokenizer (a run directory or model file, "
+              "e.g. one `tk import-hf` wrote); the model's shape comes from it")
 @_training_options
 @click.option("--overwrite", is_flag=True, help="replace the files of another run in RUN_DIR (otherwise refused)")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bar or notes, only the summary")
-def train_model_command(corpus, tokenizer_path, run_dir, resume, overwrite, quiet, **kwargs) -> int:
+def train_model_command(corpus, tokenizer_path, run_dir, resume, init_from, overwrite, quiet, **kwargs) -> int:
     """Train a GPT on CORPUS; checkpoints, log and token cache go in RUN_DIR.
 
     RUN_DIR/model.safetensors holds the best evaluated weights with the tokenizer inside (one
@@ -136,6 +140,7 @@ def train_model_command(corpus, tokenizer_path, run_dir, resume, overwrite, quie
     Example:
       tk train-model corpora/tiny_tales.txt -t tok.safetensors -o runs/tales --steps 500
       tk train-model --resume runs/tales
+      tk train-model corpora/tiny_tales.txt --init-from runs/demo -o runs/tuned --steps 100
     """
     say = _say(quiet)
     given = _given(kwargs, fresh=resume is None)
@@ -149,6 +154,8 @@ def train_model_command(corpus, tokenizer_path, run_dir, resume, overwrite, quie
             raise click.UsageError(f"--resume takes a run directory, and {target} is a file")
         if overwrite:
             raise click.UsageError("--overwrite starts a new run; it cannot be combined with --resume")
+        if init_from is not None:
+            raise click.UsageError("--init-from starts a new run; a resumed run continues from its own weights")
         tok = load_tokenizer(tokenizer_path) if tokenizer_path is not None else None
         result = resume_training(target, corpus=corpus, tokenizer=tok, overrides=given, quiet=quiet, say=say)
     else:
@@ -156,10 +163,11 @@ def train_model_command(corpus, tokenizer_path, run_dir, resume, overwrite, quie
             raise click.UsageError("missing CORPUS (or --resume RUN_DIR to continue a run)")
         if run_dir is None:
             raise click.UsageError("missing -o RUN_DIR: where the checkpoints and logs go")
-        config = TrainConfig.from_dict(given)
+        init = StartFrom.load(init_from) if init_from is not None else None
+        config = TrainConfig.from_dict(init.settings(given) if init is not None else given)
         check_corpus(corpus)
         tok = load_tokenizer(tokenizer_path) if tokenizer_path is not None else None
-        result = train_model(corpus, run_dir, tok, config, overwrite=overwrite, quiet=quiet, say=say)
+        result = train_model(corpus, run_dir, tok, config, init=init, overwrite=overwrite, quiet=quiet, say=say)
     _summary(result)
     return _interrupted(result) if result.interrupted else 0
 
@@ -174,15 +182,21 @@ def train_model_command(corpus, tokenizer_path, run_dir, resume, overwrite, quie
               help="tokenizer.safetensors, for a model file without one embedded (GPT.save's)")
 @click.argument("text")
 @click.option("--top-k", default=10, show_default=True, type=int, help="rows in the table of likely tokens")
-def predict_next_command(model_path, tokenizer_path, text, top_k) -> int:
+@click.option("--json", "as_json", is_flag=True, help='print {"top": [{"id", "token", "p"}, ...]} instead of the table')
+def predict_next_command(model_path, tokenizer_path, text, top_k, as_json) -> int:
     """The most likely token after TEXT (argmax), then the top K with their probabilities.
 
     \b
     Example:
       tk predict-next -m runs/tales "Once upon a time, there was a"
+      tk predict-next -m runs/tales "Once upon a time" --top-k 3 --json
     """
     model, tok = load_model_and_tokenizer(model_path, tokenizer_path)
     pred = predict_next(model, tok, text, top_k=top_k, say=_warn)
+    if as_json:  # a token that is part of a character shows its bytes escaped, e.g. "\\xc3"
+        top = [{"id": i, "token": tok.decode_bytes([i]).decode("utf-8", "backslashreplace"), "p": p} for i, p in pred.top]
+        click.echo(json.dumps({"top": top}, ensure_ascii=False))
+        return 0
     best_id, best_p = pred.top[0]
     click.echo(f"next token: {token_text(tok, best_id)} (id {best_id}, p = {best_p:.4f})")
     click.echo("")
@@ -285,18 +299,18 @@ def _info_model(path: Path) -> None:
     _row("parameters", f"{n_params:,}")
     if tok is not None:
         _row("vocab size", f"{tok.vocab_size} (tokenizer {meta.get('tokenizer_fingerprint', '')[:16]}...)")
-    if "step" in meta:
+    prov = meta.get("provenance") or {}
+    if "step" in meta and not (isinstance(prov, dict) and "imported_from" in prov):
         _row("training step", meta.get("step"))
     val = meta.get("val_loss")
-    if "val_loss" in meta:
+    if val is not None:
         _row("validation loss", f"{val:.4f}" if isinstance(val, float) else val)
-    prov = meta.get("provenance") or {}
     if isinstance(prov, dict):
         base = prov.get("unigram_baseline")
         if isinstance(base, float):
             _row("unigram baseline", f"{base:.4f}")
         labels = {"corpus": "corpus", "corpus_sha256": "corpus sha256", "n_train_tokens": "train tokens",
-                  "tokenkit": "written by tokenkit"}
+                  "tokenkit": "written by tokenkit", "imported_from": "imported from", "init_from": "initialised from"}
         for key, label in labels.items():
             if key in prov:
                 _row(label, f"{prov[key]:,}" if isinstance(prov[key], int) else prov[key])
@@ -361,4 +375,68 @@ def pipeline_command(corpus, run_dir, vocab_size, prompt, max_new_tokens, overwr
     return 0
 
 
-COMMANDS = (train_model_command, predict_next_command, generate_command, info_command, pipeline_command)
+# --- export-hf / import-hf -------------------------------------------------------------------
+
+
+@click.command("export-hf")
+@click.argument("model_path", metavar="RUN_OR_MODEL", type=click.Path(path_type=Path))
+@click.option("-o", "--out", "directory", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="directory to write (created if needed)")
+@click.option("-t", "--tokenizer", "tokenizer_path", type=click.Path(path_type=Path),
+              help="tokenizer.safetensors, for a model file without one embedded (GPT.save's)")
+@click.option("--overwrite", is_flag=True, help="replace the model and tokenizer files of a directory that is not an earlier export")
+def export_hf_command(model_path, directory, tokenizer_path, overwrite) -> int:
+    """Write a model as a Hugging Face transformers GPT-2 directory.
+
+    DIR gets config.json, model.safetensors, generation_config.json and the tokenizer's files;
+    transformers' AutoModelForCausalLM.from_pretrained(DIR) and AutoTokenizer.from_pretrained(DIR)
+    load them (GPT2LMHeadModel). Post-norm, sinusoidal and bidirectional models have no GPT-2 form.
+
+    \b
+    Example:
+      tk export-hf runs/demo -o demo-hf
+    """
+    result = hf.export_hf(model_path, directory, tokenizer_path=tokenizer_path, overwrite=overwrite)
+    cfg = result.config
+    click.echo(
+        f"wrote {result.directory}: GPT2LMHeadModel, {result.n_params:,} parameters ({cfg.n_layers} layers, "
+        f"{cfg.n_heads} heads, width {cfg.d_model}, context {cfg.context_length}, vocab {cfg.vocab_size})"
+    )
+    click.echo(f"files: {', '.join(sorted(p.name for p in result.files))}")
+    if result.removed:
+        click.echo(f"removed the earlier export's {', '.join(p.name for p in result.removed)}")
+    return 0
+
+
+@click.command("import-hf")
+@click.argument("directory", metavar="DIR", type=click.Path(path_type=Path))
+@click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="model file to write (e.g. gpt2.safetensors)")
+@click.option("--overwrite", is_flag=True, help="replace OUT if it exists")
+def import_hf_command(directory, out, overwrite) -> int:
+    """Read a transformers GPT-2 checkpoint directory into one tokenkit model file.
+
+    DIR holds config.json, model.safetensors (or model.safetensors.index.json and its shards)
+    and the tokenizer (tokenizer.json, or vocab.json + merges.txt). The -o file works with
+    predict-next, generate, explain and info, and train-model --init-from fine-tunes it.
+    pytorch_model.bin is a pickle and is refused: convert it to safetensors first.
+
+    \b
+    Example:
+      tk import-hf gpt2-hf -o gpt2.safetensors
+    """
+    result = hf.import_hf(directory, out, overwrite=overwrite)
+    cfg = result.config
+    shards = f" in {result.shards} shards" if result.shards > 1 else ""
+    click.echo(
+        f"wrote {result.path}: {result.n_params:,} parameters ({cfg.n_layers} layers, {cfg.n_heads} heads, "
+        f"width {cfg.d_model}, context {cfg.context_length}, vocab {cfg.vocab_size}; "
+        f"{'/'.join(result.dtypes)}{shards} -> float32) + tokenizer"
+    )
+    return 0
+
+
+COMMANDS = (
+    train_model_command, predict_next_command, generate_command, info_command, pipeline_command,
+    export_hf_command, import_hf_command,
+)

@@ -41,6 +41,9 @@ DTYPES = {
     "BOOL": np.dtype("?"),
 }
 _NAMES = {dtype.newbyteorder("="): name for name, dtype in DTYPES.items()}
+# bfloat16, which NumPy lacks: a header holding it is valid only where the caller asks (`bfloat16=True`)
+# and converts the raw bytes itself (transformers' checkpoints; tokenkit never writes it)
+BF16 = "BF16"
 
 
 def _dtype_name(dtype: np.dtype) -> str:
@@ -84,11 +87,13 @@ def serialize(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) ->
     return buf.getvalue()
 
 
-def parse_header(data: bytes, file_size: int, what: str) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+def parse_header(
+    data: bytes, file_size: int, what: str, *, bfloat16: bool = False
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Validate a header (the bytes after the 8-byte length) against a file of `file_size` bytes.
 
     Returns ({name: {"dtype", "shape", "data_offsets"}}, metadata). FileError for anything that
-    does not describe exactly the bytes that follow it.
+    does not describe exactly the bytes that follow it. `bfloat16`: accept BF16 tensors too.
     """
     header = jsonsafe.loads(data, f"{what}'s header")
     if not isinstance(header, dict):
@@ -102,13 +107,14 @@ def parse_header(data: bytes, file_size: int, what: str) -> tuple[dict[str, dict
         if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
             raise FileError(f"{what}: tensor {name!r} has a malformed header entry; the file is corrupt")
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        if dtype not in DTYPES:
+        if dtype not in DTYPES and not (bfloat16 and dtype == BF16):
             raise FileError(f"{what}: tensor {name!r} has unknown dtype {dtype!r}; the file is corrupt")
         ints = lambda xs: isinstance(xs, list) and all(type(x) is int and x >= 0 for x in xs)  # noqa: E731
         if not ints(shape) or not ints(offsets) or len(offsets) != 2 or len(shape) > 8:
             raise FileError(f"{what}: tensor {name!r} has a bad shape or offsets; the file is corrupt")
         begin, end = offsets
-        if not begin <= end <= data_bytes or math.prod(shape) * DTYPES[dtype].itemsize != end - begin:
+        itemsize = 2 if dtype == BF16 else DTYPES[dtype].itemsize
+        if not begin <= end <= data_bytes or math.prod(shape) * itemsize != end - begin:
             raise FileError(
                 f"{what}: tensor {name!r} ({dtype} {shape}) does not fit its bytes {begin}..{end} "
                 f"of {data_bytes}; the file is truncated or corrupt"
@@ -125,8 +131,11 @@ def parse_header(data: bytes, file_size: int, what: str) -> tuple[dict[str, dict
     return header, metadata
 
 
-def read_header(path: str | os.PathLike, what: str | None = None) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """The validated tensor entries and metadata of a safetensors file (reads only its header)."""
+def read_header(
+    path: str | os.PathLike, what: str | None = None, *, bfloat16: bool = False
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """The validated tensor entries and metadata of a safetensors file (reads only its header);
+    `bfloat16`: accept BF16 tensors too."""
     path = Path(path)
     what = what or str(path)
     try:
@@ -141,7 +150,7 @@ def read_header(path: str | os.PathLike, what: str | None = None) -> tuple[dict[
             data = f.read(n)
     except OSError as err:
         raise FileError(f"{what}: cannot read ({err.strerror or err})") from None
-    return parse_header(data, size, what)
+    return parse_header(data, size, what, bfloat16=bfloat16)
 
 
 def read(path: str | os.PathLike, what: str | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:

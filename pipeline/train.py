@@ -266,6 +266,7 @@ class _Run:
         *,
         quiet: bool,
         state: checkpoint.TrainState | None = None,
+        init: StartFrom | None = None,
     ) -> None:
 
         if config.workers == 0:  # recorded as the count used, so a resume elsewhere is the same run
@@ -279,6 +280,10 @@ class _Run:
         self.model_config = GPTConfig.from_dict(config.model_config(tokenizer.vocab_size))
         check_memory(self.model_config, training=True, workers=config.workers)  # one line, not a MemoryError
         self.model = DataParallel(GPT(self.model_config, seed=config.seed), workers=config.workers)
+        self.init = init
+        if init is not None:  # a fresh run from given weights (its config is the weights' own)
+            for name, value in init.params.items():
+                self.model.params[name][...] = value
         self.opt = AdamW(
             self.model.params,
             lr=config.lr,
@@ -324,6 +329,7 @@ class _Run:
             "n_train_tokens": int(len(self.train_ids)),
             "train_config": self.config.to_dict(),
             "unigram_baseline": self.baseline,
+            **({"init_from": str(self.init.path)} if self.init is not None else {}),
         }
 
     def save_state(self) -> None:
@@ -486,6 +492,36 @@ def fit_tokenizer(corpus: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE, *, q
     return Tokenizer.train(str(corpus), vocab_size=vocab_size, quiet=quiet)
 
 
+@dataclass
+class StartFrom:
+    """The weights and tokenizer a fresh run starts from (`tk train-model --init-from MODEL`)."""
+
+    path: Path
+    params: dict[str, np.ndarray]
+    tokenizer: Tokenizer
+    model_config: GPTConfig
+
+    @classmethod
+    def load(cls, path: str | Path) -> StartFrom:
+        """From any tk model file or run directory (one `tk import-hf` wrote, too)."""
+        model, tokenizer, _ = checkpoint.load_model(path)
+        if not model.config.causal:
+            raise PipelineError(f"{path} is a bidirectional model; train-model trains causal language models")
+        return cls(Path(path), model.params, tokenizer, model.config)
+
+    def settings(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """`given` (the user's settings) with the model's shape; a given shape that differs is an error."""
+        shape = {name: getattr(self.model_config, name) for name in MODEL_FIELDS}
+        for key, value in given.items():
+            key = key.replace("-", "_")
+            if key in shape and value != shape[key]:
+                raise PipelineError(
+                    f"{_flag(key)} {value} contradicts the model {self.path} ({shape[key]}); "
+                    "drop the flag: --init-from takes the model's shape"
+                )
+        return {**given, **shape}
+
+
 def train_model(
     corpus: str | Path,
     run_dir: str | Path,
@@ -495,6 +531,7 @@ def train_model(
     overwrite: bool = False,
     tokens: data.TokenData | None = None,
     on_start: Callable[[], None] | None = None,
+    init: StartFrom | None = None,
     quiet: bool = False,
     say: Callable[[str], None] = lambda msg: None,
 ) -> TrainResult:
@@ -507,10 +544,17 @@ def train_model(
     `resume_training` to continue one. `run_dir` is locked for the whole run (`pipeline.rundir`).
     `tokens` skips encoding when the caller has just prepared them (their pending file, if any,
     is committed here); `on_start` is called once everything is validated, before the first
-    file is written (the pipeline commits its tokenizer there).
+    file is written (the pipeline commits its tokenizer there). `init` starts from its weights
+    and tokenizer instead of random ones (`config` must have its shape: `StartFrom.settings`).
     """
     config = config or TrainConfig()
     data.check_corpus(corpus)
+    if init is not None:
+        if tokenizer is not None and tokenizer.fingerprint() != init.tokenizer.fingerprint():
+            raise PipelineError(f"the given tokenizer is not the one in {init.path}; drop -t to use the model's own")
+        tokenizer = init.tokenizer
+        if GPTConfig.from_dict(config.model_config(tokenizer.vocab_size)) != init.model_config:
+            raise PipelineError(f"the run's model settings differ from the shape of {init.path}; take them from it (StartFrom.settings)")
     with rundir.RunDir(run_dir) as rd:
         run_dir = rd.path
         own = [checkpoint.MODEL_FILE, checkpoint.STATE_FILE, checkpoint.LOG_FILE]
@@ -526,7 +570,7 @@ def train_model(
         try:
             if not overwrite and tokens.pending is not None:  # the cache holds another corpus's ids
                 rundir.refuse_conflicts(run_dir, rd.present([checkpoint.TOKENS_FILE]))
-            run = _Run(run_dir, tokens, tokenizer, config, quiet=quiet)  # checks the split and the model's size
+            run = _Run(run_dir, tokens, tokenizer, config, quiet=quiet, init=init)  # checks the split and the model's size
             # the run starts: from here on the directory is this run's
             if on_start is not None:
                 on_start()

@@ -1,0 +1,434 @@
+"""Models to and from Hugging Face transformers' GPT-2 checkpoint directories.
+
+tk's model *is* GPT-2's architecture when it is pre-norm, causal, with learned positions: the
+same parameter names (`transformer.` prefixed in a `GPT2LMHeadModel` checkpoint), the same
+Conv1D (in, out) weight layout, LayerNorm epsilon 1e-5, tanh GELU (`gelu_new`), attention
+scaled by 1/sqrt(head size), and the output projection tied to `wte`. So both directions copy
+tensors and translate the config; no weight is transposed or renamed beyond the prefix.
+
+    export_hf(model, DIR)   config.json, model.safetensors, generation_config.json and the
+                            tokenizer's files: `AutoModelForCausalLM.from_pretrained(DIR)`
+                            and `AutoTokenizer.from_pretrained(DIR)` load them
+    import_hf(DIR, FILE)    config.json + model.safetensors (or model.safetensors.index.json
+                            and its shards) + tokenizer -> one tokenkit model file
+
+Reading never unpickles (`pytorch_model.bin` is refused), validates every safetensors header
+against its file before reading, and reads one tensor at a time, converting it to float32
+(F16, BF16 and F64 checkpoints included): the checkpoint is never held twice. Everything is
+checked before the first file is written; every failure is one PipelineError line.
+
+What it deliberately does not do: import transformers or torch (tests do, to check the round
+trip), or express variants GPT-2 has no field for (post-norm, sinusoidal positions,
+bidirectional attention: refused by name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import struct
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bpe import Tokenizer, TokenizerError
+from common import FileError, jsonsafe, safetensors_file
+from pipeline import checkpoint
+from pipeline.errors import PipelineError
+from pipeline.run import load_model_and_tokenizer
+from transformer import GPTConfig, ModelError
+from transformer.config import param_shapes
+from transformer.ops import LN_EPS
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+GENERATION_FILE = "generation_config.json"
+PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+# every file an export may write; one that this export did not write is an earlier export's, removed
+EXPORT_FILES = (
+    CONFIG_FILE, WEIGHTS_FILE, GENERATION_FILE,
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+)
+PREFIX = "transformer."
+EOT = "<|endoftext|>"
+MARKER = "tokenkit_version"  # in an export's config.json: the directory may be exported into again
+MAX_JSON_BYTES = 16 << 20  # config.json is ~1 KB; an index of a huge sharded model is under 1 MB
+
+# transformers' activation_function -> tk's activation (gelu_pytorch_tanh is the same tanh GELU)
+_ACTIVATIONS = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "relu": "relu"}
+_FLOATS = {"F32", "F16", "F64", safetensors_file.BF16}
+
+
+def _tokenkit_version() -> str:
+    try:
+        return version("tokenkit")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+# --- export ----------------------------------------------------------------------------------
+
+
+@dataclass
+class ExportResult:
+    directory: Path
+    files: list[Path]
+    removed: list[Path]
+    config: GPTConfig
+    n_params: int
+
+
+def refuse_variant(config: GPTConfig) -> None:
+    """One line naming the first choice of `config` that GPT-2's config cannot express."""
+    variants = [
+        (config.norm == "post", "post-norm (LayerNorm after each residual add)", "GPT-2 normalises before (pre-norm)"),
+        (config.positional == "sinusoidal", "sinusoidal positions", "GPT-2 learns its position table (wpe)"),
+        (not config.causal, "bidirectional attention", "GPT-2 attends causally"),
+    ]
+    for bad, name, why in variants:
+        if bad:
+            raise PipelineError(f"cannot export a model with {name} as GPT-2: {why}, and transformers has no setting for it")
+
+
+def hf_config(config: GPTConfig, tokenizer: Tokenizer) -> dict[str, Any]:
+    """transformers' GPT2Config for a tk model (no dropout: tk trains without it)."""
+    eot = tokenizer.special_tokens.get(EOT)
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": config.vocab_size,
+        "n_positions": config.context_length,
+        "n_ctx": config.context_length,
+        "n_embd": config.d_model,
+        "n_layer": config.n_layers,
+        "n_head": config.n_heads,
+        "n_inner": 4 * config.d_model,
+        "activation_function": {"gelu": "gelu_new", "relu": "relu"}[config.activation],
+        "layer_norm_epsilon": LN_EPS,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "initializer_range": 0.02,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        "bos_token_id": eot,
+        "eos_token_id": eot,
+        "dtype": "float32",
+        MARKER: _tokenkit_version(),
+    }
+
+
+def hf_tensors(config: GPTConfig, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """GPT2LMHeadModel's state dict: tk's params under `transformer.`, zero biases where tk has
+    none (a zero bias adds nothing), lm_head left out (tied to wte)."""
+    biased = param_shapes(GPTConfig.from_dict({**config.to_dict(), "bias": True}))
+    return {
+        PREFIX + name: np.ascontiguousarray(params[name], dtype=np.float32) if name in params else np.zeros(shape, np.float32)
+        for name, shape in biased.items()
+    }
+
+
+def _is_tk_model(path: Path) -> bool:
+    try:
+        return safetensors_file.read_header(path, bfloat16=True)[1].get("format") == checkpoint.MODEL_FORMAT
+    except FileError:
+        return False
+
+
+def _is_earlier_export(directory: Path) -> bool:
+    try:
+        with open(directory / CONFIG_FILE, "rb") as f:
+            config = jsonsafe.loads(f.read(MAX_JSON_BYTES), str(directory / CONFIG_FILE))
+    except (OSError, FileError):
+        return False
+    return isinstance(config, dict) and MARKER in config
+
+
+def export_hf(
+    model_path: str | os.PathLike,
+    directory: str | os.PathLike,
+    *,
+    tokenizer_path: str | os.PathLike | None = None,
+    overwrite: bool = False,
+) -> ExportResult:
+    """Write a transformers GPT-2 directory for a tk model (a run directory or model file).
+
+    A non-empty `directory` must be an earlier export (its config.json says so) unless
+    `overwrite`; files in it that are not an export's are left alone. config.json is written
+    last, so a directory is an export only once it is whole.
+    """
+    directory = Path(directory)
+    model, tokenizer = load_model_and_tokenizer(model_path, tokenizer_path)
+    config = model.config
+    refuse_variant(config)
+    if directory.exists() and not directory.is_dir():
+        raise PipelineError(f"{directory} is a file; give a directory to export into")
+    if (directory / WEIGHTS_FILE).is_file() and _is_tk_model(directory / WEIGHTS_FILE):
+        raise PipelineError(f"{directory} holds a tokenkit model ({WEIGHTS_FILE}, e.g. a run's); export into another directory")
+    entries = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+    if entries and not overwrite and not _is_earlier_export(directory):
+        raise PipelineError(
+            f"{directory} is not empty ({', '.join(entries[:3])}{', ...' if len(entries) > 3 else ''}) and is not an "
+            "earlier export; choose an empty directory, or pass --overwrite to replace its model and tokenizer files"
+        )
+    tensors = hf_tensors(config, model.params)
+    eot = tokenizer.special_tokens.get(EOT)
+    generation = {"_from_model_config": True, "bos_token_id": eot, "eos_token_id": eot}
+    created = not directory.exists()
+    written: list[Path] = []
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        written += [Path(p) for p in tokenizer.export_hf(directory)]  # validates before it writes
+        checkpoint.write_bytes(directory / WEIGHTS_FILE, lambda f: safetensors_file.write(f, tensors, {"format": "pt"}))
+        written.append(directory / WEIGHTS_FILE)
+        checkpoint.write_json(directory / GENERATION_FILE, generation)
+        written.append(directory / GENERATION_FILE)
+        checkpoint.write_json(directory / CONFIG_FILE, hf_config(config, tokenizer))
+        written.append(directory / CONFIG_FILE)
+    except TokenizerError as err:
+        _undo(directory, written, created)
+        raise PipelineError(f"cannot export the tokenizer into {directory}: {err}") from None
+    except OSError as err:
+        _undo(directory, written, created)
+        raise PipelineError(f"{directory}: cannot write ({err.strerror or err}); check the path and the free disk space") from None
+    except BaseException:
+        _undo(directory, written, created)
+        raise
+    names = {p.name for p in written}
+    removed = [directory / name for name in EXPORT_FILES if name not in names and (directory / name).exists()]
+    for path in removed:
+        path.unlink()  # an earlier export's (e.g. vocab.json beside a new tokenizer.json)
+    return ExportResult(directory, written, removed, config, sum(int(a.size) for a in model.params.values()))
+
+
+def _undo(directory: Path, written: list[Path], created: bool) -> None:
+    """After a failed export into a directory it created: remove what it wrote, and the directory."""
+    if not created:
+        return
+    for path in written:
+        with contextlib.suppress(OSError):
+            path.unlink()
+    with contextlib.suppress(OSError):
+        directory.rmdir()
+
+
+# --- import ----------------------------------------------------------------------------------
+
+
+@dataclass
+class ImportResult:
+    path: Path
+    config: GPTConfig
+    n_params: int
+    tokenizer: Tokenizer
+    dtypes: list[str] = field(default_factory=list)  # the checkpoint's float types
+    shards: int = 1
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_JSON_BYTES + 1)
+    except OSError as err:
+        raise PipelineError(f"{path}: cannot read ({err.strerror or err})") from None
+    if len(data) > MAX_JSON_BYTES:
+        raise PipelineError(f"{path} is over {MAX_JSON_BYTES >> 20} MB; a {what} is a few KB")
+    try:
+        return jsonsafe.loads(data, str(path))
+    except FileError as err:
+        raise PipelineError(str(err)) from None
+
+
+def gpt_config(path: Path, hf: Any) -> GPTConfig:
+    """tk's GPTConfig for a transformers GPT-2 config.json, or one line naming what tk lacks."""
+    if not isinstance(hf, dict):
+        raise PipelineError(f"{path} is not a JSON object; is this a transformers model directory?")
+    kind = hf.get("model_type")
+    if kind != "gpt2":
+        raise PipelineError(f"{path}: model_type {kind!r}; tk imports GPT-2's architecture (model_type 'gpt2') only")
+
+    def get(key: str, default: Any) -> Any:
+        return hf[key] if hf.get(key) is not None else default
+
+    act = get("activation_function", "gelu_new")
+    if act not in _ACTIVATIONS:
+        exact = " (the exact erf GELU; tk's is the tanh approximation, gelu_new)" if act == "gelu" else ""
+        raise PipelineError(f"{path}: activation_function {act!r}{exact} is not one of tk's: {', '.join(_ACTIVATIONS)}")
+    eps = get("layer_norm_epsilon", 1e-5)
+    if not isinstance(eps, (int, float)) or not math.isclose(eps, LN_EPS, rel_tol=1e-6):
+        raise PipelineError(f"{path}: layer_norm_epsilon {eps!r}; tk's LayerNorm uses {LN_EPS}")
+    d_model = get("n_embd", 768)
+    unsupported = [
+        (get("n_inner", None) not in (None, 4 * d_model) if isinstance(d_model, int) else False,
+         f"n_inner {hf.get('n_inner')!r} (tk's MLP is 4 * n_embd wide)"),
+        (get("scale_attn_weights", True) is not True, "scale_attn_weights false (tk scales by 1/sqrt(head size))"),
+        (get("scale_attn_by_inverse_layer_idx", False) is not False, "scale_attn_by_inverse_layer_idx"),
+        (get("add_cross_attention", False) is not False, "add_cross_attention"),
+    ]
+    for bad, what in unsupported:
+        if bad:
+            raise PipelineError(f"{path}: {what} is not part of tk's GPT")
+    try:
+        return GPTConfig(
+            vocab_size=get("vocab_size", 50257), context_length=get("n_positions", get("n_ctx", 1024)),
+            d_model=d_model, n_layers=get("n_layer", 12), n_heads=get("n_head", 12),
+            activation=_ACTIVATIONS[act],
+        )
+    except ModelError as err:
+        raise PipelineError(f"{path}: {err}") from None
+
+
+@dataclass
+class _Source:
+    """Where one tensor lies: its file, dtype, shape and absolute byte offset."""
+
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+
+
+def _headers(directory: Path) -> tuple[dict[str, _Source], int]:
+    """name -> _Source for every tensor of the checkpoint (one file or an index of shards)."""
+    single, index = directory / WEIGHTS_FILE, directory / INDEX_FILE
+    if single.is_file():
+        files = [single]
+    elif index.is_file():
+        table = _read_json(index, "safetensors index")
+        weight_map = table.get("weight_map") if isinstance(table, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise PipelineError(f"{index} has no weight_map of tensor name -> file; is it damaged?")
+        names = sorted(set(weight_map.values()))
+        bad = [n for n in names if Path(n).name != n or n in ("", ".", "..") or not n.endswith(".safetensors")]
+        if bad:
+            raise PipelineError(f"{index} names shard {bad[0]!r}; shards must be .safetensors files in {directory}")
+        files = [directory / n for n in names]
+        missing = [p for p in files if not p.is_file()]
+        if missing:
+            raise PipelineError(f"{index} names {missing[0].name}, which is not in {directory}; is the download incomplete?")
+    else:
+        pickles = [n for n in PICKLE_FILES if (directory / n).exists()]
+        if pickles:
+            raise PipelineError(
+                f"{directory} holds {pickles[0]}, a pickle, which tk never loads (loading runs code); convert it first: "
+                "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(NEW_DIR) writes model.safetensors"
+            )
+        raise PipelineError(f"{directory} has no {WEIGHTS_FILE} or {INDEX_FILE}; is it a transformers model directory?")
+    sources: dict[str, _Source] = {}
+    for path in files:
+        try:
+            entries, _ = safetensors_file.read_header(path, bfloat16=True)
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+        except (FileError, OSError, struct.error) as err:
+            raise PipelineError(f"{err}; is the download complete?") from None
+        for name, entry in entries.items():
+            if name in sources:
+                raise PipelineError(f"{path}: tensor {name!r} is also in {sources[name].file.name}; the checkpoint is inconsistent")
+            sources[name] = _Source(path, entry["dtype"], tuple(entry["shape"]), 8 + n + entry["data_offsets"][0])
+    return sources, len(files)
+
+
+def _read_tensor(name: str, src: _Source) -> np.ndarray:
+    """One tensor as float32, read straight from its file (BF16: the high half of a float32)."""
+    if src.dtype not in _FLOATS:
+        raise PipelineError(f"{src.file}: {name} is {src.dtype}; a model's weights are floats (F32, F16, BF16, F64)")
+    count = math.prod(src.shape)
+    raw = np.dtype("<u2") if src.dtype == safetensors_file.BF16 else safetensors_file.DTYPES[src.dtype]
+    try:
+        with open(src.file, "rb") as f:
+            f.seek(src.offset)
+            a = np.fromfile(f, dtype=raw, count=count)
+    except OSError as err:
+        raise PipelineError(f"{src.file}: cannot read ({err.strerror or err})") from None
+    if a.size != count:
+        raise PipelineError(f"{src.file}: {name} is cut short; the file changed while reading")
+    if src.dtype == safetensors_file.BF16:
+        a = (a.astype(np.uint32) << 16).view(np.float32)
+    return a.astype(np.float32, copy=False).reshape(src.shape)
+
+
+def _is_buffer(name: str) -> bool:
+    """GPT-2's causal-mask buffers (`h.N.attn.bias`, `h.N.attn.masked_bias`): not weights."""
+    parts = name.split(".")
+    return len(parts) == 4 and parts[0] == "h" and parts[2] == "attn" and parts[3] in ("bias", "masked_bias")
+
+
+def read_checkpoint(
+    directory: Path, sources: dict[str, _Source], config: GPTConfig, tied: bool
+) -> tuple[dict[str, np.ndarray], list[str]]:
+    """(params keyed by tk's names, the checkpoint's dtypes) from `_headers`' sources: every name
+    and shape checked before the first tensor is read, then one tensor at a time."""
+    ours: dict[str, str] = {}  # tk name -> checkpoint name
+    head = None
+    for key in sources:
+        name = key[len(PREFIX):] if key.startswith(PREFIX) else key
+        if name == "lm_head.weight":
+            head = key
+        elif not _is_buffer(name):
+            if name in ours:
+                raise PipelineError(f"{directory}: {name} appears twice (with and without {PREFIX!r})")
+            ours[name] = key
+    expected = param_shapes(config)
+    missing = [n for n in expected if n not in ours]
+    extra = sorted(set(ours) - set(expected))
+    if missing:
+        raise PipelineError(f"{directory}: the checkpoint lacks {len(missing)} tensor(s) of its config, e.g. {PREFIX}{missing[0]}")
+    if extra:
+        raise PipelineError(f"{directory}: tensor {extra[0]!r} is not part of GPT-2's language model; tk cannot use it")
+    for name, shape in expected.items():
+        if sources[ours[name]].shape != shape:
+            raise PipelineError(f"{directory}: {name} has shape {sources[ours[name]].shape}; config.json implies {shape}")
+    if not tied and (head is None or sources[head].shape != expected["wte.weight"]):
+        raise PipelineError(f"{directory}: tie_word_embeddings is false but there is no lm_head.weight of wte's shape")
+    params = {name: _read_tensor(name, sources[ours[name]]) for name in expected}
+    if not tied and not np.array_equal(_read_tensor("lm_head.weight", sources[head]), params["wte.weight"]):
+        raise PipelineError(
+            f"{directory}: lm_head.weight differs from wte.weight (tie_word_embeddings false); "
+            "tk's output layer is tied to the token embedding"
+        )
+    dtypes = sorted({sources[ours[name]].dtype for name in expected})
+    return params, dtypes
+
+
+def read_tokenizer(directory: Path) -> Tokenizer:
+    """The checkpoint's tokenizer (tokenizer.json, or vocab.json + merges.txt) with the library's ids."""
+    try:
+        return Tokenizer.from_hf(directory)
+    except TokenizerError as err:
+        raise PipelineError(f"{directory}: the tokenizer cannot be read ({err})") from None
+
+
+def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False) -> ImportResult:
+    """Read a transformers GPT-2 directory into one tk model file (tokenizer embedded)."""
+    directory, out = Path(directory), Path(out)
+    if not directory.is_dir():
+        raise PipelineError(f"{directory} is not a directory; give the directory transformers saved the model in")
+    if out.is_dir():
+        raise PipelineError(f"{out} is a directory; give the model file to write, e.g. {out / 'model.safetensors'}")
+    if out.exists() and not overwrite:
+        raise PipelineError(f"{out} exists; choose another name, or pass --overwrite to replace it")
+    if not (directory / CONFIG_FILE).is_file():
+        raise PipelineError(f"{directory} has no {CONFIG_FILE}; is it a transformers model directory?")
+    hf = _read_json(directory / CONFIG_FILE, "model config")
+    config = gpt_config(directory / CONFIG_FILE, hf)
+    sources, shards = _headers(directory)
+    tokenizer = read_tokenizer(directory)
+    if tokenizer.vocab_size != config.vocab_size:
+        raise PipelineError(
+            f"{directory}: the tokenizer has {tokenizer.vocab_size:,} tokens and the model {config.vocab_size:,}; "
+            "tk needs them equal (a padded vocabulary cannot be imported)"
+        )
+    params, dtypes = read_checkpoint(directory, sources, config, tied=hf.get("tie_word_embeddings", True) is not False)
+    provenance = {"tokenkit": _tokenkit_version(), "imported_from": str(directory), "imported_dtypes": dtypes}
+    checkpoint.save_model(out, params, tokenizer, config=config.to_dict(), step=0, val_loss=None, best_val_loss=None,
+                          provenance=provenance)
+    return ImportResult(out, config, sum(int(a.size) for a in params.values()), tokenizer, dtypes, shards)
