@@ -29,7 +29,15 @@ import numpy as np
 from bpe import Tokenizer
 from pipeline import checkpoint, data, rundir
 from pipeline.errors import PipelineError
-from pipeline.train import DEFAULT_VOCAB_SIZE, TrainConfig, TrainResult, fit_tokenizer, resume_training, train_model
+from pipeline.train import (
+    DEFAULT_VOCAB_SIZE,
+    TrainConfig,
+    TrainResult,
+    check_training_memory,
+    fit_tokenizer,
+    resume_training,
+    train_model,
+)
 
 
 def load_tokenizer(path: str | Path):
@@ -230,6 +238,7 @@ def run_pipeline(
     """
     corpus = data.check_corpus(corpus)
     config = config or TrainConfig()
+    check_training_memory(config, vocab_size)
     with rundir.RunDir(run_dir) as rd:
         run_dir = rd.path
         if not overwrite and not (run_dir / checkpoint.PIPELINE_FILE).exists():

@@ -486,6 +486,13 @@ class _Run:
         log.write({"type": "interrupt", "step": self.step})
 
 
+def check_training_memory(config: TrainConfig, vocab_size: int) -> None:
+    """One line, before any work, when the run's model cannot train in this machine's memory
+    (`vocab_size`: the tokenizer's, or an upper bound of the one still to be trained)."""
+    model_config = GPTConfig.from_dict(config.model_config(vocab_size))
+    check_memory(model_config, training=True, workers=config.workers or available_cores())
+
+
 def fit_tokenizer(corpus: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE, *, quiet: bool = False) -> Tokenizer:
     """A BPE tokenizer trained on `corpus` with the defaults (GPT-2 split pattern), in memory."""
     data.check_corpus(corpus)
@@ -555,6 +562,7 @@ def train_model(
         tokenizer = init.tokenizer
         if GPTConfig.from_dict(config.model_config(tokenizer.vocab_size)) != init.model_config:
             raise PipelineError(f"the run's model settings differ from the shape of {init.path}; take them from it (StartFrom.settings)")
+    check_training_memory(config, tokenizer.vocab_size if tokenizer is not None else DEFAULT_VOCAB_SIZE)
     with rundir.RunDir(run_dir) as rd:
         run_dir = rd.path
         own = [checkpoint.MODEL_FILE, checkpoint.STATE_FILE, checkpoint.LOG_FILE]
