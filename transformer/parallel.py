@@ -11,8 +11,9 @@ shard split gives the same bits wherever the shards run, here or in workers (one
 where fork is unavailable).
 
 The wrapped model's parameters move into shared memory (`DataParallel.params` is the model's
-own dict, now of shared arrays), so an optimizer's in-place updates reach the workers; an entry
-replaced by another array is copied in before the next call.
+own dict, now of shared arrays), so an optimizer's in-place updates reach the workers: wrap the
+model before creating its optimizer. An entry replaced by another array is copied in before the
+next call.
 
 What it deliberately does not do: any math (the GPT does it), or BLAS and malloc settings beyond
 switching `runtime.tuned` on around its calls.
