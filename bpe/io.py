@@ -9,8 +9,9 @@ What it does:
 - Hugging Face's `tokenizer.json` (`read_hf`, `write_hf`, with tokenizer_config.json and
   special_tokens_map.json) and tiktoken's rank files (`read_tiktoken`, `write_tiktoken`, with a
   `NAME_tiktoken.json` of pat_str and special tokens); the conversions are `bpe.interop`'s.
-- Byte ranges of large text files for parallel encoding (`file_size`, `find_cut`, `read_range`)
-  and the atomic `.npy` writer for token ids.
+- Byte ranges of large text files for parallel encoding (`file_size`, `find_cut`, `read_range`),
+  the atomic `.npy` writer for token ids, and unnamed temporary files of ids (`spill_ids`,
+  `read_id_blocks`) where MPI ranks keep theirs until rank 0 takes them.
 
 What it deliberately does not do: any BPE. It hands plain values (merges, byte order, specials,
 pattern, settings) to `bpe.tokenizer`, which builds the `Tokenizer`.
@@ -32,6 +33,7 @@ import math
 import os
 import struct
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -295,6 +297,25 @@ def save_ids_stream(path: str | os.PathLike, dtype, pieces) -> int:
 
     write_atomic(path, write)
     return count
+
+
+def spill_ids(pieces, dtype):
+    """The 1-D id arrays of `pieces` written one after the other into an unnamed temporary file
+    (nothing is left behind, however the process ends): (the open file, how many ids)."""
+    f = tempfile.TemporaryFile()
+    count = 0
+    for piece in pieces:
+        f.write(np.ascontiguousarray(piece, dtype=dtype).tobytes())
+        count += len(piece)
+    return f, count
+
+
+def read_id_blocks(f, dtype, block: int):
+    """The ids of an open `spill_ids` file from its start, `block` ids at a time."""
+    f.seek(0)
+    size = np.dtype(dtype).itemsize * block
+    while data := f.read(size):
+        yield np.frombuffer(data, dtype=dtype)
 
 
 def load_ids(path: str | os.PathLike) -> np.ndarray:

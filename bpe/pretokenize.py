@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from multiprocessing import get_context
 from pathlib import Path
-from typing import BinaryIO, Union
+from typing import BinaryIO, NamedTuple, Union
 
 import regex
 from tqdm import tqdm
@@ -42,7 +42,7 @@ from tqdm import tqdm
 from bpe.errors import TokenizerError
 from common.processes import die_with_parent
 
-__all__ = ["GPT2_PATTERN", "GPT4_PATTERN", "PATTERNS", "count_chunks", "resolve_pattern", "split_text"]
+__all__ = ["GPT2_PATTERN", "GPT4_PATTERN", "PATTERNS", "FileRange", "count_chunks", "resolve_pattern", "split_text"]
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 GPT4_PATTERN = (
@@ -52,7 +52,18 @@ GPT4_PATTERN = (
 PATTERNS: dict[str, str | None] = {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN, "cl100k": GPT4_PATTERN, "none": None}
 _BUILTIN = frozenset({GPT2_PATTERN, GPT4_PATTERN})
 
-Source = Union[str, os.PathLike, bytes, bytearray]
+
+class FileRange(NamedTuple):
+    """Bytes [start, end) of a file, counted as a source of its own. Both ends must be places
+    where the pattern always splits (file ends, or `bpe.io.find_cut`'s cuts), as
+    `bpe.distributed` makes them; then the ranges of a file count as the whole file does."""
+
+    path: str
+    start: int
+    end: int
+
+
+Source = Union[str, os.PathLike, bytes, bytearray, FileRange]
 
 _PIECE_BYTES = 1 << 20  # ~1 MiB per piece: enough to amortise a worker round trip, small enough to balance
 
@@ -159,7 +170,7 @@ def count_chunks(
     >>> count_chunks([b"to be or not to be"], "gpt2", workers=1)
     {b' be': 2, b' not': 1, b' or': 1, b' to': 1, b'to': 1}
     """
-    if isinstance(sources, (str, bytes, bytearray, os.PathLike)):
+    if isinstance(sources, (str, bytes, bytearray, os.PathLike, FileRange)):
         sources = [sources]
     sources = list(sources)
     pattern = resolve_pattern(pattern)
@@ -303,6 +314,8 @@ def _count_into(totals: Counter, piece: bytes, pattern: str | None) -> None:
 def _source_size(source: Source) -> int:
     if isinstance(source, (bytes, bytearray)):
         return len(source)
+    if isinstance(source, FileRange):
+        return source.end - source.start
     if not isinstance(source, (str, os.PathLike)):
         raise TokenizerError(f"a corpus source must be a file path or bytes, got {type(source).__name__}")
     name = _shown(source)
@@ -327,6 +340,14 @@ def _shown(source: str | os.PathLike) -> str:
 def _source_pieces(source: Source, piece_bytes: int | None) -> Iterator[bytes]:
     if isinstance(source, (bytes, bytearray)):
         yield from _pieces(io.BytesIO(source), piece_bytes)
+        return
+    if isinstance(source, FileRange):
+        try:
+            with open(source.path, "rb") as f:
+                f.seek(source.start)
+                yield from _pieces(_Stretch(f, source.end - source.start), piece_bytes)
+        except OSError as err:
+            raise TokenizerError(f"cannot read corpus file {_shown(source.path)}: {err.strerror}") from None
         return
     try:
         with open(source, "rb") as f:  # binary on purpose: the exact bytes are decoded per piece
@@ -358,6 +379,19 @@ def _pieces(stream: BinaryIO, piece_bytes: int | None) -> Iterator[bytes]:
             del buf[:cut]
     if buf:
         yield bytes(buf)
+
+
+class _Stretch:
+    """The next `n` bytes of an open file, as a stream that ends there."""
+
+    def __init__(self, f: BinaryIO, n: int):
+        self._f, self._left = f, n
+
+    def read(self, n: int | None = -1) -> bytes:
+        n = self._left if n is None or n < 0 else min(n, self._left)
+        data = self._f.read(n)
+        self._left -= len(data)
+        return data
 
 
 _ASCII_WS = frozenset(b" \t\n\r\x0b\x0c")

@@ -196,6 +196,7 @@ class Tokenizer:
         verbose: bool = False,
         quiet: bool = False,
         on_merge: Callable[[int, tuple[int, int], int], None] | None = None,
+        count: Callable[..., dict[bytes, int]] = count_chunks,
     ) -> "Tokenizer":
         """Learn merges from a corpus; the result carries `train_report`.
 
@@ -203,6 +204,8 @@ class Tokenizer:
         256 bytes + merges + special tokens. Training stops at vocab_size or when the best pair
         occurs fewer than min_frequency times, whichever comes first. on_merge(rank, pair, count)
         is called after each merge; verbose=True prints each merge to stderr instead.
+        count(sources, regex, workers=, quiet=) counts the chunks; `bpe.distributed` passes one
+        that counts over MPI ranks.
         """
 
         specials = list(special_tokens)
@@ -216,7 +219,7 @@ class Tokenizer:
             raise TokenizerError("no corpus given; pass at least one file")
         regex_ = resolve_pattern(pattern)
         start = time.perf_counter()
-        counts = count_chunks(sources, regex_, workers=workers, quiet=quiet)
+        counts = count(sources, regex_, workers=workers, quiet=quiet)
         if not counts:
             raise TokenizerError("the corpus is empty; give a file with some text")
         if verbose and on_merge is None:
@@ -486,8 +489,7 @@ class Tokenizer:
         the file is encoded in one piece.
         """
         size = io.file_size(path)
-        allowed = sorted(self._special_set(allowed_special, "allowed_special"))
-        disallowed = disallowed_special if disallowed_special == "all" else sorted(self._special_set(disallowed_special, "disallowed_special"))
+        allowed, disallowed = self._special_args(allowed_special, disallowed_special)
         workers = max(1, workers or os.cpu_count() or 1)
         ranges = self._file_ranges(path, size)
         with tqdm(total=size, unit="B", unit_scale=True, desc="encoding", disable=quiet or not sys.stderr.isatty()) as bar:
@@ -497,6 +499,12 @@ class Tokenizer:
             if io.save_ids_stream(out_path, self.ids_dtype, pieces) == 0:
                 return self._empty_ids()
         return np.load(out_path, mmap_mode="r", allow_pickle=False)
+
+    def _special_args(self, allowed_special, disallowed_special) -> tuple[list[str], list[str] | str]:
+        """The special-token policy of encode_file, checked once and made plain for worker processes."""
+        allowed = sorted(self._special_set(allowed_special, "allowed_special"))
+        disallowed = disallowed_special if disallowed_special == "all" else sorted(self._special_set(disallowed_special, "disallowed_special"))
+        return allowed, disallowed
 
     def _empty_ids(self) -> np.ndarray:
         return np.zeros(0, dtype=self.ids_dtype)

@@ -7,15 +7,17 @@ stderr. Mistakes arrive as TokenizerError (or click errors) and become one line 
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from pathlib import Path
 
 import click
 
 import numpy as np
 
-from bpe import Tokenizer
+from bpe import Tokenizer, TokenizerError
 from bpe import io as bpe_io
 from bpe.tokenizer import describe_merge
+from common import FileError, mpi
 
 _STOP_REASONS = {
     "vocab_size": "the vocabulary reached --vocab-size",
@@ -44,6 +46,12 @@ def bpe_train_command(corpus, vocab_size, min_frequency, pattern, specials, work
     Example:
       tk bpe-train corpora/tiny_tales.txt --vocab-size 1024 --special '<|endoftext|>' -o tok.safetensors
     """
+    comm = _mpi_world()
+    with _abort_on_error(comm):
+        return _bpe_train(comm, corpus, vocab_size, min_frequency, pattern, specials, workers, verbose, quiet, output)
+
+
+def _bpe_train(comm, corpus, vocab_size, min_frequency, pattern, specials, workers, verbose, quiet, output) -> int:
     on_merge = None
     if verbose:
         vocab = [bytes([i]) for i in range(256)]
@@ -52,16 +60,17 @@ def bpe_train_command(corpus, vocab_size, min_frequency, pattern, specials, work
             vocab.append(vocab[pair[0]] + vocab[pair[1]])
             click.echo(describe_merge(vocab, rank, pair, count))
 
-    tok = Tokenizer.train(
-        [str(p) for p in corpus],
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        pattern=pattern,
-        special_tokens=specials,
-        workers=workers,
-        quiet=quiet,
-        on_merge=on_merge,
-    )
+    options = dict(vocab_size=vocab_size, min_frequency=min_frequency, pattern=pattern, special_tokens=specials,
+                   quiet=quiet, on_merge=on_merge)
+    split = None
+    if comm is None:
+        tok = Tokenizer.train([str(p) for p in corpus], workers=workers, **options)
+    else:  # within a rank, one process unless --workers says otherwise
+        from bpe import distributed
+
+        tok, split = distributed.train(comm, corpus, workers=workers or 1, **options)
+        if tok is None:  # not rank 0: its counts went to rank 0, which writes and reports
+            return 0
     tok.save(output)
     report = tok.train_report
     specials_text = f" + {len(specials)} special" + ("s" if len(specials) != 1 else "") if specials else ""
@@ -72,6 +81,8 @@ def bpe_train_command(corpus, vocab_size, min_frequency, pattern, specials, work
         f"bytes per token on the corpus: {report.bytes_per_token:.2f} "
         f"({report.corpus_bytes:,} bytes -> {report.corpus_tokens:,} tokens)"
     )
+    if split is not None:
+        click.echo(f"counted on {split.describe()}")
     return 0
 
 
@@ -99,10 +110,27 @@ def encode_command(tokenizer_path, text, file, as_json, output, allow_special, s
         raise click.UsageError("give either TEXT or -f FILE (exactly one)")
     if allow_special and specials_as_text:
         raise click.UsageError("--allow-special and --specials-as-text exclude each other; pick one")
+    comm = _mpi_world()
+    with _abort_on_error(comm):
+        return _encode(comm, tokenizer_path, text, file, as_json, output, allow_special, specials_as_text, show, workers, quiet)
+
+
+def _encode(comm, tokenizer_path, text, file, as_json, output, allow_special, specials_as_text, show, workers, quiet) -> int:
+    if comm is not None and comm.Get_rank() and file is None:  # a text is rank 0's alone
+        return 0
     tok = Tokenizer.load(tokenizer_path)
     allowed = "all" if allow_special else ()
     disallowed = () if specials_as_text else "all"
-    if file is not None:
+    split = None
+    if file is not None and comm is not None:  # within a rank, one process unless --workers says otherwise
+        from bpe import distributed
+
+        arr, split = distributed.encode_file(comm, tok, file, output, workers=workers or 1, quiet=quiet,
+                                             allowed_special=allowed, disallowed_special=disallowed)
+        if arr is None:  # not rank 0: its ids went to rank 0, which writes and reports
+            return 0
+        n_bytes = bpe_io.file_size(file)
+    elif file is not None:
         arr = tok.encode_file(file, output, workers=workers, quiet=quiet, allowed_special=allowed, disallowed_special=disallowed)
         n_bytes = bpe_io.file_size(file)
     else:
@@ -112,6 +140,8 @@ def encode_command(tokenizer_path, text, file, as_json, output, allow_special, s
             bpe_io.save_ids(output, arr)
     if output is not None:
         click.echo(f"wrote {len(arr):,} tokens ({arr.dtype}) to {output}; {n_bytes / max(len(arr), 1):.2f} bytes per token")
+        if split is not None:
+            click.echo(f"encoded on {split.describe()}")
         if not show:
             return 0  # a big file's ids stay on disk: never turned into a Python list
     ids = arr.tolist()
@@ -229,6 +259,31 @@ def bpe_export_command(tokenizer_path, output, fmt) -> int:
         n_specials = len(tok.special_tokens)
         click.echo(f"wrote {paths[0]} ({tok.vocab_size - n_specials} ranks) and {paths[1]} ({n_specials} special token{'s' * (n_specials != 1)})")
     return 0
+
+
+def _mpi_world():
+    """MPI's communicator when `mpirun`/`srun` started several processes, else None (mpi4py unimported)."""
+    try:
+        return mpi.world()
+    except ImportError as err:  # said once, by the first process; the others exit quietly
+        if mpi.launched_rank():
+            raise click.exceptions.Exit(1) from None
+        raise click.ClickException(str(err)) from None
+
+
+def _one_line(err: BaseException) -> str:
+    if isinstance(err, (TokenizerError, FileError)):
+        return str(err)
+    if isinstance(err, click.ClickException):
+        return err.format_message()
+    if isinstance(err, KeyboardInterrupt):
+        return "interrupted"
+    return " ".join(f"{type(err).__name__}: {err}".split())
+
+
+def _abort_on_error(comm):
+    """Under MPI, an error on any rank ends every rank (one line, then MPI_Abort); else nothing."""
+    return nullcontext() if comm is None else mpi.abort_on_error(comm, _one_line)
 
 
 COMMANDS = (bpe_train_command, encode_command, decode_command, bpe_import_command, bpe_export_command)

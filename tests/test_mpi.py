@@ -1,0 +1,218 @@
+"""`mpirun -n N tk bpe-train` / `tk encode -f` give the files one process gives, byte for byte.
+
+The MPI runs are subprocesses (`mpirun -n N python -m cli.main ...`); they skip when mpirun or
+mpi4py is missing (`pip install -e '.[mpi]'`). The splitting and the count packing are also
+tested in this process, without MPI.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bpe.distributed import _blocks, pack_counts, split_files, unpack_counts
+from bpe.pretokenize import count_chunks
+from cli.main import main
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def _mpirun() -> str:
+    pytest.importorskip("mpi4py", reason="pip install -e '.[mpi]'")
+    exe = shutil.which("mpirun")
+    if exe is None:
+        pytest.skip("no mpirun on PATH (pip install -e '.[mpi]')")
+    return exe
+
+
+def _tk_on_ranks(n: int, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    cmd = [_mpirun(), "-n", str(n), sys.executable, "-m", "cli.main", *args]
+    return subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> list[Path]:
+    """Three files, ~3 MB: English-like words and punctuation, accents, a stretch of CJK without
+    spaces (no safe cut for a while), CRLF lines, and an empty file."""
+    rng = np.random.default_rng(10)
+    words = ["the", "fox", "Once", "upon", "a", "time", "naïve", "café", "1984", "it's", "don't", "über",
+             "—", "(quoted)", "x=y+1;", "Ελλάδα", "ok!", "\t", "end.\n", "\n\n", "  "]
+    root = tmp_path_factory.mktemp("mpi_corpus")
+    files = []
+    for i, n_words in enumerate((260_000, 120_000, 0, 90_000)):
+        text = " ".join(rng.choice(words, size=n_words))
+        if i == 1:
+            cjk = "\n".join(["漢字仮名交じり文の一行です。"] * 20_000)  # 560 kB without an ASCII space
+            text = text[: len(text) // 2] + cjk + text[len(text) // 2 :].replace("\n", "\r\n")
+        path = root / f"part{i}.txt"
+        path.write_bytes(text.encode("utf-8"))
+        files.append(path)
+    return files
+
+
+# ------------------------------------------------------------------------------ without MPI
+
+
+def test_counts_pack_into_arrays_and_back():
+    counts = {b"": 1, b" the": 7, bytes(range(256)): 2, "漢".encode(): 3}
+    data, offsets, values = pack_counts(counts)
+    assert data.dtype == np.uint8 and offsets.dtype == np.int64 and values.dtype == np.int64
+    assert unpack_counts([data, offsets, values]) == counts
+    assert unpack_counts(pack_counts({})) == {}
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 50])
+@pytest.mark.parametrize("cuttable", [True, False])
+def test_the_ranks_shares_count_as_the_whole_corpus(corpus, n, cuttable):
+    paths = [str(p) for p in corpus]
+    sizes = [p.stat().st_size for p in corpus]
+    shares = split_files(paths, sizes, n, cuttable)
+    assert len(shares) == n
+    flat = [r for share in shares for r in share]
+    for path, size in zip(paths, sizes):  # each file's ranges tile it, in order
+        mine = [(r.start, r.end) for r in flat if r.path == path]
+        assert [a for a, _ in mine[1:]] == [b for _, b in mine[:-1]]
+        assert (mine[0][0], mine[-1][1]) == (0, size) if size else mine == []
+    if not cuttable:
+        assert all((r.start, r.end) == (0, Path(r.path).stat().st_size) for r in flat)
+    if n <= 3:
+        pattern = "gpt4" if cuttable else None
+        whole = count_chunks(paths, pattern, workers=1, quiet=True)
+        parts = Counter()
+        for share in shares:
+            if share:
+                parts.update(count_chunks(share, pattern, workers=1, quiet=True))
+        assert dict(parts) == whole
+
+
+def test_encode_blocks_are_contiguous_and_balanced():
+    ranges = [(i * 10, i * 10 + 10) for i in range(10)]
+    blocks = _blocks(ranges, 3)
+    assert [r for b in blocks for r in b] == ranges
+    assert [len(b) for b in blocks] == [3, 4, 3]
+    assert _blocks([(0, 0)], 2) == [[(0, 0)], []]
+
+
+def test_a_plain_run_never_imports_mpi4py(corpus, tmp_path):
+    code = subprocess.run(
+        [sys.executable, "-c", "import sys; from cli.main import main; main(sys.argv[1:]); assert 'mpi4py' not in sys.modules",
+         "bpe-train", str(corpus[3]), "--vocab-size", "260", "-q", "--workers", "1", "-o", str(tmp_path / "t.safetensors")],
+        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60,
+    )
+    assert code.returncode == 0, code.stderr
+
+
+def test_under_a_launcher_without_mpi4py_one_line_says_how_to_install(corpus, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PMI_SIZE", "2")
+    monkeypatch.setenv("PMI_RANK", "0")
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # import mpi4py now fails
+    assert main(["bpe-train", str(corpus[0]), "-o", str(tmp_path / "t.safetensors")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install -e '.[mpi]'" in err
+    monkeypatch.setenv("PMI_RANK", "1")  # the other ranks exit quietly
+    assert main(["bpe-train", str(corpus[0]), "-o", str(tmp_path / "t.safetensors")]) == 1
+    assert capsys.readouterr().err == ""
+
+
+# ------------------------------------------------------------------------------ with mpirun
+
+
+def test_reduce_to_root_sums_every_ranks_counts_on_rank_0():
+    """Three ranks (an odd number: rank 2 has no partner in the first round), counts in arrays."""
+    script = (
+        "import numpy as np\n"
+        "from mpi4py import MPI\n"
+        "from bpe.distributed import _COUNT_DTYPES, _add_counts, pack_counts, unpack_counts\n"
+        "from common.mpi import reduce_to_root\n"
+        "comm = MPI.COMM_WORLD\n"
+        "rank = comm.Get_rank()\n"
+        "mine = {b'all': 1, bytes([rank]) * (rank + 1): 10 ** rank, b'big': 2 ** 40}\n"
+        "total = reduce_to_root(comm, mine, _add_counts, pack_counts, unpack_counts, _COUNT_DTYPES)\n"
+        "if rank:\n"
+        "    assert total is None\n"
+        "else:\n"
+        "    print(sorted(total.items()))\n"
+    )
+    proc = subprocess.run([_mpirun(), "-n", "3", sys.executable, "-c", script], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    expected = [(b"\x00", 1), (b"\x01\x01", 10), (b"\x02\x02\x02", 100), (b"all", 3), (b"big", 3 * 2 ** 40)]
+    assert proc.stdout.strip() == str(expected)
+
+
+@pytest.mark.parametrize("n, pattern", [(2, "gpt2"), (3, "gpt4")])
+def test_bpe_train_on_ranks_writes_the_one_process_file(corpus, tmp_path, n, pattern):
+    args = [*map(str, corpus), "--vocab-size", "500", "--pattern", pattern, "--special", "<|endoftext|>", "-q"]
+    assert main(["bpe-train", *args, "--workers", "1", "-o", str(tmp_path / "one.safetensors")]) == 0
+    proc = _tk_on_ranks(n, "bpe-train", *args, "-o", str(tmp_path / "many.safetensors"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "many.safetensors").read_bytes() == (tmp_path / "one.safetensors").read_bytes()
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("wrote ") and sum(line.startswith("wrote ") for line in lines) == 1  # rank 0 alone
+    assert lines[-1].startswith(f"counted on {n} MPI ranks, bytes per rank: ")
+    per_rank = [int(b.replace(",", "")) for b in lines[-1].split(": ")[1].split(" / ")]
+    assert sum(per_rank) == sum(p.stat().st_size for p in corpus) and min(per_rank) > 0
+
+
+def test_bpe_train_on_ranks_with_no_split_pattern_shares_whole_files(corpus, tmp_path):
+    small = tmp_path / "small"
+    small.mkdir()
+    files = []
+    for i, p in enumerate(corpus):
+        files.append(small / p.name)
+        files[-1].write_bytes(p.read_bytes()[: 3000 * (i + 1)])
+    args = [*map(str, files), "--vocab-size", "400", "--pattern", "none", "-q"]
+    assert main(["bpe-train", *args, "-o", str(tmp_path / "one.safetensors")]) == 0
+    proc = _tk_on_ranks(2, "bpe-train", *args, "-o", str(tmp_path / "many.safetensors"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "many.safetensors").read_bytes() == (tmp_path / "one.safetensors").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(corpus, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("mpi_tok") / "tok.safetensors"
+    assert main(["bpe-train", *map(str, corpus), "--vocab-size", "500", "--special", "<|endoftext|>", "-q",
+                 "--workers", "1", "-o", str(path)]) == 0
+    return path
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_encode_on_ranks_writes_the_one_process_ids(corpus, tokenizer, tmp_path, n):
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"".join(p.read_bytes() for p in corpus))
+    assert main(["encode", "-t", str(tokenizer), "-f", str(big), "-o", str(tmp_path / "one.npy"), "-q", "--workers", "1"]) == 0
+    proc = _tk_on_ranks(n, "encode", "-t", str(tokenizer), "-f", str(big), "-o", str(tmp_path / "many.npy"), "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "many.npy").read_bytes() == (tmp_path / "one.npy").read_bytes()
+    assert proc.stdout.splitlines()[-1].startswith(f"encoded on {n} MPI ranks, bytes per rank: ")
+    assert sorted(os.listdir(tmp_path)) == ["big.txt", "many.npy", "one.npy"]  # no temporary files left
+
+
+def test_an_error_on_one_rank_ends_the_job_in_one_line(corpus, tokenizer, tmp_path):
+    """The special token sits in the last rank's share only: that rank reports it, rank 0 (waiting
+    for it) is ended too, and no output file or temporary file is left."""
+    text = tmp_path / "special.txt"
+    text.write_bytes(corpus[0].read_bytes() + b" The end.<|endoftext|>")
+    start = time.monotonic()
+    proc = _tk_on_ranks(2, "encode", "-t", str(tokenizer), "-f", str(text), "-o", str(tmp_path / "ids.npy"), "-q", timeout=30)
+    assert time.monotonic() - start < 15
+    assert proc.returncode != 0
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(ours) == 1 and "special token '<|endoftext|>'" in ours[0] and ours[0].endswith("(rank 1 of 2)")
+    assert os.listdir(tmp_path) == ["special.txt"]
+
+
+def test_a_mistake_every_rank_makes_is_reported_once(tmp_path):
+    proc = _tk_on_ranks(3, "bpe-train", str(tmp_path / "missing.txt"), "-o", str(tmp_path / "t.safetensors"), timeout=30)
+    assert proc.returncode != 0
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert ours == ["error: corpus file not found: '" + str(tmp_path / "missing.txt") + "'; to train on a text itself, pass it as bytes"]
