@@ -221,3 +221,55 @@ def test_a_mistake_every_rank_makes_is_one_message_led_by_rank_0(tmp_path):
     ours = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert expected in ours
     assert {re.sub(r" \(rank \d+ of 3\)$", "", line) for line in ours} == {expected}
+
+
+# --- the training executor ----------------------------------------------------------------------
+
+_STEPS_ON_RANKS = """
+import sys
+import numpy as np
+from mpi4py import MPI
+from transformer import AdamW, GPT, GPTConfig
+from transformer.parallel import MPIDataParallel
+
+config = GPTConfig(vocab_size=23, context_length=8, d_model=16, n_layers=2, n_heads=2)
+model = MPIDataParallel(GPT(config, seed=4), MPI.COMM_WORLD)
+opt = AdamW(model.params, lr=1e-2)
+rng = np.random.default_rng(0)
+losses = []
+for step in range(4):
+    ids, targets = rng.integers(0, 23, (7, 8)), rng.integers(0, 23, (7, 8))  # 7 rows: uneven shards
+    loss, grads = model.loss_and_grads(ids, targets)
+    opt.step(grads)
+    losses.append((loss, model.loss(ids, targets)))
+if model.rank == 0:
+    np.savez(sys.argv[1], losses=np.array(losses), **model.params)
+"""
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_mpi_executor_is_bit_identical_to_data_parallel_in_one_process(tmp_path, ranks):
+    """mpirun -n N with MPIDataParallel trains to the same bits as DataParallel(workers=N)."""
+    from transformer import AdamW, GPT, GPTConfig
+    from transformer.parallel import DataParallel
+
+    out = tmp_path / "ranks.npz"
+    cmd = [_mpirun(), "-n", str(ranks), sys.executable, "-c", _STEPS_ON_RANKS, str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    got = np.load(out)
+
+    config = GPTConfig(vocab_size=23, context_length=8, d_model=16, n_layers=2, n_heads=2)
+    model = DataParallel(GPT(config, seed=4), workers=ranks)
+    opt = AdamW(model.params, lr=1e-2)
+    rng = np.random.default_rng(0)
+    losses = []
+    for _ in range(4):
+        ids, targets = rng.integers(0, 23, (7, 8)), rng.integers(0, 23, (7, 8))
+        loss, grads = model.loss_and_grads(ids, targets)
+        opt.step(grads)
+        losses.append((loss, model.loss(ids, targets)))
+    model.close()
+    assert got["losses"].tolist() == [list(pair) for pair in losses]
+    for name, p in model.params.items():
+        np.testing.assert_array_equal(got[name], p, err_msg=name)

@@ -132,3 +132,79 @@ def _as_is(config, params: dict[str, np.ndarray]) -> GPT:
     model = GPT.__new__(GPT)
     model.config, model.params, model._scratch = config, params, {}
     return model
+
+
+class MPIDataParallel:
+    """`model` with each batch split over the ranks of an MPI communicator, one shard per rank.
+
+    The shard split is DataParallel's with `workers` = the number of ranks, and every rank sums
+    the gathered shard results in shard order, so the loss and gradients are bit for bit those
+    of `DataParallel(model, workers=size)` in one process (given the same BLAS build). Every
+    rank ends a step with the same gradients, so identical optimizers keep identical weights
+    without a broadcast. Gradients travel as one flat buffer per rank (`Allgather`, never pickle).
+
+    `comm` is an mpi4py communicator; this module never imports mpi4py itself.
+    """
+
+    def __init__(self, model: GPT, comm):
+        if not isinstance(model, GPT):
+            raise ModelError(f"MPIDataParallel wraps a GPT, got {type(model).__name__}")
+        self.model = model
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        return self.model.params
+
+    def _my_rows(self, B: int) -> tuple[int, slice | None]:
+        """(number of shards, this rank's rows or None), with DataParallel's split."""
+        n = max(1, min(self.size, B))
+        cuts = np.linspace(0, B, n + 1).round().astype(int)
+        return n, (slice(cuts[self.rank], cuts[self.rank + 1]) if self.rank < n else None)
+
+    def _gather(self, local: np.ndarray) -> np.ndarray:
+        """(size, *local.shape): every rank's `local`, in rank order, on every rank."""
+        out = np.empty((self.size, *local.shape), dtype=local.dtype)
+        self.comm.Allgather(np.ascontiguousarray(local), out)
+        return out
+
+    def loss(self, ids, targets) -> float:
+        """Mean cross-entropy over the whole batch, as `GPT.loss`."""
+        ids, targets = self.model.check_pair(ids, targets)
+        n, rows = self._my_rows(ids.shape[0])
+        with tuned():
+            local = self.model.shard_loss(ids[rows], targets[rows], ids.shape[0]) if rows is not None else 0.0
+        return float(sum(self._gather(np.array([local], dtype=np.float64))[:n, 0].tolist()))
+
+    def loss_and_grads(self, ids, targets) -> tuple[float, dict[str, np.ndarray]]:
+        """(mean loss, grads keyed like params), as `GPT.loss_and_grads`."""
+        ids, targets = self.model.check_pair(ids, targets)
+        n, rows = self._my_rows(ids.shape[0])
+        names = list(self.params)
+        sizes = [self.params[name].size for name in names]
+        dtype = self.params[names[0]].dtype
+        flat = np.zeros(sum(sizes), dtype=dtype)
+        loss = 0.0
+        with tuned():
+            if rows is not None:
+                loss, grads = self.model.shard_loss_and_grads(ids[rows], targets[rows], ids.size)
+                np.concatenate([grads[name].reshape(-1) for name in names], out=flat)
+            gathered = self._gather(flat)  # (size, P)
+            total = gathered[0].copy()
+            for k in range(1, n):  # in shard order, as DataParallel sums
+                total += gathered[k]
+        losses = self._gather(np.array([loss], dtype=np.float64))[:n, 0].tolist()
+        offsets = np.cumsum([0, *sizes])
+        out = {name: total[offsets[i] : offsets[i + 1]].reshape(self.params[name].shape) for i, name in enumerate(names)}
+        return float(sum(losses)), out
+
+    def forward(self, ids, trace: dict | None = None) -> np.ndarray:
+        return self.model.forward(ids, trace)
+
+    def generate(self, ids, max_new_tokens: int, **kwargs):
+        return self.model.generate(ids, max_new_tokens, **kwargs)
