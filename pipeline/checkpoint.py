@@ -35,7 +35,7 @@ import numpy as np
 from bpe import Tokenizer, TokenizerError
 from common import FileError, atomic, jsonsafe, safetensors_file
 from pipeline.errors import PipelineError
-from transformer import GPT, GPTConfig, ModelError
+from transformer import GPT, ModelError
 from transformer import io as model_io
 
 MODEL_FORMAT = model_io.FORMAT

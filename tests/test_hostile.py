@@ -772,7 +772,7 @@ def test_tiny_temperature_is_greedy_not_garbage(files, capsys):
 
 
 def test_other_out_of_range_flags(files, capsys, tmp_path, monkeypatch):
-    run, tok = files["run"], files["tokenizer"]
+    run = files["run"]
     for command, fragment in [
         (["generate", "-m", run, "once", "--top-k", "0"], "top_k"),
         (["generate", "-m", run, "once", "--top-p", "nan"], "top_p"),

@@ -283,8 +283,6 @@ def _tiny_model():
 
 
 def test_model_checkpoint_round_trip_and_failed_save_keeps_the_old_one(tmp_path, monkeypatch):
-    import safetensors.numpy
-
     model, tok = _tiny_model(), _byte_tokenizer()
     path = tmp_path / checkpoint.MODEL_FILE
     kwargs = dict(config=model.config.to_dict(), step=7, val_loss=1.5, best_val_loss=1.5, provenance={"corpus": "x"})

@@ -29,20 +29,26 @@ from transformer.runtime import available_cores, tuned
 from transformer.workers import LOSS, LOSS_AND_GRADS, WorkerPool, fork_available
 
 
-class DataParallel:
-    """`model` with each batch split over `workers` processes (default: one per available core)."""
+def shard_rows(batch_rows: int, n_shards: int) -> list[slice]:
+    """The rows of each of min(n_shards, batch_rows) contiguous, near-equal shards of a batch: the
+    one split every executor uses, so that they all give the same numbers.
 
-    def __init__(self, model: GPT, workers: int | None = None):
+    >>> shard_rows(7, 3)
+    [slice(0, 2, None), slice(2, 5, None), slice(5, 7, None)]
+    """
+    n = max(1, min(n_shards, batch_rows))
+    cuts = np.linspace(0, batch_rows, n + 1).round().astype(int)
+    return [slice(int(cuts[k]), int(cuts[k + 1])) for k in range(n)]
+
+
+class _Wrapper:
+    """What every executor shares: the wrapped GPT, its config and params, and the calls that
+    run in this process alone (forward, generation, save)."""
+
+    def __init__(self, model: GPT):
         if not isinstance(model, GPT):
-            raise ModelError(f"DataParallel wraps a GPT, got {type(model).__name__}")
-        workers = available_cores() if workers is None else workers
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ModelError(f"workers must be a positive integer or None, got {workers!r}")
+            raise ModelError(f"{type(self).__name__} wraps a GPT, got {type(model).__name__}")
         self.model = model
-        self.workers = workers
-        self._pool = self._new_pool(model.params) if workers > 1 and fork_available() else None
-        if self._pool is not None:
-            model.params.update(self._pool.params)  # the same dict, now of shared arrays
 
     @property
     def config(self):
@@ -52,7 +58,33 @@ class DataParallel:
     def params(self) -> dict[str, np.ndarray]:
         return self.model.params
 
-    @params.setter
+    def forward(self, ids, trace: dict | None = None) -> np.ndarray:
+        """The model's forward, in this process (a few sequences: nothing to split)."""
+        return self.model.forward(ids, trace)
+
+    def generate(self, ids, max_new_tokens: int, **kwargs):
+        """The model's generation, in this process: one sequence, BLAS as configured (its GEMVs
+        gain from BLAS threads, BENCHMARKS.md)."""
+        return self.model.generate(ids, max_new_tokens, **kwargs)
+
+    def save(self, path, metadata=None, extra_tensors=None) -> None:
+        self.model.save(path, metadata=metadata, extra_tensors=extra_tensors)
+
+
+class DataParallel(_Wrapper):
+    """`model` with each batch split over `workers` processes (default: one per available core)."""
+
+    def __init__(self, model: GPT, workers: int | None = None):
+        super().__init__(model)
+        workers = available_cores() if workers is None else workers
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ModelError(f"workers must be a positive integer or None, got {workers!r}")
+        self.workers = workers
+        self._pool = self._new_pool(model.params) if workers > 1 and fork_available() else None
+        if self._pool is not None:
+            model.params.update(self._pool.params)  # the same dict, now of shared arrays
+
+    @_Wrapper.params.setter
     def params(self, value: dict[str, np.ndarray]) -> None:  # copied into the workers' memory each call
         self.model.params = value
 
@@ -70,9 +102,8 @@ class DataParallel:
         computes a shard in this process: the first one, while the workers compute the others
         (or every shard, one after the other, without workers)."""
         B = ids.shape[0]
-        n = max(1, min(self.workers, B))
-        cuts = np.linspace(0, B, n + 1).round().astype(int)
-        shards = [slice(cuts[k], cuts[k + 1]) for k in range(n)]
+        shards = shard_rows(B, self.workers)
+        n = len(shards)
         with tuned():
             if n == 1 or self._pool is None:
                 return [here(ids[rows], targets[rows]) for rows in shards]
@@ -108,18 +139,6 @@ class DataParallel:
                 g += more[name]
         return float(sum(loss for loss, _ in shards)), grads
 
-    def forward(self, ids, trace: dict | None = None) -> np.ndarray:
-        """The model's forward, in this process (a few sequences: nothing to split)."""
-        return self.model.forward(ids, trace)
-
-    def generate(self, ids, max_new_tokens: int, **kwargs):
-        """The model's generation, in this process: one sequence, BLAS as configured (its GEMVs
-        gain from BLAS threads, BENCHMARKS.md)."""
-        return self.model.generate(ids, max_new_tokens, **kwargs)
-
-    def save(self, path, metadata=None, extra_tensors=None) -> None:
-        self.model.save(path, metadata=metadata, extra_tensors=extra_tensors)
-
     def close(self) -> None:
         """Stop the workers now (they also stop when this object goes, or after a minute idle)."""
         if self._pool is not None:
@@ -134,7 +153,7 @@ def _as_is(config, params: dict[str, np.ndarray]) -> GPT:
     return model
 
 
-class MPIDataParallel:
+class MPIDataParallel(_Wrapper):
     """`model` with each batch split over the ranks of an MPI communicator, one shard per rank.
 
     The shard split is DataParallel's with `workers` = the number of ranks, and every rank sums
@@ -147,25 +166,14 @@ class MPIDataParallel:
     """
 
     def __init__(self, model: GPT, comm):
-        if not isinstance(model, GPT):
-            raise ModelError(f"MPIDataParallel wraps a GPT, got {type(model).__name__}")
-        self.model = model
+        super().__init__(model)
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
 
-    @property
-    def config(self):
-        return self.model.config
-
-    @property
-    def params(self) -> dict[str, np.ndarray]:
-        return self.model.params
-
     def _my_rows(self, B: int) -> tuple[int, slice | None]:
         """(number of shards, this rank's rows or None), with DataParallel's split."""
-        n = max(1, min(self.size, B))
-        cuts = np.linspace(0, B, n + 1).round().astype(int)
-        return n, (slice(cuts[self.rank], cuts[self.rank + 1]) if self.rank < n else None)
+        shards = shard_rows(B, self.size)
+        return len(shards), (shards[self.rank] if self.rank < len(shards) else None)
 
     def _gather(self, local: np.ndarray) -> np.ndarray:
         """(size, *local.shape): every rank's `local`, in rank order, on every rank."""
@@ -202,9 +210,3 @@ class MPIDataParallel:
         offsets = np.cumsum([0, *sizes])
         out = {name: total[offsets[i] : offsets[i + 1]].reshape(self.params[name].shape) for i, name in enumerate(names)}
         return float(sum(losses)), out
-
-    def forward(self, ids, trace: dict | None = None) -> np.ndarray:
-        return self.model.forward(ids, trace)
-
-    def generate(self, ids, max_new_tokens: int, **kwargs):
-        return self.model.generate(ids, max_new_tokens, **kwargs)
