@@ -8,16 +8,28 @@ TokenizerError / ModelError and become one line in `cli.main`.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
 
 import click
 
+from cli.launch import abort_on_error, mpi_world
 from pipeline import PipelineError, checkpoint, hf
 from pipeline.data import check_corpus
+from pipeline.ranks import Ranks
 from pipeline.run import generate, load_model_and_tokenizer, load_tokenizer, predict_next, run_pipeline, token_text
-from pipeline.train import DEFAULT_VOCAB_SIZE, StartFrom, TrainConfig, TrainResult, load_config_file, resume_training, train_model
+from pipeline.train import (
+    DEFAULT_VOCAB_SIZE,
+    StartFrom,
+    TrainConfig,
+    TrainResult,
+    follow,
+    load_config_file,
+    resume_training,
+    train_model,
+)
 
 _DEFAULTS = TrainConfig()
 
@@ -63,14 +75,16 @@ def _training_options(func):
     return func
 
 
-def _given(kwargs: dict[str, Any], fresh: bool = True) -> dict[str, Any]:
+def _given(kwargs: dict[str, Any], fresh: bool = True, ranks: Ranks | None = None) -> dict[str, Any]:
     """The training settings given explicitly: a --config file's, then the flags'. For a fresh run
-    a short --steps brings a warmup that fits in it; a resumed run keeps its own."""
+    a short --steps brings a warmup that fits in it; a resumed run keeps its own. Under MPI,
+    --workers counts each rank's workers, and the run records every rank's shards together."""
     values: dict[str, Any] = {}
     if kwargs.get("config_file") is not None:
-
         values.update(load_config_file(kwargs["config_file"]))
     values.update({name: kwargs[name] for name in _FIELDS if kwargs.get(name) is not None})
+    if ranks is not None and isinstance(values.get("workers"), int) and values["workers"] > 0:
+        values["workers"] *= ranks.size
     steps = values.get("steps")
     if fresh and isinstance(steps, int) and "warmup_steps" not in values and steps < _DEFAULTS.warmup_steps:
         values["warmup_steps"] = steps // 10  # a short run asked for: the default warmup would not fit in it
@@ -103,6 +117,26 @@ def _summary(result: TrainResult) -> None:
         click.echo(f"model: {result.run_dir / checkpoint.MODEL_FILE}")
 
 
+def _on_ranks(command):
+    """Run `command(ranks, ...)` alone, or under mpirun/srun as rank 0 with the other ranks
+    following its training (they print nothing and exit with its code)."""
+
+    def run(*args, **kwargs) -> int:
+        comm = mpi_world()
+        if comm is None:
+            return command(None, *args, **kwargs)
+        with abort_on_error(comm):
+            ranks = Ranks(comm)
+            if not ranks.leader:
+                result = follow(ranks)
+                return 130 if result is not None and result.interrupted else 0
+            code = command(ranks, *args, **kwargs)
+            ranks.finish()
+            return code
+
+    return functools.update_wrapper(run, command)
+
+
 def _interrupted(result: TrainResult) -> int:
     click.echo(
         f"interrupted at step {result.step}/{result.steps}; state saved in {result.run_dir}; "
@@ -128,13 +162,15 @@ def _interrupted(result: TrainResult) -> int:
 @_training_options
 @click.option("--overwrite", is_flag=True, help="replace the files of another run in RUN_DIR (otherwise refused)")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bar or notes, only the summary")
-def train_model_command(corpus, tokenizer_path, run_dir, resume, init_from, overwrite, quiet, **kwargs) -> int:
+@_on_ranks
+def train_model_command(ranks, corpus, tokenizer_path, run_dir, resume, init_from, overwrite, quiet, **kwargs) -> int:
     """Train a GPT on CORPUS; checkpoints, log and token cache go in RUN_DIR.
 
     RUN_DIR/model.safetensors holds the best evaluated weights with the tokenizer inside (one
     file is enough to predict); RUN_DIR/train_state.safetensors the last state for --resume.
     Ctrl-C (or SIGTERM) saves and exits; --resume then continues bit-exactly. A RUN_DIR holding
-    another run's files is refused unless --overwrite.
+    another run's files is refused unless --overwrite. Under mpirun each rank computes --workers
+    shards of each batch: the same bits as --workers (ranks x workers) in one process.
 
     \b
     Example:
@@ -143,7 +179,7 @@ def train_model_command(corpus, tokenizer_path, run_dir, resume, init_from, over
       tk train-model corpora/tiny_tales.txt --init-from runs/demo -o runs/tuned --steps 100
     """
     say = _say(quiet)
-    given = _given(kwargs, fresh=resume is None)
+    given = _given(kwargs, fresh=resume is None, ranks=ranks)
     if resume is not None:
         target = Path(resume) if resume else run_dir
         if target is None:
@@ -157,7 +193,7 @@ def train_model_command(corpus, tokenizer_path, run_dir, resume, init_from, over
         if init_from is not None:
             raise click.UsageError("--init-from starts a new run; a resumed run continues from its own weights")
         tok = load_tokenizer(tokenizer_path) if tokenizer_path is not None else None
-        result = resume_training(target, corpus=corpus, tokenizer=tok, overrides=given, quiet=quiet, say=say)
+        result = resume_training(target, corpus=corpus, tokenizer=tok, overrides=given, ranks=ranks, quiet=quiet, say=say)
     else:
         if corpus is None:
             raise click.UsageError("missing CORPUS (or --resume RUN_DIR to continue a run)")
@@ -167,7 +203,7 @@ def train_model_command(corpus, tokenizer_path, run_dir, resume, init_from, over
         config = TrainConfig.from_dict(init.settings(given) if init is not None else given)
         check_corpus(corpus)
         tok = load_tokenizer(tokenizer_path) if tokenizer_path is not None else None
-        result = train_model(corpus, run_dir, tok, config, init=init, overwrite=overwrite, quiet=quiet, say=say)
+        result = train_model(corpus, run_dir, tok, config, init=init, overwrite=overwrite, ranks=ranks, quiet=quiet, say=say)
     _summary(result)
     return _interrupted(result) if result.interrupted else 0
 
@@ -343,7 +379,8 @@ def _info_state(path: Path) -> None:
 @click.option("-n", "--max-new-tokens", default=None, type=int, help="tokens in the final sample  [default: what fills the model's context]")
 @click.option("--overwrite", is_flag=True, help="redo stages whose outputs are stale, and replace files not made by the pipeline")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bars or notes")
-def pipeline_command(corpus, run_dir, vocab_size, prompt, max_new_tokens, overwrite, quiet, **kwargs) -> int:
+@_on_ranks
+def pipeline_command(ranks, corpus, run_dir, vocab_size, prompt, max_new_tokens, overwrite, quiet, **kwargs) -> int:
     """Tokenizer -> encode -> train -> sample, each stage skipped when RUN_DIR already has it.
 
     Rerunning continues an interrupted training run and reuses finished stages. A stage whose
@@ -355,8 +392,9 @@ def pipeline_command(corpus, run_dir, vocab_size, prompt, max_new_tokens, overwr
       tk pipeline corpora/tiny_tales.txt -o runs/demo
     """
     say = _say(quiet)
-    config = TrainConfig.from_dict(_given(kwargs))
-    result = run_pipeline(corpus, run_dir, vocab_size=vocab_size, config=config, overwrite=overwrite, quiet=quiet, say=say)
+    config = TrainConfig.from_dict(_given(kwargs, ranks=ranks))
+    result = run_pipeline(corpus, run_dir, vocab_size=vocab_size, config=config, overwrite=overwrite, ranks=ranks,
+                          quiet=quiet, say=say)
     if result.train is not None:
         _summary(result.train)
         if result.train.interrupted:

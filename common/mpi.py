@@ -37,6 +37,7 @@ INSTALL_HINT = "pip install -e '.[mpi]'"
 _SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 _OTHERS_FIRST_S = 1.0  # how long a rank other than 0 waits before it reports an error (see abort_on_error)
+_FORWARD_S = 0.2  # time for the launcher to forward the error line before Abort tears its pipes down
 
 T = TypeVar("T")
 
@@ -147,5 +148,6 @@ def abort_on_error(comm, message: Callable[[BaseException], str]):
         sys.stdout.flush()
         sys.stderr.write(f"error: {message(err)}{where}\n")
         sys.stderr.flush()
+        time.sleep(_FORWARD_S)
         comm.Abort(1)
         os._exit(1)  # MPICH's Abort can return in the calling process; nothing more must run or print

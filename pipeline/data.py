@@ -185,6 +185,18 @@ def commit_tokens(tokens: TokenData, run_dir: str | os.PathLike) -> None:
     )
 
 
+def open_tokens(run_dir: str | os.PathLike, tokenizer, corpus: str, key: dict[str, str], n_tokens: int) -> TokenData:
+    """run_dir/tokens.npy as another process committed it (an MPI rank joining rank 0's run),
+    memory-mapped; a one-line PipelineError when this process cannot see it whole."""
+    path = Path(run_dir) / checkpoint.TOKENS_FILE
+    ids = _open_ids(path)
+    if ids is None or len(ids) != n_tokens:
+        seen = "cannot read it" if ids is None else f"sees {len(ids):,} tokens instead of {n_tokens:,}"
+        raise PipelineError(f"{path}: this process {seen}; every rank needs the run directory on a filesystem they all see")
+    return TokenData(ids=ids, vocab_size=tokenizer.vocab_size, corpus=corpus, corpus_sha256=key["corpus_sha256"],
+                     tokenizer_fingerprint=key["tokenizer_fingerprint"], reused=True)
+
+
 def _open_ids(path: Path) -> np.ndarray | None:
     try:
         ids = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -245,21 +257,25 @@ def rng_from_array(words: np.ndarray) -> np.random.Generator:
     return np.random.Generator(bit_gen)
 
 
-def get_batch(ids: np.ndarray, batch_size: int, context_length: int, rng: np.random.Generator):
+def get_batch(ids: np.ndarray, batch_size: int, context_length: int, rng: np.random.Generator, rows: slice | None = None):
     """Random windows: x (B, T) int64 and y (B, T) = x shifted by one token.
 
-    Window starts are uniform over every position that leaves room for T + 1 tokens.
+    Window starts are uniform over every position that leaves room for T + 1 tokens. With
+    `rows`, only those rows of the batch are read (an MPI rank's share): the generator still
+    draws the whole batch's starts, so every rank stays on the same sequence.
     """
     starts = rng.integers(0, len(ids) - context_length, size=batch_size)
+    if rows is not None:
+        starts = starts[rows]
     windows = np.asarray(ids[starts[:, None] + np.arange(context_length + 1)], dtype=np.int64)  # (B, T+1)
     return windows[:, :-1], windows[:, 1:]
 
 
-def eval_batches(ids: np.ndarray, n_batches: int, batch_size: int, context_length: int, seed: int):
+def eval_batches(ids: np.ndarray, n_batches: int, batch_size: int, context_length: int, seed: int, rows: slice | None = None):
     """The same `n_batches` validation batches every time (their own generator, seeded from `seed`).
 
     Fixed windows make successive evaluations comparable, and never drawing from the training
     generator keeps a resumed run's batches identical to an uninterrupted one.
     """
     rng = np.random.default_rng([seed, 0x5EED])
-    return [get_batch(ids, batch_size, context_length, rng) for _ in range(n_batches)]
+    return [get_batch(ids, batch_size, context_length, rng, rows) for _ in range(n_batches)]

@@ -29,6 +29,7 @@ import numpy as np
 from bpe import Tokenizer
 from pipeline import checkpoint, data, rundir
 from pipeline.errors import PipelineError
+from pipeline.ranks import Ranks
 from pipeline.train import (
     DEFAULT_VOCAB_SIZE,
     TrainConfig,
@@ -223,6 +224,7 @@ def run_pipeline(
     vocab_size: int = DEFAULT_VOCAB_SIZE,
     config: TrainConfig | None = None,
     overwrite: bool = False,
+    ranks: Ranks | None = None,
     quiet: bool = False,
     say: Callable[[str], None] = lambda m: None,
 ) -> PipelineResult:
@@ -234,11 +236,12 @@ def run_pipeline(
     files not made by the pipeline. New outputs are committed only once training is known to
     start. Returns where things are and a prompt from the validation text for stage 4
     (`predict_next` and `generate` on `checkpoint.load_model(run_dir)`), which the caller runs
-    so it can stream.
+    so it can stream. `ranks`: this is rank 0 of an MPI job; the other ranks join the training
+    stage (`pipeline.train.follow`), the others are rank 0's alone.
     """
     corpus = data.check_corpus(corpus)
     config = config or TrainConfig()
-    check_training_memory(config, vocab_size)
+    check_training_memory(config, vocab_size, ranks)
     with rundir.RunDir(run_dir) as rd:
         run_dir = rd.path
         if not overwrite and not (run_dir / checkpoint.PIPELINE_FILE).exists():
@@ -251,14 +254,15 @@ def run_pipeline(
         tokens = data.prepare_tokens(corpus, tok, run_dir, quiet=quiet, corpus_sha256=digest, commit=False)
         stages["encode"] = "reused" if tokens.reused else "encoded"
         try:
-            stages["train"], result = _train_stage(corpus, rd, tok, tokens, stamp, config, overwrite, quiet, say)
+            stages["train"], result = _train_stage(corpus, rd, tok, tokens, stamp, config, overwrite, ranks, quiet, say)
         finally:
             tokens.discard()  # still pending only when the run did not start
         _, val = tokens.split(config.val_fraction, config.context_length)
         return PipelineResult(run_dir=run_dir, stages=stages, train=result, prompt=sample_prompt(val, tok))
 
 
-def _train_stage(corpus, rd: rundir.RunDir, tok, tokens: data.TokenData, stamp, config: TrainConfig, overwrite: bool, quiet, say):
+def _train_stage(corpus, rd: rundir.RunDir, tok, tokens: data.TokenData, stamp, config: TrainConfig, overwrite: bool,
+                 ranks: Ranks | None, quiet, say):
     run_dir = rd.path
     state_path = run_dir / checkpoint.STATE_FILE
     why = None
@@ -284,7 +288,7 @@ def _train_stage(corpus, rd: rundir.RunDir, tok, tokens: data.TokenData, stamp, 
         if current and 0 <= step < config.steps:
             data.commit_tokens(tokens, run_dir)
             say(f"encode: {'up to date' if tokens.reused else 'encoded'} ({len(tokens.ids):,} tokens in {run_dir / checkpoint.TOKENS_FILE})")
-            return "resumed", resume_training(run_dir, corpus=corpus, quiet=quiet, say=say)
+            return "resumed", resume_training(run_dir, corpus=corpus, ranks=ranks, quiet=quiet, say=say)
         why = "the corpus or tokenizer changed" if not (stamp is None and same_data) else "the training settings changed"
     elif (run_dir / checkpoint.MODEL_FILE).exists():
         why = f"{checkpoint.MODEL_FILE} has no {checkpoint.STATE_FILE} beside it to check it against"
@@ -300,7 +304,8 @@ def _train_stage(corpus, rd: rundir.RunDir, tok, tokens: data.TokenData, stamp, 
         if stamp is not None:
             _save_tokenizer(run_dir, tok, stamp, say)
 
-    result = train_model(corpus, run_dir, tok, config, overwrite=True, tokens=tokens, on_start=start, quiet=quiet, say=say)
+    result = train_model(corpus, run_dir, tok, config, overwrite=True, tokens=tokens, on_start=start, ranks=ranks,
+                         quiet=quiet, say=say)
     return "trained", result
 
 

@@ -41,10 +41,11 @@ from bpe import Tokenizer
 from common import FileError, jsonsafe
 from common.processes import note_interrupt
 from pipeline import checkpoint, data, rundir
+from pipeline.ranks import Ranks
 from pipeline.errors import PipelineError
 from transformer import GPT, AdamW, GPTConfig, clip_grad_norm, cosine_schedule
 from transformer.memory import check_memory
-from transformer.parallel import DataParallel
+from transformer.parallel import DataParallel, MPIDataParallel, shard_rows
 from transformer.runtime import available_cores
 
 try:  # Python >= 3.11
@@ -266,19 +267,27 @@ class _Run:
         quiet: bool,
         state: checkpoint.TrainState | None = None,
         init: StartFrom | None = None,
+        ranks: Ranks | None = None,
     ) -> None:
 
         if config.workers == 0:  # recorded as the count used, so a resume elsewhere is the same run
-            config = dataclasses.replace(config, workers=available_cores())
+            config = dataclasses.replace(config, workers=_default_shards(ranks))
         self.run_dir = run_dir
         self.tokens = tokens
         self.tokenizer = tokenizer
         self.config = config
         self.quiet = quiet
+        self.ranks = ranks
+        self.leader = ranks is None or ranks.leader
         self.train_ids, self.val_ids = tokens.split(config.val_fraction, config.context_length)
         self.model_config = GPTConfig.from_dict(config.model_config(tokenizer.vocab_size))
-        check_memory(self.model_config, training=True, workers=config.workers)  # one line, not a MemoryError
-        self.model = DataParallel(GPT(self.model_config, seed=config.seed), workers=config.workers)
+        local_workers = config.workers if ranks is None else ranks.local_workers(config.workers)
+        check_memory(self.model_config, training=True, workers=local_workers)  # one line, not a MemoryError
+        model = GPT(self.model_config, seed=config.seed)
+        if ranks is None:
+            self.model = DataParallel(model, workers=local_workers)
+        else:  # each rank computes its shards; the same numbers as `workers` shards in one process
+            self.model = MPIDataParallel(model, ranks.comm, workers=local_workers)
         self.init = init
         if init is not None:  # a fresh run from given weights (its config is the weights' own)
             for name, value in init.params.items():
@@ -302,10 +311,12 @@ class _Run:
             self.rng = data.rng_from_array(state.rng)
             self.best_val_loss = state.best_val_loss
             self.best_step = state.best_step
+        self.rows = self.model.local_rows(config.batch_size)  # of each batch: all, or this rank's
         self.val_batches = data.eval_batches(
-            self.val_ids, config.eval_batches, config.batch_size, config.context_length, config.seed
+            self.val_ids, config.eval_batches, config.batch_size, config.context_length, config.seed, rows=self.rows
         )
-        self.baseline = data.unigram_baseline(self.train_ids, self.val_ids, tokenizer.vocab_size)
+        # a statistic for the summary and the files, which only rank 0 writes
+        self.baseline = data.unigram_baseline(self.train_ids, self.val_ids, tokenizer.vocab_size) if self.leader else math.nan
         self.last_val_loss: float | None = None
         self.last_val_step: int | None = None
 
@@ -364,16 +375,64 @@ class _Run:
 
     def evaluate(self) -> float:
         """Mean loss over the fixed validation batches."""
-        return float(np.mean([self.model.loss(x, y) for x, y in self.val_batches]))
+        B = self.config.batch_size
+        return float(np.mean([self.model.loss(x, y, batch_rows=B) for x, y in self.val_batches]))
+
+    # -- MPI: the followers join rank 0's run ------------------------------------------------
+
+    def _state_arrays(self) -> dict[str, np.ndarray]:
+        """Everything a step depends on besides the data, as arrays (to send to the followers)."""
+        best = np.array([math.nan if self.best_val_loss is None else self.best_val_loss], dtype=np.float64)
+        return {
+            **{f"param.{k}": v for k, v in self.model.params.items()},
+            **{f"opt.{k}": v for k, v in self.opt.state_dict().items()},
+            "rng": data.rng_to_array(self.rng),
+            "counters": np.array([self.step, -1 if self.best_step is None else self.best_step], dtype=np.int64),
+            "best": best,
+        }
+
+    def _join(self) -> None:
+        """Rank 0 announces the run; then every rank takes rank 0's weights, moments, step and generator."""
+        ranks = self.ranks
+        if ranks.leader:
+            spec = {"run_dir": str(self.run_dir.resolve()), "config": self.config.to_dict(), "n_tokens": int(len(self.tokens.ids)),
+                    "corpus": self.tokens.corpus, "key": self.tokens.key()}
+            ranks.start(spec, self.tokenizer)
+        arrays = self._state_arrays()
+        ranks.share_state(arrays)
+        if not ranks.leader:
+            self.opt.load_state_dict({k[4:]: v for k, v in arrays.items() if k.startswith("opt.")})
+            self.rng = data.rng_from_array(arrays["rng"])
+            self.step, best_step = (int(x) for x in arrays["counters"])
+            self.best_step = None if best_step < 0 else best_step
+            self.best_val_loss = None if math.isnan(arrays["best"][0]) else float(arrays["best"][0])
+
+    def _stop_now(self, stop: threading.Event) -> bool:
+        return stop.is_set() if self.ranks is None else self.ranks.any(stop.is_set())
+
+    def describe_split(self) -> str:
+        """How each step's batch is shared (the summary's line under MPI)."""
+        m, B = self.model, self.config.batch_size
+        shards = shard_rows(B, m.shards)
+        per_rank = [sum(s.stop - s.start for s in shards[r * m.workers : (r + 1) * m.workers]) for r in range(m.size)]
+        rows = ", ".join(f"rank {r}: {n}" for r, n in enumerate(per_rank))
+        return (f"mpi: {m.size} ranks x {m.workers} worker{'s' * (m.workers != 1)} = {m.shards} shards of each "
+                f"{B}-row batch (rows {rows}); rank 0 writes")
 
     def run(self) -> TrainResult:
         cfg = self.config
+        if self.ranks is not None:
+            self._join()
         log_path = self.run_dir / checkpoint.LOG_FILE
-        checkpoint.truncate_log(log_path, self.step)  # drop records past the checkpoint we continue from
-        log = checkpoint.JsonlLog(log_path)
+        if self.leader:
+            checkpoint.truncate_log(log_path, self.step)  # drop records past the checkpoint we continue from
+        log = checkpoint.JsonlLog(log_path) if self.leader else _NoLog()
         # wall-clock times live here, never in the weight files (identical runs, identical files)
-        log.write({"type": "session", "step": self.step, "utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                   "workers": self.config.workers, "tokenkit": _tokenkit_version()})
+        session = {"type": "session", "step": self.step, "utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                   "workers": self.config.workers, "tokenkit": _tokenkit_version()}
+        if self.ranks is not None:
+            session["ranks"] = self.ranks.size
+        log.write(session)
         tokens_per_step = cfg.batch_size * cfg.context_length
         start = time.perf_counter()
         train_seconds = 0.0
@@ -385,27 +444,28 @@ class _Run:
             initial=self.step,
             desc="train",
             unit="step",
-            disable=self.quiet or not sys.stderr.isatty(),
+            disable=self.quiet or not self.leader or not sys.stderr.isatty(),
             dynamic_ncols=True,
         )
         try:
             with _interrupt_flag() as stop:
                 while self.step < cfg.steps:
-                    if stop.is_set():
+                    if self._stop_now(stop):
                         interrupted = True
                         break
                     t0 = time.perf_counter()
                     lr = cosine_schedule(
                         self.step, max_lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps
                     )
-                    x, y = data.get_batch(self.train_ids, cfg.batch_size, cfg.context_length, self.rng)
-                    loss, grads = self.model.loss_and_grads(x, y)
+                    x, y = data.get_batch(self.train_ids, cfg.batch_size, cfg.context_length, self.rng, rows=self.rows)
+                    loss, grads = self.model.loss_and_grads(x, y, batch_rows=cfg.batch_size)
                     norm = clip_grad_norm(grads, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
                     if not (math.isfinite(loss) and math.isfinite(norm)):
                         log.write({"type": "stop", "step": self.step + 1, "loss": str(loss), "grad_norm": str(norm)})
+                        saved = self._saved_step() if self.leader else None
                         kept = (
-                            f"the last good checkpoint (step {self._saved_step()}) is kept in {self.run_dir}"
-                            if self._saved_step() is not None
+                            f"the last good checkpoint (step {saved}) is kept in {self.run_dir}"
+                            if saved is not None
                             else "no checkpoint had been saved yet"
                         )
                         raise PipelineError(
@@ -428,10 +488,14 @@ class _Run:
         finally:
             bar.close()
             log.close()
+        return self.result(start, train_seconds, steps_done, interrupted)
+
+    def result(self, start: float, train_seconds: float, steps_done: int, interrupted: bool) -> TrainResult:
+        tokens_per_step = self.config.batch_size * self.config.context_length
         return TrainResult(
             run_dir=self.run_dir,
             step=self.step,
-            steps=cfg.steps,
+            steps=self.config.steps,
             best_val_loss=self.best_val_loss,
             best_step=self.best_step,
             last_val_loss=self.last_val_loss,
@@ -467,6 +531,8 @@ class _Run:
         if improved:
             self.best_val_loss, self.best_step = val, self.step
         log.write({"type": "eval", "step": self.step, "val_loss": val, "best_val_loss": self.best_val_loss})
+        if not self.leader:
+            return
         if improved:
             self.save_model(val, val)
         self.save_state()
@@ -477,19 +543,43 @@ class _Run:
         The interrupt-time evaluation is not counted as a "best" in the training state, so the
         resumed run tracks its best exactly as an uninterrupted one would.
         """
-        self.save_state()
-        if not (self.run_dir / checkpoint.MODEL_FILE).exists() and self.step > 0:
+        if self.leader:
+            self.save_state()
+        no_model = self.leader and not (self.run_dir / checkpoint.MODEL_FILE).exists()
+        if self.ranks is not None:
+            no_model = self.ranks.leaders(no_model)  # the evaluation takes every rank
+        if no_model and self.step > 0:
             val = self.evaluate()
             self.last_val_loss, self.last_val_step = val, self.step
-            self.save_model(val, val)
+            if self.leader:
+                self.save_model(val, val)
         log.write({"type": "interrupt", "step": self.step})
 
 
-def check_training_memory(config: TrainConfig, vocab_size: int) -> None:
+class _NoLog:
+    """A follower's log: rank 0 alone writes log.jsonl."""
+
+    def write(self, record) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _default_shards(ranks: Ranks | None) -> int:
+    """Batch shards per step for `--workers 0`: one per core, on every rank."""
+    return available_cores() if ranks is None else ranks.size * ranks.default_workers()
+
+
+def check_training_memory(config: TrainConfig, vocab_size: int, ranks: Ranks | None = None) -> None:
     """One line, before any work, when the run's model cannot train in this machine's memory
-    (`vocab_size`: the tokenizer's, or an upper bound of the one still to be trained)."""
+    (`vocab_size`: the tokenizer's, or an upper bound of the one still to be trained; under MPI,
+    this rank's share of the workers)."""
     model_config = GPTConfig.from_dict(config.model_config(vocab_size))
-    check_memory(model_config, training=True, workers=config.workers or available_cores())
+    workers = config.workers or available_cores()
+    if ranks is not None:
+        workers = max(1, workers // ranks.size)
+    check_memory(model_config, training=True, workers=workers)
 
 
 def fit_tokenizer(corpus: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE, *, quiet: bool = False) -> Tokenizer:
@@ -538,6 +628,7 @@ def train_model(
     tokens: data.TokenData | None = None,
     on_start: Callable[[], None] | None = None,
     init: StartFrom | None = None,
+    ranks: Ranks | None = None,
     quiet: bool = False,
     say: Callable[[str], None] = lambda msg: None,
 ) -> TrainResult:
@@ -552,6 +643,8 @@ def train_model(
     is committed here); `on_start` is called once everything is validated, before the first
     file is written (the pipeline commits its tokenizer there). `init` starts from its weights
     and tokenizer instead of random ones (`config` must have its shape: `StartFrom.settings`).
+    `ranks`: this is rank 0 of an MPI job whose other ranks run `follow` (pipeline.ranks);
+    `config.workers` then counts every rank's shards.
     """
     config = config or TrainConfig()
     data.check_corpus(corpus)
@@ -561,7 +654,7 @@ def train_model(
         tokenizer = init.tokenizer
         if GPTConfig.from_dict(config.model_config(tokenizer.vocab_size)) != init.model_config:
             raise PipelineError(f"the run's model settings differ from the shape of {init.path}; take them from it (StartFrom.settings)")
-    check_training_memory(config, tokenizer.vocab_size if tokenizer is not None else DEFAULT_VOCAB_SIZE)
+    check_training_memory(config, tokenizer.vocab_size if tokenizer is not None else DEFAULT_VOCAB_SIZE, ranks)
     with rundir.RunDir(run_dir) as rd:
         run_dir = rd.path
         own = [checkpoint.MODEL_FILE, checkpoint.STATE_FILE, checkpoint.LOG_FILE]
@@ -577,7 +670,7 @@ def train_model(
         try:
             if not overwrite and tokens.pending is not None:  # the cache holds another corpus's ids
                 rundir.refuse_conflicts(run_dir, rd.present([checkpoint.TOKENS_FILE]))
-            run = _Run(run_dir, tokens, tokenizer, config, quiet=quiet, init=init)  # checks the split and the model's size
+            run = _Run(run_dir, tokens, tokenizer, config, quiet=quiet, init=init, ranks=ranks)  # checks split and size
             # the run starts: from here on the directory is this run's
             if on_start is not None:
                 on_start()
@@ -607,6 +700,8 @@ def _describe(run: _Run, say: Callable[[str], None]) -> None:
         f"data: {len(run.train_ids):,} train / {len(run.val_ids):,} validation tokens; "
         f"unigram baseline {run.baseline:.3f} nats/token"
     )
+    if run.ranks is not None:
+        say(run.describe_split())
 
 
 def resume_training(
@@ -615,6 +710,7 @@ def resume_training(
     corpus: str | Path | None = None,
     tokenizer=None,
     overrides: Mapping[str, Any] | None = None,
+    ranks: Ranks | None = None,
     quiet: bool = False,
     say: Callable[[str], None] = lambda msg: None,
 ) -> TrainResult:
@@ -623,7 +719,8 @@ def resume_training(
     `overrides` are settings the user gave explicitly: any that differs from the checkpoint's is
     a one-line error (a resumed run must be the same run). `corpus` defaults to the recorded path
     and must hash the same; a given `tokenizer` must have the run's fingerprint. The run uses
-    the worker count recorded in the checkpoint, so it continues bit for bit on any core count.
+    the worker count recorded in the checkpoint, so it continues bit for bit on any core count,
+    and on any number of MPI `ranks` that divides it (with or without MPI before).
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -654,9 +751,24 @@ def resume_training(
                 f"corpus {corpus} is not the one {run_dir} was trained on (its sha256 changed); resume needs the same corpus"
             )
         tokens = data.prepare_tokens(corpus, state.tokenizer, run_dir, quiet=quiet, corpus_sha256=digest)
-        run = _Run(run_dir, tokens, state.tokenizer, config, quiet=quiet, state=state)
+        run = _Run(run_dir, tokens, state.tokenizer, config, quiet=quiet, state=state, ranks=ranks)
         if state.step >= config.steps:
             say(f"{run_dir} already finished its {config.steps} steps; nothing to resume")
-        else:
-            say(f"resuming {run_dir} at step {state.step} of {config.steps}")
+            return run.result(time.perf_counter(), 0.0, 0, interrupted=False)
+        say(f"resuming {run_dir} at step {state.step} of {config.steps}")
+        if ranks is not None:
+            say(run.describe_split())
         return run.run()
+
+
+def follow(ranks: Ranks, *, quiet: bool = True) -> TrainResult | None:
+    """A rank other than 0: wait for rank 0's run to start, then train it alongside (writing
+    nothing). None when rank 0 ended without training."""
+    started = ranks.wait_for_start()
+    if started is None:
+        return None
+    spec, tokenizer = started
+    run_dir = Path(spec["run_dir"])
+    tokens = data.open_tokens(run_dir, tokenizer, spec["corpus"], spec["key"], spec["n_tokens"])
+    config = TrainConfig.from_dict(spec["config"])
+    return _Run(run_dir, tokens, tokenizer, config, quiet=quiet, ranks=ranks).run()

@@ -270,11 +270,11 @@ def test_ctrl_c_then_resume_equals_uninterrupted(corpus, run, tmp_path, monkeypa
     real = DataParallel.loss_and_grads
     calls = {"n": 0}
 
-    def ctrl_c_at_step_13(self, x, y):
+    def ctrl_c_at_step_13(self, x, y, **kw):
         calls["n"] += 1
         if calls["n"] == 13:
             os.kill(os.getpid(), signal.SIGINT)  # as a user's Ctrl-C in the middle of step 13
-        return real(self, x, y)
+        return real(self, x, y, **kw)
 
     monkeypatch.setattr(DataParallel, "loss_and_grads", ctrl_c_at_step_13)
     code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(split), *tok, *RESUME_FLAGS)
@@ -328,9 +328,9 @@ def test_nan_loss_stops_with_the_last_good_checkpoint(corpus, run, tmp_path, mon
     real = DataParallel.loss_and_grads
     calls = {"n": 0}
 
-    def diverge_at_step_8(self, x, y):
+    def diverge_at_step_8(self, x, y, **kw):
         calls["n"] += 1
-        loss, grads = real(self, x, y)
+        loss, grads = real(self, x, y, **kw)
         return (float("nan") if calls["n"] >= 8 else loss), grads
 
     monkeypatch.setattr(DataParallel, "loss_and_grads", diverge_at_step_8)
@@ -412,11 +412,11 @@ def test_pipeline_after_ctrl_c_resumes_training(corpus, tmp_path, monkeypatch, c
     real = DataParallel.loss_and_grads
     calls = {"n": 0}
 
-    def ctrl_c_at_step_4(self, x, y):
+    def ctrl_c_at_step_4(self, x, y, **kw):
         calls["n"] += 1
         if calls["n"] == 4:
             os.kill(os.getpid(), signal.SIGINT)
-        return real(self, x, y)
+        return real(self, x, y, **kw)
 
     run_dir = tmp_path / "pipe"
     flags = [*SMALL, "--batch-size", "4", "--warmup-steps", "2", "--steps", "12", "--eval-interval", "6",

@@ -232,40 +232,47 @@ from mpi4py import MPI
 from transformer import AdamW, GPT, GPTConfig
 from transformer.parallel import MPIDataParallel
 
+workers, B = int(sys.argv[2]), int(sys.argv[3])
 config = GPTConfig(vocab_size=23, context_length=8, d_model=16, n_layers=2, n_heads=2)
-model = MPIDataParallel(GPT(config, seed=4), MPI.COMM_WORLD)
+model = MPIDataParallel(GPT(config, seed=4), MPI.COMM_WORLD, workers=workers)
 opt = AdamW(model.params, lr=1e-2)
 rng = np.random.default_rng(0)
 losses = []
 for step in range(4):
-    ids, targets = rng.integers(0, 23, (7, 8)), rng.integers(0, 23, (7, 8))  # 7 rows: uneven shards
-    loss, grads = model.loss_and_grads(ids, targets)
+    ids, targets = rng.integers(0, 23, (B, 8)), rng.integers(0, 23, (B, 8))
+    if step % 2:  # the whole batch given
+        loss, grads = model.loss_and_grads(ids, targets)
+    else:  # only this rank's rows, as the training loop reads them
+        rows = model.local_rows(B)
+        loss, grads = model.loss_and_grads(ids[rows], targets[rows], batch_rows=B)
     opt.step(grads)
     losses.append((loss, model.loss(ids, targets)))
+model.close()
 if model.rank == 0:
     np.savez(sys.argv[1], losses=np.array(losses), **model.params)
 """
 
 
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_mpi_executor_is_bit_identical_to_data_parallel_in_one_process(tmp_path, ranks):
-    """mpirun -n N with MPIDataParallel trains to the same bits as DataParallel(workers=N)."""
+@pytest.mark.parametrize("ranks, workers, rows", [(2, 1, 7), (3, 1, 7), (2, 2, 7), (3, 3, 5)])
+def test_mpi_executor_is_bit_identical_to_data_parallel_in_one_process(tmp_path, ranks, workers, rows):
+    """mpirun -n N with MPIDataParallel(workers=W) trains to the same bits as DataParallel(workers=N*W),
+    uneven shards included; 3 ranks of 3 workers over 5 rows leave the last rank without a shard."""
     from transformer import AdamW, GPT, GPTConfig
     from transformer.parallel import DataParallel
 
     out = tmp_path / "ranks.npz"
-    cmd = [_mpirun(), "-n", str(ranks), sys.executable, "-c", _STEPS_ON_RANKS, str(out)]
+    cmd = [_mpirun(), "-n", str(ranks), sys.executable, "-c", _STEPS_ON_RANKS, str(out), str(workers), str(rows)]
     proc = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     got = np.load(out)
 
     config = GPTConfig(vocab_size=23, context_length=8, d_model=16, n_layers=2, n_heads=2)
-    model = DataParallel(GPT(config, seed=4), workers=ranks)
+    model = DataParallel(GPT(config, seed=4), workers=ranks * workers)
     opt = AdamW(model.params, lr=1e-2)
     rng = np.random.default_rng(0)
     losses = []
     for _ in range(4):
-        ids, targets = rng.integers(0, 23, (7, 8)), rng.integers(0, 23, (7, 8))
+        ids, targets = rng.integers(0, 23, (rows, 8)), rng.integers(0, 23, (rows, 8))
         loss, grads = model.loss_and_grads(ids, targets)
         opt.step(grads)
         losses.append((loss, model.loss(ids, targets)))

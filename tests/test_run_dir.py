@@ -275,11 +275,11 @@ def test_resume_uses_the_recorded_worker_count_on_any_core_count(corpus, tok_pat
     real = DataParallel.loss_and_grads
     calls = {"n": 0}
 
-    def stop_at_step_5(self, x, y):
+    def stop_at_step_5(self, x, y, **kw):
         calls["n"] += 1
         if calls["n"] == 5:
             os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler ending the job
-        return real(self, x, y)
+        return real(self, x, y, **kw)
 
     monkeypatch.setattr(DataParallel, "loss_and_grads", stop_at_step_5)
     assert main(["train-model", str(corpus), "-o", str(tmp_path / "split"), *flags]) == 128 + signal.SIGTERM

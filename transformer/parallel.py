@@ -97,12 +97,20 @@ class DataParallel(_Wrapper):
 
         return WorkerPool(params, self.workers - 1, make_worker)
 
-    def _sharded(self, op: int, ids: np.ndarray, targets: np.ndarray, here) -> list:
-        """[(loss share, grads or None)] of each batch shard, in shard order. `here(ids, targets)`
-        computes a shard in this process: the first one, while the workers compute the others
-        (or every shard, one after the other, without workers)."""
-        B = ids.shape[0]
-        shards = shard_rows(B, self.workers)
+    def local_rows(self, batch_rows: int) -> slice:
+        """The rows of a batch this process needs: all of them (the workers get theirs from it)."""
+        return slice(0, batch_rows)
+
+    def shard_results(self, op: int, ids: np.ndarray, targets: np.ndarray, shards: list[slice], batch_rows: int,
+                      batch_tokens: int) -> list:
+        """[(loss share, grads or None)] of each of `shards` (row slices of `ids`), in order, each
+        scaled for a whole batch of `batch_rows` rows / `batch_tokens` tokens. This process
+        computes the first shard while the workers compute the others (or every shard, one after
+        the other, without workers)."""
+        if op == LOSS:
+            here = lambda i, t: (self.model.shard_loss(i, t, batch_rows), None)  # noqa: E731
+        else:
+            here = lambda i, t: self.model.shard_loss_and_grads(i, t, batch_tokens)  # noqa: E731
         n = len(shards)
         with tuned():
             if n == 1 or self._pool is None:
@@ -113,7 +121,7 @@ class DataParallel(_Wrapper):
             pool = self._pool
             try:
                 pool.sync(self.params)
-                pool.submit(op, [(ids[rows], targets[rows]) for rows in shards[1:]], ids.size, B)
+                pool.submit(op, [(ids[rows], targets[rows]) for rows in shards[1:]], batch_tokens, batch_rows)
                 results = [here(ids[shards[0]], targets[shards[0]]), *pool.collect(n - 1, op)]
             except BaseException:  # e.g. Ctrl-C: replies may still be on their way; fresh workers next time
                 pool.close()
@@ -121,18 +129,25 @@ class DataParallel(_Wrapper):
             # a shard whose worker had just left idle is computed here (same arithmetic, same numbers)
             return [r if r is not None else here(ids[rows], targets[rows]) for r, rows in zip(results, shards)]
 
-    def loss(self, ids, targets) -> float:
-        """Mean cross-entropy over the whole batch (forward only), as `GPT.loss`."""
+    def _check_rows(self, ids, batch_rows: int | None) -> None:
+        if batch_rows is not None and np.shape(ids)[0] != batch_rows:
+            raise ModelError(f"this process computes all {batch_rows} rows of the batch (local_rows), got {np.shape(ids)[0]}")
+
+    def loss(self, ids, targets, batch_rows: int | None = None) -> float:
+        """Mean cross-entropy over the whole batch (forward only), as `GPT.loss`. `batch_rows`,
+        for the executors' common call (MPIDataParallel's), must be the batch's own row count."""
+        self._check_rows(ids, batch_rows)
         ids, targets = self.model.check_pair(ids, targets)
-        B = ids.shape[0]
-        shards = self._sharded(LOSS, ids, targets, lambda i, t: (self.model.shard_loss(i, t, B), None))
+        shards = self.shard_results(LOSS, ids, targets, shard_rows(ids.shape[0], self.workers), ids.shape[0], ids.size)
         return float(sum(loss for loss, _ in shards))
 
-    def loss_and_grads(self, ids, targets) -> tuple[float, dict[str, np.ndarray]]:
+    def loss_and_grads(self, ids, targets, batch_rows: int | None = None) -> tuple[float, dict[str, np.ndarray]]:
         """(mean loss, grads keyed like params), as `GPT.loss_and_grads`: the shards' gradients
-        summed in shard order. The arrays are valid until the next call."""
+        summed in shard order. The arrays are valid until the next call. `batch_rows`: as `loss`."""
+        self._check_rows(ids, batch_rows)
         ids, targets = self.model.check_pair(ids, targets)
-        shards = self._sharded(LOSS_AND_GRADS, ids, targets, lambda i, t: self.model.shard_loss_and_grads(i, t, ids.size))
+        shards = self.shard_results(LOSS_AND_GRADS, ids, targets, shard_rows(ids.shape[0], self.workers),
+                                    ids.shape[0], ids.size)
         grads = {name: shards[0][1][name] for name in self.params}  # drops the absent biases' None
         for _, more in shards[1:]:
             for name, g in grads.items():
@@ -154,59 +169,101 @@ def _as_is(config, params: dict[str, np.ndarray]) -> GPT:
 
 
 class MPIDataParallel(_Wrapper):
-    """`model` with each batch split over the ranks of an MPI communicator, one shard per rank.
+    """`model` with each batch split over the ranks of an MPI communicator, `workers` shards per
+    rank (computed by local worker processes, as DataParallel does).
 
-    The shard split is DataParallel's with `workers` = the number of ranks, and every rank sums
-    the gathered shard results in shard order, so the loss and gradients are bit for bit those
-    of `DataParallel(model, workers=size)` in one process (given the same BLAS build). Every
-    rank ends a step with the same gradients, so identical optimizers keep identical weights
-    without a broadcast. Gradients travel as one flat buffer per rank (`Allgather`, never pickle).
+    The batch is cut as `DataParallel(model, workers=size * workers)` cuts it, rank r taking
+    shards r*workers .. r*workers + workers - 1. Every shard's gradients reach every rank
+    (`Allgather` of one flat buffer per shard, never pickle) and are summed in shard order, so
+    loss and gradients are bit for bit those of `DataParallel(model, workers=size * workers)` in
+    one process (given the same BLAS build). Every rank ends a step with the same gradients, so
+    identical optimizers keep identical weights without a broadcast.
+
+    Each rank needs only its own rows of a batch (`local_rows`): pass just those with
+    `batch_rows=` the whole batch's row count, and a rank reads only its own windows.
 
     `comm` is an mpi4py communicator; this module never imports mpi4py itself.
     """
 
-    def __init__(self, model: GPT, comm):
+    def __init__(self, model: GPT, comm, workers: int = 1):
         super().__init__(model)
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self._local = DataParallel(model, workers=workers)  # validates `workers`; shares the model's params
+        self.workers = workers
+        self.shards = self.size * workers
 
-    def _my_rows(self, B: int) -> tuple[int, slice | None]:
-        """(number of shards, this rank's rows or None), with DataParallel's split."""
-        shards = shard_rows(B, self.size)
-        return len(shards), (shards[self.rank] if self.rank < len(shards) else None)
+    @_Wrapper.params.setter
+    def params(self, value: dict[str, np.ndarray]) -> None:
+        self.model.params = value
+
+    def _my_shards(self, batch_rows: int) -> tuple[int, list[slice]]:
+        """(number of shards of the whole batch, this rank's shards as rows of the batch)."""
+        shards = shard_rows(batch_rows, self.shards)
+        first = self.rank * self.workers
+        return len(shards), shards[first : first + self.workers]
+
+    def local_rows(self, batch_rows: int) -> slice:
+        """The rows of a `batch_rows`-row batch whose shards this rank computes (maybe none)."""
+        _, mine = self._my_shards(batch_rows)
+        return slice(mine[0].start, mine[-1].stop) if mine else slice(0, 0)
+
+    def _local_batch(self, ids, targets, batch_rows: int | None):
+        """(ids, targets, batch rows, batch tokens, this rank's shards as rows of `ids`, number of
+        shards), `ids` cut down to this rank's rows when the whole batch was given."""
+        if batch_rows is None:  # the whole batch: keep this rank's rows
+            ids, targets = self.model.check_pair(ids, targets)
+            batch_rows = ids.shape[0]
+            rows = self.local_rows(batch_rows)
+            ids, targets = ids[rows], targets[rows]
+        else:
+            rows = self.local_rows(batch_rows)
+            if np.shape(ids)[0] != rows.stop - rows.start:
+                raise ModelError(f"rank {self.rank} computes rows {rows.start}..{rows.stop} of a {batch_rows}-row batch "
+                                 f"(local_rows), got {np.shape(ids)[0]} rows")
+            if rows.stop > rows.start:
+                ids, targets = self.model.check_pair(ids, targets)
+        n, mine = self._my_shards(batch_rows)
+        local = [slice(s.start - rows.start, s.stop - rows.start) for s in mine]
+        batch_tokens = batch_rows * ids.shape[1] if local else 0  # only a rank with rows computes a share
+        return ids, targets, batch_rows, batch_tokens, local, n
 
     def _gather(self, local: np.ndarray) -> np.ndarray:
-        """(size, *local.shape): every rank's `local`, in rank order, on every rank."""
+        """(size * workers, ...): every rank's `local` (workers, ...), in rank order, on every rank."""
         out = np.empty((self.size, *local.shape), dtype=local.dtype)
         self.comm.Allgather(np.ascontiguousarray(local), out)
-        return out
+        return out.reshape(self.shards, *local.shape[1:])
 
-    def loss(self, ids, targets) -> float:
-        """Mean cross-entropy over the whole batch, as `GPT.loss`."""
-        ids, targets = self.model.check_pair(ids, targets)
-        n, rows = self._my_rows(ids.shape[0])
-        with tuned():
-            local = self.model.shard_loss(ids[rows], targets[rows], ids.shape[0]) if rows is not None else 0.0
-        return float(sum(self._gather(np.array([local], dtype=np.float64))[:n, 0].tolist()))
+    def loss(self, ids, targets, batch_rows: int | None = None) -> float:
+        """Mean cross-entropy over the whole batch, as `GPT.loss` (`batch_rows`: see the class)."""
+        ids, targets, batch_rows, batch_tokens, local, n = self._local_batch(ids, targets, batch_rows)
+        shares = np.zeros(self.workers, dtype=np.float64)
+        if local:
+            results = self._local.shard_results(LOSS, ids, targets, local, batch_rows, batch_tokens)
+            shares[: len(results)] = [loss for loss, _ in results]
+        return float(sum(self._gather(shares)[:n].tolist()))
 
-    def loss_and_grads(self, ids, targets) -> tuple[float, dict[str, np.ndarray]]:
-        """(mean loss, grads keyed like params), as `GPT.loss_and_grads`."""
-        ids, targets = self.model.check_pair(ids, targets)
-        n, rows = self._my_rows(ids.shape[0])
+    def loss_and_grads(self, ids, targets, batch_rows: int | None = None) -> tuple[float, dict[str, np.ndarray]]:
+        """(mean loss, grads keyed like params), as `GPT.loss_and_grads` (`batch_rows`: see the class)."""
+        ids, targets, batch_rows, batch_tokens, local, n = self._local_batch(ids, targets, batch_rows)
         names = list(self.params)
         sizes = [self.params[name].size for name in names]
-        dtype = self.params[names[0]].dtype
-        flat = np.zeros(sum(sizes), dtype=dtype)
-        loss = 0.0
+        flat = np.zeros((self.workers, sum(sizes)), dtype=self.params[names[0]].dtype)
+        shares = np.zeros(self.workers, dtype=np.float64)
+        if local:
+            results = self._local.shard_results(LOSS_AND_GRADS, ids, targets, local, batch_rows, batch_tokens)
+            for k, (loss, grads) in enumerate(results):
+                shares[k] = loss
+                np.concatenate([grads[name].reshape(-1) for name in names], out=flat[k])
         with tuned():
-            if rows is not None:
-                loss, grads = self.model.shard_loss_and_grads(ids[rows], targets[rows], ids.size)
-                np.concatenate([grads[name].reshape(-1) for name in names], out=flat)
-            gathered = self._gather(flat)  # (size, P)
+            gathered = self._gather(flat)  # (shards, P)
             total = gathered[0].copy()
             for k in range(1, n):  # in shard order, as DataParallel sums
                 total += gathered[k]
-        losses = self._gather(np.array([loss], dtype=np.float64))[:n, 0].tolist()
+        loss = float(sum(self._gather(shares)[:n].tolist()))
         offsets = np.cumsum([0, *sizes])
-        out = {name: total[offsets[i] : offsets[i + 1]].reshape(self.params[name].shape) for i, name in enumerate(names)}
-        return float(sum(losses)), out
+        return loss, {name: total[offsets[i] : offsets[i + 1]].reshape(self.params[name].shape) for i, name in enumerate(names)}
+
+    def close(self) -> None:
+        """Stop this rank's local workers."""
+        self._local.close()

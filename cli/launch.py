@@ -1,0 +1,43 @@
+"""How a command was launched: alone, or as one of the ranks `mpirun`/`srun` started.
+
+`mpi_world()` is MPI's communicator when a launcher started several processes (None for a
+plain run, which never imports mpi4py); `abort_on_error(comm)` turns an error on any rank into
+one line and the end of the whole job (`common.mpi.abort_on_error`).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import click
+
+from bpe import TokenizerError
+from common import FileError, mpi
+from pipeline import PipelineError
+from transformer import ModelError
+
+
+def mpi_world():
+    """MPI's communicator when `mpirun`/`srun` started several processes, else None (mpi4py unimported)."""
+    try:
+        return mpi.world()
+    except ImportError as err:  # said once, by the first process; the others exit quietly
+        if mpi.launched_rank():
+            raise click.exceptions.Exit(1) from None
+        raise click.ClickException(str(err)) from None
+
+
+def one_line(err: BaseException) -> str:
+    """What `error:` says about `err` on an MPI rank."""
+    if isinstance(err, (TokenizerError, FileError, PipelineError, ModelError)):
+        return str(err)
+    if isinstance(err, click.ClickException):
+        return err.format_message()
+    if isinstance(err, KeyboardInterrupt):
+        return "interrupted"
+    return " ".join(f"{type(err).__name__}: {err}".split())
+
+
+def abort_on_error(comm):
+    """Under MPI, an error on any rank ends every rank (one line, then MPI_Abort); else nothing."""
+    return nullcontext() if comm is None else mpi.abort_on_error(comm, one_line)

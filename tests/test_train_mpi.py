@@ -1,0 +1,181 @@
+"""`mpirun -n N tk train-model` / `tk pipeline`: the files and losses of one process with N x workers shards.
+
+Every MPI run is a subprocess (`mpirun -n N python -m cli.main ...`), skipped when mpirun or
+mpi4py is missing (`pip install -e '.[mpi]'`). The one-process twins run the same way, so the
+comparison is between two command lines a user would type.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+SMALL = ["--d-model", "32", "--n-heads", "2", "--n-layers", "1", "--context-length", "16", "--batch-size", "6",
+         "--eval-interval", "10", "--eval-batches", "2", "--seed", "3"]
+SAME_FILES = ("model.safetensors", "train_state.safetensors", "tokens.npy")
+
+
+def _mpirun() -> str:
+    pytest.importorskip("mpi4py", reason="pip install -e '.[mpi]'")
+    exe = shutil.which("mpirun")
+    if exe is None:
+        pytest.skip("no mpirun on PATH (pip install -e '.[mpi]')")
+    return exe
+
+
+def _cmd(ranks: int, *args: str) -> list[str]:
+    tk = [sys.executable, "-m", "cli.main", *args]
+    return [_mpirun(), "-n", str(ranks), *tk] if ranks > 1 else tk
+
+
+def _tk(ranks: int, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
+    return subprocess.run(_cmd(ranks, *args), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    text = (REPO / "corpora" / "tiny_tales.txt").read_bytes()[:150_000]
+    path = tmp_path_factory.mktemp("corpus") / "tales.txt"
+    path.write_bytes(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer(corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tok") / "tok.safetensors"
+    proc = _tk(1, "bpe-train", str(corpus), "--vocab-size", "300", "-q", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def _steps(run: Path) -> list[tuple]:
+    """The log's per-step numbers, without the wall-clock times."""
+    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in records if r["type"] == "step"]
+
+
+def _assert_same_run(a: Path, b: Path) -> None:
+    for name in SAME_FILES:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    assert _steps(a) == _steps(b)
+
+
+@pytest.fixture(scope="module")
+def one_process_runs(corpus, tokenizer, tmp_path_factory) -> dict[int, Path]:
+    """Uninterrupted one-process runs of 40 steps with --workers 2 and 4."""
+    runs = {}
+    for workers in (2, 4):
+        run = tmp_path_factory.mktemp(f"one{workers}") / "run"
+        proc = _tk(1, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(run), "--steps", "40",
+                   "--workers", str(workers), "-q", *SMALL)
+        assert proc.returncode == 0, proc.stderr
+        runs[workers] = run
+    return runs
+
+
+@pytest.mark.parametrize("ranks, workers", [(2, 1), (2, 2)])
+def test_train_model_on_ranks_writes_the_one_process_files(corpus, tokenizer, one_process_runs, tmp_path, ranks, workers):
+    run = tmp_path / "run"
+    proc = _tk(ranks, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(run), "--steps", "40",
+               "--workers", str(workers), *SMALL)
+    assert proc.returncode == 0, proc.stderr
+    _assert_same_run(run, one_process_runs[ranks * workers])
+    assert proc.stdout.count("step 40/40") == 1  # rank 0 alone prints
+    assert f"mpi: {ranks} ranks x {workers} worker" in proc.stderr
+    sessions = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if '"session"' in line]
+    assert [(s["ranks"], s["workers"]) for s in sessions] == [(ranks, ranks * workers)]
+    assert sorted(p.name for p in run.iterdir()) == sorted(p.name for p in one_process_runs[2].iterdir())
+
+
+def _sigterm_midway(cmd: list[str], run: Path, after_step: int) -> subprocess.CompletedProcess:
+    """Start `cmd`, send SIGTERM once log.jsonl shows `after_step` (mpirun forwards it to every rank)."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    log = run / "log.jsonl"
+    while time.monotonic() < deadline and proc.poll() is None:
+        if log.exists() and f'"step": {after_step}, "type": "step"' in log.read_text():
+            proc.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.005)
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@pytest.mark.parametrize("first, then", [(2, 1), (1, 2)])
+def test_sigterm_saves_once_and_resume_crosses_between_mpi_and_one_process(corpus, tokenizer, one_process_runs, tmp_path,
+                                                                           first, then):
+    """Stopped on `first` ranks (--workers 2 in all), resumed on `then`: the uninterrupted run's files."""
+    run = tmp_path / "run"
+    long = ["--steps", "40", *SMALL]
+    workers = str(2 // first)
+    cmd = _cmd(first, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(run), "--workers", workers, *long)
+    stopped = _sigterm_midway(cmd, run, after_step=5)
+    assert stopped.returncode == 143, stopped.stderr
+    assert stopped.stderr.count("interrupted at step") == 1
+    sessions = (run / "log.jsonl").read_text().count('"interrupt"')
+    assert sessions == 1
+    resumed = _tk(then, "train-model", "--resume", str(run), "-q")
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.count("step 40/40") == 1
+    _assert_same_run(run, one_process_runs[2])
+
+
+def test_resume_on_a_rank_count_that_cannot_share_the_shards_is_one_line(corpus, tokenizer, tmp_path):
+    run = tmp_path / "run"
+    cmd = _cmd(1, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(run), "--workers", "2", "--steps", "40", *SMALL)
+    assert _sigterm_midway(cmd, run, after_step=3).returncode == 143
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    proc = _tk(3, "train-model", "--resume", str(run))
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "3 ranks cannot share evenly" in errors[0], proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+def test_a_killed_rank_ends_the_job_and_leaves_the_last_checkpoint(corpus, tokenizer, tmp_path):
+    """The launcher ends every rank when one dies: nothing waits forever, and the checkpoint stays whole."""
+    run = tmp_path / "run"
+    cmd = _cmd(2, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(run), "--workers", "1", "--steps", "2000", *SMALL)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (run / "train_state.safetensors").exists():
+        time.sleep(0.005)
+    found = subprocess.run(["pgrep", "-f", "--", f"cli.main train-model .* -o {run} "], capture_output=True, text=True)
+    ranks = [pid for pid in found.stdout.split() if int(pid) != proc.pid]  # not mpirun itself
+    assert len(ranks) == 2, ranks
+    os.kill(int(max(ranks, key=int)), signal.SIGKILL)
+    t0 = time.monotonic()
+    proc.communicate(timeout=30)
+    assert proc.returncode != 0 and time.monotonic() - t0 < 10
+    info = _tk(1, "info", str(run / "train_state.safetensors"))
+    assert info.returncode == 0 and re.search(r"training step: +[1-9]\d*0 of 2000", info.stdout), info.stdout + info.stderr
+
+
+def test_pipeline_on_ranks_is_the_one_process_pipeline(corpus, tmp_path):
+    flags = ["--vocab-size", "280", "--steps", "20", "-n", "8", *SMALL]
+    one, two = tmp_path / "one", tmp_path / "two"
+    a = _tk(1, "pipeline", str(corpus), "-o", str(one), "--workers", "2", *flags)
+    b = _tk(2, "pipeline", str(corpus), "-o", str(two), "--workers", "1", *flags)
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    for name in (*SAME_FILES, "tokenizer.safetensors"):
+        assert (one / name).read_bytes() == (two / name).read_bytes(), name
+
+    def sample(stdout: str) -> str:  # what the model says, without the timing line
+        return stdout[stdout.index("predict-next"):]
+
+    assert sample(a.stdout) == sample(b.stdout)
+    again = _tk(2, "pipeline", str(corpus), "-o", str(two), "--workers", "1", *flags)  # up to date: nothing to train
+    assert again.returncode == 0, again.stderr
+    assert "train: up to date" in again.stderr and sample(again.stdout) == sample(a.stdout)
