@@ -1,16 +1,18 @@
-"""Data parallelism on one machine: a GPT's batches split over worker processes, as DDP wraps a module.
+"""Data parallelism: a GPT's batches split over worker processes or MPI ranks, as DDP wraps a module.
 
-    model = DataParallel(GPT(config, seed=0), workers=2)
-    loss, grads = model.loss_and_grads(ids, targets)   # the GPT's own signature
+    model = DataParallel(GPT(config, seed=0), workers=2)          # one machine, forked workers
+    model = MPIDataParallel(GPT(config, seed=0), comm, workers=1)  # one rank of `mpirun -n N`
+    loss, grads = model.loss_and_grads(ids, targets)              # the GPT's own signature
 
-Each call splits the batch's rows into `workers` contiguous shards: this process computes the
-first, forked worker processes (transformer/workers.py) the others at the same time, each with
-single-threaded BLAS (`runtime.tuned`). A shard's loss and gradients come already scaled for the
-whole batch's mean (`GPT.shard_loss_and_grads`), so they are summed, in shard order: the same
-shard split gives the same bits wherever the shards run, here or in workers (one after the other
-where fork is unavailable).
+Each call splits the batch's rows into contiguous shards (`shard_rows`, the one split every
+executor uses). DataParallel computes the first shard in this process and the others in forked
+worker processes (transformer/workers.py) at the same time, each with single-threaded BLAS
+(`runtime.tuned`). A shard's loss and gradients come already scaled for the whole batch's mean
+(`GPT.shard_loss_and_grads`), so they are summed, in shard order: the same shard split gives
+the same bits wherever the shards run, here, in workers or on other ranks
+(`ordered_allreduce`).
 
-The wrapped model's parameters move into shared memory (`DataParallel.params` is the model's
+DataParallel moves the wrapped model's parameters into shared memory (`params` is the model's
 own dict, now of shared arrays), so an optimizer's in-place updates reach the workers: wrap the
 model before creating its optimizer. An entry replaced by another array is copied in before the
 next call.
@@ -173,11 +175,11 @@ class MPIDataParallel(_Wrapper):
     rank (computed by local worker processes, as DataParallel does).
 
     The batch is cut as `DataParallel(model, workers=size * workers)` cuts it, rank r taking
-    shards r*workers .. r*workers + workers - 1. Every shard's gradients reach every rank
-    (`Allgather` of one flat buffer per shard, never pickle) and are summed in shard order, so
-    loss and gradients are bit for bit those of `DataParallel(model, workers=size * workers)` in
-    one process (given the same BLAS build). Every rank ends a step with the same gradients, so
-    identical optimizers keep identical weights without a broadcast.
+    shards r*workers .. r*workers + workers - 1, and the shards' gradients are summed in shard
+    order by `ordered_allreduce` (an allreduce's traffic, a fixed order): loss and gradients are
+    bit for bit those of `DataParallel(model, workers=size * workers)` in one process (given the
+    same BLAS build). Every rank ends a step with the same gradients, so identical optimizers keep
+    identical weights without a broadcast. Arrays travel as raw buffers, never pickled.
 
     Each rank needs only its own rows of a batch (`local_rows`): pass just those with
     `batch_rows=` the whole batch's row count, and a rank reads only its own windows.
@@ -248,7 +250,7 @@ class MPIDataParallel(_Wrapper):
         ids, targets, batch_rows, batch_tokens, local, n = self._local_batch(ids, targets, batch_rows)
         names = list(self.params)
         sizes = [self.params[name].size for name in names]
-        flat = np.zeros((self.workers, sum(sizes)), dtype=self.params[names[0]].dtype)
+        flat = np.zeros((self.workers, sum(sizes)), dtype=self.params[names[0]].dtype)  # this rank's shards
         shares = np.zeros(self.workers, dtype=np.float64)
         if local:
             results = self._local.shard_results(LOSS_AND_GRADS, ids, targets, local, batch_rows, batch_tokens)
@@ -256,10 +258,7 @@ class MPIDataParallel(_Wrapper):
                 shares[k] = loss
                 np.concatenate([grads[name].reshape(-1) for name in names], out=flat[k])
         with tuned():
-            gathered = self._gather(flat)  # (shards, P)
-            total = gathered[0].copy()
-            for k in range(1, n):  # in shard order, as DataParallel sums
-                total += gathered[k]
+            total = ordered_allreduce(self.comm, flat, n)
         loss = float(sum(self._gather(shares)[:n].tolist()))
         offsets = np.cumsum([0, *sizes])
         return loss, {name: total[offsets[i] : offsets[i + 1]].reshape(self.params[name].shape) for i, name in enumerate(names)}
@@ -267,3 +266,32 @@ class MPIDataParallel(_Wrapper):
     def close(self) -> None:
         """Stop this rank's local workers."""
         self._local.close()
+
+
+def ordered_allreduce(comm, flat: np.ndarray, n: int) -> np.ndarray:
+    """(P,): the sum of the first `n` shards, in shard order, on every rank of `comm`, where
+    `flat` (W, P) holds this rank's W shards (rank r's are shards r*W .. r*W + W - 1).
+
+    An allreduce whose result does not depend on how many ranks there are: the vector is cut
+    into one segment per rank; `Alltoallv` brings every shard's piece of segment j to rank j,
+    which adds them in shard order (what one process does, element by element); `Allgatherv`
+    hands the sums to every rank. Each rank sends and receives about 2 (size - 1) / size of P
+    (W times that for the first half), as a ring allreduce does.
+    """
+    size, rank = comm.Get_size(), comm.Get_rank()
+    W, P = flat.shape
+    cuts = np.linspace(0, P, size + 1).round().astype(np.int64)
+    lengths = np.diff(cuts)
+    send = np.concatenate([flat[:, cuts[j] : cuts[j + 1]].reshape(-1) for j in range(size)])
+    send_counts = W * lengths
+    mine = int(lengths[rank])
+    received = np.empty((size * W, mine), dtype=flat.dtype)  # row = global shard index
+    recv_counts = np.full(size, W * mine, dtype=np.int64)
+    comm.Alltoallv([send, (send_counts, np.cumsum(send_counts) - send_counts)],
+                   [received, (recv_counts, np.arange(size, dtype=np.int64) * W * mine)])
+    segment = received[0].copy()
+    for k in range(1, n):  # in shard order, as DataParallel sums
+        segment += received[k]
+    total = np.empty(P, dtype=flat.dtype)
+    comm.Allgatherv(segment, [total, (lengths, cuts[:-1])])
+    return total
