@@ -7,7 +7,8 @@ tokenizer.json and tiktoken's rank files (an imported tokenizer gives its librar
 
 What it deliberately does not do: normalise text (no lowercasing, no Unicode normalisation, no
 byte fallback: the exact bytes go in and come back out), know anything about models, or touch
-files outside `bpe/io.py`.
+files outside `bpe/io.py` (tokenizer and ids files) and `bpe/corpus.py` (corpora: files,
+directories, pipes, compressed files, JSONL).
 
 >>> from bpe import Tokenizer
 >>> tok = Tokenizer.train([b"aaabdaaabac"], vocab_size=259, min_frequency=1, quiet=True)
@@ -17,7 +18,8 @@ files outside `bpe/io.py`.
 'aaabdaaabac'
 """
 
+from bpe.corpus import Corpus
 from bpe.errors import TokenizerError
 from bpe.tokenizer import Tokenizer
 
-__all__ = ["Tokenizer", "TokenizerError"]
+__all__ = ["Corpus", "Tokenizer", "TokenizerError"]

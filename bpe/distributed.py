@@ -2,18 +2,22 @@
 
 What it does:
 - `split_files`: cuts the corpus (files one after the other) into one contiguous stretch per rank,
-  of about equal bytes, at places where the split pattern always splits (`bpe.io.find_cut` for
-  GPT-2's and GPT-4's patterns; file boundaries only for custom patterns and "none"), so that
+  of about equal bytes, at places where the split pattern always splits (`bpe.corpus.find_file_cut`
+  for GPT-2's and GPT-4's patterns; file boundaries only for custom patterns and "none"), so that
   the chunks of the stretches are exactly the chunks of the whole corpus.
 - `train`: every rank counts its stretch (`count_chunks`, `workers` processes per rank, default
   1), the counts travel to rank 0 as arrays (chunk bytes as uint8, offsets and counts as int64,
   `common.mpi.reduce_to_root`), and rank 0 merges (`Tokenizer.train`) — the same counts as one
   process, so the same file, byte for byte.
-- `encode_file`: the file's ~1 MB ranges (`Tokenizer._file_ranges`) in contiguous blocks, one
-  block per rank. Every rank encodes its block into an unnamed temporary file (memory stays at a
+- `encode_file`: the files' ~1 MB tasks (`bpe.encode_corpus.file_tasks`) in contiguous blocks,
+  one block per rank. Every rank encodes its block into an unnamed temporary file (memory stays at a
   piece, and an aborted job leaves nothing behind) and tells rank 0 its count; only then does
   rank 0 open the .npy and stream into it its own ids, then each other rank's, received in rank
   order as raw uint16/uint32 buffers of a million ids. Same ids, same file.
+
+Only plain files (`bpe.corpus.Corpus.plain_files`: regular, uncompressed, not JSONL) are split
+over ranks; the CLI refuses the rest under MPI, since a stream or a compressed file can only be
+read from its start by one process.
 
 What it deliberately does not do: import mpi4py (it is handed a communicator, see
 `common.mpi.world`), print, or write anything on ranks other than 0 (apart from their temporary
@@ -31,7 +35,10 @@ import numpy as np
 from tqdm import tqdm
 
 from bpe import io
-from bpe.pretokenize import _BUILTIN, FileRange, _source_size, count_chunks, resolve_pattern
+from bpe.corpus import Corpus, FileRange, find_file_cut
+from bpe.errors import TokenizerError
+from bpe.encode_corpus import encoded_tasks, eot_id, file_tasks
+from bpe.pretokenize import _BUILTIN, count_chunks, resolve_pattern
 from bpe.tokenizer import Tokenizer
 from common.mpi import recv_arrays, reduce_to_root, send_arrays
 
@@ -58,7 +65,7 @@ def split_files(paths: list[str], sizes: list[int], n: int, cuttable: bool) -> l
     """The corpus (the files one after the other) in `n` contiguous stretches, one per rank.
 
     Stretch k starts at the first safe cut at or after k/n of the bytes (cuttable: a
-    `bpe.io.find_cut` cut, else the next file boundary), so stretches may be empty.
+    `bpe.corpus.find_file_cut` cut, else the next file boundary), so stretches may be empty.
     """
     starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).tolist()
     total = starts[-1]
@@ -68,7 +75,7 @@ def split_files(paths: list[str], sizes: list[int], n: int, cuttable: bool) -> l
         i = max(j for j in range(len(paths)) if starts[j] <= target) if target < total else len(paths) - 1
         offset = target - starts[i]
         if 0 < offset < sizes[i]:
-            found = io.find_cut(paths[i], offset, sizes[i], []) if cuttable else None
+            found = find_file_cut(paths[i], offset, sizes[i]) if cuttable else None
             offset = sizes[i] if found is None else found
         cuts.append(min(starts[i] + offset, total))
     cuts.append(total)
@@ -116,15 +123,17 @@ def _add_counts(mine: dict[bytes, int], theirs: dict[bytes, int]) -> dict[bytes,
 _COUNT_DTYPES = (np.uint8, np.int64, np.int64)
 
 
-def train(comm, paths: list[str], *, pattern: str = "gpt2", workers: int = 1, quiet: bool = False, **options) -> tuple[Tokenizer | None, Split]:
-    """`Tokenizer.train` on files, counted over the ranks of `comm`: the tokenizer on rank 0, None on the others.
+def train(comm, corpus: Corpus, *, pattern: str = "gpt2", workers: int = 1, quiet: bool = False, **options) -> tuple[Tokenizer | None, Split]:
+    """`Tokenizer.train` on a corpus of plain files, counted over the ranks of `comm`: the
+    tokenizer on rank 0, None on the others.
 
     options: the rest of `Tokenizer.train`'s (vocab_size, min_frequency, special_tokens, on_merge, ...).
     Progress bars, if any, are rank 0's (its own share).
     """
     rank, n = comm.Get_rank(), comm.Get_size()
-    paths = [str(p) for p in paths]
-    sizes = [_source_size(p) for p in paths]
+    files = _plain_files(corpus)
+    paths = [str(p) for p, _ in files]
+    sizes = [size for _, size in files]
     regex_ = resolve_pattern(pattern)
     shares = split_files(paths, sizes, n, cuttable=regex_ in _BUILTIN)
     split = Split([sum(r.end - r.start for r in share) for share in shares])
@@ -137,32 +146,44 @@ def train(comm, paths: list[str], *, pattern: str = "gpt2", workers: int = 1, qu
     if rank:
         count_share(paths, regex_, workers, True)
         return None, split
-    return Tokenizer.train(paths, pattern=pattern, workers=workers, quiet=quiet, count=count_share, **options), split
+    return Tokenizer.train(corpus, pattern=pattern, workers=workers, quiet=quiet, count=count_share, **options), split
 
 
 def encode_file(
     comm,
     tok: Tokenizer,
-    path,
+    corpus: Corpus,
     out_path=None,
     *,
     workers: int = 1,
     quiet: bool = False,
     allowed_special=(),
     disallowed_special="all",
+    eot: str | None = None,
 ) -> tuple[np.ndarray | None, Split]:
-    """`tok.encode_file` over the ranks of `comm`: the ids on rank 0 (memory-mapped when written
-    to `out_path`), None on the others."""
+    """`tok.encode_file` of a corpus of plain files over the ranks of `comm`: the ids on rank 0
+    (memory-mapped when written to `out_path`), None on the others."""
     rank, n = comm.Get_rank(), comm.Get_size()
-    size = io.file_size(path)
+    files = _plain_files(corpus)
     allowed, disallowed = tok._special_args(allowed_special, disallowed_special)
-    shares = _blocks(tok._file_ranges(path, size), n)
-    split = Split([sum(b - a for a, b in share) for share in shares])
+    sep = eot_id(tok, eot)
+    tasks = file_tasks(tok, files)
+    spans, done = [], 0
+    for task in tasks:  # each task as a stretch of the corpus, the files one after the other
+        nbytes = sum(p.end - p.start for p in task)
+        spans.append((done, done + nbytes))
+        done += nbytes
+    blocks = _blocks(spans, n)
+    first = sum(len(b) for b in blocks[:rank])
+    share = tasks[first : first + len(blocks[rank])]
+    split = Split([sum(b - a for a, b in block) for block in blocks])
     bar = tqdm(total=split.bytes_per_rank[rank], unit="B", unit_scale=True, desc="encoding",
                disable=quiet or rank > 0 or not sys.stderr.isatty())
     with bar:
-        pieces = tok._encoded_pieces(path, shares[rank], workers, allowed, disallowed, bar) if shares[rank] else iter(())
+        progress = lambda task: bar.update(sum(p.end - p.start for p in task))  # noqa: E731
+        pieces = encoded_tasks(tok, share, workers, allowed, disallowed, sep, progress)
         own, count = io.spill_ids(pieces, tok.ids_dtype)  # unnamed: nothing is left behind if the job is aborted
+    empty = np.zeros(0, dtype=tok.ids_dtype)
     with own:
         if rank:
             send_arrays(comm, 0, [np.array([count], dtype=np.int64)])
@@ -174,10 +195,20 @@ def encode_file(
             recv_arrays(comm, r, [np.int64])
         everything = chain(_blocks_of(own, tok.ids_dtype), *(_received(comm, r, tok.ids_dtype) for r in range(1, n)))
         if out_path is None:
-            return np.concatenate([tok._empty_ids(), *everything]), split
+            return np.concatenate([empty, *everything]), split
         if io.save_ids_stream(out_path, tok.ids_dtype, everything) == 0:
-            return tok._empty_ids(), split
+            return empty, split
     return np.load(out_path, mmap_mode="r", allow_pickle=False), split
+
+
+def _plain_files(corpus: Corpus) -> list[tuple[str, int]]:
+    files = corpus.plain_files()
+    if files is None:
+        raise TokenizerError(
+            "under MPI give plain text files or directories of them: stdin, pipes, compressed files and JSONL "
+            "are read from their start by one process (run tk without mpirun, or decompress and extract first)"
+        )
+    return files
 
 
 def _blocks(ranges: list[tuple[int, int]], n: int) -> list[list[tuple[int, int]]]:

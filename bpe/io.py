@@ -9,9 +9,9 @@ What it does:
 - Hugging Face's `tokenizer.json` (`read_hf`, `write_hf`, with tokenizer_config.json and
   special_tokens_map.json) and tiktoken's rank files (`read_tiktoken`, `write_tiktoken`, with a
   `NAME_tiktoken.json` of pat_str and special tokens); the conversions are `bpe.interop`'s.
-- Byte ranges of large text files for parallel encoding (`file_size`, `find_cut`, `read_range`),
-  the atomic `.npy` writer for token ids, and unnamed temporary files of ids (`spill_ids`,
-  `read_id_blocks`) where MPI ranks keep theirs until rank 0 takes them.
+- The atomic `.npy` writer for token ids, and unnamed temporary files of ids (`spill_ids`,
+  `read_id_blocks`) where MPI ranks keep theirs until rank 0 takes them. (Corpora are read by
+  `bpe.corpus`, not here.)
 
 What it deliberately does not do: any BPE. It hands plain values (merges, byte order, specials,
 pattern, settings) to `bpe.tokenizer`, which builds the `Tokenizer`.
@@ -375,53 +375,6 @@ def _npy_header_of(path: Path) -> tuple[np.dtype, tuple[int, ...], bool, int, in
 def print_line(line: str) -> None:
     """One line to stderr without breaking a running progress bar (train's verbose=True)."""
     tqdm.write(line, file=sys.stderr)
-
-
-def file_size(path: str | os.PathLike) -> int:
-    return _check_readable(Path(path)).stat().st_size
-
-
-def read_range(path: str | os.PathLike, start: int, end: int) -> str:
-    """Bytes [start, end) of a file as text (surrogateescape, so any bytes survive)."""
-    with open(path, "rb") as f:
-        f.seek(start)
-        return f.read(end - start).decode("utf-8", errors="surrogateescape")
-
-
-def find_cut(path: str | os.PathLike, offset: int, end: int, specials: list[bytes], window: int = 1 << 16) -> int | None:
-    """The first safe place to cut the file at or after `offset` (before `end`), or None.
-
-    Safe means: right before an ASCII space that follows a printable non-space ASCII byte
-    ("word| next"). GPT-2's and GPT-4's split patterns always end a chunk there (a letter, digit or
-    punctuation run stops at a space, and the piece before the cut does not end in whitespace, so
-    their `\\s+(?!\\S)` look-ahead sees the same thing), and an ASCII byte is never inside a
-    multi-byte UTF-8 character. A cut that would split a special token is skipped.
-    """
-    pad = max((len(s) for s in specials), default=1)  # context to see a special across the cut
-    with open(path, "rb") as f:
-        pos = max(offset, 1)
-        while pos < end:
-            base = max(pos - pad, 0)
-            f.seek(base)
-            want = pos - base + window + pad
-            buf = f.read(want)
-            at_eof = len(buf) < want
-            i = pos - base
-            # keep `pad` bytes of right context unless the file ends there anyway
-            stop = min(len(buf) if at_eof else len(buf) - pad, end - base)
-            while True:
-                i = buf.find(b" ", i, stop)
-                if i < 0:
-                    break
-                if 0x21 <= buf[i - 1] <= 0x7E and not any(
-                    s in buf[max(0, i - len(s) + 1) : i + len(s) - 1] for s in specials
-                ):
-                    return base + i
-                i += 1
-            if at_eof:
-                return None
-            pos = base + stop
-    return None
 
 
 # ---------------------------------------------------------------------------------------------

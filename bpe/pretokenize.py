@@ -5,17 +5,18 @@ boundary. Patterns, by name:
 
 - "gpt2": GPT-2's pattern (the default).
 - "gpt4": GPT-4's (tiktoken's cl100k_base) pattern; "cl100k" is an alias.
-- "none": no splitting. Each source (each file, each text) is one chunk, so merges may span
-  spaces and newlines — only the boundary between two sources is never crossed. Nothing repeats
+- "none": no splitting. Each document (each file, text or JSONL record) is one chunk, so merges
+  may span spaces and newlines — only the boundary between two documents is never crossed. Nothing repeats
   to be counted, so memory follows the corpus size; the trainer still only touches the merge
   sites of each merge, never the whole chunk.
 - anything else: a custom regex for the `regex` module. Text it does not match is kept as
   chunks of its own (the gaps between matches), so no byte is ever dropped.
 
-`count_chunks` streams each file in pieces of about a megabyte and counts them in worker
-processes. A piece ends only where the built-in patterns always end a chunk (see `_find_cut`),
-so the counts equal those of splitting the whole text at once (tested). Custom patterns and
-"none" cannot promise such places: there each source is counted in one piece.
+`count_chunks` reads the corpus through `bpe.corpus` in pieces of about a megabyte and counts
+them in worker processes. A piece ends only where the built-in patterns always end a chunk
+(`find_cut`: the one rule for where text may be cut, here and wherever a file is cut for
+parallel or MPI work), so the counts equal those of splitting each document at once (tested).
+Custom patterns and "none" cannot promise such places: there each document is one piece.
 
 Bytes, not text: input is decoded as UTF-8 with errors="surrogateescape" and every chunk is
 encoded back the same way, so invalid UTF-8 is split and counted as its exact bytes.
@@ -25,16 +26,13 @@ What this module deliberately does not do: learn merges (bpe/trainer.py) or enco
 
 from __future__ import annotations
 
-import io
 import os
 import queue
 import sys
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from multiprocessing import get_context
-from pathlib import Path
-from typing import BinaryIO, NamedTuple, Union
 
 import regex
 from tqdm import tqdm
@@ -42,7 +40,7 @@ from tqdm import tqdm
 from bpe.errors import TokenizerError
 from common.processes import die_with_parent
 
-__all__ = ["GPT2_PATTERN", "GPT4_PATTERN", "PATTERNS", "FileRange", "count_chunks", "resolve_pattern", "split_text"]
+__all__ = ["GPT2_PATTERN", "GPT4_PATTERN", "PATTERNS", "count_chunks", "find_cut", "resolve_pattern", "split_text"]
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 GPT4_PATTERN = (
@@ -52,18 +50,6 @@ GPT4_PATTERN = (
 PATTERNS: dict[str, str | None] = {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN, "cl100k": GPT4_PATTERN, "none": None}
 _BUILTIN = frozenset({GPT2_PATTERN, GPT4_PATTERN})
 
-
-class FileRange(NamedTuple):
-    """Bytes [start, end) of a file, counted as a source of its own. Both ends must be places
-    where the pattern always splits (file ends, or `bpe.io.find_cut`'s cuts), as
-    `bpe.distributed` makes them; then the ranges of a file count as the whole file does."""
-
-    path: str
-    start: int
-    end: int
-
-
-Source = Union[str, os.PathLike, bytes, bytearray, FileRange]
 
 _PIECE_BYTES = 1 << 20  # ~1 MiB per piece: enough to amortise a worker round trip, small enough to balance
 
@@ -152,7 +138,7 @@ def custom_pattern_timeout(n_chars: int) -> float:
 
 
 def count_chunks(
-    sources: Source | Iterable[Source],
+    sources,
     pattern: str | None,
     *,
     workers: int | None = None,
@@ -160,51 +146,71 @@ def count_chunks(
 ) -> dict[bytes, int]:
     """Count every distinct chunk of the corpus: {chunk bytes: occurrences}.
 
-    sources: file paths (str or os.PathLike) or in-memory texts (bytes); one source or a list.
-    Sources are split independently, as if each ended the text. `pattern` is a name or a regex
-    (see `resolve_pattern`). workers: processes that split and count (default: all cores;
-    1 counts in this process). A progress bar follows the bytes read.
+    sources: a `bpe.corpus.Corpus`, or what one is made of (file paths, directories, "-", texts
+    as bytes; one or a list). Each document (file, text, JSONL record) is split on its own, as
+    if it ended the text. `pattern` is a name or a regex (see `resolve_pattern`). workers:
+    processes that split and count (default: all cores; 1 counts in this process). A progress
+    bar follows the bytes read.
 
-    Raises TokenizerError for a missing file, a directory, or a corpus without a single byte.
+    Raises TokenizerError for a missing file, a device, or a corpus without a single byte.
 
     >>> count_chunks([b"to be or not to be"], "gpt2", workers=1)
     {b' be': 2, b' not': 1, b' or': 1, b' to': 1, b'to': 1}
     """
-    if isinstance(sources, (str, bytes, bytearray, os.PathLike, FileRange)):
-        sources = [sources]
-    sources = list(sources)
+    from bpe.corpus import as_corpus  # bpe.corpus reads with this module's cut rule
+
+    corpus = as_corpus(sources)
     pattern = resolve_pattern(pattern)
-    sizes = [_source_size(s) for s in sources]
-    if sum(sizes) == 0:
+    size = corpus.size  # None: not known before reading (streams, compressed files, JSONL)
+    if size == 0:
         raise TokenizerError("the corpus is empty; give at least one file or text with some content")
     workers = _default_workers() if workers is None else workers
     if workers < 1:
         raise TokenizerError(f"workers must be at least 1, got {workers}")
     piece_bytes = _PIECE_BYTES if pattern in _BUILTIN else None
-    if pattern is None:  # nothing to split: a worker would only copy each source twice
+    if pattern is None:  # nothing to split: a worker would only copy each document twice
         workers = 1
-    # More workers than pieces would only idle (and --workers 1000000 must not fork a million):
-    # a source of s bytes yields at most ceil(s / piece_bytes) + 1 pieces.
-    workers = min(workers, sum(1 if piece_bytes is None else -(-s // piece_bytes) + 1 for s in sizes))
+    if size is not None:
+        # More workers than pieces would only idle (and --workers 1000000 must not fork a million).
+        workers = min(workers, 1 + size // (piece_bytes or max(size, 1)))
 
-    pieces = (p for s in sources for p in _source_pieces(s, piece_bytes))
-    first = next(pieces, None)
-    second = next(pieces, None)
-    pieces = _chain(first, second, pieces)
-    if workers == 1 or second is None:  # one piece: a worker would only add start-up time
+    pieces = (p.data for p in corpus.pieces(piece_bytes))
+    batches = _batches(pieces, piece_bytes or _PIECE_BYTES)
+    first = next(batches, None)
+    second = next(batches, None)
+    batches = _chain(first, second, batches)
+    if workers == 1 or second is None:  # one batch: a worker would only add start-up time
         totals: Counter[str] = Counter()
-        with _bar(sum(sizes), quiet) as bar:
-            for piece in pieces:
-                _count_into(totals, piece, pattern)
-                bar.update(len(piece))
+        with _bar(size, quiet) as bar:
+            for batch in batches:
+                for piece in batch:
+                    _count_into(totals, piece, pattern)
+                    bar.update(len(piece))
     else:
-        totals = _count_in_workers(pieces, pattern, workers, sum(sizes), quiet)
+        totals = _count_in_workers(batches, pattern, workers, size, quiet)
+    if not totals:
+        raise TokenizerError("the corpus is empty; give at least one file or text with some content")
     # Sorted, so that the result does not depend on which worker finished first.
     return {chunk.encode("utf-8", "surrogateescape"): totals[chunk] for chunk in sorted(totals)}
 
 
-def _count_in_workers(pieces: Iterator[bytes], pattern: str | None, workers: int, total: int, quiet: bool) -> Counter:
-    """Hand pieces to `workers` processes; each counts all its pieces into one Counter.
+def _batches(pieces: Iterator[bytes], batch_bytes: int) -> Iterator[list[bytes]]:
+    """Pieces gathered into lists of about `batch_bytes`: many small documents (JSONL records)
+    travel to a worker together."""
+    batch: list[bytes] = []
+    n = 0
+    for piece in pieces:
+        batch.append(piece)
+        n += len(piece)
+        if n >= batch_bytes:
+            yield batch
+            batch, n = [], 0
+    if batch:
+        yield batch
+
+
+def _count_in_workers(batches: Iterator[list[bytes]], pattern: str | None, workers: int, total: int | None, quiet: bool) -> Counter:
+    """Hand batches of pieces to `workers` processes; each counts all its pieces into one Counter.
 
     One Counter per worker, sent back once at the end, instead of one per piece: merging
     Counters is a Python loop over their keys, and it would run in this (serial) process.
@@ -220,9 +226,9 @@ def _count_in_workers(pieces: Iterator[bytes], pattern: str | None, workers: int
         p.start()
     try:
         with _bar(total, quiet) as bar:
-            for piece in pieces:
-                _put(tasks, piece, procs)
-                bar.update(len(piece))
+            for batch in batches:
+                _put(tasks, batch, procs)
+                bar.update(sum(map(len, batch)))
             for _ in procs:
                 _put(tasks, None, procs)
             totals: Counter[str] = Counter()
@@ -247,8 +253,9 @@ def _count_worker(tasks, results, pattern: str | None, parent: int) -> None:
     die_with_parent(parent)  # daemon=True only covers a parent that exits normally
     totals: Counter[str] = Counter()
     try:
-        while (piece := tasks.get()) is not None:
-            _count_into(totals, piece, pattern)
+        while (batch := tasks.get()) is not None:
+            for piece in batch:
+                _count_into(totals, piece, pattern)
     except Exception as err:  # reported to the parent, which turns it into one line
         results.put(err if isinstance(err, TokenizerError) else " ".join(f"{type(err).__name__}: {err}".split()))
         while tasks.get() is not None:  # keep draining, so that the parent never waits on a full queue
@@ -262,7 +269,7 @@ def _dead(procs) -> str | None:
     return f"exit code {codes[0]} (out of memory?)" if codes else None
 
 
-def _put(tasks, item: bytes | None, procs) -> None:
+def _put(tasks, item: list[bytes] | None, procs) -> None:
     """Queue `item` for the workers; a worker that died (killed, out of memory) is an error."""
     while True:
         try:
@@ -282,11 +289,11 @@ def _next_result(results, procs) -> Counter | str:
                 return why
 
 
-def _bar(total: int, quiet: bool) -> tqdm:
+def _bar(total: int | None, quiet: bool) -> tqdm:
     return tqdm(total=total, desc="counting", unit="B", unit_scale=True, disable=quiet or not sys.stderr.isatty())
 
 
-def _chain(first: bytes | None, second: bytes | None, rest: Iterator[bytes]) -> Iterator[bytes]:
+def _chain(first, second, rest: Iterator) -> Iterator:
     for piece in (first, second):
         if piece is not None:
             yield piece
@@ -311,117 +318,63 @@ def _count_into(totals: Counter, piece: bytes, pattern: str | None) -> None:
         totals.update(split_text(text, pattern))
 
 
-def _source_size(source: Source) -> int:
-    if isinstance(source, (bytes, bytearray)):
-        return len(source)
-    if isinstance(source, FileRange):
-        return source.end - source.start
-    if not isinstance(source, (str, os.PathLike)):
-        raise TokenizerError(f"a corpus source must be a file path or bytes, got {type(source).__name__}")
-    name = _shown(source)
-    try:
-        path = Path(source)
-        if path.is_dir():
-            raise TokenizerError(f"{name} is a directory; give the text files inside it")
-        return path.stat().st_size
-    except (FileNotFoundError, ValueError):  # ValueError: a NUL byte, so certainly not a file
-        hint = "; to train on a text itself, pass it as bytes" if isinstance(source, str) else ""
-        raise TokenizerError(f"corpus file not found: {name}{hint}") from None
-    except OSError as err:
-        raise TokenizerError(f"cannot read corpus file {name}: {err.strerror}") from None
-
-
-def _shown(source: str | os.PathLike) -> str:
-    """A path for a one-line message: quoted and escaped, and cut short if it is long."""
-    text = repr(os.fspath(source))
-    return text if len(text) <= 120 else text[:100] + "...'"
-
-
-def _source_pieces(source: Source, piece_bytes: int | None) -> Iterator[bytes]:
-    if isinstance(source, (bytes, bytearray)):
-        yield from _pieces(io.BytesIO(source), piece_bytes)
-        return
-    if isinstance(source, FileRange):
-        try:
-            with open(source.path, "rb") as f:
-                f.seek(source.start)
-                yield from _pieces(_Stretch(f, source.end - source.start), piece_bytes)
-        except OSError as err:
-            raise TokenizerError(f"cannot read corpus file {_shown(source.path)}: {err.strerror}") from None
-        return
-    try:
-        with open(source, "rb") as f:  # binary on purpose: the exact bytes are decoded per piece
-            yield from _pieces(f, piece_bytes)
-    except OSError as err:
-        raise TokenizerError(f"cannot read corpus file {_shown(source)}: {err.strerror}") from None
-
-
-def _pieces(stream: BinaryIO, piece_bytes: int | None) -> Iterator[bytes]:
-    """Read `stream` in pieces of about `piece_bytes`, each ending at a safe cut (or all of it if None).
-
-    A stretch without any safe cut stays in one piece, however long.
-    """
-    if piece_bytes is None:
-        data = stream.read()
-        if data:
-            yield data
-        return
-    buf = bytearray()  # grows in place: a long stretch without a cut must not be copied per block
-    while True:
-        block = stream.read(piece_bytes)
-        if not block:
-            break
-        searched = max(len(buf) - 8, 1)  # what was already searched need not be searched again
-        buf += block
-        cut = _find_cut(buf, searched)
-        if cut > 0:
-            yield bytes(buf[:cut])
-            del buf[:cut]
-    if buf:
-        yield bytes(buf)
-
-
-class _Stretch:
-    """The next `n` bytes of an open file, as a stream that ends there."""
-
-    def __init__(self, f: BinaryIO, n: int):
-        self._f, self._left = f, n
-
-    def read(self, n: int | None = -1) -> bytes:
-        n = self._left if n is None or n < 0 else min(n, self._left)
-        data = self._f.read(n)
-        self._left -= len(data)
-        return data
-
-
 _ASCII_WS = frozenset(b" \t\n\r\x0b\x0c")
 _SPACE = regex.compile(r"\s")
+CUT_CONTEXT = 4  # bytes a cut needs on its right in the buffer (a newline's next character)
 
 
-def _find_cut(buf: bytes, lo: int) -> int:
-    """The last safe place to cut `buf` at or after `lo`, or -1 when there is none.
+def find_cut(buf: bytes, lo: int, hi: int | None = None, *, last: bool = True, specials: Sequence[bytes] = ()) -> int:
+    """A safe place to cut `buf` in [lo, hi): the last one (or the first, last=False), or -1.
 
-    Safe means a boundary that both built-in patterns always have, and where the text before it
-    splits the same whether or not the rest follows:
+    The one rule for where text may be cut (streamed counting, parallel and MPI encoding all use
+    it). Safe means a boundary that both built-in patterns always have, and where the text before
+    it splits the same whether or not the rest follows:
     1. right before an ASCII space that follows a printable non-space ASCII byte ("word| next");
-    2. failing that, right after a newline that sits between two non-whitespace characters
-       ("end.\\n|Next"), for text with few ASCII spaces (CJK, code, data).
+    2. where the stretch searched has none, right after a newline that sits between two
+       non-whitespace characters ("end.\\n|Next"), for text with few ASCII spaces (CJK, code, data).
     No match of either pattern contains a non-space character followed by whitespace, except
     GPT-4's punctuation run that swallows the newlines after it ("end.\\n"), which still ends
     right after the newline. An ASCII byte is never part of a multi-byte UTF-8 character, so
-    each piece decodes exactly as its stretch of the whole file does.
+    each piece decodes exactly as its stretch of the whole text does. A cut inside an occurrence
+    of one of `specials` is not safe (encoding reads special tokens before splitting).
+
+    The caller gives the context: `buf` holds the byte before `lo` (unless the text starts
+    there) and at least CUT_CONTEXT (and each special's length) bytes after a cut, so cuts
+    closer than that to the end of `buf` are never returned.
+
+    >>> find_cut(b"one two three four", 0), find_cut(b"one two three four", 0, last=False)
+    (13, 3)
+    >>> find_cut(b"line\\nnext\\nmore", 0), find_cut(b"  \\t\\n\\t  x", 0)
+    (10, -1)
     """
-    i = buf.rfind(b" ", lo)
-    while i >= lo:
-        if 0x21 <= buf[i - 1] <= 0x7E:
+    pad = max([CUT_CONTEXT] + [len(s) - 1 for s in specials])
+    hi = min(len(buf) if hi is None else hi, len(buf) - pad + 1)
+    lo = max(lo, 1)
+
+    def clear(i: int) -> bool:  # no special token spans the cut
+        return not any(s in buf[max(0, i - len(s) + 1) : i + len(s) - 1] for s in specials)
+
+    for i in _candidates(buf, b" ", lo, hi, last):
+        if 0x21 <= buf[i - 1] <= 0x7E and clear(i):
             return i
-        i = buf.rfind(b" ", lo, i)
-    i = buf.rfind(b"\n", lo, len(buf) - 4)  # the next character must be complete in buf
-    while i >= lo:
-        if buf[i - 1] not in _ASCII_WS and buf[i + 1] not in _ASCII_WS:
+    for i in _candidates(buf, b"\n", lo - 1, hi - 1, last):
+        if i >= 1 and buf[i - 1] not in _ASCII_WS and buf[i + 1] not in _ASCII_WS and clear(i + 1):
             before = buf[max(i - 4, 0) : i].decode("utf-8", "surrogateescape")[-1]
             after = buf[i + 1 : i + 5].decode("utf-8", "surrogateescape")[0]
             if not _SPACE.match(before) and not _SPACE.match(after):
                 return i + 1
-        i = buf.rfind(b"\n", lo, i)
     return -1
+
+
+def _candidates(buf: bytes, byte: bytes, lo: int, hi: int, last: bool) -> Iterator[int]:
+    """Positions of `byte` in buf[lo:hi], from the right (last) or from the left."""
+    if last:
+        i = buf.rfind(byte, lo, hi)
+        while i >= 0:
+            yield i
+            i = buf.rfind(byte, lo, i)
+    else:
+        i = buf.find(byte, lo, hi)
+        while i >= 0:
+            yield i
+            i = buf.find(byte, i + 1, hi)

@@ -1,12 +1,14 @@
 """`Tokenizer`: byte-level BPE encode/decode, special tokens, training entry point.
 
 What it does: turns text into token ids and back with a list of merges (merge r makes id 256 + r);
-recognises special tokens only where the caller allows them (tiktoken's policy); trains a new
-tokenizer by calling `bpe.pretokenize.count_chunks` and `bpe.trainer.train_merges`; encodes whole
-files in worker processes.
+recognises special tokens only where the caller allows them (tiktoken's policy): the codec and
+its policy, as tiktoken's `Encoding`. `train` and `encode_file` are thin entry points: a corpus is
+read by bpe/corpus.py, counted by `bpe.pretokenize.count_chunks`, learnt by
+`bpe.trainer.train_merges`, and encoded in worker processes by bpe/encode_corpus.py.
 
 What it deliberately does not do: learn merges (bpe/trainer.py), split text into chunks
-(bpe/pretokenize.py), or touch files (bpe/io.py does, for it).
+(bpe/pretokenize.py), read corpora or run processes (bpe/corpus.py, bpe/encode_corpus.py), or
+touch files (bpe/io.py does, for it).
 
 Encoding, in short: split the text at allowed special tokens, split each stretch with the pattern
 into chunks, and turn each chunk into ids by repeatedly merging the adjacent pair with the lowest
@@ -23,33 +25,29 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import multiprocessing
 import os
-import sys
 import time
-from collections import deque
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import chain, islice, repeat
+from itertools import chain, repeat
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import regex
-from tqdm import tqdm
 
-from bpe import interop, io
+from bpe import encode_corpus, interop, io
+from bpe.corpus import Corpus, as_corpus
+from bpe.encoder import ChunkCache, PairTable, WordCache, split_words
 from bpe.errors import TokenizerError
-from bpe.pretokenize import PATTERNS, count_chunks, resolve_pattern, split_text
+from bpe.pretokenize import GPT2_PATTERN, PATTERNS, count_chunks, resolve_pattern, split_text
 from bpe.trainer import train_merges
-from common.processes import die_with_parent
 
 _NO_MERGE = 1 << 62  # "rank" of a pair that has no merge; larger than any id
 _LONG_CHUNK = 64  # from this many bytes on, merge with a heap instead of rescanning the chunk
 _CACHE_LIMIT = 1 << 20  # distinct chunks kept in the cache before it is emptied and refilled
 _CACHE_MAX_CHUNK = 256  # longer chunks are rare; caching them would only cost memory
-_PIECE_BYTES = 1 << 20  # encode_file: bytes per task handed to a worker process
+_WORD_CACHE_LIMIT = 1 << 18  # distinct words kept (GPT-2's pattern), like _CACHE_LIMIT
 
 
 @dataclass
@@ -147,7 +145,8 @@ class Tokenizer:
         self._pattern_name = pattern
         self._pattern = resolve_pattern(pattern) if _pattern_regex is False else _pattern_regex
         self._training = dict(training or {})
-        self._cache: dict[str, tuple[int, ...]] = {}  # chunk -> ids
+        self._cache: ChunkCache | None = None  # chunk -> ids, built on first use (`_chunk_cache`)
+        self._word_cache: WordCache | None = None  # word -> ids, for GPT-2's pattern (`_encode_ordinary`)
         self._special_res: dict[frozenset, regex.Pattern] = {}
         self.train_report: TrainReport | None = None
         self._fingerprint: str | None = None
@@ -186,7 +185,7 @@ class Tokenizer:
     @classmethod
     def train(
         cls,
-        sources: str | os.PathLike | bytes | Iterable[str | os.PathLike | bytes],
+        sources: Corpus | str | os.PathLike | bytes | Iterable[str | os.PathLike | bytes],
         *,
         vocab_size: int | None = None,
         min_frequency: int | None = 2,
@@ -200,11 +199,13 @@ class Tokenizer:
     ) -> "Tokenizer":
         """Learn merges from a corpus; the result carries `train_report`.
 
-        sources: file paths (str or Path) or texts (bytes), or one of them alone. vocab_size counts everything:
+        sources: a `bpe.corpus.Corpus` (compressed files, JSONL, stdin, ...), or file paths,
+        directories and texts (bytes), or one of them alone; merges never cross two documents
+        (files, texts, JSONL records). vocab_size counts everything:
         256 bytes + merges + special tokens. Training stops at vocab_size or when the best pair
         occurs fewer than min_frequency times, whichever comes first. on_merge(rank, pair, count)
         is called after each merge; verbose=True prints each merge to stderr instead.
-        count(sources, regex, workers=, quiet=) counts the chunks; `bpe.distributed` passes one
+        count(corpus, regex, workers=, quiet=) counts the chunks; `bpe.distributed` passes one
         that counts over MPI ranks.
         """
 
@@ -214,12 +215,10 @@ class Tokenizer:
             raise TokenizerError(f"vocab size {vocab_size} is too small: the {need} need at least {256 + len(specials)}")
         if min_frequency is not None and min_frequency < 1:
             raise TokenizerError(f"--min-frequency must be at least 1, got {min_frequency}")
-        sources = [sources] if isinstance(sources, (str, bytes, os.PathLike)) else list(sources)
-        if not sources:
-            raise TokenizerError("no corpus given; pass at least one file")
+        corpus = as_corpus(sources)
         regex_ = resolve_pattern(pattern)
         start = time.perf_counter()
-        counts = count(sources, regex_, workers=workers, quiet=quiet)
+        counts = count(corpus, regex_, workers=workers, quiet=quiet)
         if not counts:
             raise TokenizerError("the corpus is empty; give a file with some text")
         if verbose and on_merge is None:
@@ -343,28 +342,39 @@ class Tokenizer:
             return tuple(ids)
         return tuple(self._merge_long(ids) if len(ids) >= _LONG_CHUNK else self._merge_short(ids))
 
-    def _encode_ordinary(self, text: str) -> list[int]:
-        """Ids of text that holds no special tokens (anything special-looking is plain text).
+    @property
+    def _chunk_cache(self) -> ChunkCache:
+        """The chunk cache, built on first use (its pair table takes a moment for a big vocabulary)."""
+        if self._cache is None:
+            byte_ids = None if self._identity else bytes(self._byte_ids)
+            self._cache = ChunkCache(PairTable(self._merges), byte_ids, self.ids_dtype, _CACHE_MAX_CHUNK)
+            if self._pattern == GPT2_PATTERN:
+                split = lambda text: split_text(text, GPT2_PATTERN)  # noqa: E731
+                self._word_cache = WordCache(self._cache, split, _CACHE_MAX_CHUNK)
+        return self._cache
+
+    def _encode_ordinary(self, text: str) -> bytes:
+        """Ids of text that holds no special tokens (anything special-looking is plain text), as
+        raw bytes of `ids_dtype`.
 
         Split with the pattern, then look every chunk up in the cache, merging only the chunks
         not seen before (chunks, not whole words: new text brings few new chunks; BENCHMARKS.md).
+        With GPT-2's pattern, whole words are looked up first, and only new words are split into
+        chunks: a cheaper split and fewer lookups (see `bpe.encoder.WordCache`).
         """
+        cache = self._chunk_cache
+        if len(cache) > _CACHE_LIMIT:
+            cache.clear()
+        words = self._word_cache
+        if words is None:
+            return cache.ids_bytes(split_text(text, self._pattern))
+        if len(words) > _WORD_CACHE_LIMIT:
+            words.clear()
+        return words.ids_bytes(split_words(text))
 
-        if len(self._cache) > _CACHE_LIMIT:
-            self._cache.clear()
-        return list(chain.from_iterable(self._chunk_values(split_text(text, self._pattern))))
-
-    def _chunk_values(self, chunks: list[str]) -> list[tuple[int, ...]]:
+    def _chunk_values(self, chunks: list[str]) -> list[np.ndarray]:
         """The ids of each chunk, through the chunk cache (merging the chunks not seen yet)."""
-        cache = self._cache
-        missing = set(chunks).difference(cache)
-        for chunk in missing:
-            cache[chunk] = self._chunk_ids(chunk)
-        vals = list(map(cache.__getitem__, chunks))
-        for chunk in missing:
-            if len(chunk) > _CACHE_MAX_CHUNK:  # rare and long: not worth the memory
-                del cache[chunk]
-        return vals
+        return [np.frombuffer(bytes(ids), dtype=self.ids_dtype) for ids in self._chunk_cache.values_of(chunks)]
 
     def _special_re(self, names: frozenset) -> regex.Pattern:
         found = self._special_res.get(names)
@@ -412,6 +422,10 @@ class Tokenizer:
             text = bytes(text).decode("utf-8", errors="surrogateescape")
         elif not isinstance(text, str):
             raise TokenizerError(f"encode takes str or bytes, got {type(text).__name__}")
+        return np.frombuffer(self._encode_bytes(text, allowed_special, disallowed_special), dtype=self.ids_dtype).tolist()
+
+    def _encode_bytes(self, text: str, allowed_special, disallowed_special) -> bytes:
+        """`encode` of a str, as raw bytes of `ids_dtype` (what file encoding writes and sends)."""
         if not self._specials:
             return self._encode_ordinary(text)
         allowed = self._special_set(allowed_special, "allowed_special")
@@ -428,14 +442,14 @@ class Tokenizer:
                 )
         if not allowed:
             return self._encode_ordinary(text)
-        ids: list[int] = []
+        parts: list[bytes] = []
         start = 0
         for hit in self._special_re(frozenset(allowed)).finditer(text):
-            ids.extend(self._encode_ordinary(text[start : hit.start()]))
-            ids.append(self._specials[hit.group()])
+            parts.append(self._encode_ordinary(text[start : hit.start()]))
+            parts.append(np.array(self._specials[hit.group()], dtype=self.ids_dtype).tobytes())
             start = hit.end()
-        ids.extend(self._encode_ordinary(text[start:]))
-        return ids
+        parts.append(self._encode_ordinary(text[start:]))
+        return b"".join(parts)
 
     def _ids_list(self, ids) -> list[int]:
         if isinstance(ids, np.ndarray):
@@ -470,105 +484,37 @@ class Tokenizer:
 
     def encode_file(
         self,
-        path: str | os.PathLike,
+        path: Corpus | str | os.PathLike,
         out_path: str | os.PathLike | None = None,
         workers: int | None = None,
         quiet: bool = False,
         *,
         allowed_special: Iterable[str] | str = (),
         disallowed_special: Iterable[str] | str = "all",
+        eot: str | None = None,
     ) -> np.ndarray:
-        """Ids of a whole file (its exact bytes), equal to `encode` of its text, as a 1-D array.
+        """Ids of a whole corpus as a 1-D array: each document encoded as `encode` encodes its
+        text (its exact bytes), one after the other, the id of the special token `eot` between
+        documents when given.
 
-        uint16 when the vocabulary fits, else uint32. With `out_path` (.npy) the ids are
-        streamed there piece by piece, atomically, and the result is that file memory-mapped
-        read-only: memory stays at a few pieces however large the corpus.
-        Large files are cut into ~1 MB pieces at places where the split pattern always splits
-        (see `bpe.io.find_cut`) and encoded in `workers` processes (default: all cores; with 1,
-        here, one piece at a time). With a custom pattern or 'none' no such place is known, so
-        the file is encoded in one piece.
+        path: a file, a directory, "-" (stdin), or a `bpe.corpus.Corpus` (compressed files,
+        JSONL, ...). uint16 when the vocabulary fits, else uint32. With `out_path` (.npy) the
+        ids are streamed there, atomically, and the result is that file memory-mapped read-only:
+        memory stays at a few pieces however large the corpus. The work runs in `workers`
+        processes (default: all cores; 1: here), in pieces of about a megabyte cut where the
+        split pattern always splits; with a custom pattern or 'none' no such place is known,
+        so each document is one piece. See `bpe.encode_corpus`.
         """
-        size = io.file_size(path)
-        allowed, disallowed = self._special_args(allowed_special, disallowed_special)
-        workers = max(1, workers or os.cpu_count() or 1)
-        ranges = self._file_ranges(path, size)
-        with tqdm(total=size, unit="B", unit_scale=True, desc="encoding", disable=quiet or not sys.stderr.isatty()) as bar:
-            pieces = self._encoded_pieces(path, ranges, workers, allowed, disallowed, bar)
-            if out_path is None:
-                return np.concatenate([self._empty_ids(), *pieces])
-            if io.save_ids_stream(out_path, self.ids_dtype, pieces) == 0:
-                return self._empty_ids()
-        return np.load(out_path, mmap_mode="r", allow_pickle=False)
+        return encode_corpus.encode_corpus(
+            self, as_corpus(path), out_path, workers=workers, quiet=quiet,
+            allowed_special=allowed_special, disallowed_special=disallowed_special, eot=eot,
+        ).ids
 
     def _special_args(self, allowed_special, disallowed_special) -> tuple[list[str], list[str] | str]:
         """The special-token policy of encode_file, checked once and made plain for worker processes."""
         allowed = sorted(self._special_set(allowed_special, "allowed_special"))
         disallowed = disallowed_special if disallowed_special == "all" else sorted(self._special_set(disallowed_special, "disallowed_special"))
         return allowed, disallowed
-
-    def _empty_ids(self) -> np.ndarray:
-        return np.zeros(0, dtype=self.ids_dtype)
-
-    def _encoded_pieces(self, path, ranges, workers: int, allowed, disallowed, bar) -> Iterator[np.ndarray]:
-        """The ids of each byte range of the file, in order. In worker processes, at most two
-        pieces per worker are in flight, so that finished pieces do not pile up in memory."""
-        if workers == 1 or len(ranges) == 1:  # here, piece by piece: memory stays at one piece of text
-            for a, b in ranges:
-                ids = self.encode(io.read_range(path, a, b), allowed_special=allowed, disallowed_special=disallowed)
-                bar.update(b - a)
-                yield np.asarray(ids, dtype=self.ids_dtype)
-            return
-        global _worker_tok
-        ctx = multiprocessing.get_context()
-        if ctx.get_start_method() == "fork":  # workers inherit this tokenizer (and its warm cache)
-            _worker_tok, packed = self, None
-        else:  # spawn/forkserver: each worker rebuilds it from the tensors
-            packed = self.to_tensors()
-        n = min(workers, len(ranges))
-        todo = iter(ranges)
-        pending: deque = deque()  # (bytes, future) of the pieces in flight, in file order
-        # The pool starts its workers from the thread that submits (this one; its manager thread
-        # only replaces workers under max_tasks_per_child, unused here): the thread whose exit
-        # fires the workers' death signal (see die_with_parent).
-        with ProcessPoolExecutor(n, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(), packed)) as pool:
-
-            def submit(count: int) -> None:
-                for a, b in islice(todo, count):
-                    pending.append((b - a, pool.submit(_worker_encode, str(path), a, b, allowed, disallowed)))
-
-            try:
-                submit(2 * n)
-                while pending:
-                    nbytes, fut = pending.popleft()
-                    ids = fut.result()
-                    submit(1)
-                    bar.update(nbytes)
-                    yield ids
-            except BaseException as exc:  # e.g. a disallowed special in one piece: stop the others now
-                if not isinstance(exc, Exception):
-                    # Interrupted (Ctrl-C, SIGTERM) or closed early: the pieces in flight are not worth
-                    # waiting for. Terminate first, then shut down, which waits for the manager thread to
-                    # reap them (the other order races this process's exit on Python 3.11).
-                    for proc in list((pool._processes or {}).values()):  # Python >= 3.14: terminate_workers()
-                        proc.terminate()
-                pool.shutdown(cancel_futures=True)
-                raise
-            finally:
-                _worker_tok = None
-
-    def _file_ranges(self, path, size: int) -> list[tuple[int, int]]:
-        known = {resolve_pattern("gpt2"), resolve_pattern("gpt4")}
-        if self._pattern not in known or size < 2 * _PIECE_BYTES:
-            return [(0, size)]
-        specials = [s.encode("utf-8") for s in self._specials]
-        cuts = [0]
-        while True:
-            cut = io.find_cut(path, cuts[-1] + _PIECE_BYTES, size, specials)
-            if cut is None:
-                break
-            cuts.append(cut)
-        cuts.append(size)
-        return list(zip(cuts, cuts[1:]))
 
     # ----------------------------------------------------------------------------- files
 
@@ -725,26 +671,6 @@ class Tokenizer:
         )
         tok._check_whole_tokens("tiktoken looks whole chunks up before merging and", "imported")
         return tok
-
-
-# Worker processes of encode_file hold the tokenizer here: forked ones inherit it from the
-# parent, others build it once from the tensors; its chunk cache stays warm across pieces.
-_worker_tok: Tokenizer | None = None
-
-
-def _worker_init(parent: int, packed: tuple[dict[str, np.ndarray], dict[str, str]] | None) -> None:
-    """First thing in an encoding worker: die with `parent`; rebuild the tokenizer from its
-    tensors unless it was inherited through fork (`packed` None)."""
-    global _worker_tok
-    die_with_parent(parent)
-    if packed is not None:
-        _worker_tok = Tokenizer.from_tensors(*packed)
-
-
-def _worker_encode(path: str, start: int, end: int, allowed, disallowed) -> np.ndarray:
-    tok = _worker_tok
-    ids = tok.encode(io.read_range(path, start, end), allowed_special=allowed, disallowed_special=disallowed)
-    return np.asarray(ids, dtype=tok.ids_dtype)
 
 
 __all__ = ["Tokenizer", "TrainReport", "describe_merge"]

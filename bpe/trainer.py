@@ -13,16 +13,19 @@ textbook loop does — but without ever rescanning the corpus:
 - a heap of encoded (-count, pair) picks the next merge; entries go stale when counts drop and
   are re-pushed with the current count when they reach the top (lazy invalidation).
 
+The plain version is `train_merges_naive` below (minbpe's loop: recount every pair of every
+chunk before each merge); the tests hold this one to it, merge for merge, on many random corpora.
+
 A merge touches only the positions of the merged pair: it fixes the counts of the pairs on
 either side and links out the right token. The work of a whole training run is proportional
 to the number of merge sites, never merges x corpus size. A chunk may be as long as a whole
 file (pattern "none"): a merge still touches only its own occurrences.
 
-Constant factors, since this loop is the hot one: pairs are single int keys (no tuples), the
+Constant factors, since this loop is the hot one: pairs are single int keys (`pack_pair`), the
 position arrays are array.array (fast to index from Python) and numpy views of the same memory,
 and the few early merges with hundreds of thousands of sites (" t", "he", ...) run as whole-array
-numpy operations, while the long tail of small merges runs as a plain Python loop. On the
-10.8 MB Gutenberg corpus (57k distinct chunks) 8192 / 32000 ids take about 0.4 / 0.7 s.
+numpy operations, while the long tail of small merges runs as a plain Python loop (timings in
+BENCHMARKS.md).
 
 What this module deliberately does not do: read files, split text, or know special tokens.
 """
@@ -40,7 +43,7 @@ from tqdm import tqdm
 
 from bpe.errors import TokenizerError
 
-__all__ = ["TrainResult", "train_merges"]
+__all__ = ["TrainResult", "pack_pair", "train_merges", "train_merges_naive", "unpack_pair"]
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,7 @@ def train_merges(
             if min_frequency is not None and count < min_frequency:
                 stop_reason = "min_frequency"
                 break
-            pair = (key >> state.shift, key & state.id_mask)
+            pair = unpack_pair(key, state.shift)
             state.merge(key, pair[0], pair[1], 256 + len(merges))
             merges.append(pair)
             counts.append(count)
@@ -119,19 +122,72 @@ def train_merges(
     return TrainResult(merges, counts, stop_reason)
 
 
+def train_merges_naive(chunk_counts: Mapping[bytes, int], vocab_size: int | None = None, min_frequency: int | None = None) -> TrainResult:
+    """`train_merges`, the obvious way: before every merge, recount every adjacent pair of every
+    chunk (weighted by its count), take the most frequent (ties: the smallest pair), and rewrite
+    every chunk left to right. O(merges x corpus): for reading and for tests, not for use.
+
+    >>> train_merges_naive({b"aaabdaaabac": 1}, vocab_size=259).merges
+    [(97, 97), (97, 98), (256, 257)]
+    """
+    words = [(list(chunk), n) for chunk, n in chunk_counts.items()]
+    merges: list[tuple[int, int]] = []
+    counts: list[int] = []
+    while True:
+        if vocab_size is not None and 256 + len(merges) >= vocab_size:
+            return TrainResult(merges, counts, "vocab_size")
+        stats: dict[tuple[int, int], int] = {}
+        for seq, n in words:
+            for pair in zip(seq, seq[1:]):
+                stats[pair] = stats.get(pair, 0) + n
+        if not stats:
+            return TrainResult(merges, counts, "no_pairs")
+        pair = min(stats, key=lambda p: (-stats[p], p))
+        if min_frequency is not None and stats[pair] < min_frequency:
+            return TrainResult(merges, counts, "min_frequency")
+        new = 256 + len(merges)
+        for k, (seq, n) in enumerate(words):
+            out, i = [], 0
+            while i < len(seq):
+                if i + 1 < len(seq) and (seq[i], seq[i + 1]) == pair:
+                    out.append(new)
+                    i += 2
+                else:
+                    out.append(seq[i])
+                    i += 1
+            words[k] = (out, n)
+        merges.append(pair)
+        counts.append(stats[pair])
+
+
+def pack_pair(a: int, b: int, shift: int) -> int:
+    """The pair (a, b) as one int key, `a` in the high bits: keys sort as the tuples do.
+
+    >>> pack_pair(3, 5, 4), unpack_pair(pack_pair(3, 5, 4), 4)
+    (53, (3, 5))
+    """
+    return (a << shift) | b
+
+
+def unpack_pair(key: int, shift: int) -> tuple[int, int]:
+    """The pair of a `pack_pair` key."""
+    return key >> shift, key & ((1 << shift) - 1)
+
+
 _BULK_SITES = 128  # from about this many candidate sites, numpy beats the per-site Python loop
 
 
 class _State:
     """The flat linked-list corpus, pair counts, pair -> positions index and the lazy heap.
 
-    A pair (a, b) is keyed by the int `a << shift | b`; that key sorts like the tuple, so the
+    A pair (a, b) is keyed by the int `pack_pair(a, b, shift)`; that key sorts like the tuple, so the
     heap's int entries `-count * 2**(2*shift) + key` pop the highest count first and, among
     equal counts, the smallest pair: the documented tie rule, with no tuples to allocate.
 
     `where[key]` is a list of positions (pairs born in a small merge) or `(array, start, end)`,
     a slice of a sorted array that is only cut out if the pair is ever merged: most pairs never
-    are, and one array per pair would cost more than the rest of a big merge.
+    are, and one array per pair would cost more than the rest of a big merge. Either way the
+    positions are ascending: merges visit sites left to right and file new pairs in that order.
     """
 
     def __init__(self, chunk_counts: Mapping[bytes, int], max_merges: int | None) -> None:
@@ -148,7 +204,6 @@ class _State:
 
         most_merges = n if max_merges is None else min(max_merges, n)  # each merge removes >= 1 position
         self.shift = (255 + most_merges).bit_length()
-        self.id_mask = (1 << self.shift) - 1
         self.key_span = 1 << (2 * self.shift)
 
         # array.array: compact, and as fast to index from Python as a list. The numpy views share
@@ -174,7 +229,7 @@ class _State:
         self.counts: dict[int, int] = {}
         self.where: dict[int, list[int] | tuple[np.ndarray, int, int]] = {}
         for pair, count, lo, hi in _groups(pairs, self.wt_np[starts]):
-            key = ((pair >> 8) << self.shift) | (pair & 255)
+            key = pack_pair(pair >> 8, pair & 255, self.shift)
             self.counts[key] = count
             self.where[key] = (starts, lo, hi)
         span = self.key_span
@@ -204,6 +259,10 @@ class _State:
         Positions are checked when used: one that no longer holds (a, b) is stale and skipped.
         A position's id only ever changes to a brand-new id, so a stale entry never comes back
         to life. In a run like "aaa" occurrences overlap: they are merged left to right.
+
+        Sites are visited left to right, so a left neighbour may already be `new` (two
+        occurrences touching: "abab"), a right neighbour never is. Pair keys are `pack_pair`,
+        written out: a call per site would cost more than the site's work.
         """
         positions = self.where.pop(key)
         if type(positions) is tuple:
@@ -213,8 +272,6 @@ class _State:
             positions = array_[lo:hi].tolist()
         elif a != b and len(positions) >= _BULK_SITES:
             return self._merge_bulk(key, a, b, new, np.array(positions, dtype=np.int64))
-        if a == b:
-            positions.sort()
         ids, nxt, prv, wt = self.ids, self.nxt, self.prv, self.wt
         counts, shift = self.counts, self.shift
         new_hi = new << shift
@@ -245,10 +302,7 @@ class _State:
             n = nxt[j]
             if n >= 0:
                 y = ids[n]
-                if y == new:
-                    born_counts[b_hi | new] -= w
-                else:
-                    counts[b_hi | y] -= w
+                counts[b_hi | y] -= w
                 k = new_hi | y
                 if k in born_counts:
                     born_counts[k] += w
@@ -261,12 +315,15 @@ class _State:
             ids[i] = new
             ids[j] = -1
         del counts[key]  # only now: in a run like "aaa" the overlapping (a, a) is decremented on the way
-        where, heap, span = self.where, self.heap, self.key_span
-        for k, c in born_counts.items():
-            if c > 0:
-                counts[k] = c
-                where[k] = born_where[k]
-                heappush(heap, k - c * span)
+        self._add_pairs((k, c, born_where[k]) for k, c in born_counts.items() if c > 0)
+
+    def _add_pairs(self, born) -> None:
+        """File the pairs a merge created, (key, count, positions) each: counted, indexed, queued."""
+        counts, where, heap, span = self.counts, self.where, self.heap, self.key_span
+        for k, c, positions in born:
+            counts[k] = c
+            where[k] = positions
+            heappush(heap, k - c * span)
 
     def _merge_bulk(self, key: int, a: int, b: int, new: int, i: np.ndarray) -> None:
         """`merge` for a != b with many sites, in whole-array operations.
@@ -276,7 +333,7 @@ class _State:
         and the pair born between them, (new, new), is counted once (as the first's right pair).
         """
         ids, nxt, prv, wt = self.ids_np, self.nxt_np, self.prv_np, self.wt_np
-        counts, where, heap, shift, span = self.counts, self.where, self.heap, self.shift, self.key_span
+        counts, shift = self.counts, self.shift
         i = i[ids[i] == a]
         j = nxt[i]
         i, j = i[j >= 0], j[j >= 0]
@@ -300,21 +357,20 @@ class _State:
         left, left_ids, w_left = left[own], left_ids[own], w_left[own]
 
         for x, lost, _, _ in _groups(left_ids, w_left, keep_order=False):
-            counts[(x << shift) | a] -= lost
+            counts[pack_pair(x, a, shift)] -= lost
         for y, lost, _, _ in _groups(right_ids, w_right, keep_order=False):
-            counts[(b << shift) | y] -= lost
+            counts[pack_pair(b, y, shift)] -= lost
         del counts[key]
 
         # Born pairs: (x, new) at each left neighbour, (new, y) at each merged site with a right
         # neighbour (y is `new` itself where two occurrences touched).
         for neighbour_ids, sites, weights, side in ((left_ids, left, w_left, 0), (ids[right], i_right, w_right, 1)):
             order = np.argsort(neighbour_ids.astype(np.uint16) if new < 65536 else neighbour_ids, kind="stable")
-            sites = sites[order]
-            for x, count, lo, hi in _groups(neighbour_ids[order], weights[order]):
-                k = ((new << shift) | x) if side else ((x << shift) | new)
-                counts[k] = count
-                where[k] = (sites, lo, hi)
-                heappush(heap, k - count * span)
+            sites = sites[order]  # stable: ascending within each neighbour id
+            self._add_pairs(
+                (pack_pair(new, x, shift) if side else pack_pair(x, new, shift), count, (sites, lo, hi))
+                for x, count, lo, hi in _groups(neighbour_ids[order], weights[order])
+            )
 
 
 def _shared(typecode: str, values: np.ndarray) -> tuple[array, np.ndarray]:

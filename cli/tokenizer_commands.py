@@ -16,6 +16,8 @@ import numpy as np
 
 from bpe import Tokenizer, TokenizerError
 from bpe import io as bpe_io
+from bpe.corpus import Corpus
+from bpe.encode_corpus import encode_corpus, eot_id
 from bpe.tokenizer import describe_merge
 from common import FileError, mpi
 
@@ -24,6 +26,27 @@ _STOP_REASONS = {
     "min_frequency": "the most frequent pair occurs fewer than --min-frequency times",
     "no_pairs": "no adjacent pairs are left (every chunk is a single token)",
 }
+
+
+def corpus_options(command):
+    """--glob, --text-field and --binary: how the corpus inputs are read (see bpe.corpus)."""
+    for option in reversed([
+        click.option("--glob", metavar="PATTERN", help="In directories, read only the files whose name or path below the directory matches (e.g. '*.txt').  [default: every file not hidden]"),
+        click.option("--text-field", metavar="NAME", help="Read the inputs as JSON Lines: each line is a document, its text at this field (dotted paths like meta.text reach inside)."),
+        click.option("--binary", is_flag=True, help="Read files as their exact bytes: no decompression, no warning for files that do not look like text."),
+    ]):
+        command = option(command)
+    return command
+
+
+def _corpus(inputs, glob, text_field, binary, comm) -> Corpus:
+    """The corpus of the command line; under MPI only rank 0 warns."""
+    quiet = comm is not None and comm.Get_rank() > 0
+    return Corpus([str(p) for p in inputs], glob=glob, text_field=text_field, binary=binary, warn=None if quiet else _warn)
+
+
+def _warn(message: str) -> None:
+    click.echo(f"warning: {message}", err=True)
 
 
 @click.command("bpe-train")
@@ -36,19 +59,26 @@ _STOP_REASONS = {
 @click.option("-v", "--verbose", is_flag=True, help="Print every merge: rank, the pair as text, its count.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("tokenizer.safetensors"), show_default=True, help="Where to write the tokenizer.")
-def bpe_train_command(corpus, vocab_size, min_frequency, pattern, specials, workers, verbose, quiet, output) -> int:
+@corpus_options
+def bpe_train_command(corpus, vocab_size, min_frequency, pattern, specials, workers, verbose, quiet, output, glob, text_field, binary) -> int:
     """Learn a byte-level BPE tokenizer from text files.
+
+    CORPUS: files, directories (every file below, sorted by path), - for stdin, or pipes;
+    gzip, bzip2, xz and zstd files are decompressed; JSON Lines with --text-field. Merges never
+    cross two documents (files, JSONL records).
 
     Counts the corpus's pre-token chunks, then merges the most frequent adjacent pair again and
     again until --vocab-size or --min-frequency stops it, and writes a tokenizer.safetensors.
 
     \b
-    Example:
+    Examples:
       tk bpe-train corpora/tiny_tales.txt --vocab-size 1024 --special '<|endoftext|>' -o tok.safetensors
+      tk bpe-train data/ --glob '*.jsonl.gz' --text-field text --vocab-size 32000 -o tok.safetensors
     """
     comm = _mpi_world()
     with _abort_on_error(comm):
-        return _bpe_train(comm, corpus, vocab_size, min_frequency, pattern, specials, workers, verbose, quiet, output)
+        inputs = _corpus(corpus, glob, text_field, binary, comm)
+        return _bpe_train(comm, inputs, vocab_size, min_frequency, pattern, specials, workers, verbose, quiet, output)
 
 
 def _bpe_train(comm, corpus, vocab_size, min_frequency, pattern, specials, workers, verbose, quiet, output) -> int:
@@ -64,7 +94,7 @@ def _bpe_train(comm, corpus, vocab_size, min_frequency, pattern, specials, worke
                    quiet=quiet, on_merge=on_merge)
     split = None
     if comm is None:
-        tok = Tokenizer.train([str(p) for p in corpus], workers=workers, **options)
+        tok = Tokenizer.train(corpus, workers=workers, **options)
     else:  # within a rank, one process unless --workers says otherwise
         from bpe import distributed
 
@@ -89,7 +119,7 @@ def _bpe_train(comm, corpus, vocab_size, min_frequency, pattern, specials, worke
 @click.command("encode")
 @click.option("-t", "--tokenizer", "tokenizer_path", required=True, type=click.Path(path_type=Path), help="tokenizer.safetensors")
 @click.argument("text", required=False)
-@click.option("-f", "--file", "file", type=click.Path(path_type=Path), help="Encode this file (its exact bytes) instead of TEXT.")
+@click.option("-f", "--file", "file", type=click.Path(path_type=Path), help="Encode this corpus instead of TEXT: a file (its exact bytes), a directory, - for stdin, or a pipe.")
 @click.option("--json", "as_json", is_flag=True, help="Print the ids as a JSON list.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the ids to a .npy file (uint16, or uint32 for big vocabularies).")
 @click.option("--allow-special", is_flag=True, help="Read special tokens in the text as specials (otherwise such text is an error).")
@@ -97,7 +127,9 @@ def _bpe_train(comm, corpus, vocab_size, min_frequency, pattern, specials, worke
 @click.option("--show", is_flag=True, help="Show each token's text next to its id, to see where the boundaries fall.")
 @click.option("--workers", type=int, default=None, help="Processes for -f FILE.  [default: all cores]")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-def encode_command(tokenizer_path, text, file, as_json, output, allow_special, specials_as_text, show, workers, quiet) -> int:
+@click.option("--eot", metavar="TOKEN", help="With -f: put this special token's id between documents (files, JSONL records).")
+@corpus_options
+def encode_command(tokenizer_path, text, file, as_json, output, allow_special, specials_as_text, show, workers, quiet, eot, glob, text_field, binary) -> int:
     """Turn text into token ids.
 
     \b
@@ -105,20 +137,27 @@ def encode_command(tokenizer_path, text, file, as_json, output, allow_special, s
       tk encode -t gpt2.safetensors "hello world"
       tk encode -t tok.safetensors --show "Once upon a time"
       tk encode -t tok.safetensors -f corpus.txt -o ids.npy
+      tk encode -t tok.safetensors -f docs.jsonl.gz --text-field text --eot '<|endoftext|>' -o ids.npy
     """
     if (text is None) == (file is None):
         raise click.UsageError("give either TEXT or -f FILE (exactly one)")
+    if file is None and (eot is not None or glob is not None or text_field is not None or binary):
+        raise click.UsageError("--eot, --glob, --text-field and --binary are for -f FILE")
     if allow_special and specials_as_text:
         raise click.UsageError("--allow-special and --specials-as-text exclude each other; pick one")
     comm = _mpi_world()
     with _abort_on_error(comm):
-        return _encode(comm, tokenizer_path, text, file, as_json, output, allow_special, specials_as_text, show, workers, quiet)
+        return _encode(comm, tokenizer_path, text, file, as_json, output, allow_special, specials_as_text, show, workers,
+                       quiet, eot, (glob, text_field, binary))
 
 
-def _encode(comm, tokenizer_path, text, file, as_json, output, allow_special, specials_as_text, show, workers, quiet) -> int:
+def _encode(comm, tokenizer_path, text, file, as_json, output, allow_special, specials_as_text, show, workers, quiet, eot, how) -> int:
     if comm is not None and comm.Get_rank() and file is None:  # a text is rank 0's alone
         return 0
     tok = Tokenizer.load(tokenizer_path)
+    if file is not None:
+        eot_id(tok, eot)  # a mistake in the flags is said before the corpus is looked at
+        file = _corpus([file], *how, comm)
     allowed = "all" if allow_special else ()
     disallowed = () if specials_as_text else "all"
     split = None
@@ -126,13 +165,14 @@ def _encode(comm, tokenizer_path, text, file, as_json, output, allow_special, sp
         from bpe import distributed
 
         arr, split = distributed.encode_file(comm, tok, file, output, workers=workers or 1, quiet=quiet,
-                                             allowed_special=allowed, disallowed_special=disallowed)
+                                             allowed_special=allowed, disallowed_special=disallowed, eot=eot)
         if arr is None:  # not rank 0: its ids went to rank 0, which writes and reports
             return 0
-        n_bytes = bpe_io.file_size(file)
+        n_bytes = sum(split.bytes_per_rank)
     elif file is not None:
-        arr = tok.encode_file(file, output, workers=workers, quiet=quiet, allowed_special=allowed, disallowed_special=disallowed)
-        n_bytes = bpe_io.file_size(file)
+        encoded = encode_corpus(tok, file, output, workers=workers, quiet=quiet, allowed_special=allowed,
+                                disallowed_special=disallowed, eot=eot)
+        arr, n_bytes = encoded.ids, encoded.n_bytes
     else:
         arr = np.asarray(tok.encode(text, allowed_special=allowed, disallowed_special=disallowed), dtype=tok.ids_dtype)
         n_bytes = len(text.encode("utf-8", errors="surrogateescape"))

@@ -22,8 +22,9 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from bpe import Tokenizer, TokenizerError
+from bpe import encode_corpus
 from bpe import io as bpe_io
-from bpe import tokenizer as tokenizer_module
+from bpe.corpus import find_file_cut
 from bpe.pretokenize import split_text
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -388,7 +389,7 @@ def test_gpt2_export_import_roundtrip(tok, tmp_path):
 
 @pytest.fixture
 def small_pieces(monkeypatch):
-    monkeypatch.setattr(tokenizer_module, "_PIECE_BYTES", 1500)  # many pieces from a small file
+    monkeypatch.setattr(encode_corpus, "_PIECE_BYTES", 1500)  # many pieces from a small file
 
 
 def test_encode_file_equals_encode(tok, tmp_path, small_pieces):
@@ -425,7 +426,7 @@ def test_encode_file_uint32_for_big_vocab(tmp_path):
 @settings(max_examples=80, deadline=None)
 @given(text=st.text(alphabet="ab1 .'\n\t\u00a0é😀", max_size=60))
 def test_cut_rule_keeps_the_split(text):
-    """bpe.io.find_cut's rule: before a space that follows printable ASCII, both built-in patterns split."""
+    """find_cut's first rule: before a space that follows printable ASCII, both built-in patterns split."""
     for pattern in ("gpt2", "gpt4"):
         whole = split_text(text, pattern)
         for i in range(1, len(text)):
@@ -437,11 +438,11 @@ def test_find_cut_skips_specials(tmp_path):
     path = tmp_path / "f.txt"
     path.write_bytes(b"aaaa<| x|> bb cc")
     specials = [b"<| x|>"]
-    cut = bpe_io.find_cut(path, 1, 16, specials, window=4)
+    cut = find_file_cut(path, 1, 16, specials, window=4)
     assert cut == path.read_bytes().index(b" bb")  # not the space inside the special
-    assert bpe_io.find_cut(path, 1, 16, [], window=4) == path.read_bytes().index(b" x")
+    assert find_file_cut(path, 1, 16, [], window=4) == path.read_bytes().index(b" x")
     path.write_bytes(b"no-spaces-here")
-    assert bpe_io.find_cut(path, 1, 14, [], window=4) is None
+    assert find_file_cut(path, 1, 14, [], window=4) is None
 
 
 def test_ids_streamed_to_npy_equal_np_save(tmp_path):

@@ -1,0 +1,715 @@
+"""The one place a corpus is read: files, directories, stdin and pipes, compressed files, JSONL.
+
+What it does:
+- `Corpus(inputs, glob=, text_field=, binary=)` names what to read. Inputs: file paths;
+  directories (every file below them, sorted by path as `LC_ALL=C sort` lists them, hidden names
+  skipped, `glob` to filter, each real directory and file read once even through symlink loops);
+  "-" for stdin, and pipes and FIFOs (`<(zcat x.gz)`), read once, as streams; texts in memory
+  (bytes). Devices and other special files are refused.
+- Formats: gzip, bzip2, xz and zstd (zstd with the `zstandard` package or Python's
+  `compression.zstd`) are recognised by their first bytes, not their names, and decompressed as
+  they stream. With `text_field`, every input is JSON Lines: one JSON object per line, whose
+  document is the string at that field (a dotted path like "meta.text" reaches inside; a number
+  picks from a list). With `binary`, files are their exact bytes: nothing is decompressed, and a
+  file that does not look like text is not warned about.
+- Documents: each file, text and JSONL record is one document (empty ones are skipped).
+  `pieces()` yields them in pieces of about a megabyte, cut only where the split pattern always
+  splits (`bpe.pretokenize.find_cut`, the one cut rule), never across two documents: merges
+  never cross documents, and memory stays flat however large a file. `documents()` yields each
+  document whole.
+- `plain_files()`: the files, when every input can be read at any offset (regular, not
+  compressed, not JSONL): what parallel and MPI encoding cut into byte ranges (`file_ranges`).
+- `fingerprint()`: a sha256 of the documents' bytes and where each ends (for one plain file,
+  the sha256 of the file), for a pipeline to notice a changed corpus.
+
+What it deliberately does not do: split text into chunks, count, or encode (bpe/pretokenize.py,
+bpe/encode_corpus.py). It reads each stream once; reading a stream again is an error.
+
+>>> corpus = Corpus([b"first document", b"second"])
+>>> list(corpus.documents())
+[b'first document', b'second']
+>>> [p.starts_document for p in corpus.pieces()]
+[True, True]
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import hashlib
+import json
+import lzma
+import os
+import stat
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from fnmatch import fnmatchcase
+from typing import BinaryIO, NamedTuple, Union
+
+from bpe.errors import TokenizerError
+from bpe.pretokenize import CUT_CONTEXT, find_cut
+
+__all__ = ["Corpus", "FileRange", "Piece", "as_corpus", "file_ranges", "find_file_cut", "read_range", "zstd_available"]
+
+BLOCK_BYTES = 1 << 20  # read size; also the size of the pieces handed to worker processes
+MAX_LINE_BYTES = 1 << 30  # a JSONL line (one document) longer than this is refused
+_SNIFF_BYTES = 8192  # how much of a file's start decides whether it looks like text
+
+
+class FileRange(NamedTuple):
+    """Bytes [start, end) of a file, read as a document of its own. Both ends must be places where
+    the pattern always splits (file ends, or `find_file_cut`'s cuts), as `bpe.distributed` makes
+    them; then the ranges of a file count as the whole file does."""
+
+    path: str
+    start: int
+    end: int
+
+
+class Piece(NamedTuple):
+    """A stretch of one document; `starts_document` marks the first piece of each."""
+
+    data: bytes
+    starts_document: bool
+
+
+Source = Union[str, os.PathLike, bytes, bytearray, FileRange]
+
+_CODECS = ((b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"))
+_NOT_TEXT = (
+    (b"PK\x03\x04", "a zip archive"), (b"PK\x05\x06", "a zip archive"), (b"7z\xbc\xaf\x27\x1c", "a 7z archive"),
+    (b"Rar!\x1a\x07", "a rar archive"), (b"\x7fELF", "an executable"), (b"%PDF-", "a PDF document"),
+    (b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"\x93NUMPY", "a NumPy array"),
+    (b"SQLite format 3\x00", "an SQLite database"),
+)
+_TOOLS = {"gzip": "gzip -t", "bzip2": "bzip2 -t", "xz": "xz -t", "zstd": "zstd -t"}
+
+
+def codec_of(head: bytes) -> str | None:
+    """The compression format that `head` (a file's first bytes) starts, or None.
+
+    >>> codec_of(b"\\x1f\\x8b\\x08"), codec_of(b"BZh91AY"), codec_of(b"plain text")
+    ('gzip', 'bzip2', None)
+    """
+    for magic, name in _CODECS:
+        if head.startswith(magic):
+            return name
+    if head[:3] == b"BZh" and head[3:4].isdigit() and head[3:4] != b"0":
+        return "bzip2"
+    return None
+
+
+def not_text(head: bytes) -> str | None:
+    """What `head` (the first bytes of a document) looks like when it is not text, or None.
+
+    >>> not_text(b"PK\\x03\\x04rest"), not_text(b"plain words"), not_text(b"a\\x00b")
+    ('a zip archive', None, 'binary data (NUL bytes)')
+    """
+    for magic, what in _NOT_TEXT:
+        if head.startswith(magic):
+            return what
+    if codec_of(head):
+        return f"{codec_of(head)}-compressed data"
+    if head[257:262] == b"ustar":
+        return "a tar archive"
+    if b"\x00" in head:
+        return "binary data (NUL bytes)"
+    text = head.decode("utf-8", "surrogateescape")[:-1]  # the last character may be cut short
+    bad = sum(1 for ch in text if "\udc80" <= ch <= "\udcff")
+    if bad > max(8, len(text) // 10):
+        return "binary data (mostly not UTF-8)"
+    return None
+
+
+def zstd_available() -> bool:
+    """Whether zstd files can be read here (`pip install tokenkit[zstd]`, or Python 3.14+)."""
+    try:
+        from compression import zstd  # noqa: F401  (Python >= 3.14)
+    except ImportError:
+        try:
+            import zstandard  # noqa: F401
+        except ImportError:
+            return False
+    return True
+
+
+class _Input(NamedTuple):
+    name: str  # as shown in messages
+    kind: str  # "text" (bytes in memory), "file", "range" (FileRange) or "stream" (stdin, pipe)
+    path: str | None = None
+    data: bytes | None = None
+    start: int = 0
+    end: int | None = None  # a file's size, a range's end; None for streams
+    codec: str | None = None  # known beforehand for regular files; sniffed as they are read for streams
+
+
+def _warn_stderr(message: str) -> None:
+    from bpe import io  # the terminal is io's
+
+    io.print_line(f"warning: {message}")
+
+
+class Corpus:
+    """What to read and how: inputs in order, each expanded into its documents.
+
+    inputs: file paths, directories, "-" (stdin), pipes, texts (bytes) or `FileRange`s; one or a
+    list. glob: keep only the files of a directory whose path below it or whose name matches
+    (fnmatch, e.g. "*.txt"); files named directly are always kept. text_field: read every input as
+    JSON Lines, the document of a line being this field. binary: exact bytes, no decompression and
+    no warning. warn: called with a message for an input that does not look like text (None: quiet).
+
+    Raises TokenizerError at once for a missing input, a device, or a directory without files.
+    """
+
+    def __init__(
+        self,
+        inputs: Source | Iterable[Source],
+        *,
+        glob: str | None = None,
+        text_field: str | None = None,
+        binary: bool = False,
+        warn: Callable[[str], None] | None = _warn_stderr,
+    ) -> None:
+        if isinstance(inputs, (str, bytes, bytearray, os.PathLike, FileRange)):
+            inputs = [inputs]
+        if text_field is not None and (not isinstance(text_field, str) or not text_field.strip(".")):
+            raise TokenizerError(f"--text-field must name a field, got {text_field!r}")
+        if text_field is not None and binary:
+            raise TokenizerError("--binary and --text-field exclude each other: JSON lines are text")
+        self.glob, self.text_field, self.binary, self._warn = glob, text_field, binary, warn
+        self._inputs: list[_Input] = []
+        for source in inputs:
+            self._inputs.extend(self._resolve(source))
+        if not self._inputs:
+            raise TokenizerError("no corpus given; pass at least one file")
+        if sum(i.kind == "stream" and i.path == "-" for i in self._inputs) > 1:
+            raise TokenizerError("stdin (-) is given twice; it can be read only once")
+        self._streams_read = False
+
+    def __repr__(self) -> str:
+        shown = ", ".join(i.name for i in self._inputs[:3]) + (", ..." if len(self._inputs) > 3 else "")
+        return f"Corpus([{shown}], {len(self._inputs)} inputs)"
+
+    # ----------------------------------------------------------------------------- views
+
+    @property
+    def names(self) -> list[str]:
+        """Each input as shown in messages, in reading order (directories expanded)."""
+        return [i.name for i in self._inputs]
+
+    @property
+    def size(self) -> int | None:
+        """Bytes to read, when known before reading (no streams, nothing compressed, no JSONL)."""
+        if self.text_field is not None or any(i.kind == "stream" or i.codec for i in self._inputs):
+            return None
+        return sum(len(i.data) if i.kind == "text" else i.end - i.start for i in self._inputs)
+
+    def plain_files(self) -> list[tuple[str, int]] | None:
+        """(path, size) of every input when all are plain regular files (readable at any
+        offset, each one document), else None."""
+        if self.text_field is not None or any(i.kind != "file" or i.codec for i in self._inputs):
+            return None
+        return [(i.path, i.end) for i in self._inputs]
+
+    # --------------------------------------------------------------------------- reading
+
+    def pieces(self, piece_bytes: int | None = None, specials: Sequence[bytes] = ()) -> Iterator[Piece]:
+        """Every non-empty document in pieces of about `piece_bytes` (None: each whole), cut only at
+        `find_cut`'s safe places and never inside one of `specials`; a stretch with no safe place
+        stays in one piece."""
+        block = piece_bytes or BLOCK_BYTES
+        for blocks in self._documents(block):
+            first = True
+            for data in _cut(blocks, piece_bytes, specials):
+                yield Piece(data, first)
+                first = False
+
+    def documents(self) -> Iterator[bytes]:
+        """Every non-empty document, whole (a large file is read into memory: prefer `pieces`)."""
+        for blocks in self._documents(BLOCK_BYTES):
+            data = b"".join(blocks)
+            if data:
+                yield data
+
+    def fingerprint(self) -> str:
+        """sha256 (hex) of the documents: equal fingerprints, equal documents in the same order.
+
+        One document alone hashes as its bytes (a plain file: its sha256sum; a compressed one:
+        that of its text), several as the list of (sha256, length) of each. Reads the corpus
+        (a stream can then not be read again).
+        """
+        digests = []
+        for blocks in self._documents(BLOCK_BYTES):
+            h, n = hashlib.sha256(), 0
+            for data in blocks:
+                h.update(data)
+                n += len(data)
+            if n:
+                digests.append(h.digest() + n.to_bytes(8, "little"))
+        if len(digests) == 1:
+            return digests[0][:32].hex()
+        outer = hashlib.sha256(b"tokenkit.corpus 1\n")
+        for d in digests:
+            outer.update(d)
+        return outer.hexdigest()
+
+    def _documents(self, block: int) -> Iterator[Iterator[bytes]]:
+        """One iterator per document, of its bytes in blocks of exactly `block` (the last shorter)."""
+        if any(i.kind == "stream" for i in self._inputs):
+            if self._streams_read:
+                raise TokenizerError("the corpus holds stdin or a pipe, which was read already; it can be read only once")
+            self._streams_read = True
+        for inp in self._inputs:
+            if inp.kind == "text":
+                yield _slices(inp.data, block)
+            elif self.text_field is not None:
+                for doc in self._jsonl(inp):
+                    yield _slices(doc, block)
+            else:
+                yield self._file_blocks(inp, block)
+
+    def _file_blocks(self, inp: _Input, block: int) -> Iterator[bytes]:
+        with _Reader(inp, self.binary) as reader:
+            data = reader.read(block)
+            if inp.kind == "stream" and not self.binary:
+                self._check_text(inp, data[:_SNIFF_BYTES], reader.codec)
+            while data:
+                yield data
+                data = reader.read(block)
+
+    def _jsonl(self, inp: _Input) -> Iterator[bytes]:
+        with _Reader(inp, False) as reader:
+            if inp.kind == "stream":
+                head = reader.read(_SNIFF_BYTES)
+                self._check_text(inp, head, reader.codec)
+            else:
+                head = b""
+            for lineno, line in enumerate(_lines(head, reader, inp.name), 1):
+                where = f"{_place(inp)}:{lineno}"
+                if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):  # a byte order mark
+                    line = line[3:]
+                if not line.strip():
+                    continue
+                try:
+                    text = line.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise TokenizerError(
+                        f"{where}: not valid UTF-8 (byte 0x{line[err.start]:02x} at column {err.start + 1}); JSON lines must be UTF-8"
+                    ) from None
+                try:
+                    record = json.loads(text)
+                except RecursionError:
+                    raise TokenizerError(f"{where}: JSON nested too deep to read") from None
+                except ValueError as err:
+                    msg = f"{err.msg}, column {err.colno}" if isinstance(err, json.JSONDecodeError) else str(err)
+                    raise TokenizerError(f"{where}: not valid JSON ({msg}); give one JSON object per line") from None
+                value = _field(record, self.text_field, where)
+                try:
+                    yield value.encode("utf-8")
+                except UnicodeEncodeError as err:
+                    raise TokenizerError(
+                        f"{where}: field {self.text_field!r} holds a lone surrogate (\\u{ord(value[err.start]):04x}), which is not Unicode text"
+                    ) from None
+
+    def _check_text(self, inp: _Input, head: bytes, codec: str | None) -> None:
+        """Warn (or, for JSONL, refuse) when the start of an input does not look like text."""
+        what = not_text(head)
+        if what is None:
+            return
+        after = f" after {codec} decompression" if codec else ""
+        if self.text_field is not None:
+            raise TokenizerError(f"{inp.name} looks like {what}{after}, not JSON lines")
+        if self._warn is not None:
+            self._warn(f"{inp.name} looks like {what}{after}, not text; reading its bytes as they are "
+                       "(--binary reads files raw on purpose, without this warning)")
+
+    # ------------------------------------------------------------------------ resolving
+
+    def _resolve(self, source: Source) -> list[_Input]:
+        if isinstance(source, (bytes, bytearray)):
+            return [_Input(f"text {len(self._inputs) + 1}", "text", data=bytes(source))]
+        if isinstance(source, FileRange):
+            return [_Input(_shown(source.path), "range", path=os.fspath(source.path), start=source.start, end=source.end)]
+        if not isinstance(source, (str, os.PathLike)):
+            raise TokenizerError(f"a corpus source must be a file path or bytes, got {type(source).__name__}")
+        path = os.fspath(source)
+        name = _shown(path)
+        if path == "-":
+            return [_Input("stdin", "stream", path="-")]
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL byte, so certainly not a file
+            hint = "; to train on a text itself, pass it as bytes" if isinstance(source, str) else ""
+            raise TokenizerError(f"corpus file not found: {name}{hint}") from None
+        except OSError as err:
+            raise TokenizerError(f"cannot read corpus file {name}: {err.strerror}") from None
+        if stat.S_ISDIR(st.st_mode):
+            return self._walk(path, name)
+        if stat.S_ISFIFO(st.st_mode):
+            return [_Input(name, "stream", path=path)]
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file"
+            raise TokenizerError(f"{name} is {kind}; give text files, directories, - for stdin, or a pipe")
+        return [self._file(path, name, st.st_size)]
+
+    def _file(self, path: str, name: str, size: int) -> _Input:
+        """A regular file, its compression sniffed (and whether its text looks like text)."""
+        inp = _Input(name, "file", path=path, end=size)
+        if self.binary or size == 0:
+            return inp
+        with _Reader(inp, True) as raw:
+            head = raw.read(_SNIFF_BYTES)
+        codec = codec_of(head)
+        if codec is not None:
+            inp = inp._replace(codec=codec)
+            with _Reader(inp, False) as reader:
+                head = reader.read(_SNIFF_BYTES)
+        self._check_text(inp, head, codec)
+        return inp
+
+    def _walk(self, root: str, root_name: str) -> list[_Input]:
+        """The files below `root`: sorted by path, hidden names skipped, `glob` applied, each
+        real directory and file once."""
+        seen_dirs: set[tuple[int, int]] = set()
+        found: list[tuple[bool, bytes, str, os.stat_result]] = []
+        todo = [(root, "")]
+        while todo:
+            directory, rel = todo.pop()
+            try:
+                st = os.stat(directory)
+                if (st.st_dev, st.st_ino) in seen_dirs:
+                    continue  # a symlink loop, or a directory linked twice
+                seen_dirs.add((st.st_dev, st.st_ino))
+                entries = list(os.scandir(directory))
+            except OSError as err:
+                raise TokenizerError(f"cannot read directory {_shown(directory)}: {err.strerror}") from None
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                try:
+                    st = entry.stat()  # follows symlinks
+                except OSError:
+                    continue  # a broken symlink
+                if stat.S_ISDIR(st.st_mode):
+                    todo.append((entry.path, rel + entry.name + "/"))
+                elif stat.S_ISREG(st.st_mode):
+                    below = rel + entry.name
+                    if self.glob is None or fnmatchcase(below, self.glob) or fnmatchcase(entry.name, self.glob):
+                        found.append((entry.is_symlink(), os.fsencode(below), entry.path, st))
+        # The same file reached through links is read once, at the place of its real path (or,
+        # when all are links, of the first link by path).
+        found.sort()
+        chosen: dict[tuple[int, int], tuple[bytes, str, int]] = {}
+        for _, key, path, st in found:
+            chosen.setdefault((st.st_dev, st.st_ino), (key, path, st.st_size))
+        files = [self._file(path, _shown(path), size) for _, path, size in sorted(chosen.values())]
+        if not files:
+            matching = f" matching --glob {self.glob!r}" if self.glob is not None else ""
+            raise TokenizerError(f"directory {root_name} holds no files{matching} (hidden ones are skipped)")
+        return files
+
+
+def as_corpus(sources: "Corpus | Source | Iterable[Source]", **options) -> Corpus:
+    """`sources` as a Corpus (a Corpus is returned as it is)."""
+    return sources if isinstance(sources, Corpus) else Corpus(sources, **options)
+
+
+# --------------------------------------------------------------------------------- streams
+
+
+class _Reader:
+    """An input opened for reading: decompressed unless `raw`; `read(n)` gives exactly n bytes
+    (fewer only at the end) and turns a corrupt or unreadable file into one TokenizerError."""
+
+    def __init__(self, inp: _Input, raw: bool) -> None:
+        self.inp, self.raw, self.codec = inp, raw, inp.codec
+        self.done = 0  # bytes of text given out so far
+
+    def __enter__(self) -> "_Reader":
+        inp = self.inp
+        try:
+            if inp.path == "-":
+                self._file = None
+                source: BinaryIO = sys.stdin.buffer
+            else:
+                source = self._file = open(inp.path, "rb")
+                if inp.start:
+                    self._file.seek(inp.start)
+        except OSError as err:
+            raise TokenizerError(f"cannot read corpus file {inp.name}: {err.strerror}") from None
+        if inp.kind == "range":
+            source = _Stretch(source, inp.end - inp.start)
+        if inp.kind == "stream":  # the format shows in the first bytes, which cannot be read twice
+            head = self._guarded(lambda: _read_full(source, 6))
+            self.codec = None if self.raw else codec_of(head)
+            source = _Prefixed(head, source)
+        self._stream = source if self.raw or self.codec is None else _decompressor(self.codec, source, inp.name)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._file is not None:
+            self._file.close()
+
+    def read(self, n: int) -> bytes:
+        data = self._guarded(lambda: _read_full(self._stream, n))
+        self.done += len(data)
+        return data
+
+    def _guarded(self, read: Callable[[], bytes]) -> bytes:
+        try:
+            return read()
+        except TokenizerError:
+            raise
+        except EOFError:
+            raise TokenizerError(
+                f"{self.inp.name}: the {self.codec} data ends early (a truncated file?); check it with "
+                f"{_TOOLS.get(self.codec, 'its tool')}"
+            ) from None
+        except Exception as err:  # gzip.BadGzipFile, zlib.error, lzma.LZMAError, OSError, zstd's errors
+            if self.codec is None and isinstance(err, OSError):
+                raise TokenizerError(f"cannot read corpus file {self.inp.name}: {err.strerror or err}") from None
+            msg = " ".join(str(err).split()) or type(err).__name__
+            where = f" after {self.done:,} bytes of text" if self.done else ""
+            raise TokenizerError(
+                f"{self.inp.name}: corrupt {self.codec} data{where} ({msg}); check it with {_TOOLS.get(self.codec, 'its tool')}"
+            ) from None
+
+
+def _decompressor(codec: str, source: BinaryIO, name: str) -> BinaryIO:
+    if codec == "gzip":
+        return gzip.GzipFile(fileobj=source, mode="rb")
+    if codec == "bzip2":
+        return bz2.BZ2File(source, mode="rb")
+    if codec == "xz":
+        return lzma.LZMAFile(source, mode="rb")
+    try:
+        from compression import zstd  # Python >= 3.14
+
+        return zstd.ZstdFile(source, mode="rb")
+    except ImportError:
+        pass
+    try:
+        import zstandard
+    except ImportError:
+        raise TokenizerError(
+            f"{name} is zstd-compressed; install zstandard (pip install 'tokenkit[zstd]') or decompress it first (zstd -d)"
+        ) from None
+    return _ZstdStream(source, zstandard)
+
+
+class _ZstdStream:
+    """zstd frames one after the other, decompressed with the `zstandard` package; a last frame
+    cut short is an EOFError, as gzip, bz2 and lzma say it (its stream_reader just stops).
+
+    Compressed input goes in 8 KiB at a time, which bounds what one step can inflate to.
+    """
+
+    def __init__(self, source, zstandard) -> None:
+        self._source, self._new = source, zstandard.ZstdDecompressor().decompressobj
+        self._d = self._new()
+        self._out: list[bytes] = []
+        self._have = 0
+        self._started = False  # a frame is open
+
+    def read(self, n: int) -> bytes:
+        while self._have < n:
+            if self._started and self._d.eof:  # a frame ended: the next one starts in what is left
+                data, self._d, self._started = self._d.unused_data, self._new(), False
+            else:
+                data = b""
+            data = data or self._source.read(8192)
+            if not data:
+                if self._started:
+                    raise EOFError("the last frame is cut short")
+                break
+            self._started = True
+            chunk = self._d.decompress(data)
+            self._out.append(chunk)
+            self._have += len(chunk)
+        joined = b"".join(self._out)
+        out, rest = joined[:n], joined[n:]
+        self._out, self._have = [rest], len(rest)
+        return out
+
+
+def _read_full(stream, n: int) -> bytes:
+    """n bytes of `stream`, fewer only at its end (pipes and decompressors may return less)."""
+    data = stream.read(n)
+    if len(data) == n or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < n and (more := stream.read(n - got)):
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+class _Prefixed:
+    """`head` (already read from `stream`) followed by the rest of `stream`."""
+
+    def __init__(self, head: bytes, stream) -> None:
+        self._head, self._stream = head, stream
+
+    def read(self, n: int = -1) -> bytes:
+        if self._head:
+            if n is None or n < 0:
+                data, self._head = self._head + self._stream.read(), b""
+                return data
+            data, self._head = self._head[:n], self._head[n:]
+            return data
+        return self._stream.read(n)
+
+    def readable(self) -> bool:
+        return True
+
+
+class _Stretch:
+    """The next `n` bytes of an open file, as a stream that ends there."""
+
+    def __init__(self, f: BinaryIO, n: int):
+        self._f, self._left = f, n
+
+    def read(self, n: int | None = -1) -> bytes:
+        n = self._left if n is None or n < 0 else min(n, self._left)
+        data = self._f.read(n)
+        self._left -= len(data)
+        return data
+
+
+def _slices(data: bytes, block: int) -> Iterator[bytes]:
+    for i in range(0, len(data), block):
+        yield data[i : i + block]
+
+
+def _lines(head: bytes, reader: _Reader, name: str) -> Iterator[bytes]:
+    """The lines of `head` + the rest of `reader`, without their b"\\n", each at most MAX_LINE_BYTES."""
+    pending: list[bytes] = []  # the start of a line that continues in the next block
+    pending_bytes = 0
+    block = head or reader.read(BLOCK_BYTES)
+    lineno = 0
+    while block:
+        cut = block.find(b"\n")
+        if cut < 0:
+            pending.append(block)
+            pending_bytes += len(block)
+        else:
+            lines = block[cut + 1 :].split(b"\n")
+            rest = lines.pop()
+            yield b"".join(pending) + block[:cut]
+            yield from lines
+            lineno += 1 + len(lines)
+            pending, pending_bytes = [rest], len(rest)
+        if pending_bytes > MAX_LINE_BYTES:
+            raise TokenizerError(f"{name}, line {lineno + 1}: a line longer than {MAX_LINE_BYTES >> 30} GiB; JSON lines hold one document per line")
+        block = reader.read(BLOCK_BYTES)
+    if pending_bytes:
+        yield b"".join(pending)
+
+
+def _field(record, path: str, where: str) -> str:
+    """The string at `path` in a JSON record: a key, or a dotted path of keys and list indices."""
+    if not isinstance(record, dict):
+        raise TokenizerError(f"{where}: a JSON {_json_type(record)}, not an object with the field {path!r}")
+    if path in record:
+        value = record[path]
+    else:
+        value = record
+        for part in path.split("."):
+            if isinstance(value, dict) and part in value:
+                value = value[part]
+            elif isinstance(value, list) and part.isascii() and part.isdigit() and int(part) < len(value):
+                value = value[int(part)]
+            else:
+                fields = ", ".join(repr(k) for k in list(record)[:8]) + (", ..." if len(record) > 8 else "") or "none"
+                raise TokenizerError(f"{where}: no field {path!r} (its fields: {fields}); give --text-field NAME")
+    if not isinstance(value, str):
+        raise TokenizerError(f"{where}: field {path!r} is a JSON {_json_type(value)}, not a string")
+    return value
+
+
+def _json_type(value) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null", int: "number", float: "number"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _place(inp: _Input) -> str:
+    """An input as the start of a "file:line" place: the path unquoted when it prints plainly."""
+    plain = inp.path is not None and inp.path != "-" and inp.path.isprintable() and len(inp.path) <= 120
+    return inp.path if plain else inp.name
+
+
+def _shown(path: str | os.PathLike) -> str:
+    """A path for a one-line message: quoted and escaped, and cut short if it is long."""
+    text = repr(os.fspath(path))
+    return text if len(text) <= 120 else text[:100] + "...'"
+
+
+# --------------------------------------------------------------------------------- cutting
+
+
+def _cut(blocks: Iterable[bytes], piece_bytes: int | None, specials: Sequence[bytes] = ()) -> Iterator[bytes]:
+    """The bytes of `blocks` (one document) in pieces ending at safe cuts (all in one if None).
+
+    After each block, the buffer is cut at its last safe place; a stretch without any stays in
+    one piece, however long.
+    """
+    if piece_bytes is None:
+        data = b"".join(blocks)
+        if data:
+            yield data
+        return
+    margin = max([CUT_CONTEXT] + [len(s) for s in specials]) + 8  # cuts there were not yet eligible
+    buf = bytearray()  # grows in place: a long stretch without a cut must not be copied per block
+    for block in blocks:
+        searched = max(len(buf) - margin, 1)  # what was already searched need not be searched again
+        buf += block
+        cut = find_cut(buf, searched, specials=specials)
+        if cut > 0:
+            yield bytes(buf[:cut])
+            del buf[:cut]
+    if buf:
+        yield bytes(buf)
+
+
+def find_file_cut(path: str | os.PathLike, offset: int, end: int, specials: Sequence[bytes] = (), window: int = 1 << 16) -> int | None:
+    """The first safe place (`find_cut`'s rule) to cut the file at or after `offset`, before `end`, or None."""
+    pad = max([CUT_CONTEXT] + [len(s) for s in specials])  # context on both sides of a cut
+    with open(path, "rb") as f:
+        pos = max(offset, 1)
+        while pos < end:
+            base = max(pos - pad, 0)
+            f.seek(base)
+            want = pos - base + window + pad
+            buf = f.read(want)
+            at_eof = len(buf) < want
+            cut = find_cut(buf, pos - base, end - base, last=False, specials=specials)
+            if cut >= 0:
+                return base + cut
+            if at_eof:
+                return None
+            pos = base + len(buf) - pad  # the next window sees the cuts that lacked context here
+    return None
+
+
+def read_range(path: str | os.PathLike, start: int, end: int) -> str:
+    """Bytes [start, end) of a file as text (surrogateescape, so any bytes survive)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            return f.read(end - start).decode("utf-8", errors="surrogateescape")
+    except OSError as err:
+        raise TokenizerError(f"cannot read corpus file {_shown(path)}: {err.strerror}") from None
+
+
+def file_ranges(path: str, size: int, piece_bytes: int, specials: Sequence[bytes] = ()) -> list[tuple[int, int]]:
+    """A file's bytes as ranges of about `piece_bytes` (one range under twice that), cut at
+    `find_file_cut`'s places."""
+    cuts = [0]
+    while size >= 2 * piece_bytes:
+        cut = find_file_cut(path, cuts[-1] + piece_bytes, size, specials)
+        if cut is None:
+            break
+        cuts.append(cut)
+    cuts.append(size)
+    return list(zip(cuts, cuts[1:]))

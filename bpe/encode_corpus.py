@@ -1,0 +1,261 @@
+"""Encode a whole corpus to token ids in worker processes, streaming them to a `.npy` file.
+
+What it does: `encode_corpus(tok, corpus, out_path)` gives the ids of every document of a
+`bpe.corpus.Corpus`, each encoded on its own (exactly `tok.encode` of its text), one after the
+other, with an end-of-text special token's id between documents if asked (`eot`). The work is
+cut into tasks of about a megabyte: byte ranges of plain files, cut at the one cut rule's places
+(`bpe.corpus.file_ranges`), which the workers read themselves; or the pieces of compressed
+files, JSONL records and streams, read here and handed over. Small documents share a task. At
+most two tasks per worker are in flight and finished ids go straight to the output, so memory
+stays at a few tasks however large the corpus. `bpe.distributed` hands each MPI rank its share
+of the same tasks.
+
+What it deliberately does not do: encode text itself (`Tokenizer.encode` does), read files
+other than through `bpe.corpus`, or write other than through `bpe.io`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from itertools import chain, islice
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+from tqdm import tqdm
+
+from bpe import io
+from bpe.corpus import Corpus, file_ranges, read_range
+from bpe.errors import TokenizerError
+from bpe.pretokenize import _BUILTIN
+from common.processes import die_with_parent
+
+if TYPE_CHECKING:
+    from bpe.tokenizer import Tokenizer
+
+__all__ = ["Encoded", "Part", "encode_corpus", "encoded_tasks", "eot_id", "file_tasks", "tasks_of"]
+
+_PIECE_BYTES = 1 << 20  # bytes per task handed to a worker process
+
+
+class Part(NamedTuple):
+    """A stretch of one document: bytes [start, end) of the file at `source`, or `source` itself
+    (bytes). `after_document`: a document ends right before it (where an eot id goes)."""
+
+    source: str | bytes
+    start: int
+    end: int
+    after_document: bool
+
+
+Task = tuple[Part, ...]
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """What `encode_corpus` made: the ids (memory-mapped when written to a file), the bytes of
+    text they encode, and the number of documents."""
+
+    ids: np.ndarray
+    n_bytes: int
+    n_documents: int
+
+
+def eot_id(tok: "Tokenizer", eot: str | None) -> int | None:
+    """The id of the special token `eot` (None: no separator); TokenizerError if it is none of tok's."""
+    if eot is None:
+        return None
+    specials = tok.special_tokens
+    if eot not in specials:
+        known = ", ".join(specials) or "none"
+        raise TokenizerError(f"--eot {eot!r} is not a special token of this tokenizer (it has: {known}); train it with --special {eot!r}")
+    return specials[eot]
+
+
+def encode_corpus(
+    tok: "Tokenizer",
+    corpus: Corpus,
+    out_path: str | os.PathLike | None = None,
+    *,
+    workers: int | None = None,
+    quiet: bool = False,
+    allowed_special: Iterable[str] | str = (),
+    disallowed_special: Iterable[str] | str = "all",
+    eot: str | None = None,
+) -> Encoded:
+    """The ids of every document of `corpus`, in order, `eot`'s id between documents.
+
+    With `out_path` (.npy) the ids are streamed there task by task, atomically, and `ids` is
+    that file memory-mapped read-only. workers: processes (default: all cores; 1: here).
+    """
+    allowed, disallowed = tok._special_args(allowed_special, disallowed_special)
+    sep = eot_id(tok, eot)
+    workers = max(1, workers or os.cpu_count() or 1)
+    done = {"bytes": 0, "documents": 0}
+    with tqdm(total=corpus.size, unit="B", unit_scale=True, desc="encoding", disable=quiet or not sys.stderr.isatty()) as bar:
+
+        def progress(task: Task) -> None:
+            n = sum(p.end - p.start for p in task)
+            done["bytes"] += n
+            done["documents"] += sum(p.after_document for p in task)
+            bar.update(n)
+
+        pieces = encoded_tasks(tok, tasks_of(tok, corpus), workers, allowed, disallowed, sep, progress)
+        if out_path is None:
+            ids = np.concatenate([np.zeros(0, dtype=tok.ids_dtype), *pieces])
+        elif io.save_ids_stream(out_path, tok.ids_dtype, pieces) == 0:
+            ids = np.zeros(0, dtype=tok.ids_dtype)
+        else:
+            ids = np.load(out_path, mmap_mode="r", allow_pickle=False)
+    n_documents = done["documents"] + (done["bytes"] > 0)  # the first document has no boundary before it
+    return Encoded(ids, done["bytes"], n_documents)
+
+
+def tasks_of(tok: "Tokenizer", corpus: Corpus) -> Iterator[Task]:
+    """The corpus as tasks: plain files as byte ranges, anything else as pieces read here.
+
+    With a custom pattern or "none" no safe place to cut is known: each document is one part.
+    """
+    files = corpus.plain_files()
+    if files is not None:
+        return iter(file_tasks(tok, files))
+    cuttable = tok._pattern in _BUILTIN
+    specials = [s.encode("utf-8") for s in tok.special_tokens]
+    parts = (
+        Part(p.data, 0, len(p.data), p.starts_document)
+        for p in corpus.pieces(_PIECE_BYTES if cuttable else None, specials)
+    )
+    return _grouped(_first_is_no_boundary(parts))
+
+
+def file_tasks(tok: "Tokenizer", files: list[tuple[str, int]]) -> list[Task]:
+    """Tasks over plain files: each file in ranges of about a megabyte (whole with a custom
+    pattern or "none"), small files grouped."""
+    cuttable = tok._pattern in _BUILTIN
+    specials = [s.encode("utf-8") for s in tok.special_tokens]
+    parts = []
+    for path, size in files:
+        ranges = file_ranges(path, size, _PIECE_BYTES, specials) if cuttable else [(0, size)]
+        parts.extend(Part(str(path), a, b, a == 0) for a, b in ranges if b > a)
+    return list(_grouped(_first_is_no_boundary(parts)))
+
+
+def _first_is_no_boundary(parts: Iterable[Part]) -> Iterator[Part]:
+    parts = iter(parts)
+    first = next(parts, None)
+    if first is not None:
+        yield first._replace(after_document=False)
+        yield from parts
+
+
+def _grouped(parts: Iterable[Part]) -> Iterator[Task]:
+    """Consecutive parts in tasks of about _PIECE_BYTES (a part is never split)."""
+    task: list[Part] = []
+    n = 0
+    for part in parts:
+        task.append(part)
+        n += part.end - part.start
+        if n >= _PIECE_BYTES:
+            yield tuple(task)
+            task, n = [], 0
+    if task:
+        yield tuple(task)
+
+
+def encoded_tasks(
+    tok: "Tokenizer",
+    tasks: Iterable[Task],
+    workers: int,
+    allowed: list[str],
+    disallowed: list[str] | str,
+    eot: int | None,
+    progress: Callable[[Task], None],
+) -> Iterator[np.ndarray]:
+    """The ids of each task, in order. In worker processes, at most two tasks per worker are in
+    flight, so that finished ids do not pile up in memory."""
+    tasks = iter(tasks)
+    head = list(islice(tasks, 2 * workers))  # enough to know whether workers are worth starting
+    if workers == 1 or len(head) <= 1:  # here, task by task: memory stays at one task
+        for task in chain(head, tasks):
+            ids = _encode_task(tok, task, allowed, disallowed, eot)
+            progress(task)
+            yield np.frombuffer(ids, dtype=tok.ids_dtype)
+        return
+    global _worker_tok
+    ctx = multiprocessing.get_context()
+    if ctx.get_start_method() == "fork":  # workers inherit this tokenizer (and its warm cache)
+        _worker_tok, packed = tok, None
+        tok._chunk_cache  # built once here, not in every worker
+    else:  # spawn/forkserver: each worker rebuilds it from the tensors
+        packed = tok.to_tensors()
+    n = min(workers, len(head))
+    todo = chain(head, tasks)
+    pending: deque = deque()  # (task, future) of the tasks in flight, in order
+    # The pool starts its workers from the thread that submits (this one; its manager thread
+    # only replaces workers under max_tasks_per_child, unused here): the thread whose exit
+    # fires the workers' death signal (see die_with_parent).
+    with ProcessPoolExecutor(n, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(), packed)) as pool:
+
+        def submit(count: int) -> None:
+            for task in islice(todo, count):
+                pending.append((task, pool.submit(_worker_encode, task, allowed, disallowed, eot)))
+
+        try:
+            submit(2 * n)
+            while pending:
+                task, fut = pending.popleft()
+                ids = np.frombuffer(fut.result(), dtype=tok.ids_dtype)
+                submit(1)
+                progress(task)
+                yield ids
+        except BaseException as exc:  # e.g. a disallowed special in one task: stop the others now
+            if not isinstance(exc, Exception):
+                # Interrupted (Ctrl-C, SIGTERM) or closed early: the tasks in flight are not worth
+                # waiting for. Terminate first, then shut down, which waits for the manager thread to
+                # reap them (the other order races this process's exit on Python 3.11).
+                for proc in list((pool._processes or {}).values()):  # Python >= 3.14: terminate_workers()
+                    proc.terminate()
+            pool.shutdown(cancel_futures=True)
+            raise
+        finally:
+            _worker_tok = None
+
+
+def _encode_task(tok: "Tokenizer", task: Task, allowed, disallowed, eot: int | None) -> bytes:
+    """The ids of one task's parts as raw bytes of `tok.ids_dtype` (no per-id pickling on the way
+    back from a worker), `eot` before each part that starts a new document."""
+    out = []
+    for part in task:
+        if part.after_document and eot is not None:
+            out.append(np.array(eot, dtype=tok.ids_dtype).tobytes())
+        if isinstance(part.source, bytes):
+            text = part.source.decode("utf-8", errors="surrogateescape")
+        else:
+            text = read_range(part.source, part.start, part.end)
+        out.append(tok._encode_bytes(text, allowed, disallowed))  # = tok.encode(text, ...) as raw ids
+    return out[0] if len(out) == 1 else b"".join(out)
+
+
+# Worker processes of encode_corpus hold the tokenizer here: forked ones inherit it from the
+# parent, others build it once from the tensors; its chunk cache stays warm across tasks.
+_worker_tok: "Tokenizer | None" = None
+
+
+def _worker_init(parent: int, packed: tuple[dict[str, np.ndarray], dict[str, str]] | None) -> None:
+    """First thing in an encoding worker: die with `parent`; rebuild the tokenizer from its
+    tensors unless it was inherited through fork (`packed` None)."""
+    global _worker_tok
+    die_with_parent(parent)
+    if packed is not None:
+        from bpe.tokenizer import Tokenizer
+
+        _worker_tok = Tokenizer.from_tensors(*packed)
+
+
+def _worker_encode(task: Task, allowed, disallowed, eot: int | None) -> bytes:
+    return _encode_task(_worker_tok, task, allowed, disallowed, eot)
