@@ -7,19 +7,18 @@ stderr. Mistakes arrive as TokenizerError (or click errors) and become one line 
 from __future__ import annotations
 
 import json
-from contextlib import nullcontext
 from pathlib import Path
 
 import click
 
 import numpy as np
 
-from bpe import Tokenizer, TokenizerError
+from bpe import Tokenizer
 from bpe import io as bpe_io
 from bpe.corpus import Corpus
 from bpe.encode_corpus import encode_corpus, eot_id
 from bpe.tokenizer import describe_merge
-from common import FileError, mpi
+from cli.launch import abort_on_error, mpi_world
 
 _STOP_REASONS = {
     "vocab_size": "the vocabulary reached --vocab-size",
@@ -75,8 +74,8 @@ def bpe_train_command(corpus, vocab_size, min_frequency, pattern, specials, work
       tk bpe-train corpora/tiny_tales.txt --vocab-size 1024 --special '<|endoftext|>' -o tok.safetensors
       tk bpe-train data/ --glob '*.jsonl.gz' --text-field text --vocab-size 32000 -o tok.safetensors
     """
-    comm = _mpi_world()
-    with _abort_on_error(comm):
+    comm = mpi_world()
+    with abort_on_error(comm):
         inputs = _corpus(corpus, glob, text_field, binary, comm)
         return _bpe_train(comm, inputs, vocab_size, min_frequency, pattern, specials, workers, verbose, quiet, output)
 
@@ -145,8 +144,8 @@ def encode_command(tokenizer_path, text, file, as_json, output, allow_special, s
         raise click.UsageError("--eot, --glob, --text-field and --binary are for -f FILE")
     if allow_special and specials_as_text:
         raise click.UsageError("--allow-special and --specials-as-text exclude each other; pick one")
-    comm = _mpi_world()
-    with _abort_on_error(comm):
+    comm = mpi_world()
+    with abort_on_error(comm):
         return _encode(comm, tokenizer_path, text, file, as_json, output, allow_special, specials_as_text, show, workers,
                        quiet, eot, (glob, text_field, binary))
 
@@ -299,31 +298,6 @@ def bpe_export_command(tokenizer_path, output, fmt) -> int:
         n_specials = len(tok.special_tokens)
         click.echo(f"wrote {paths[0]} ({tok.vocab_size - n_specials} ranks) and {paths[1]} ({n_specials} special token{'s' * (n_specials != 1)})")
     return 0
-
-
-def _mpi_world():
-    """MPI's communicator when `mpirun`/`srun` started several processes, else None (mpi4py unimported)."""
-    try:
-        return mpi.world()
-    except ImportError as err:  # said once, by the first process; the others exit quietly
-        if mpi.launched_rank():
-            raise click.exceptions.Exit(1) from None
-        raise click.ClickException(str(err)) from None
-
-
-def _one_line(err: BaseException) -> str:
-    if isinstance(err, (TokenizerError, FileError)):
-        return str(err)
-    if isinstance(err, click.ClickException):
-        return err.format_message()
-    if isinstance(err, KeyboardInterrupt):
-        return "interrupted"
-    return " ".join(f"{type(err).__name__}: {err}".split())
-
-
-def _abort_on_error(comm):
-    """Under MPI, an error on any rank ends every rank (one line, then MPI_Abort); else nothing."""
-    return nullcontext() if comm is None else mpi.abort_on_error(comm, _one_line)
 
 
 COMMANDS = (bpe_train_command, encode_command, decode_command, bpe_import_command, bpe_export_command)
