@@ -1,6 +1,6 @@
 """Training on MPI ranks against the local worker pool, side by side: what MPI costs on one machine.
 
-    flock /tmp/tokenkit-bench.lock python bench/mpi_train.py [--repeats 5] [--steps 150]
+    flock /tmp/tokenkit-bench.lock python bench/mpi_train.py [--repeats 5] [--shapes default,m]
 
 Runs `tk train-model` on the default corpus twice per repeat, alternating: in one process with
 `--workers 2`, and as `mpirun -n 2 ... --workers 1`. Both compute the same two shards per step
@@ -27,9 +27,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "corpora" / "tiny_tales.txt"
-SHAPES = {
-    "default": [],
-    "m": ["--d-model", "256", "--n-layers", "4", "--n-heads", "8", "--context-length", "128", "--batch-size", "16"],
+SHAPES = {  # name: (steps, flags)
+    "default": (150, []),
+    "m": (40, ["--d-model", "256", "--n-layers", "4", "--n-heads", "8", "--context-length", "128", "--batch-size", "16"]),
 }
 
 
@@ -44,7 +44,6 @@ def tokens_per_s(cmd: list[str]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--shapes", default="default,m")
     args = ap.parse_args()
     mpirun = shutil.which("mpirun")
@@ -54,18 +53,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tok = Path(tmp) / "tok.safetensors"
         subprocess.run([*tk, "bpe-train", str(CORPUS), "--vocab-size", "1024", "-q", "-o", str(tok)], cwd=REPO, check=True)
-        print(f"tk train-model {CORPUS.name} --steps {args.steps} (eval every 1000 steps), tokens/s of the training steps; "
+        print(f"tk train-model {CORPUS.name} (eval every 1000 steps), tokens/s of the training steps; "
               f"median of {args.repeats}, alternating")
         for shape in args.shapes.split(","):
-            common = [str(CORPUS), "-t", str(tok), "--steps", str(args.steps), "--eval-interval", "1000", "-q",
-                      "--overwrite", *SHAPES[shape]]
+            steps, flags = SHAPES[shape]
+            common = [str(CORPUS), "-t", str(tok), "--steps", str(steps), "--eval-interval", "1000", "-q",
+                      "--overwrite", *flags]
             pool, ranks = [], []
             for k in range(args.repeats):
                 run = Path(tmp) / "run"
                 pool.append(tokens_per_s([*tk, "train-model", *common, "-o", str(run), "--workers", "2"]))
                 ranks.append(tokens_per_s([mpirun, "-n", "2", *tk, "train-model", *common, "-o", str(run), "--workers", "1"]))
             p, r = statistics.median(pool), statistics.median(ranks)
-            print(f"{shape:>8}  --workers 2: {p:>9,.0f} tok/s   mpirun -n 2 --workers 1: {r:>9,.0f} tok/s   "
+            print(f"{shape:>8}  ({steps} steps) --workers 2: {p:>9,.0f} tok/s   mpirun -n 2 --workers 1: {r:>9,.0f} tok/s   "
                   f"ratio {r / p:.2f}x (goal >= 0.9x)")
             print(f"{'':>8}  runs: pool {[round(x) for x in pool]}, mpi {[round(x) for x in ranks]}")
 

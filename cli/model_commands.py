@@ -16,8 +16,9 @@ from typing import Any
 import click
 
 from cli.launch import abort_on_error, mpi_world
+from cli.tokenizer_commands import corpus_options
 from pipeline import PipelineError, checkpoint, hf
-from pipeline.data import check_corpus
+from pipeline.data import CorpusSpec
 from pipeline.ranks import Ranks
 from pipeline.run import generate, load_model_and_tokenizer, load_tokenizer, predict_next, run_pipeline, token_text
 from pipeline.train import (
@@ -91,12 +92,39 @@ def _given(kwargs: dict[str, Any], fresh: bool = True, ranks: Ranks | None = Non
     return values
 
 
+def _run_corpus_options(func):
+    """CORPUS's reading flags (--glob, --text-field, --binary, as bpe-train's), --eot and --val."""
+    func = corpus_options(func)
+    func = click.option("--eot", metavar="TOKEN",
+                        help="Put this special token between documents (files, JSONL records) in the token files; "
+                        "a tokenizer trained here gets it, a given one (-t) must have it.")(func)
+    func = click.option("--val", "val", multiple=True, type=click.Path(path_type=Path), metavar="FILE",
+                        help="Validate on this corpus (repeatable; files, directories, compressed, JSONL as CORPUS) "
+                        "instead of the last --val-fraction of CORPUS.")(func)
+    return func
+
+
+def _corpus_spec(corpus, val, eot, glob, text_field, binary) -> CorpusSpec:
+    return CorpusSpec(tuple(str(p) for p in corpus), glob=glob, text_field=text_field, binary=binary, eot=eot,
+                      val=tuple(str(p) for p in val))
+
+
+def _check_val(val, given: dict[str, Any]) -> None:
+    if val and "val_fraction" in given:
+        raise click.UsageError("--val and --val-fraction exclude each other: --val validates on its own corpus")
+
+
 def _say(quiet: bool):
     return (lambda msg: None) if quiet else (lambda msg: click.echo(msg, err=True))
 
 
 def _warn(msg: str) -> None:
     click.echo(msg, err=True)
+
+
+def _warn_line(msg: str) -> None:
+    """A corpus's warning (an input that does not look like text), shown even with --quiet."""
+    click.echo(f"warning: {msg}", err=True)
 
 
 def _summary(result: TrainResult) -> None:
@@ -150,7 +178,7 @@ def _interrupted(result: TrainResult) -> int:
 
 
 @click.command("train-model")
-@click.argument("corpus", required=False, type=click.Path(path_type=Path))
+@click.argument("corpus", nargs=-1, type=click.Path(path_type=Path))
 @click.option("-t", "--tokenizer", "tokenizer_path", type=click.Path(path_type=Path),
               help="tokenizer.safetensors (default: train one on the corpus into RUN_DIR)")
 @click.option("-o", "--out", "run_dir", type=click.Path(file_okay=False, path_type=Path), help="run directory")
@@ -160,11 +188,17 @@ def _interrupted(result: TrainResult) -> int:
               help="start a new run from MODEL's weights and tokenizer (a run directory or model file, "
               "e.g. one `tk import-hf` wrote); the model's shape comes from it")
 @_training_options
+@_run_corpus_options
 @click.option("--overwrite", is_flag=True, help="replace the files of another run in RUN_DIR (otherwise refused)")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bar or notes, only the summary")
 @_on_ranks
-def train_model_command(ranks, corpus, tokenizer_path, run_dir, resume, init_from, overwrite, quiet, **kwargs) -> int:
+def train_model_command(ranks, corpus, tokenizer_path, run_dir, resume, init_from, overwrite, quiet,
+                        val, eot, glob, text_field, binary, **kwargs) -> int:
     """Train a GPT on CORPUS; checkpoints, log and token cache go in RUN_DIR.
+
+    CORPUS: files and directories (every file below, sorted by path), gzip, bzip2, xz and zstd
+    files, JSON Lines with --text-field; several are read in order. Stdin and pipes are refused:
+    a run reads its corpus again (and --resume checks it), so save a stream to a file first.
 
     RUN_DIR/model.safetensors holds the best evaluated weights with the tokenizer inside (one
     file is enough to predict); RUN_DIR/train_state.safetensors the last state for --resume.
@@ -177,9 +211,11 @@ def train_model_command(ranks, corpus, tokenizer_path, run_dir, resume, init_fro
       tk train-model corpora/tiny_tales.txt -t tok.safetensors -o runs/tales --steps 500
       tk train-model --resume runs/tales
       tk train-model corpora/tiny_tales.txt --init-from runs/demo -o runs/tuned --steps 100
+      tk train-model data/ --glob '*.jsonl.gz' --text-field text --eot '<|endoftext|>' --val val.jsonl -o runs/docs
     """
     say = _say(quiet)
     given = _given(kwargs, fresh=resume is None, ranks=ranks)
+    _check_val(val, given)
     if resume is not None:
         target = Path(resume) if resume else run_dir
         if target is None:
@@ -193,17 +229,20 @@ def train_model_command(ranks, corpus, tokenizer_path, run_dir, resume, init_fro
         if init_from is not None:
             raise click.UsageError("--init-from starts a new run; a resumed run continues from its own weights")
         tok = load_tokenizer(tokenizer_path) if tokenizer_path is not None else None
-        result = resume_training(target, corpus=corpus, tokenizer=tok, overrides=given, ranks=ranks, quiet=quiet, say=say)
+        flags = {"inputs": corpus, "val": val, "glob": glob, "text_field": text_field, "binary": binary or None, "eot": eot}
+        changes = {name: value for name, value in flags.items() if value}  # what was given: in place of the recorded
+        result = resume_training(target, tokenizer=tok, overrides=given, corpus_overrides=changes, ranks=ranks,
+                                 quiet=quiet, say=say)
     else:
-        if corpus is None:
+        if not corpus:
             raise click.UsageError("missing CORPUS (or --resume RUN_DIR to continue a run)")
         if run_dir is None:
             raise click.UsageError("missing -o RUN_DIR: where the checkpoints and logs go")
         init = StartFrom.load(init_from) if init_from is not None else None
         config = TrainConfig.from_dict(init.settings(given) if init is not None else given)
-        check_corpus(corpus)
+        inputs = _corpus_spec(corpus, val, eot, glob, text_field, binary).open(warn=_warn_line)
         tok = load_tokenizer(tokenizer_path) if tokenizer_path is not None else None
-        result = train_model(corpus, run_dir, tok, config, init=init, overwrite=overwrite, ranks=ranks, quiet=quiet, say=say)
+        result = train_model(inputs, run_dir, tok, config, init=init, overwrite=overwrite, ranks=ranks, quiet=quiet, say=say)
     _summary(result)
     return _interrupted(result) if result.interrupted else 0
 
@@ -345,13 +384,31 @@ def _info_model(path: Path) -> None:
         base = prov.get("unigram_baseline")
         if isinstance(base, float):
             _row("unigram baseline", f"{base:.4f}")
-        labels = {"corpus": "corpus", "corpus_sha256": "corpus sha256", "n_train_tokens": "train tokens",
+        if "corpus" in prov:
+            _corpus_rows(prov)
+        labels = {"corpus_sha256": "corpus sha256", "corpus_fingerprint": "corpus fingerprint",
+                  "val_fingerprint": "val fingerprint", "n_train_tokens": "train tokens",
                   "tokenkit": "written by tokenkit", "imported_from": "imported from", "init_from": "initialised from"}
         for key, label in labels.items():
             if key in prov:
                 _row(label, f"{prov[key]:,}" if isinstance(prov[key], int) else prov[key])
         if "train_config" in prov:
             _row("training config", json.dumps(prov["train_config"]))
+
+
+def _corpus_rows(record: dict[str, Any], sizes: str = "") -> None:
+    """The corpus a run recorded: its inputs and the flags that read them, and its --val."""
+    try:
+        spec = CorpusSpec.from_record(record)
+    except PipelineError:
+        _row("corpus", record.get("corpus"))
+        return
+    flags = [f"--glob {spec.glob!r}" if spec.glob is not None else "", f"--text-field {spec.text_field}" if spec.text_field else "",
+             "--binary" if spec.binary else "", f"--eot {spec.eot!r}" if spec.eot is not None else ""]
+    flags = [f for f in flags if f]
+    _row("corpus", spec.describe() + (f" ({', '.join(flags)})" if flags else "") + sizes)
+    if spec.val:
+        _row("val corpus", spec.describe(val=True))
 
 
 def _info_state(path: Path) -> None:
@@ -363,7 +420,7 @@ def _info_state(path: Path) -> None:
     _row("best val loss", best)
     _row("config", json.dumps(state.model_config))
     _row("parameters", f"{sum(int(p.size) for p in state.params.values()):,}")
-    _row("corpus", f"{state.data.get('corpus')} ({state.data.get('n_train')} train / {state.data.get('n_val')} val tokens)")
+    _corpus_rows(state.data, f" ({state.data.get('n_train')} train / {state.data.get('n_val')} val tokens)")
     _row("training config", json.dumps(state.train_config))
 
 
@@ -371,17 +428,22 @@ def _info_state(path: Path) -> None:
 
 
 @click.command("pipeline")
-@click.argument("corpus", type=click.Path(path_type=Path))
+@click.argument("corpus", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--out", "run_dir", required=True, type=click.Path(file_okay=False, path_type=Path), help="run directory")
 @click.option("--vocab-size", default=DEFAULT_VOCAB_SIZE, show_default=True, type=int, help="tokenizer vocabulary size")
 @_training_options
+@_run_corpus_options
 @click.option("--prompt", default=None, help="prompt for the final sample (default: words from the validation text)")
 @click.option("-n", "--max-new-tokens", default=None, type=int, help="tokens in the final sample  [default: what fills the model's context]")
 @click.option("--overwrite", is_flag=True, help="redo stages whose outputs are stale, and replace files not made by the pipeline")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bars or notes")
 @_on_ranks
-def pipeline_command(ranks, corpus, run_dir, vocab_size, prompt, max_new_tokens, overwrite, quiet, **kwargs) -> int:
+def pipeline_command(ranks, corpus, run_dir, vocab_size, prompt, max_new_tokens, overwrite, quiet,
+                     val, eot, glob, text_field, binary, **kwargs) -> int:
     """Tokenizer -> encode -> train -> sample, each stage skipped when RUN_DIR already has it.
+
+    CORPUS is read as train-model reads it (files, directories, compressed files, JSONL; no
+    stdin or pipes); --eot and --val too.
 
     Rerunning continues an interrupted training run and reuses finished stages. A stage whose
     inputs changed (a new corpus, another vocabulary size or training settings) would replace
@@ -392,8 +454,11 @@ def pipeline_command(ranks, corpus, run_dir, vocab_size, prompt, max_new_tokens,
       tk pipeline corpora/tiny_tales.txt -o runs/demo
     """
     say = _say(quiet)
-    config = TrainConfig.from_dict(_given(kwargs, ranks=ranks))
-    result = run_pipeline(corpus, run_dir, vocab_size=vocab_size, config=config, overwrite=overwrite, ranks=ranks,
+    given = _given(kwargs, ranks=ranks)
+    _check_val(val, given)
+    config = TrainConfig.from_dict(given)
+    inputs = _corpus_spec(corpus, val, eot, glob, text_field, binary).open(warn=_warn_line)
+    result = run_pipeline(inputs, run_dir, vocab_size=vocab_size, config=config, overwrite=overwrite, ranks=ranks,
                           quiet=quiet, say=say)
     if result.train is not None:
         _summary(result.train)

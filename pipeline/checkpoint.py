@@ -5,6 +5,7 @@ A run directory holds:
     tokenizer.safetensors    the tokenizer (when the pipeline trained it)
     pipeline.json            what `tk pipeline` trained that tokenizer on (its up-to-date check)
     tokens.npy, tokens.json  the corpus encoded once, and what it was encoded from (the cache key)
+    val_tokens.npy           the validation corpus (`--val`) encoded once, recorded in tokens.json too
     model.safetensors        weights with the best validation loss + the tokenizer under `tokenizer.*`
                              + metadata: ONE file is enough to predict
     train_state.safetensors  the last step's full state (weights, AdamW moments, data generator)
@@ -48,6 +49,7 @@ MODEL_FILE = "model.safetensors"
 STATE_FILE = "train_state.safetensors"
 TOKENIZER_FILE = "tokenizer.safetensors"
 TOKENS_FILE = "tokens.npy"
+VAL_TOKENS_FILE = "val_tokens.npy"
 TOKENS_META_FILE = "tokens.json"
 LOG_FILE = "log.jsonl"
 PIPELINE_FILE = "pipeline.json"
@@ -358,7 +360,7 @@ class TrainState:
     best_step: int | None
     train_config: dict[str, Any]
     model_config: dict[str, Any]
-    data: dict[str, Any]  # corpus path + sha256, tokenizer fingerprint, split sizes
+    data: dict[str, Any]  # corpus spec + fingerprints, tokenizer fingerprint, eot, split sizes
     tokenizer: Any
 
 

@@ -1,16 +1,25 @@
-"""Corpus -> token-id file (memory-mapped) -> (B, T) training batches from a seeded generator.
+"""Corpus -> token-id files (memory-mapped) -> (B, T) training batches from a seeded generator.
 
-The corpus is encoded once with the tokenizer's `encode_file` into `tokens.npy` beside the run
-(uint16 when the vocabulary fits, else uint32) and opened with `np.load(mmap_mode="r")`, so a
-corpus larger than memory still trains: a batch reads only its windows. `tokens.json` records
-what the file was made from (sha256 of the corpus bytes, the tokenizer's fingerprint); when
-both still match, the file is reused instead of encoding again.
+A run's corpus is a `CorpusSpec`: its inputs (files, directories, compressed files, JSONL;
+read by `bpe.corpus.Corpus`, the one place a corpus is read), how to read them (`glob`,
+`text_field`, `binary`), the special token put between documents (`eot`), and optionally an
+explicit validation corpus (`val`) read the same way. The spec and the corpus's fingerprint
+(`Corpus.fingerprint`: for one plain file its sha256) are what a run records and what `--resume`
+checks. Streams (stdin, pipes) are refused: a run reads its corpus several times (tokenizer,
+encoding, the resume check), and a stream can be read only once.
 
-The last `val_fraction` of the tokens is the validation split. Training batches are random
-windows drawn by a `np.random.Generator` whose whole state fits in a few uint64 words
+The corpus is encoded once with the tokenizer into `tokens.npy` beside the run (the validation
+corpus into `val_tokens.npy`; uint16 when the vocabulary fits, else uint32) and opened with
+`np.load(mmap_mode="r")`, so a corpus larger than memory still trains: a batch reads only its
+windows. `tokens.json` records what each file was made from (the corpus fingerprint, the
+tokenizer's fingerprint, the eot token); while they still match, a file is reused instead of
+encoding again.
+
+Without `val`, the last `val_fraction` of the tokens is the validation split. Training batches
+are random windows drawn by a `np.random.Generator` whose whole state fits in a few uint64 words
 (`rng_to_array` / `rng_from_array`), so a checkpoint can resume the exact batch sequence.
 
-This module writes no file contents itself (`bpe` encodes into the file, `pipeline.checkpoint`
+This module writes no file contents itself (`bpe` encodes into the files, `pipeline.checkpoint`
 writes the JSON); it only renames finished ids into place.
 """
 
@@ -18,16 +27,23 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
+import stat
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from bpe import Corpus, TokenizerError
+from bpe.encode_corpus import eot_id
 from common import atomic
 from pipeline import checkpoint
 from pipeline.errors import PipelineError
 
 _MASK64 = (1 << 64) - 1
+# What a token file's ids depend on: the fields of `TokenData.key()` and of a run's data record.
+KEY_FIELDS = ("corpus_fingerprint", "val_fingerprint", "tokenizer_fingerprint", "eot")
 
 
 def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
@@ -39,51 +55,210 @@ def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def check_corpus(corpus: str | os.PathLike) -> Path:
-    """The corpus path, or a one-line PipelineError when it cannot be trained on."""
-    path = Path(corpus)
-    if not path.exists():
-        raise PipelineError(f"corpus not found: {path}")
-    if path.is_dir():
-        raise PipelineError(f"corpus {path} is a directory; give a text file")
-    if path.stat().st_size == 0:
-        raise PipelineError(f"corpus {path} is empty; give a text file with some text")
-    return path
+# --- what a run trains on --------------------------------------------------------------------
 
 
-# --- the token-id file and its cache ---------------------------------------------------------
+@dataclass(frozen=True)
+class CorpusSpec:
+    """A run's corpus as the user gave it: inputs, how to read them, the separator, validation.
+
+    inputs: files and directories (as given); glob, text_field, binary: as `bpe.corpus.Corpus`
+    reads them; eot: a special token whose id goes between documents in the token files; val:
+    inputs of an explicit validation corpus (read with the same options), used instead of the
+    held-out fraction.
+
+    >>> CorpusSpec.of("tales.txt").to_dict()["inputs"]
+    ['tales.txt']
+    """
+
+    inputs: tuple[str, ...]
+    glob: str | None = None
+    text_field: str | None = None
+    binary: bool = False
+    eot: str | None = None
+    val: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, corpus: CorpusSpec | RunCorpus | str | os.PathLike | Iterable[str | os.PathLike]) -> CorpusSpec:
+        """A spec from a spec, an opened corpus, one path, or a list of paths."""
+        if isinstance(corpus, CorpusSpec):
+            return corpus
+        if isinstance(corpus, RunCorpus):
+            return corpus.spec
+        if isinstance(corpus, (str, os.PathLike)):
+            return cls((os.fspath(corpus),))
+        return cls(tuple(os.fspath(p) for p in corpus))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"inputs": list(self.inputs), "glob": self.glob, "text_field": self.text_field, "binary": self.binary,
+                "eot": self.eot, "val": list(self.val)}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any], where: str = "the run") -> CorpusSpec:
+        """The spec a run recorded (`to_dict`'s, or a v1 run's one path under "corpus")."""
+        value = record.get("corpus")
+        if isinstance(value, str):  # v1: one file
+            return cls((value,))
+        ok = isinstance(value, dict) and isinstance(value.get("inputs"), list) and isinstance(value.get("val", []), list)
+        try:
+            spec = cls(tuple(value["inputs"]), value.get("glob"), value.get("text_field"), bool(value.get("binary", False)),
+                       value.get("eot"), tuple(value.get("val", []))) if ok else None
+        except (TypeError, KeyError):
+            spec = None
+        if spec is None or not all(isinstance(p, str) for p in spec.inputs + spec.val) or not spec.inputs:
+            raise PipelineError(f"{where} records no readable corpus; it is corrupt")
+        return spec
+
+    def reading(self) -> dict[str, Any]:
+        """How the inputs are read (what tokens.json records beside each file's inputs)."""
+        return {"glob": self.glob, "text_field": self.text_field, "binary": self.binary}
+
+    def describe(self, val: bool = False) -> str:
+        """The inputs (or the validation inputs) for messages: 'a.txt', 'a.txt, b.txt', 'a, b, c and 2 more'."""
+        names = self.val if val else self.inputs
+        return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+    def open(self, warn: Callable[[str], None] | None = None) -> RunCorpus:
+        """The inputs opened for reading (one-line PipelineError for a missing input, a stream,
+        a device, an empty file or directory); `warn` hears of inputs that do not look like text."""
+        val = _open(self.val, self, warn, "validation corpus") if self.val else None
+        return RunCorpus(self, _open(self.inputs, self, warn, "corpus"), val)
+
+
+@dataclass
+class RunCorpus:
+    """A CorpusSpec opened: the training and validation `bpe.corpus.Corpus`, and their
+    fingerprints, each read once (then remembered)."""
+
+    spec: CorpusSpec
+    train: Corpus
+    val: Corpus | None
+    _fingerprints: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def fingerprint(self) -> str:
+        if "train" not in self._fingerprints:
+            self._fingerprints["train"] = self.train.fingerprint()
+        return self._fingerprints["train"]
+
+    def val_fingerprint(self) -> str | None:
+        if self.val is None:
+            return None
+        if "val" not in self._fingerprints:
+            self._fingerprints["val"] = self.val.fingerprint()
+        return self._fingerprints["val"]
+
+
+def open_corpus(corpus, warn: Callable[[str], None] | None = None) -> RunCorpus:
+    """`corpus` (a RunCorpus, a CorpusSpec, a path or a list of paths) opened."""
+    return corpus if isinstance(corpus, RunCorpus) else CorpusSpec.of(corpus).open(warn)
+
+
+def _open(inputs: tuple[str, ...], spec: CorpusSpec, warn, what: str) -> Corpus:
+    for name in inputs:
+        if name == "-" or _is_pipe(name):
+            shown = "stdin (-)" if name == "-" else f"{name} is a pipe, which"
+            raise PipelineError(
+                f"{shown} can be read only once, and a training run reads its {what} more than once (to train, "
+                "to encode, and to check it on --resume); save it to a file first (a compressed file is read as it is)"
+            )
+    try:
+        corpus = Corpus([Path(p) for p in inputs], glob=spec.glob, text_field=spec.text_field, binary=spec.binary, warn=warn)
+    except TokenizerError as err:
+        raise PipelineError(f"--val: {err}" if what != "corpus" else str(err)) from None
+    if corpus.size == 0:
+        raise PipelineError(f"{what} {spec.describe(what != 'corpus')} is empty; give a text file with some text")
+    return corpus
+
+
+def _is_pipe(name: str) -> bool:
+    try:
+        return stat.S_ISFIFO(os.stat(name).st_mode)
+    except (OSError, ValueError):
+        return False  # missing: Corpus says so
+
+
+def check_corpus(corpus) -> RunCorpus:
+    """The corpus opened, or a one-line PipelineError when it cannot be trained on."""
+    return open_corpus(corpus)
+
+
+def check_eot(tokenizer, spec: CorpusSpec) -> None:
+    """One line when the spec's eot is not a special token of `tokenizer`."""
+    try:
+        eot_id(tokenizer, spec.eot)
+    except TokenizerError as err:
+        raise PipelineError(str(err)) from None
+
+
+def record_key(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The KEY_FIELDS of a recorded data table (a run's, or a tokens.json entry); a v1 record's
+    `corpus_sha256` is its fingerprint (for one plain file, the fingerprint is the sha256)."""
+    key = {name: record.get(name) for name in KEY_FIELDS}
+    if key["corpus_fingerprint"] is None and "corpus_sha256" in record:
+        key["corpus_fingerprint"] = record["corpus_sha256"]
+    return key
+
+
+# --- the token-id files and their cache ------------------------------------------------------
 
 
 @dataclass
 class TokenData:
-    """The encoded corpus: `ids` is a read-only memmap (N,) of the whole corpus.
+    """The encoded corpus: `ids` is a read-only memmap (N,) of the whole training corpus, and
+    `val_ids` one of the validation corpus (None: the validation split is held out of `ids`).
 
-    `pending` is the temp file holding freshly encoded ids until `commit_tokens` renames it to
-    tokens.npy (a run commits only once it is known to start); None when nothing is pending.
+    `pending` maps token file names to the temp files holding freshly encoded ids until
+    `commit_tokens` renames them into place (a run commits only once it is known to start).
     """
 
     ids: np.ndarray
     vocab_size: int
-    corpus: str
-    corpus_sha256: str
+    spec: CorpusSpec
+    corpus_fingerprint: str
     tokenizer_fingerprint: str
-    reused: bool  # True when the cached tokens.npy was used as is
-    pending: Path | None = None
+    reused: bool  # True when every cached token file was used as is
+    val_ids: np.ndarray | None = None
+    val_fingerprint: str | None = None
+    pending: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def corpus(self) -> str:
+        """The inputs, for messages."""
+        return self.spec.describe()
 
     def split(self, val_fraction: float, context_length: int) -> tuple[np.ndarray, np.ndarray]:
-        """(train, val) views of the memmap: val is the last `val_fraction` of the tokens."""
-        n_train = split_point(len(self.ids), val_fraction, context_length)
-        return self.ids[:n_train], self.ids[n_train:]
+        """(train, val) views: the validation corpus's ids, or the last `val_fraction` of the tokens."""
+        if self.val_ids is None:
+            n_train = split_point(len(self.ids), val_fraction, context_length)
+            return self.ids[:n_train], self.ids[n_train:]
+        need = context_length + 1
+        if len(self.ids) < need or len(self.val_ids) < need:
+            raise PipelineError(
+                f"corpus too small: {len(self.ids)} train / {len(self.val_ids)} validation (--val) tokens, but each "
+                f"needs at least {need} (context {context_length} + 1); use bigger corpora or a smaller --context-length"
+            )
+        return self.ids, self.val_ids
 
-    def key(self) -> dict[str, str]:
+    def key(self) -> dict[str, Any]:
         """What the ids depend on; a run records it to detect a changed corpus or tokenizer."""
-        return {"corpus_sha256": self.corpus_sha256, "tokenizer_fingerprint": self.tokenizer_fingerprint}
+        return {"corpus_fingerprint": self.corpus_fingerprint, "val_fingerprint": self.val_fingerprint,
+                "tokenizer_fingerprint": self.tokenizer_fingerprint, "eot": self.spec.eot}
+
+    def files(self) -> dict[str, dict[str, Any]]:
+        """tokens.json's entry for each token file: what it was made from."""
+        common = {"tokenizer_fingerprint": self.tokenizer_fingerprint, "eot": self.spec.eot, **self.spec.reading()}
+        entries = {checkpoint.TOKENS_FILE: {**common, "inputs": list(self.spec.inputs), "corpus_fingerprint": self.corpus_fingerprint,
+                                            "n_tokens": int(len(self.ids)), "dtype": self.ids.dtype.name}}
+        if self.val_ids is not None:
+            entries[checkpoint.VAL_TOKENS_FILE] = {**common, "inputs": list(self.spec.val), "corpus_fingerprint": self.val_fingerprint,
+                                                   "n_tokens": int(len(self.val_ids)), "dtype": self.val_ids.dtype.name}
+        return entries
 
     def discard(self) -> None:
-        """Remove the pending temp file (the run did not start)."""
-        if self.pending is not None:
-            self.pending.unlink(missing_ok=True)
-            self.pending = None
+        """Remove the pending temp files (the run did not start)."""
+        for tmp in self.pending.values():
+            tmp.unlink(missing_ok=True)
+        self.pending = {}
 
 
 def split_point(n_tokens: int, val_fraction: float, context_length: int) -> int:
@@ -108,93 +283,127 @@ def split_point(n_tokens: int, val_fraction: float, context_length: int) -> int:
     return n_train
 
 
-def cached_tokens(run_dir: str | os.PathLike, key: dict[str, str], dtype) -> np.ndarray | None:
-    """run_dir/tokens.npy memory-mapped when tokens.json says it was made with `key`, else None."""
-    run_dir = Path(run_dir)
-    tokens_path = run_dir / checkpoint.TOKENS_FILE
+def _cache_entries(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """tokens.json as {file name: entry}; a v1 file (one flat entry for tokens.npy) read as such."""
     cached = checkpoint.read_json(run_dir / checkpoint.TOKENS_META_FILE)
-    if not (isinstance(cached, dict) and all(cached.get(k) == v for k, v in key.items()) and tokens_path.exists()):
+    if not isinstance(cached, dict):
+        return {}
+    if "corpus_sha256" in cached:  # v1
+        return {checkpoint.TOKENS_FILE: cached}
+    return {name: entry for name, entry in cached.items() if isinstance(entry, dict)}
+
+
+def cached_tokens(run_dir: str | os.PathLike, name: str, key: dict[str, Any], dtype) -> np.ndarray | None:
+    """run_dir/NAME (tokens.npy, val_tokens.npy) memory-mapped when tokens.json says it was made
+    with `key` (corpus_fingerprint, tokenizer_fingerprint, eot), else None."""
+    run_dir = Path(run_dir)
+    entry = _cache_entries(run_dir).get(name)
+    if entry is None or any(record_key(entry).get(k) != v for k, v in key.items()) or not (run_dir / name).exists():
         return None
-    ids = _open_ids(tokens_path)
-    if ids is None or ids.dtype != dtype or len(ids) != cached.get("n_tokens"):
+    ids = _open_ids(run_dir / name)
+    if ids is None or ids.dtype != dtype or len(ids) != entry.get("n_tokens"):
         return None
     return ids
 
 
 def prepare_tokens(
-    corpus: str | os.PathLike,
+    corpus,
     tokenizer,
     run_dir: str | os.PathLike,
     *,
     quiet: bool = False,
-    corpus_sha256: str | None = None,
     commit: bool = True,
 ) -> TokenData:
-    """Encode `corpus` for `run_dir/tokens.npy`, or reuse it when corpus and tokenizer are unchanged.
+    """Encode `corpus` (a RunCorpus, CorpusSpec or path) for `run_dir/tokens.npy` (and its
+    validation corpus for `val_tokens.npy`), or reuse each file when its corpus, the tokenizer
+    and the eot token are unchanged.
 
-    Returns the ids memory-mapped; the split is made later (`split_point`) because it depends
-    on training settings, not on the encoding. With `commit=False` fresh ids stay in a temp
-    file beside tokens.npy (`TokenData.pending`) until `commit_tokens`, so that nothing in the
+    Returns the ids memory-mapped; the split is made later (`TokenData.split`) because it depends
+    on training settings, not on the encoding. With `commit=False` fresh ids stay in temp files
+    beside the token files (`TokenData.pending`) until `commit_tokens`, so that nothing in the
     run directory is replaced before the run is known to start.
     """
-    corpus = check_corpus(corpus)
+    rc = open_corpus(corpus)
+    spec = rc.spec
+    check_eot(tokenizer, spec)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    digest = corpus_sha256 or sha256_file(corpus)
     fingerprint = tokenizer.fingerprint()
     dtype = np.uint16 if tokenizer.vocab_size <= 65536 else np.uint32
-    key = {"corpus_sha256": digest, "tokenizer_fingerprint": fingerprint}
-    ids = cached_tokens(run_dir, key, dtype)
-    tokens = TokenData(
-        ids=ids, vocab_size=tokenizer.vocab_size, corpus=str(corpus), corpus_sha256=digest,
-        tokenizer_fingerprint=fingerprint, reused=ids is not None,
-    )
-    if ids is None:
-        tmp = atomic.temp_path(run_dir / checkpoint.TOKENS_FILE)
-        try:
-            tokenizer.encode_file(corpus, out_path=tmp, quiet=quiet)
-            tokens.ids = _open_ids(tmp)
-            if tokens.ids is None:
-                raise PipelineError(f"encoding {corpus} wrote an unreadable {tmp}")
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        tokens.pending = tmp
-        if commit:
-            commit_tokens(tokens, run_dir)
-    if len(tokens.ids) == 0:
+    tokens = TokenData(ids=None, vocab_size=tokenizer.vocab_size, spec=spec, corpus_fingerprint=rc.fingerprint(),
+                       tokenizer_fingerprint=fingerprint, reused=True, val_fingerprint=rc.val_fingerprint())
+    parts = [(checkpoint.TOKENS_FILE, rc.train, tokens.corpus_fingerprint, "corpus")]
+    if rc.val is not None:
+        parts.append((checkpoint.VAL_TOKENS_FILE, rc.val, tokens.val_fingerprint, "validation corpus"))
+    try:
+        for name, source, digest, what in parts:
+            key = {"corpus_fingerprint": digest, "tokenizer_fingerprint": fingerprint, "eot": spec.eot}
+            ids = cached_tokens(run_dir, name, key, dtype)
+            if ids is None:
+                tokens.reused = False
+                tmp = atomic.temp_path(run_dir / name)
+                tokens.pending[name] = tmp
+                tokenizer.encode_file(source, out_path=tmp, quiet=quiet, eot=spec.eot)
+                ids = _open_ids(tmp)
+                if ids is None:
+                    raise PipelineError(f"encoding the {what} wrote an unreadable {tmp}")
+            if len(ids) == 0:
+                raise PipelineError(f"{what} {spec.describe(what != 'corpus')} encodes to no tokens")
+            if name == checkpoint.TOKENS_FILE:
+                tokens.ids = ids
+            else:
+                tokens.val_ids = ids
+    except BaseException:
         tokens.discard()
-        raise PipelineError(f"corpus {corpus} encodes to no tokens")
+        raise
+    if commit:
+        commit_tokens(tokens, run_dir)
     return tokens
 
 
 def commit_tokens(tokens: TokenData, run_dir: str | os.PathLike) -> None:
-    """Rename pending ids to run_dir/tokens.npy and record what they were made from in tokens.json."""
-    if tokens.pending is None:
+    """Rename pending ids into place and record what every token file was made from in tokens.json.
+
+    The entries of the files being replaced leave tokens.json first, so a crash between the
+    renames and the final write leaves files that are merely not reused, never wrongly reused.
+    """
+    if not tokens.pending:
         return
     run_dir = Path(run_dir)
-    try:
-        atomic.commit(tokens.pending, run_dir / checkpoint.TOKENS_FILE)
-    except OSError as err:
-        tokens.discard()
-        raise PipelineError(str(atomic.write_error(run_dir / checkpoint.TOKENS_FILE, err))) from None
-    tokens.pending = None
-    checkpoint.write_json(
-        run_dir / checkpoint.TOKENS_META_FILE,
-        {**tokens.key(), "corpus": tokens.corpus, "n_tokens": int(len(tokens.ids)), "dtype": tokens.ids.dtype.name},
-    )
+    entries = _cache_entries(run_dir)
+    if any(name in entries for name in tokens.pending):
+        kept = {name: entry for name, entry in entries.items() if name not in tokens.pending}
+        checkpoint.write_json(run_dir / checkpoint.TOKENS_META_FILE, kept)
+    for name, tmp in list(tokens.pending.items()):
+        try:
+            atomic.commit(tmp, run_dir / name)
+        except OSError as err:
+            tokens.discard()
+            raise PipelineError(str(atomic.write_error(run_dir / name, err))) from None
+        del tokens.pending[name]
+    entries = {name: entry for name, entry in _cache_entries(run_dir).items()}
+    entries.update(tokens.files())
+    checkpoint.write_json(run_dir / checkpoint.TOKENS_META_FILE, entries)
 
 
-def open_tokens(run_dir: str | os.PathLike, tokenizer, corpus: str, key: dict[str, str], n_tokens: int) -> TokenData:
-    """run_dir/tokens.npy as another process committed it (an MPI rank joining rank 0's run),
-    memory-mapped; a one-line PipelineError when this process cannot see it whole."""
-    path = Path(run_dir) / checkpoint.TOKENS_FILE
-    ids = _open_ids(path)
-    if ids is None or len(ids) != n_tokens:
-        seen = "cannot read it" if ids is None else f"sees {len(ids):,} tokens instead of {n_tokens:,}"
-        raise PipelineError(f"{path}: this process {seen}; every rank needs the run directory on a filesystem they all see")
-    return TokenData(ids=ids, vocab_size=tokenizer.vocab_size, corpus=corpus, corpus_sha256=key["corpus_sha256"],
-                     tokenizer_fingerprint=key["tokenizer_fingerprint"], reused=True)
+def open_tokens(run_dir: str | os.PathLike, tokenizer, spec: Mapping[str, Any], key: dict[str, Any], n_tokens: int,
+                n_val_tokens: int | None = None) -> TokenData:
+    """run_dir's token files as another process committed them (an MPI rank joining rank 0's
+    run), memory-mapped; a one-line PipelineError when this process cannot see them whole."""
+    found = {}
+    for name, n in ((checkpoint.TOKENS_FILE, n_tokens), (checkpoint.VAL_TOKENS_FILE, n_val_tokens)):
+        if n is None:
+            continue
+        path = Path(run_dir) / name
+        ids = _open_ids(path)
+        if ids is None or len(ids) != n:
+            seen = "cannot read it" if ids is None else f"sees {len(ids):,} tokens instead of {n:,}"
+            raise PipelineError(f"{path}: this process {seen}; every rank needs the run directory on a filesystem they all see")
+        found[name] = ids
+    return TokenData(ids=found[checkpoint.TOKENS_FILE], vocab_size=tokenizer.vocab_size,
+                     spec=CorpusSpec.from_record({"corpus": dict(spec)}), corpus_fingerprint=key["corpus_fingerprint"],
+                     tokenizer_fingerprint=key["tokenizer_fingerprint"], reused=True,
+                     val_ids=found.get(checkpoint.VAL_TOKENS_FILE), val_fingerprint=key.get("val_fingerprint"))
 
 
 def _open_ids(path: Path) -> np.ndarray | None:

@@ -3,9 +3,10 @@
 `run_pipeline(corpus, run_dir)` runs the stages in order, each skipped when its output in the
 run directory is present and up to date:
 
-    1. tokenizer  run_dir/tokenizer.safetensors, trained on the corpus (kept while the corpus and
-                  the vocabulary size are unchanged; `pipeline.json` records both)
-    2. encode     run_dir/tokens.npy (kept while corpus and tokenizer hash the same)
+    1. tokenizer  run_dir/tokenizer.safetensors, trained on the corpus (kept while the corpus,
+                  the vocabulary size and the eot token are unchanged; `pipeline.json` records them)
+    2. encode     run_dir/tokens.npy, and val_tokens.npy for a validation corpus (`--val`; each
+                  kept while its corpus, the tokenizer and the eot token are the same)
     3. train      run_dir/model.safetensors + train_state.safetensors (kept when finished with
                   the same settings and data, resumed when unfinished, retrained when stale)
     4. sample     `predict_next` and `generate` on a prompt taken from the validation text
@@ -35,6 +36,7 @@ from pipeline.train import (
     TrainConfig,
     TrainResult,
     check_training_memory,
+    encode_note,
     fit_tokenizer,
     resume_training,
     train_model,
@@ -193,18 +195,26 @@ class PipelineResult:
     prompt: str
 
 
-def _tokenizer_stage(corpus: Path, run_dir: Path, digest: str, vocab_size: int, quiet: bool, say):
-    """(tokenizer, "reused" | "trained", the pipeline.json stamp to write when the run starts)."""
+def _tokenizer_stage(corpus: data.RunCorpus, run_dir: Path, vocab_size: int, quiet: bool, say):
+    """(tokenizer, "reused" | "trained", the pipeline.json stamp to write when the run starts).
+
+    The tokenizer is trained on the training inputs alone (never on a --val corpus); a v1
+    stamp's `corpus_sha256` is its corpus fingerprint, and it had no special tokens."""
     tok_path = run_dir / checkpoint.TOKENIZER_FILE
-    stamp = checkpoint.read_json(run_dir / checkpoint.PIPELINE_FILE) or {}
-    if tok_path.exists() and stamp.get("corpus_sha256") == digest and stamp.get("vocab_size") == vocab_size:
+    stamp = checkpoint.read_json(run_dir / checkpoint.PIPELINE_FILE)
+    stamp = stamp if isinstance(stamp, dict) else {}
+    specials = [corpus.spec.eot] if corpus.spec.eot is not None else []
+    same = (data.record_key(stamp)["corpus_fingerprint"] == corpus.fingerprint() and stamp.get("vocab_size") == vocab_size
+            and stamp.get("special_tokens", []) == specials)
+    if tok_path.exists() and same:
         tok = Tokenizer.load(tok_path)
         if tok.fingerprint() == stamp.get("tokenizer_fingerprint"):
             say(f"tokenizer: up to date ({tok_path}, vocab {tok.vocab_size})")
             return tok, "reused", None
-    say(f"tokenizer: training BPE on {corpus} (vocab {vocab_size})")
+    say(f"tokenizer: training BPE on {corpus.spec.describe()} (vocab {vocab_size})")
     tok = fit_tokenizer(corpus, vocab_size, quiet=quiet)
-    new_stamp = {"corpus": str(corpus), "corpus_sha256": digest, "vocab_size": vocab_size, "tokenizer_fingerprint": tok.fingerprint()}
+    new_stamp = {"corpus": {"inputs": list(corpus.spec.inputs), **corpus.spec.reading()}, "corpus_fingerprint": corpus.fingerprint(),
+                 "vocab_size": vocab_size, "special_tokens": specials, "tokenizer_fingerprint": tok.fingerprint()}
     return tok, "trained", new_stamp
 
 
@@ -218,7 +228,7 @@ def _save_tokenizer(run_dir: Path, tok, stamp: dict[str, Any], say) -> None:
 
 
 def run_pipeline(
-    corpus: str | Path,
+    corpus,
     run_dir: str | Path,
     *,
     vocab_size: int = DEFAULT_VOCAB_SIZE,
@@ -230,8 +240,10 @@ def run_pipeline(
 ) -> PipelineResult:
     """Stages 1-3 (tokenizer, encode, train), each skipped or resumed when its output is current.
 
+    `corpus`: a path, a list of paths, a `data.CorpusSpec` (directories, compressed files, JSONL,
+    an eot token, a validation corpus) or one already opened (`data.RunCorpus`).
     The run directory is locked for the whole call. A stage whose output exists but is stale (a
-    new corpus, vocabulary size or training settings) is redone only with `overwrite`; without
+    new corpus, --val or --eot, vocabulary size or training settings) is redone only with `overwrite`; without
     it the call stops in one line before touching anything, as it does for a directory holding
     files not made by the pipeline. New outputs are committed only once training is known to
     start. Returns where things are and a prompt from the validation text for stage 4
@@ -239,19 +251,18 @@ def run_pipeline(
     so it can stream. `ranks`: this is rank 0 of an MPI job; the other ranks join the training
     stage (`pipeline.train.follow`), the others are rank 0's alone.
     """
-    corpus = data.check_corpus(corpus)
+    corpus = data.open_corpus(corpus, warn=lambda msg: say(f"warning: {msg}"))
     config = config or TrainConfig()
     check_training_memory(config, vocab_size, ranks)
     with rundir.RunDir(run_dir) as rd:
         run_dir = rd.path
         if not overwrite and not (run_dir / checkpoint.PIPELINE_FILE).exists():
             rundir.refuse_conflicts(run_dir, rd.present(), what="a run not made by `tk pipeline`")
-        digest = data.sha256_file(corpus)
         stages: dict[str, str] = {}
-        tok, stages["tokenizer"], stamp = _tokenizer_stage(corpus, run_dir, digest, vocab_size, quiet, say)
+        tok, stages["tokenizer"], stamp = _tokenizer_stage(corpus, run_dir, vocab_size, quiet, say)
         if stamp is not None and not overwrite:
             rundir.refuse_conflicts(run_dir, rd.present([checkpoint.TOKENIZER_FILE]), what="a tokenizer trained on another corpus or vocabulary size")
-        tokens = data.prepare_tokens(corpus, tok, run_dir, quiet=quiet, corpus_sha256=digest, commit=False)
+        tokens = data.prepare_tokens(corpus, tok, run_dir, quiet=quiet, commit=False)
         stages["encode"] = "reused" if tokens.reused else "encoded"
         try:
             stages["train"], result = _train_stage(corpus, rd, tok, tokens, stamp, config, overwrite, ranks, quiet, say)
@@ -274,7 +285,7 @@ def _train_stage(corpus, rd: rundir.RunDir, tok, tokens: data.TokenData, stamp, 
                 recorded_config = dataclasses.replace(recorded_config, workers=0)
             same_config = recorded_config == config
             recorded = _json(meta.get("data"))
-            same_data = all(recorded.get(k) == v for k, v in tokens.key().items())
+            same_data = data.record_key(recorded) == tokens.key()
             step = int(meta.get("step", -1))
         except (PipelineError, ValueError, TypeError):
             same_config = same_data = False
@@ -282,14 +293,14 @@ def _train_stage(corpus, rd: rundir.RunDir, tok, tokens: data.TokenData, stamp, 
         current = stamp is None and same_config and same_data
         if current and (run_dir / checkpoint.MODEL_FILE).exists() and step == config.steps:
             data.commit_tokens(tokens, run_dir)
-            say(f"encode: {'up to date' if tokens.reused else 'encoded'} ({len(tokens.ids):,} tokens in {run_dir / checkpoint.TOKENS_FILE})")
+            say(encode_note(tokens, run_dir))
             say(f"train: up to date ({run_dir / checkpoint.MODEL_FILE}, step {step})")
             return "reused", None
         if current and 0 <= step < config.steps:
             data.commit_tokens(tokens, run_dir)
-            say(f"encode: {'up to date' if tokens.reused else 'encoded'} ({len(tokens.ids):,} tokens in {run_dir / checkpoint.TOKENS_FILE})")
+            say(encode_note(tokens, run_dir))
             return "resumed", resume_training(run_dir, corpus=corpus, ranks=ranks, quiet=quiet, say=say)
-        why = "the corpus or tokenizer changed" if not (stamp is None and same_data) else "the training settings changed"
+        why = "the corpus, --val, --eot or tokenizer changed" if not (stamp is None and same_data) else "the training settings changed"
     elif (run_dir / checkpoint.MODEL_FILE).exists():
         why = f"{checkpoint.MODEL_FILE} has no {checkpoint.STATE_FILE} beside it to check it against"
     if why is not None and not overwrite:

@@ -39,6 +39,7 @@ RUN_FILES = (
     checkpoint.LOG_FILE,
     checkpoint.TOKENIZER_FILE,
     checkpoint.TOKENS_FILE,
+    checkpoint.VAL_TOKENS_FILE,
     checkpoint.TOKENS_META_FILE,
     checkpoint.PIPELINE_FILE,
 )

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import signal
 import sys
 import threading
@@ -325,7 +326,7 @@ class _Run:
     def data_record(self) -> dict[str, Any]:
         return {
             **self.tokens.key(),
-            "corpus": self.tokens.corpus,
+            "corpus": self.tokens.spec.to_dict(),
             "n_tokens": int(len(self.tokens.ids)),
             "n_train": int(len(self.train_ids)),
             "n_val": int(len(self.val_ids)),
@@ -334,8 +335,9 @@ class _Run:
     def provenance(self) -> dict[str, Any]:
         return {
             "tokenkit": _tokenkit_version(),
-            "corpus": self.tokens.corpus,
-            "corpus_sha256": self.tokens.corpus_sha256,
+            "corpus": self.tokens.spec.to_dict(),
+            "corpus_fingerprint": self.tokens.corpus_fingerprint,
+            **({"val_fingerprint": self.tokens.val_fingerprint} if self.tokens.val_ids is not None else {}),
             "n_train_tokens": int(len(self.train_ids)),
             "train_config": self.config.to_dict(),
             "unigram_baseline": self.baseline,
@@ -395,8 +397,10 @@ class _Run:
         """Rank 0 announces the run; then every rank takes rank 0's weights, moments, step and generator."""
         ranks = self.ranks
         if ranks.leader:
+            val_ids = self.tokens.val_ids
             spec = {"run_dir": str(self.run_dir.resolve()), "config": self.config.to_dict(), "n_tokens": int(len(self.tokens.ids)),
-                    "corpus": self.tokens.corpus, "key": self.tokens.key()}
+                    "n_val_tokens": None if val_ids is None else int(len(val_ids)),
+                    "corpus": self.tokens.spec.to_dict(), "key": self.tokens.key()}
             ranks.start(spec, self.tokenizer)
         arrays = self._state_arrays()
         ranks.share_state(arrays)
@@ -582,10 +586,12 @@ def check_training_memory(config: TrainConfig, vocab_size: int, ranks: Ranks | N
     check_memory(model_config, training=True, workers=workers)
 
 
-def fit_tokenizer(corpus: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE, *, quiet: bool = False) -> Tokenizer:
-    """A BPE tokenizer trained on `corpus` with the defaults (GPT-2 split pattern), in memory."""
-    data.check_corpus(corpus)
-    return Tokenizer.train(str(corpus), vocab_size=vocab_size, quiet=quiet)
+def fit_tokenizer(corpus, vocab_size: int = DEFAULT_VOCAB_SIZE, *, quiet: bool = False) -> Tokenizer:
+    """A BPE tokenizer trained on `corpus` (a path, CorpusSpec or RunCorpus; its training inputs
+    only) with the defaults (GPT-2 split pattern), in memory; its eot token is a special token."""
+    rc = data.open_corpus(corpus)
+    specials = [rc.spec.eot] if rc.spec.eot is not None else []
+    return Tokenizer.train(rc.train, vocab_size=vocab_size, special_tokens=specials, quiet=quiet)
 
 
 @dataclass
@@ -619,7 +625,7 @@ class StartFrom:
 
 
 def train_model(
-    corpus: str | Path,
+    corpus,
     run_dir: str | Path,
     tokenizer: Tokenizer | None = None,
     config: TrainConfig | None = None,
@@ -634,8 +640,10 @@ def train_model(
 ) -> TrainResult:
     """Train a fresh model on `corpus` in `run_dir` (encoding the corpus first, or reusing the cache).
 
-    Without `tokenizer`, one is trained on the corpus (vocab DEFAULT_VOCAB_SIZE) and saved in
-    the run directory. Everything is validated first (corpus, settings, tokenizer, the encoded
+    `corpus`: a path, a list of paths, a `data.CorpusSpec` (directories, compressed files, JSONL,
+    an eot token, a validation corpus) or one already opened (`data.RunCorpus`). Without
+    `tokenizer`, one is trained on the corpus (vocab DEFAULT_VOCAB_SIZE, the eot token as a
+    special token) and saved in the run directory. Everything is validated first (corpus, settings, tokenizer, the encoded
     corpus's size, the model's memory) and nothing in `run_dir` is replaced or removed before
     the run starts. A directory holding another run's files is refused unless `overwrite`; use
     `resume_training` to continue one. `run_dir` is locked for the whole run (`pipeline.rundir`).
@@ -647,13 +655,15 @@ def train_model(
     `config.workers` then counts every rank's shards.
     """
     config = config or TrainConfig()
-    data.check_corpus(corpus)
+    corpus = data.open_corpus(corpus, warn=lambda msg: say(f"warning: {msg}"))
     if init is not None:
         if tokenizer is not None and tokenizer.fingerprint() != init.tokenizer.fingerprint():
             raise PipelineError(f"the given tokenizer is not the one in {init.path}; drop -t to use the model's own")
         tokenizer = init.tokenizer
         if GPTConfig.from_dict(config.model_config(tokenizer.vocab_size)) != init.model_config:
             raise PipelineError(f"the run's model settings differ from the shape of {init.path}; take them from it (StartFrom.settings)")
+    if tokenizer is not None:
+        data.check_eot(tokenizer, corpus.spec)
     check_training_memory(config, tokenizer.vocab_size if tokenizer is not None else DEFAULT_VOCAB_SIZE, ranks)
     with rundir.RunDir(run_dir) as rd:
         run_dir = rd.path
@@ -663,13 +673,14 @@ def train_model(
         if not overwrite:
             rundir.refuse_conflicts(run_dir, rd.present(own))
         if tokenizer is None:
-            say(f"no tokenizer given (-t): training one on {corpus} with the defaults (vocab {DEFAULT_VOCAB_SIZE})")
+            eot = f" and the special token {corpus.spec.eot!r}" if corpus.spec.eot is not None else ""
+            say(f"no tokenizer given (-t): training one on {corpus.spec.describe()} with the defaults (vocab {DEFAULT_VOCAB_SIZE}){eot}")
             tokenizer = fit_tokenizer(corpus, quiet=quiet)
         if tokens is None:
             tokens = data.prepare_tokens(corpus, tokenizer, run_dir, quiet=quiet, commit=False)
         try:
-            if not overwrite and tokens.pending is not None:  # the cache holds another corpus's ids
-                rundir.refuse_conflicts(run_dir, rd.present([checkpoint.TOKENS_FILE]))
+            if not overwrite and tokens.pending:  # the cache holds another corpus's ids
+                rundir.refuse_conflicts(run_dir, rd.present(list(tokens.pending)))
             run = _Run(run_dir, tokens, tokenizer, config, quiet=quiet, init=init, ranks=ranks)  # checks split and size
             # the run starts: from here on the directory is this run's
             if on_start is not None:
@@ -681,12 +692,20 @@ def train_model(
         except BaseException:
             tokens.discard()
             raise
-        say(f"encode: {'up to date' if tokens.reused else 'encoded'} ({len(tokens.ids):,} tokens in {run_dir / checkpoint.TOKENS_FILE})")
+        say(encode_note(tokens, run_dir))
         for stale in (checkpoint.MODEL_FILE, checkpoint.STATE_FILE):
             (run_dir / stale).unlink(missing_ok=True)  # another run's (overwrite): never beside this one's
         checkpoint.write_text(run_dir / checkpoint.LOG_FILE, "")
         _describe(run, say)
         return run.run()
+
+
+def encode_note(tokens: data.TokenData, run_dir: Path) -> str:
+    """The 'encode:' line: whether the token files were reused, and what they hold."""
+    where = f"{len(tokens.ids):,} tokens in {run_dir / checkpoint.TOKENS_FILE}"
+    if tokens.val_ids is not None:
+        where += f", {len(tokens.val_ids):,} in {run_dir / checkpoint.VAL_TOKENS_FILE}"
+    return f"encode: {'up to date' if tokens.reused else 'encoded'} ({where})"
 
 
 def _describe(run: _Run, say: Callable[[str], None]) -> None:
@@ -696,8 +715,9 @@ def _describe(run: _Run, say: Callable[[str], None]) -> None:
         f"model: {n_params:,} parameters ({cfg.n_layers} layers, {cfg.n_heads} heads, width {cfg.d_model}, "
         f"context {cfg.context_length}, vocab {run.tokenizer.vocab_size})"
     )
+    val = f" (--val {run.tokens.spec.describe(val=True)})" if run.tokens.val_ids is not None else ""
     say(
-        f"data: {len(run.train_ids):,} train / {len(run.val_ids):,} validation tokens; "
+        f"data: {len(run.train_ids):,} train / {len(run.val_ids):,} validation tokens{val}; "
         f"unigram baseline {run.baseline:.3f} nats/token"
     )
     if run.ranks is not None:
@@ -707,9 +727,10 @@ def _describe(run: _Run, say: Callable[[str], None]) -> None:
 def resume_training(
     run_dir: str | Path,
     *,
-    corpus: str | Path | None = None,
+    corpus=None,
     tokenizer=None,
     overrides: Mapping[str, Any] | None = None,
+    corpus_overrides: Mapping[str, Any] | None = None,
     ranks: Ranks | None = None,
     quiet: bool = False,
     say: Callable[[str], None] = lambda msg: None,
@@ -717,10 +738,13 @@ def resume_training(
     """Continue the run in `run_dir` exactly where its train_state.safetensors left off.
 
     `overrides` are settings the user gave explicitly: any that differs from the checkpoint's is
-    a one-line error (a resumed run must be the same run). `corpus` defaults to the recorded path
-    and must hash the same; a given `tokenizer` must have the run's fingerprint. The run uses
-    the worker count recorded in the checkpoint, so it continues bit for bit on any core count,
-    and on any number of MPI `ranks` that divides it (with or without MPI before).
+    a one-line error (a resumed run must be the same run). The corpus is the recorded one
+    (`data.CorpusSpec`; a v1 run's one file), with `corpus` (paths: other inputs; a CorpusSpec
+    or RunCorpus: all of it) or `corpus_overrides` (CorpusSpec fields the user gave, e.g. a
+    moved --val) in its place; it must have the recorded fingerprints and eot token, and a given
+    `tokenizer` the run's fingerprint. The run uses the worker count recorded in the checkpoint,
+    so it continues bit for bit on any core count, and on any number of MPI `ranks` that divides
+    it (with or without MPI before).
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -743,14 +767,8 @@ def resume_training(
                 )
         if tokenizer is not None and tokenizer.fingerprint() != state.tokenizer.fingerprint():
             raise PipelineError(f"the given tokenizer is not the one {run_dir} was trained with; drop -t to use the run's own")
-        corpus = Path(corpus) if corpus is not None else Path(str(state.data.get("corpus")))
-        data.check_corpus(corpus)
-        digest = data.sha256_file(corpus)
-        if digest != state.data.get("corpus_sha256"):
-            raise PipelineError(
-                f"corpus {corpus} is not the one {run_dir} was trained on (its sha256 changed); resume needs the same corpus"
-            )
-        tokens = data.prepare_tokens(corpus, state.tokenizer, run_dir, quiet=quiet, corpus_sha256=digest)
+        rc = _resumed_corpus(run_dir, state, corpus, corpus_overrides, say)
+        tokens = data.prepare_tokens(rc, state.tokenizer, run_dir, quiet=quiet)
         run = _Run(run_dir, tokens, state.tokenizer, config, quiet=quiet, state=state, ranks=ranks)
         if state.step >= config.steps:
             say(f"{run_dir} already finished its {config.steps} steps; nothing to resume")
@@ -761,6 +779,41 @@ def resume_training(
         return run.run()
 
 
+def _resumed_corpus(run_dir: Path, state: checkpoint.TrainState, corpus, overrides, say) -> data.RunCorpus:
+    """The corpus a resumed run reads: the recorded one, or what the caller gave in its place,
+    checked against the recorded fingerprints (one line when it is not the same corpus)."""
+    recorded = data.CorpusSpec.from_record(state.data, str(run_dir / checkpoint.STATE_FILE))
+    key = data.record_key(state.data)
+    if isinstance(corpus, data.RunCorpus):
+        rc = corpus
+    else:
+        spec = corpus if isinstance(corpus, data.CorpusSpec) else recorded
+        changes = dict(overrides or {})
+        if corpus is not None and not isinstance(corpus, data.CorpusSpec):
+            changes["inputs"] = data.CorpusSpec.of(corpus).inputs
+        changes = {k: tuple(os.fspath(p) for p in v) if k in ("inputs", "val") else v for k, v in changes.items()}
+        spec = dataclasses.replace(spec, **changes)
+        if spec.eot != key["eot"]:
+            shown = {None: "none"}
+            raise PipelineError(
+                f"--eot {shown.get(spec.eot, repr(spec.eot))} contradicts the checkpoint in {run_dir} "
+                f"({shown.get(key['eot'], repr(key['eot']))}); drop the flag to resume"
+            )
+        if spec.val and key["val_fingerprint"] is None:
+            raise PipelineError(f"{run_dir} was validated on a held-out part of its corpus, not on --val; drop --val to resume")
+        rc = spec.open(warn=lambda msg: say(f"warning: {msg}"))
+    if rc.fingerprint() != key["corpus_fingerprint"]:
+        raise PipelineError(
+            f"corpus {rc.spec.describe()} is not the one {run_dir} was trained on (its contents changed); resume needs the same corpus"
+        )
+    if rc.val_fingerprint() != key["val_fingerprint"]:
+        raise PipelineError(
+            f"validation corpus {rc.spec.describe(val=True) or '(none)'} is not the one {run_dir} was validated on "
+            f"({recorded.describe(val=True) or 'a held-out part of its corpus'}); resume needs the same --val"
+        )
+    return rc
+
+
 def follow(ranks: Ranks, *, quiet: bool = True) -> TrainResult | None:
     """A rank other than 0: wait for rank 0's run to start, then train it alongside (writing
     nothing). None when rank 0 ended without training."""
@@ -769,6 +822,6 @@ def follow(ranks: Ranks, *, quiet: bool = True) -> TrainResult | None:
         return None
     spec, tokenizer = started
     run_dir = Path(spec["run_dir"])
-    tokens = data.open_tokens(run_dir, tokenizer, spec["corpus"], spec["key"], spec["n_tokens"])
+    tokens = data.open_tokens(run_dir, tokenizer, spec["corpus"], spec["key"], spec["n_tokens"], spec.get("n_val_tokens"))
     config = TrainConfig.from_dict(spec["config"])
     return _Run(run_dir, tokens, tokenizer, config, quiet=quiet, ranks=ranks).run()

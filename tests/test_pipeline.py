@@ -169,8 +169,9 @@ def test_unigram_baseline_matches_direct_formula():
 def test_check_corpus_errors(tmp_path):
     with pytest.raises(PipelineError, match="not found"):
         data.check_corpus(tmp_path / "nope.txt")
-    with pytest.raises(PipelineError, match="directory"):
-        data.check_corpus(tmp_path)
+    (tmp_path / "d").mkdir()
+    with pytest.raises(PipelineError, match="holds no files"):
+        data.check_corpus(tmp_path / "d")  # a directory is a corpus, but this one has nothing to read
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
     with pytest.raises(PipelineError, match="empty"):
@@ -260,8 +261,8 @@ def test_token_cache_reused_and_invalidated(tmp_path):
     (run / checkpoint.TOKENS_FILE).write_bytes(b"garbage")  # a damaged cache is rebuilt, not trusted
     rebuilt = data.prepare_tokens(corpus, merged, run, quiet=True)
     assert not rebuilt.reused and rebuilt.ids.tolist() == merged.encode(corpus.read_text(encoding="utf-8"))
-    meta = json.loads((run / checkpoint.TOKENS_META_FILE).read_text(encoding="utf-8"))
-    assert meta["corpus_sha256"] == data.sha256_file(corpus) and meta["tokenizer_fingerprint"] == merged.fingerprint()
+    meta = json.loads((run / checkpoint.TOKENS_META_FILE).read_text(encoding="utf-8"))[checkpoint.TOKENS_FILE]
+    assert meta["corpus_fingerprint"] == data.sha256_file(corpus) and meta["tokenizer_fingerprint"] == merged.fingerprint()
 
 
 def test_split_views_are_last_fraction(tmp_path):
