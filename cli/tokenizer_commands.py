@@ -41,7 +41,7 @@ def corpus_options(command):
 def _corpus(inputs, glob, text_field, binary, comm) -> Corpus:
     """The corpus of the command line; under MPI only rank 0 warns."""
     quiet = comm is not None and comm.Get_rank() > 0
-    return Corpus([str(p) for p in inputs], glob=glob, text_field=text_field, binary=binary, warn=None if quiet else _warn)
+    return Corpus(list(inputs), glob=glob, text_field=text_field, binary=binary, warn=None if quiet else _warn)
 
 
 def _warn(message: str) -> None:
