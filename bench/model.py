@@ -158,7 +158,7 @@ def torch_classes():
 
         def forward(self, idx, targets=None, caches=None, pos=0):
             T = idx.shape[1]
-            x = self.wte(idx) + self.wpe(torch.arange(pos, pos + T))
+            x = self.wte(idx) + self.wpe(torch.arange(pos, pos + T, device=idx.device))
             for i, block in enumerate(self.h):
                 x = block(x, None if caches is None else caches[i], pos)
             x = self.ln_f(x)

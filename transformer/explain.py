@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from transformer import ops
+from transformer.backends import as_host
 from transformer.errors import ModelError
 
 # ----------------------------------------------------------------------------- data
@@ -189,11 +190,12 @@ def explain_model(
         raise ModelError(f"explain takes one sequence of ids (T,) and one label per id; got shape {ids.shape}, {len(shown)} labels")
 
     trace: dict[str, np.ndarray] = {}
-    logits = model.forward(ids[None, :], trace=trace)[0]  # (T, V)
+    logits = as_host(model.forward(ids[None, :], trace=trace)[0])  # (T, V)
+    trace = {key: None if value is None else as_host(value) for key, value in trace.items()}  # off a GPU
     T, C, hd = ids.size, cfg.d_model, cfg.head_dim
     toks = token_labels(shown)
     h = f"h.{layer}."
-    f64 = lambda a: np.asarray(a, dtype=np.float64)  # noqa: E731 — display in float64, values unchanged
+    f64 = lambda a: np.asarray(as_host(a), dtype=np.float64)  # noqa: E731 — display in float64, values unchanged
     row = lambda key, title, a, cols, note: Step(key, title, f64(a), toks, cols, note)  # noqa: E731
 
     steps = [

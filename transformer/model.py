@@ -13,9 +13,17 @@ the same call signature to split each batch over processes (as DDP wraps a modul
 `shard_loss` and `shard_loss_and_grads` are the pieces they split a batch into: a shard's loss
 and gradients already scaled for the whole batch's mean, so shards are summed.
 
+Its arrays live on one device, "cpu" (NumPy) or "cuda" (CuPy): every layer is called as
+`self.ops.<op>` and every array made with `self.xp`, both from the device's backend
+(transformer/backends), so the math below is written once for both. `GPT(config,
+device="cuda")`, `GPT.load(path, device=...)` and `model.to(device)` choose it. Ids, files and
+sampling stay on the host (`host_params`, `save`), so a model trained on one device runs on the
+other.
+
 What this module does not do: the math of each layer (ops.py, each op with its plain twin in
-reference.py), the choice of the next token (sampling.py), splitting batches over processes
-(parallel.py), CPU settings (runtime.py), files (io.py), the optimizer (optim.py).
+reference.py; on a GPU backends/device_ops.py), the choice of the next token (sampling.py),
+splitting batches over processes (parallel.py), CPU settings (runtime.py), files (io.py), the
+optimizer (optim.py).
 """
 
 from __future__ import annotations
@@ -27,17 +35,12 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer import io, ops
+from transformer import io
+from transformer.backends import Backend, as_host, get_backend
 from transformer.config import GPTConfig, param_shapes
 from transformer.errors import ModelError
 from transformer.memory import check_memory
 from transformer.sampling import check_sampling, sample_next
-
-_ACTIVATIONS = {
-    "gelu": (ops.gelu_forward, ops.gelu_backward),
-    "relu": (ops.relu_forward, ops.relu_backward),
-}
-
 
 # ----------------------------------------------------------------------------- the model
 
@@ -96,28 +99,83 @@ class _Prefixed:
 
 
 class GPT:
-    """A GPT-style transformer in NumPy, in one process.
+    """A GPT-style transformer in NumPy (or CuPy on a GPU), in one process.
 
     One GPT must not be used from several threads at the same time (its scratch buffers are
     shared between calls).
 
+    `device` ("cpu" or "cuda", default "cpu") is where its parameters live and its math runs;
+    the initial weights are drawn on the host, so a seed gives the same model on either device.
+    On "cuda", `params`, `forward`'s logits and `loss_and_grads`' gradients are CuPy arrays;
+    ids may be NumPy or CuPy; losses are floats; generation yields ints.
+
     >>> m = GPT(GPTConfig(vocab_size=10, context_length=8, d_model=8, n_layers=1, n_heads=2))
-    >>> m.forward(np.array([[1, 2, 3]])).shape
-    (1, 3, 10)
+    >>> m.forward(np.array([[1, 2, 3]])).shape, m.device
+    ((1, 3, 10), 'cpu')
     """
 
-    def __init__(self, config: GPTConfig, seed: int = 0):
+    # A model made with GPT.__new__ (e.g. over a worker's shared arrays) is on the CPU.
+    backend: Backend = get_backend("cpu")
+    ops = backend.ops
+    xp = backend.xp
+
+    def __init__(self, config: GPTConfig, seed: int = 0, device: str = "cpu"):
         if not isinstance(config, GPTConfig):
             raise ModelError(f"expected a GPTConfig, got {type(config).__name__}")
+        backend = get_backend(device)  # before allocating: a missing GPU is one line
         check_memory(config)  # before init_params allocates: one line, not a MemoryError
         self.config = config
-        self.params: dict[str, np.ndarray] = init_params(config, seed)
+        self._use(backend)
+        self.params: dict[str, np.ndarray] = self._on_device(init_params(config, seed))
         self._scratch: dict[tuple, np.ndarray] = {}
 
+    def _use(self, backend: Backend) -> None:
+        self.backend, self.ops, self.xp = backend, backend.ops, backend.xp
+
+    def _on_device(self, params: dict) -> dict:
+        """Host arrays -> the same arrays on this model's device (themselves on the CPU)."""
+        return {name: self.backend.to_device(p) for name, p in params.items()}
+
+    @property
+    def device(self) -> str:
+        """Where the parameters live: "cpu" or "cuda"."""
+        return self.backend.name
+
+    def to(self, device: str) -> GPT:
+        """Move the parameters to `device` ("cpu" or "cuda") and return this model. Values are
+        kept (float32 stays float32); scratch buffers are dropped. Move a model before creating
+        its optimizer (AdamW keeps the arrays it was given), as with PyTorch."""
+        backend = get_backend(device)
+        if backend is not self.backend:
+            host = {name: as_host(p) for name, p in self.params.items()}
+            self._use(backend)
+            self.params = self._on_device(host)
+            self._scratch = {}
+        return self
+
+    def host_params(self) -> dict[str, np.ndarray]:
+        """The parameters as host NumPy arrays, keyed like `params`: the arrays themselves on the
+        CPU, copies from a GPU. What files and other processes get."""
+        return {name: as_host(p) for name, p in self.params.items()}
+
+    def set_params(self, params: dict[str, np.ndarray]) -> None:
+        """Copy `params` (host or device arrays keyed like `params`, of the same shapes) into this
+        model's parameters, in place and on its device, cast to their dtype: whoever holds the
+        arrays (an optimizer, worker processes) sees the new values."""
+        for name, p in self.params.items():  # all checked before any is changed
+            if tuple(params[name].shape) != p.shape:
+                raise ModelError(f"parameter {name} has shape {p.shape}; the new value has {tuple(params[name].shape)}")
+        for name, p in self.params.items():
+            value = as_host(params[name])
+            if isinstance(p, np.ndarray):
+                p[...] = value
+            else:  # a device array takes a device array of its dtype (CuPy copies no host array implicitly)
+                p[...] = self.backend.to_device(np.asarray(value, dtype=p.dtype))
+
     @classmethod
-    def from_params(cls, config: GPTConfig, params: dict[str, np.ndarray]) -> GPT:
-        """A model with the given weights (checked against the config's names and shapes; used as
-        they are when already contiguous float32, else converted)."""
+    def from_params(cls, config: GPTConfig, params: dict[str, np.ndarray], device: str = "cpu") -> GPT:
+        """A model on `device` with the given weights (checked against the config's names and
+        shapes; on the CPU used as they are when already contiguous float32, else converted)."""
         if not isinstance(config, GPTConfig):
             raise ModelError(f"expected a GPTConfig, got {type(config).__name__}")
         check_memory(config, loaded=True)  # the weights are here; the sinusoid table and caches are not yet
@@ -130,15 +188,17 @@ class GPT:
                 raise ModelError(f"parameter {name} has shape {tuple(params[name].shape)}, the config needs {shape}")
         model = cls.__new__(cls)
         model.config = config
-        model.params = {name: np.ascontiguousarray(params[name], dtype=np.float32) for name in expected}
+        model._use(get_backend(device))
+        model.params = model._on_device({name: np.ascontiguousarray(as_host(params[name]), dtype=np.float32)
+                                         for name in expected})
         model._scratch = {}
         return model
 
     # ------------------------------------------------------------------------- inputs
 
     def _check_ids(self, ids, what: str = "ids") -> np.ndarray:
-        """int array (B, T) or (T,) -> (B, T) intp, with the model's limits enforced."""
-        a = np.asarray(ids)
+        """int array (B, T) or (T,) -> (B, T) intp on the host, with the model's limits enforced."""
+        a = as_host(ids)
         if a.ndim == 1:
             a = a[None, :]
         if a.ndim != 2 or a.shape[1] == 0 or a.shape[0] == 0:
@@ -164,7 +224,7 @@ class GPT:
         dtype = self.params["wte.weight"].dtype
         key = ("sinusoidal", dtype)
         if key not in self._scratch:
-            self._scratch[key] = ops.sinusoidal_table(self.config.context_length, self.config.d_model, dtype)
+            self._scratch[key] = self.ops.sinusoidal_table(self.config.context_length, self.config.d_model, dtype)
         return self._scratch[key]
 
     def _buffer(self, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
@@ -173,7 +233,7 @@ class GPT:
         buf = self._scratch.get(key)
         if buf is None:
             self._scratch = {k: v for k, v in self._scratch.items() if k[0] != name}
-            buf = self._scratch[key] = np.empty(shape, dtype=dtype)
+            buf = self._scratch[key] = self.xp.empty(shape, dtype=dtype)
         return buf
 
     # ------------------------------------------------------------------------- forward
@@ -198,13 +258,13 @@ class GPT:
     def _pre_norm_block(self, p, x, attend, grad: bool, record: bool):
         """GPT-2: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)). The residuals add in place (x is in
         no cache), so a recorded residual stream is a copy."""
-        a, ln_1 = ops.layernorm_forward(x, *p["ln_1"])
+        a, ln_1 = self.ops.layernorm_forward(x, *p["ln_1"])
         ao, attn = self._attention_half(p, a, attend)
-        x, _ = ops.residual_forward(x, ao, inplace=True)
+        x, _ = self.ops.residual_forward(x, ao, inplace=True)
         resid_1 = x.copy() if record else None
-        m, ln_2 = ops.layernorm_forward(x, *p["ln_2"])
+        m, ln_2 = self.ops.layernorm_forward(x, *p["ln_2"])
         mo, mlp, (pre, act) = self._mlp_half(p, m, grad)
-        x, _ = ops.residual_forward(x, mo, inplace=True)
+        x, _ = self.ops.residual_forward(x, mo, inplace=True)
         seen = {"ln_1": a, "attn.out": ao, "resid_1": resid_1, "ln_2": m, "mlp.pre": pre, "mlp.act": act,
                 "mlp.out": mo, "resid_2": x.copy() if record else None}
         return x, (ln_1, *attn, ln_2, *mlp), seen
@@ -212,33 +272,33 @@ class GPT:
     def _post_norm_block(self, p, x, attend, grad: bool, record: bool):
         """The original encoder (seed 001): x = ln_1(x + attn(x)); x = ln_2(x + mlp(x))."""
         ao, attn = self._attention_half(p, x, attend)
-        r1, _ = ops.residual_forward(x, ao)  # not in place: x is in c_attn's cache
-        x1, ln_1 = ops.layernorm_forward(r1, *p["ln_1"])
+        r1, _ = self.ops.residual_forward(x, ao)  # not in place: x is in c_attn's cache
+        x1, ln_1 = self.ops.layernorm_forward(r1, *p["ln_1"])
         mo, mlp, (pre, act) = self._mlp_half(p, x1, grad)
-        r2, _ = ops.residual_forward(x1, mo)
-        x2, ln_2 = ops.layernorm_forward(r2, *p["ln_2"])
+        r2, _ = self.ops.residual_forward(x1, mo)
+        x2, ln_2 = self.ops.layernorm_forward(r2, *p["ln_2"])
         seen = {"attn.out": ao, "resid_1": r1, "ln_1": x1, "mlp.pre": pre, "mlp.act": act, "mlp.out": mo,
                 "resid_2": r2, "ln_2": x2}
         return x2, (ln_1, *attn, ln_2, *mlp), seen
 
     def _attention_half(self, p, a: np.ndarray, attend):
         """a (B, T, C) -> c_proj(attention(c_attn(a))) (B, T, C), caches (c_attn, attention, c_proj)."""
-        qkv, c_attn = ops.linear_forward(a, *p["attn.c_attn"])  # (B, T, 3C)
+        qkv, c_attn = self.ops.linear_forward(a, *p["attn.c_attn"])  # (B, T, 3C)
         y, attn = attend(qkv)  # (B, T, C)
-        out, c_proj = ops.linear_forward(y, *p["attn.c_proj"])
+        out, c_proj = self.ops.linear_forward(y, *p["attn.c_proj"])
         return out, (c_attn, attn, c_proj)
 
     def _mlp_half(self, p, m: np.ndarray, grad: bool):
         """m (B, T, C) -> c_proj(act(c_fc(m))) (B, T, C), caches (c_fc, act, c_proj), (pre, act)."""
-        pre, c_fc = ops.linear_forward(m, *p["mlp.c_fc"])  # (B, T, 4C)
-        act, act_cache = _ACTIVATIONS[self.config.activation][0](pre, grad=grad)
-        out, c_proj = ops.linear_forward(act, *p["mlp.c_proj"])
+        pre, c_fc = self.ops.linear_forward(m, *p["mlp.c_fc"])  # (B, T, 4C)
+        act, act_cache = getattr(self.ops, f"{self.config.activation}_forward")(pre, grad=grad)
+        out, c_proj = self.ops.linear_forward(act, *p["mlp.c_proj"])
         return out, (c_fc, act_cache, c_proj), (pre, act)
 
     def _embed(self, ids: np.ndarray, trace: dict | None):
         """ids (B, T) -> x0 (B, T, C) = token embedding + positional encoding, cache."""
-        tok, emb = ops.embedding_forward(ids, self.params["wte.weight"])
-        pos, pos_cache = ops.positional_forward(self._positions(), ids.shape[1])
+        tok, emb = self.ops.embedding_forward(self.backend.to_device(ids), self.params["wte.weight"])
+        pos, pos_cache = self.ops.positional_forward(self._positions(), ids.shape[1])
         x = tok + pos
         if trace is not None:
             trace["tok_emb"], trace["pos_emb"], trace["x0"] = tok, pos.copy(), x.copy()
@@ -253,7 +313,7 @@ class GPT:
 
             def attend(qkv, i=i):
                 attn_trace = {} if trace is not None else None
-                out, cache = ops.attention_forward(qkv, H, causal, attn_trace)
+                out, cache = self.ops.attention_forward(qkv, H, causal, attn_trace)
                 if trace is not None:
                     trace.update({f"h.{i}.attn.{key}": value for key, value in attn_trace.items()})
                 return out, cache
@@ -262,7 +322,7 @@ class GPT:
             if keep_cache:
                 blocks.append(cache)
             del cache  # without keep_cache, a block's intermediates die with the block
-        xf, ln_f = ops.layernorm_forward(x, self.params["ln_f.weight"], self.params.get("ln_f.bias"))
+        xf, ln_f = self.ops.layernorm_forward(x, self.params["ln_f.weight"], self.params.get("ln_f.bias"))
         if trace is not None:
             trace["ln_f"] = xf
         return xf, (embed_cache, blocks, ln_f) if keep_cache else None
@@ -287,8 +347,8 @@ class GPT:
         wte = self.params["wte.weight"]
         x2 = xf.reshape(-1, xf.shape[-1])
         logits = self._buffer("logits", (x2.shape[0], wte.shape[0]), wte.dtype)
-        np.matmul(x2, wte.T, out=logits)  # (B*T, V)
-        return ops.softmax_xent_forward(logits, targets.reshape(-1))
+        self.xp.matmul(x2, wte.T, out=logits)  # (B*T, V)
+        return self.ops.softmax_xent_forward(logits, self.backend.to_device(targets.reshape(-1)))
 
     def check_pair(self, ids, targets) -> tuple[np.ndarray, np.ndarray]:
         """(ids, targets) as (B, T) intp arrays of the same shape, within the model's limits."""
@@ -335,17 +395,17 @@ class GPT:
         p = self.params
         embed_cache, blocks, ln_f = caches
         wte = p["wte.weight"]
-        dlogits = ops.softmax_xent_backward(xent, n_total)  # (B*T, V) = (y_hat - y) / n_total
+        dlogits = self.ops.softmax_xent_backward(xent, n_total)  # (B*T, V) = (y_hat - y) / n_total
         x2 = xf.reshape(-1, xf.shape[-1])
         grads["wte.weight"] = dlogits.T @ x2  # (V, C)
         dxf = (dlogits @ wte).reshape(xf.shape)  # (B, T, C)
-        dx, grads["ln_f.weight"], grads["ln_f.bias"] = ops.layernorm_backward(dxf, ln_f)
+        dx, grads["ln_f.weight"], grads["ln_f.bias"] = self.ops.layernorm_backward(dxf, ln_f)
         for i in reversed(range(self.config.n_layers)):
             dx = self._block_backward(i, dx, blocks[i], grads)
         emb, pos_cache = embed_cache
         if self.config.positional == "learned":
-            grads["wpe.weight"] = ops.positional_backward(dx, pos_cache)
-        ops.embedding_backward(dx, emb, dweight=grads["wte.weight"])
+            grads["wpe.weight"] = self.ops.positional_backward(dx, pos_cache)
+        self.ops.embedding_backward(dx, emb, dweight=grads["wte.weight"])
         return grads
 
     def _block_backward(self, i: int, dx: np.ndarray, cache, grads: dict) -> np.ndarray:
@@ -357,39 +417,39 @@ class GPT:
     def _pre_norm_block_backward(self, dx: np.ndarray, cache, g) -> np.ndarray:
         """`_pre_norm_block` read backwards: MLP half (x2 = x1 + mlp(ln_2(x1))), then attention half."""
         ln_1, c_attn, attn, c_proj, ln_2, c_fc, act_cache, mlp_proj = cache
-        dx, dbranch = ops.residual_backward(dx, None)
+        dx, dbranch = self.ops.residual_backward(dx, None)
         dm = self._mlp_half_backward(dbranch, (c_fc, act_cache, mlp_proj), g)
-        dm, g["ln_2.weight"], g["ln_2.bias"] = ops.layernorm_backward(dm, ln_2)
+        dm, g["ln_2.weight"], g["ln_2.bias"] = self.ops.layernorm_backward(dm, ln_2)
         dx += dm  # x1 reaches x2 both through the skip and through the MLP
-        dx, dbranch = ops.residual_backward(dx, None)
+        dx, dbranch = self.ops.residual_backward(dx, None)
         da = self._attention_half_backward(dbranch, (c_attn, attn, c_proj), g)
-        da, g["ln_1.weight"], g["ln_1.bias"] = ops.layernorm_backward(da, ln_1)
+        da, g["ln_1.weight"], g["ln_1.bias"] = self.ops.layernorm_backward(da, ln_1)
         dx += da
         return dx
 
     def _post_norm_block_backward(self, dx: np.ndarray, cache, g) -> np.ndarray:
         """`_post_norm_block` read backwards: x2 = ln_2(x1 + mlp(x1)), then x1 = ln_1(x0 + attn(x0))."""
         ln_1, c_attn, attn, c_proj, ln_2, c_fc, act_cache, mlp_proj = cache
-        dx, g["ln_2.weight"], g["ln_2.bias"] = ops.layernorm_backward(dx, ln_2)
-        dx, dbranch = ops.residual_backward(dx, None)
+        dx, g["ln_2.weight"], g["ln_2.bias"] = self.ops.layernorm_backward(dx, ln_2)
+        dx, dbranch = self.ops.residual_backward(dx, None)
         dx += self._mlp_half_backward(dbranch, (c_fc, act_cache, mlp_proj), g)
-        dx, g["ln_1.weight"], g["ln_1.bias"] = ops.layernorm_backward(dx, ln_1)
-        dx, dbranch = ops.residual_backward(dx, None)
+        dx, g["ln_1.weight"], g["ln_1.bias"] = self.ops.layernorm_backward(dx, ln_1)
+        dx, dbranch = self.ops.residual_backward(dx, None)
         dx += self._attention_half_backward(dbranch, (c_attn, attn, c_proj), g)
         return dx
 
     def _attention_half_backward(self, dout: np.ndarray, cache, g) -> np.ndarray:
         c_attn, attn, c_proj = cache
-        dy, g["attn.c_proj.weight"], g["attn.c_proj.bias"] = ops.linear_backward(dout, c_proj)
-        dqkv = ops.attention_backward(dy, attn)
-        da, g["attn.c_attn.weight"], g["attn.c_attn.bias"] = ops.linear_backward(dqkv, c_attn)
+        dy, g["attn.c_proj.weight"], g["attn.c_proj.bias"] = self.ops.linear_backward(dout, c_proj)
+        dqkv = self.ops.attention_backward(dy, attn)
+        da, g["attn.c_attn.weight"], g["attn.c_attn.bias"] = self.ops.linear_backward(dqkv, c_attn)
         return da
 
     def _mlp_half_backward(self, dout: np.ndarray, cache, g) -> np.ndarray:
         c_fc, act_cache, c_proj = cache
-        dact, g["mlp.c_proj.weight"], g["mlp.c_proj.bias"] = ops.linear_backward(dout, c_proj)
-        dpre = _ACTIVATIONS[self.config.activation][1](dact, act_cache)
-        dm, g["mlp.c_fc.weight"], g["mlp.c_fc.bias"] = ops.linear_backward(dpre, c_fc)
+        dact, g["mlp.c_proj.weight"], g["mlp.c_proj.bias"] = self.ops.linear_backward(dout, c_proj)
+        dpre = getattr(self.ops, f"{self.config.activation}_backward")(dact, act_cache)
+        dm, g["mlp.c_fc.weight"], g["mlp.c_fc.bias"] = self.ops.linear_backward(dpre, c_fc)
         return dm
 
     # ------------------------------------------------------------------------- generation
@@ -425,7 +485,7 @@ class GPT:
         q, k, v and appends k, v to per-layer caches; without it every step reruns the whole
         window. Both follow the same windows, so both give the same tokens.
         """
-        prompt = np.asarray(ids)
+        prompt = as_host(ids)
         if prompt.ndim == 2 and prompt.shape[0] == 1:
             prompt = prompt[0]
         if prompt.ndim != 1 or prompt.size == 0:
@@ -438,7 +498,9 @@ class GPT:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
             raise ModelError(f"seed must be a non-negative integer or None, got {seed!r}")
         rng = np.random.default_rng(seed)
-        pick = lambda logits: sample_next(logits, rng, temperature=temperature, top_k=top_k, top_p=top_p)  # noqa: E731
+        pick = lambda logits: sample_next(  # noqa: E731  (sampling runs on the host)
+            self.backend.to_host(logits), rng, temperature=temperature, top_k=top_k, top_p=top_p
+        )
         steps = self._steps_cached() if use_cache and self.config.causal else self._steps_uncached()
         return self._generate(list(prompt.tolist()), int(max_new_tokens), pick, stop_token, steps)
 
@@ -486,8 +548,8 @@ class GPT:
         T_max, H = cfg.context_length, cfg.n_heads
         dtype = self.params["wte.weight"].dtype
         shape = (1, H, T_max, cfg.head_dim)
-        k_cache = [np.empty(shape, dtype=dtype) for _ in range(cfg.n_layers)]
-        v_cache = [np.empty(shape, dtype=dtype) for _ in range(cfg.n_layers)]
+        k_cache = [self.xp.empty(shape, dtype=dtype) for _ in range(cfg.n_layers)]
+        v_cache = [self.xp.empty(shape, dtype=dtype) for _ in range(cfg.n_layers)]
         cached = 0  # positions held in the caches
         window_start = 0  # index in the token list of cached position 0
         logits = None
@@ -496,15 +558,16 @@ class GPT:
             if start != window_start:
                 window_start, cached = start, 0
             new = np.asarray(tokens[window_start + cached :], dtype=np.intp)[None, :]  # (1, n)
-            x = self.params["wte.weight"][new] + self._positions()[cached : cached + new.shape[1]]
+            tok = self.params["wte.weight"][self.backend.to_device(new)]  # (1, n, C)
+            x = tok + self._positions()[cached : cached + new.shape[1]]
             for i in range(cfg.n_layers):
 
                 def attend(qkv, i=i, start=cached):
-                    return ops.attention_forward_cached(qkv, k_cache[i], v_cache[i], start, H)
+                    return self.ops.attention_forward_cached(qkv, k_cache[i], v_cache[i], start, H)
 
                 x, _ = self._block_forward(i, x, None, attend)
             cached += new.shape[1]
-            xf, _ = ops.layernorm_forward(x[:, -1], self.params["ln_f.weight"], self.params.get("ln_f.bias"))
+            xf, _ = self.ops.layernorm_forward(x[:, -1], self.params["ln_f.weight"], self.params.get("ln_f.bias"))
             logits = self._last_logits(xf[0])
 
     # ------------------------------------------------------------------------- files
@@ -512,11 +575,12 @@ class GPT:
     def save(self, path, metadata: dict[str, str] | None = None, extra_tensors: dict[str, np.ndarray] | None = None):
         """Write params (+ extra_tensors, e.g. `tokenizer.*`) to a safetensors file atomically,
         with the config as JSON under the metadata key "config"."""
-        io.save_model(path, self.params, self.config.to_dict(), metadata=metadata, extra_tensors=extra_tensors)
+        io.save_model(path, self.host_params(), self.config.to_dict(), metadata=metadata, extra_tensors=extra_tensors)
 
     @classmethod
-    def load(cls, path: str | Path) -> GPT:
+    def load(cls, path: str | Path, device: str = "cpu") -> GPT:
         """Read a model saved by `save`, or a GPT-2 state dict (keys optionally `transformer.`
-        prefixed); tensors that are not model parameters are ignored."""
+        prefixed), onto `device`; tensors that are not model parameters are ignored."""
+        get_backend(device)  # a missing GPU is one line before the file is read
         config, params = io.load_model(path)
-        return cls.from_params(config, params)
+        return cls.from_params(config, params, device)

@@ -16,6 +16,9 @@ array of the model is allocated once and its cache is good for one backward.
 Each fast op names its plain, obviously correct twin in `transformer/reference.py`, which the
 tests compare it with.
 
+These are the CPU backend's ops (transformer/backends/cpu.py); the GPU's have the same names
+and signatures (transformer/backends/device_ops.py over CUDA kernels).
+
 What this module does not do: parameters, initialisation, sampling, I/O (see model.py, io.py).
 """
 
@@ -513,3 +516,33 @@ def softmax_xent_backward(cache, n_total: int | None = None) -> np.ndarray:
     exps *= (1.0 / (total * n))[:, None]
     exps[np.arange(exps.shape[0]), targets] -= 1.0 / n
     return exps
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+
+def adamw_update(p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, beta1: float, beta2: float,
+                 scale: float, eps: float, decay: float, scratch: np.ndarray | None = None) -> None:
+    """One AdamW step in place on flat arrays p, g, m, v (n,), with the constants that
+    `transformer.optim.AdamW.step` folds (M, V are its running sums):
+
+        p *= decay (skipped when decay is 1);  M = beta1 M + g;  V = beta2 V + g^2;
+        p -= scale * M / (sqrt(V) + eps)
+
+    Ten in-place passes and no temporary but `scratch` (n,), so that threads updating disjoint
+    ranges (AdamW's plan) each need one preallocated buffer; every element's arithmetic is the
+    same whatever the ranges.
+    """
+    tmp = np.empty_like(p) if scratch is None else scratch
+    if decay != 1.0:
+        p *= decay  # decoupled decay, before the Adam step (as PyTorch)
+    m *= beta1
+    m += g  # M = beta1 M + g
+    np.multiply(g, g, out=tmp)
+    v *= beta2
+    v += tmp  # V = beta2 V + g^2
+    np.sqrt(v, out=tmp)
+    tmp += eps
+    np.divide(m, tmp, out=tmp)
+    tmp *= scale
+    p -= tmp  # p -= s M / (sqrt(V) + e)

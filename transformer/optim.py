@@ -3,7 +3,9 @@
 AdamW follows PyTorch's `torch.optim.AdamW` (decoupled weight decay, bias-corrected moments)
 with nanoGPT's grouping: every parameter with 2 or more dimensions (the matmul weights and the
 embeddings, `wte` included) is decayed, 1-D parameters (biases, LayerNorm gains and shifts) are
-not. Everything runs in the parameters' own dtype (float32 for the model) and in place.
+not. Everything runs in the parameters' own dtype (float32 for the model) and in place, on the
+parameters' device: the element update is the backend's `adamw_update` op (NumPy passes on the
+CPU, one fused kernel per parameter on a GPU), and `state_dict()` always hands out host arrays.
 
 What this module deliberately does not do: no parameter groups beyond "2-D or not", no AMSGrad,
 no file I/O (`state_dict()` hands arrays to whoever saves them).
@@ -17,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from transformer.backends import as_host, backend_of, get_backend
 from transformer.errors import ModelError
 
 # Below this many elements a piece is not worth a thread of its own: the call overhead wins.
@@ -38,6 +41,8 @@ class AdamW:
     beyond one preallocated scratch buffer per thread. NumPy ufuncs release the GIL, so the
     elements are cut into `threads` contiguous ranges updated concurrently; each element's
     arithmetic is the same whatever the cut, so results are bit-identical for any thread count.
+    Parameters on a GPU (CuPy arrays, all on one device) are updated by one kernel launch each,
+    without threads; their moments live beside them.
 
     >>> p = {"w": np.ones((2, 2), np.float32), "b": np.ones(2, np.float32)}
     >>> opt = AdamW(p, lr=0.1, weight_decay=0.5)
@@ -68,11 +73,19 @@ class AdamW:
             if not (p.dtype.kind == "f" and p.flags.c_contiguous):
                 raise ModelError(f"AdamW needs C-contiguous float arrays; parameter {name!r} is "
                                  f"{p.dtype}, contiguous={p.flags.c_contiguous}")
-        self.m = {name: np.zeros_like(params[name]) for name in self.names}
-        self.v = {name: np.zeros_like(params[name]) for name in self.names}
+        self.backend = backend_of(params[self.names[0]]) if self.names else get_backend("cpu")
+        for name in self.names:
+            if backend_of(params[name]) is not self.backend:
+                raise ModelError(f"AdamW's parameters must all be on one device; {name!r} is on "
+                                 f"{backend_of(params[name]).name}, {self.names[0]!r} on {self.backend.name}")
+        xp = self.backend.xp
+        self.m = {name: xp.zeros_like(params[name]) for name in self.names}
+        self.v = {name: xp.zeros_like(params[name]) for name in self.names}
         n_threads = threads if threads is not None else min(len(os.sched_getaffinity(0)), 8)
         if n_threads < 1:
             raise ModelError(f"AdamW threads must be >= 1, got {threads}")
+        if xp is not np:
+            n_threads = 1                           # a GPU kernel covers a whole parameter
         self._plan = _split(self.names, [params[n].size for n in self.names], n_threads)
         self._scratch = []                          # per worker: dtype -> buffer as long as its longest range
         for plan in self._plan:
@@ -80,7 +93,7 @@ class AdamW:
             for name, a, b in plan:
                 dtype = params[name].dtype
                 longest[dtype] = max(longest.get(dtype, 0), b - a)
-            self._scratch.append({dtype: np.empty(n, dtype) for dtype, n in longest.items()})
+            self._scratch.append({dtype: np.empty(n, dtype) for dtype, n in longest.items()} if xp is np else {})
         self._pool = ThreadPoolExecutor(len(self._plan)) if len(self._plan) > 1 else None
 
     def step(self, grads: dict[str, np.ndarray], lr: float | None = None) -> None:
@@ -92,6 +105,9 @@ class AdamW:
                              "pass the dict returned by loss_and_grads")
         for name in self.names:
             p, g = self.params[name], grads[name]
+            if type(g) is not type(p):
+                raise ModelError(f"gradient {name!r} is a {type(g).__module__.split('.')[0]} array but the parameters "
+                                 f"are on {self.backend.name}; compute them with the model on the same device")
             if g.shape != p.shape or g.dtype != p.dtype or not p.flags.c_contiguous:
                 raise ModelError(f"gradient {name!r} is {g.dtype}{g.shape} but the parameter is "
                                  f"{p.dtype}{p.shape} (C-contiguous: {p.flags.c_contiguous}); they must match")
@@ -110,28 +126,19 @@ class AdamW:
                 done.result()
 
     def _run(self, worker: int, grads: dict[str, np.ndarray], consts: tuple[float, float, float]) -> None:
-        """Update this worker's element ranges; each range is a 1-D view, so writes land in place."""
+        """Update this worker's element ranges; each range is a 1-D view, so writes land in place.
+        The arithmetic is the backend's `adamw_update` (transformer/ops.py on the CPU)."""
         scale, eps, decay = consts
         beta1, beta2 = self.betas
         scratch = self._scratch[worker]
+        update = self.backend.ops.adamw_update
         for name, a, b in self._plan[worker]:
             p = self.params[name].reshape(-1)[a:b]
             g = grads[name].reshape(-1)[a:b]
             m = self.m[name].reshape(-1)[a:b]
             v = self.v[name].reshape(-1)[a:b]
-            tmp = scratch[p.dtype][: b - a]
-            if self.decayed[name] and decay != 1.0:
-                p *= decay                          # decoupled decay, before the Adam step (as PyTorch)
-            m *= beta1
-            m += g                                  # M = beta1 M + g
-            np.multiply(g, g, out=tmp)
-            v *= beta2
-            v += tmp                                # V = beta2 V + g^2
-            np.sqrt(v, out=tmp)
-            tmp += eps
-            np.divide(m, tmp, out=tmp)
-            tmp *= scale
-            p -= tmp                                # p -= s M / (sqrt(V) + e)
+            tmp = scratch[p.dtype][: b - a] if scratch else None
+            update(p, g, m, v, beta1, beta2, scale, eps, decay if self.decayed[name] else 1.0, tmp)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Copies of the state as arrays: `step` (int64 scalar), `betas` (2,) float64, and per
@@ -139,8 +146,8 @@ class AdamW:
         state = {"step": np.array(self.step_count, dtype=np.int64),
                  "betas": np.array(self.betas, dtype=np.float64)}
         for name in self.names:
-            state[f"m.{name}"] = self.m[name].copy()
-            state[f"v.{name}"] = self.v[name].copy()
+            state[f"m.{name}"] = _host_copy(self.m[name])
+            state[f"v.{name}"] = _host_copy(self.v[name])
         return state
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
@@ -159,14 +166,23 @@ class AdamW:
             raise ModelError(f"optimizer state was saved with betas {betas.tolist()} but this AdamW has "
                              f"{list(self.betas)}; resume with the same betas")
         for key in expected - {"step", "betas"}:
-            arr = np.asarray(state[key])
+            arr = as_host(state[key])
             ref = self.m[key[2:]]
             if arr.shape != ref.shape or arr.dtype.kind != "f":
                 raise ModelError(f"optimizer state {key!r} is {arr.dtype}{arr.shape}, expected float {ref.shape}")
         for name in self.names:
-            np.copyto(self.m[name], state[f"m.{name}"])
-            np.copyto(self.v[name], state[f"v.{name}"])
+            for moments, key in ((self.m, f"m.{name}"), (self.v, f"v.{name}")):
+                if isinstance(moments[name], np.ndarray):
+                    np.copyto(moments[name], state[key])
+                else:  # on a GPU: the host values, cast as np.copyto casts, then copied over
+                    host = np.asarray(as_host(state[key]), dtype=moments[name].dtype)
+                    moments[name][...] = self.backend.to_device(host)
         self.step_count = int(step)
+
+
+def _host_copy(a) -> np.ndarray:
+    """A host NumPy copy of `a` (a NumPy or CuPy array)."""
+    return a.copy() if isinstance(a, np.ndarray) else as_host(a)
 
 
 def _split(names: list[str], sizes: list[int], n_threads: int) -> list[list[tuple[str, int, int]]]:
@@ -194,15 +210,17 @@ def clip_grad_norm(grads: dict[str, np.ndarray], max_norm: float) -> float:
 
     Returns the norm before clipping (as PyTorch's clip_grad_norm_). The scale factor is
     max_norm / (norm + 1e-6), applied only when norm > max_norm. A non-finite norm leaves the
-    gradients untouched, so the caller can see it and stop instead of spreading NaNs.
+    gradients untouched, so the caller can see it and stop instead of spreading NaNs. Gradients
+    on a GPU are summed there, and only the total comes to the host.
     """
     if not max_norm > 0:
         raise ModelError(f"max_norm must be > 0, got {max_norm}; use e.g. 1.0")
+    xp = backend_of(next(iter(grads.values()))).xp if grads else np
     total = 0.0
     for g in grads.values():
         flat = g.reshape(-1)
-        total += float(np.dot(flat, flat))          # one BLAS pass; the sum across tensors in float64
-    norm = math.sqrt(total)
+        total = total + xp.dot(flat, flat).astype(np.float64)  # one BLAS pass; the sum across tensors in float64
+    norm = math.sqrt(float(total))
     if math.isfinite(norm) and norm > max_norm:
         coef = max_norm / (norm + 1e-6)
         for g in grads.values():

@@ -18,7 +18,9 @@ model before creating its optimizer. An entry replaced by another array is copie
 next call.
 
 What it deliberately does not do: any math (the GPT does it), or BLAS and malloc settings beyond
-switching `runtime.tuned` on around its calls.
+switching `runtime.tuned` on around its calls. Both executors are for CPU models: a model on a
+GPU runs in this process (DataParallel with workers=1 passes its calls through) and is refused
+with more workers or under MPI.
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ class _Wrapper:
     def params(self) -> dict[str, np.ndarray]:
         return self.model.params
 
+    def host_params(self) -> dict[str, np.ndarray]:
+        """The model's parameters as host NumPy arrays (`GPT.host_params`)."""
+        return self.model.host_params()
+
     def forward(self, ids, trace: dict | None = None) -> np.ndarray:
         """The model's forward, in this process (a few sequences: nothing to split)."""
         return self.model.forward(ids, trace)
@@ -81,6 +87,9 @@ class DataParallel(_Wrapper):
         workers = available_cores() if workers is None else workers
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ModelError(f"workers must be a positive integer or None, got {workers!r}")
+        if workers > 1 and model.device != "cpu":
+            raise ModelError(f"DataParallel splits batches over CPU processes, and this model is on {model.device}; "
+                             "use workers=1 (or no wrapper) to train it in this process")
         self.workers = workers
         self._pool = self._new_pool(model.params) if workers > 1 and fork_available() else None
         if self._pool is not None:
@@ -189,6 +198,9 @@ class MPIDataParallel(_Wrapper):
 
     def __init__(self, model: GPT, comm, workers: int = 1):
         super().__init__(model)
+        if model.device != "cpu":
+            raise ModelError(f"MPIDataParallel trains CPU models; this one is on {model.device} "
+                             "(one GPU per rank is not supported yet)")
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self._local = DataParallel(model, workers=workers)  # validates `workers`; shares the model's params
@@ -282,7 +294,10 @@ def ordered_allreduce(comm, flat: np.ndarray, n: int) -> np.ndarray:
     W, P = flat.shape
     cuts = np.linspace(0, P, size + 1).round().astype(np.int64)
     lengths = np.diff(cuts)
-    send = np.concatenate([flat[:, cuts[j] : cuts[j + 1]].reshape(-1) for j in range(size)])
+    if W == 1:  # the segments already lie in destination order
+        send = np.ascontiguousarray(flat).reshape(-1)
+    else:
+        send = np.concatenate([flat[:, cuts[j] : cuts[j + 1]].reshape(-1) for j in range(size)])
     send_counts = W * lengths
     mine = int(lengths[rank])
     received = np.empty((size * W, mine), dtype=flat.dtype)  # row = global shard index

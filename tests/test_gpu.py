@@ -1,0 +1,230 @@
+"""The GPU backend on a real GPU: each CUDA kernel against its NumPy twin, each GPU op against its
+CPU op (float64 to 1e-12, float32 to 1e-5, relative to the largest magnitude), and whole training
+steps, optimizer and files against the CPU model's.
+
+Skipped cleanly without CuPy or without a GPU (CI has none). TF32 is switched off here, so that
+cuBLAS computes in full float32, except in the test that checks TF32 itself.
+"""
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+from transformer import GPT, AdamW, GPTConfig, ModelError, clip_grad_norm, ops  # noqa: E402
+from transformer import reference as ref  # noqa: E402
+from transformer.backends import get_backend, set_tf32  # noqa: E402
+from transformer.backends.cuda_twins import TwinKernels  # noqa: E402
+
+try:
+    CUDA = get_backend("cuda")
+except ModelError as err:
+    pytest.skip(f"no GPU: {err}", allow_module_level=True)
+
+G = CUDA.ops
+KERNELS = G.kernels
+TWINS = TwinKernels()
+DTYPES = [np.float64, np.float32]
+
+
+@pytest.fixture(autouse=True)
+def full_float32_gemms():
+    set_tf32(False)
+    yield
+    set_tf32(True)
+
+
+def close(a, b, tol: float, what: str) -> None:
+    a = np.asarray(cupy.asnumpy(a) if isinstance(a, cupy.ndarray) else a, dtype=np.float64)
+    b = np.asarray(cupy.asnumpy(b) if isinstance(b, cupy.ndarray) else b, dtype=np.float64)
+    scale = max(float(np.abs(b).max(initial=0.0)), 1e-30)
+    err = float(np.abs(a - b).max(initial=0.0)) / scale
+    assert err <= tol, f"{what}: max relative difference {err:.2e} > {tol:.0e}"
+
+
+def tol_for(dtype) -> float:
+    return 1e-12 if np.dtype(dtype) == np.float64 else 1e-5
+
+
+def dev(a):
+    return cupy.asarray(a)
+
+
+# ----------------------------------------------------------------------------- kernels against twins
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 33), (200, 768), (70, 1000)])
+def test_row_kernels_against_twins(shape, dtype):
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
+    w, b = rng.standard_normal(shape[1]).astype(dtype), rng.standard_normal(shape[1]).astype(dtype)
+    got = KERNELS.layernorm_forward(dev(x), dev(w), dev(b), 1e-5)
+    for name, g, t in zip(("out", "xhat", "rstd"), got, TWINS.layernorm_forward(x, w, b, 1e-5)):
+        close(g, t, tol_for(dtype), f"layernorm {name}")
+    d = rng.standard_normal(shape).astype(dtype)
+    xhat, rstd = cupy.asnumpy(got[1]), cupy.asnumpy(got[2])
+    close(KERNELS.layernorm_backward(dev(d), got[1], got[2], dev(w)), TWINS.layernorm_backward(d, xhat, rstd, w),
+          tol_for(dtype), "layernorm dx")  # fmt: skip
+    close(KERNELS.column_sums(dev(d), dev(x)), TWINS.column_sums(d, x), tol_for(dtype), "column sums")
+    out, deriv = KERNELS.gelu(dev(x), True)
+    t_out, t_deriv = TWINS.gelu(x, True)
+    close(out, t_out, tol_for(dtype), "gelu")
+    close(deriv, t_deriv, tol_for(dtype), "gelu'")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 2), (5, 300), (64, 50304)])
+def test_xent_kernels_against_twins(shape, dtype):
+    rng = np.random.default_rng(1)
+    z = (rng.standard_normal(shape) * 5).astype(dtype)
+    t = rng.integers(0, shape[1], shape[0])
+    got = KERNELS.xent_forward(dev(z), dev(t))
+    want = TWINS.xent_forward(z, t)
+    for name, g, w in zip(("max", "sum", "losses"), got, want):
+        close(g, w, tol_for(dtype), f"xent {name}")
+    zd, zt = dev(z), z.copy()
+    KERNELS.xent_backward(zd, dev(t), got[0], got[1], 3 * shape[0])
+    TWINS.xent_backward(zt, t, want[0], want[1], 3 * shape[0])
+    close(zd, zt, tol_for(dtype), "dlogits")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal, q_offset", [(True, 0), (False, 0), (True, 7)])
+def test_attention_kernels_against_twins(causal, q_offset, dtype):
+    rng = np.random.default_rng(2)
+    s = (rng.standard_normal((2, 3, 40, 47)) * 3).astype(dtype)
+    sd, st = dev(s), s.copy()
+    KERNELS.attention_softmax(sd, q_offset, causal)
+    TWINS.attention_softmax(st, q_offset, causal)
+    close(sd, st, tol_for(dtype), "weights")
+    dw, rd = rng.standard_normal(s.shape).astype(dtype), rng.standard_normal(s.shape[:-1]).astype(dtype)
+    dd, dt = dev(dw), dw.copy()
+    KERNELS.softmax_backward(dd, sd, dev(rd))
+    TWINS.softmax_backward(dt, st, rd)
+    close(dd, dt, tol_for(dtype), "softmax backward")
+
+
+def test_embedding_and_adamw_kernels_are_bit_identical_to_the_cpu():
+    """Both do the CPU's additions and roundings in the CPU's order (--fmad=false; IEEE sqrt and
+    division), so they should agree bit for bit."""
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 50, (4, 300))
+    dout = rng.standard_normal((4, 300, 96)).astype(np.float32)
+    start = rng.standard_normal((50, 96)).astype(np.float32)
+    want = ops.embedding_backward(dout, (ids, (50, 96)), dweight=start.copy())
+    got = dev(start)
+    KERNELS.embedding_backward(dev(dout.reshape(-1, 96)), dev(ids.reshape(-1)), got)
+    assert np.array_equal(cupy.asnumpy(got), want)
+    arrays = [rng.standard_normal(100_003).astype(np.float32) for _ in range(3)]
+    arrays.append(rng.random(100_003).astype(np.float32))  # v >= 0
+    p, g, m, v = (a.copy() for a in arrays)
+    consts = (0.9, 0.95, 1e-3, 1e-8, 0.9999)
+    ops.adamw_update(p, g, m, v, *consts)
+    pd, gd, md, vd = (dev(a) for a in arrays)
+    KERNELS.adamw(pd, gd, md, vd, *consts)
+    for name, a, b in zip("pmv", (pd, md, vd), (p, m, v)):
+        assert np.array_equal(cupy.asnumpy(a), b), name
+
+
+# ----------------------------------------------------------------------------- ops against the CPU ops
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ops_against_cpu_ops(dtype, causal):
+    rng = np.random.default_rng(4)
+    B, T, H, hd = 2, 37, 4, 16
+    C = H * hd
+    x = rng.standard_normal((B, T, C)).astype(dtype)
+    w, b = rng.standard_normal(C).astype(dtype), rng.standard_normal(C).astype(dtype)
+    out, cache = G.layernorm_forward(dev(x), dev(w), dev(b))
+    close(out, ref.layernorm(x.astype(np.float64), w, b), tol_for(dtype), "layernorm")
+    d = rng.standard_normal(x.shape).astype(dtype)
+    for name, g, c in zip(("dx", "dw", "db"), G.layernorm_backward(dev(d), cache),
+                          ops.layernorm_backward(d, ops.layernorm_forward(x, w, b)[1])):  # fmt: skip
+        close(g, c, tol_for(dtype), f"layernorm {name}")
+    W, bias = rng.standard_normal((C, 3 * C)).astype(dtype), rng.standard_normal(3 * C).astype(dtype)
+    qkv, lcache = G.linear_forward(dev(x), dev(W), dev(bias))
+    close(qkv, ref.linear(x, W, bias), tol_for(dtype), "linear")
+    dq = rng.standard_normal((B, T, 3 * C)).astype(dtype)
+    for name, g, c in zip(("dx", "dW", "db"), G.linear_backward(dev(dq), lcache),
+                          ops.linear_backward(dq, ops.linear_forward(x, W, bias)[1])):  # fmt: skip
+        close(g, c, tol_for(dtype), f"linear {name}")
+    qkv_h = cupy.asnumpy(qkv)
+    att, acache = G.attention_forward(qkv, H, causal)
+    close(att, ref.attention(qkv_h.astype(np.float64), H, causal), tol_for(dtype), "attention")
+    da = rng.standard_normal((B, T, C)).astype(dtype)
+    close(G.attention_backward(dev(da), acache), ops.attention_backward(da, ops.attention_forward(qkv_h, H, causal)[1]),
+          tol_for(dtype), "attention backward")  # fmt: skip
+    ids = rng.integers(0, 97, (B, T))
+    logits = rng.standard_normal((B * T, 97)).astype(dtype)
+    loss, xcache = G.softmax_xent_forward(dev(logits), dev(ids.reshape(-1)))
+    close(loss, ref.softmax_xent(logits.astype(np.float64), ids.reshape(-1)), tol_for(dtype), "loss")
+    close(G.softmax_xent_backward(xcache), ref.softmax_xent_grad(logits.astype(np.float64), ids.reshape(-1)),
+          tol_for(dtype), "dlogits")  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def _models(dtype, **kw):
+    cfg = GPTConfig(vocab_size=500, context_length=64, d_model=128, n_layers=2, n_heads=4, **kw)
+    cpu = GPT(cfg, seed=0)
+    cpu.params = {k: v.astype(dtype) for k, v in cpu.params.items()}
+    gpu = GPT.from_params(cfg, cpu.params, device="cuda")
+    gpu.params = {k: cupy.asarray(v) for k, v in cpu.params.items()}  # keeps float64 too
+    return cfg, cpu, gpu
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kw", [{}, dict(norm="post", activation="relu", positional="sinusoidal", causal=False)])
+def test_training_step_matches_the_cpu(kw, dtype):
+    cfg, cpu, gpu = _models(dtype, **kw)
+    rng = np.random.default_rng(5)
+    ids, targets = rng.integers(0, 500, (4, 64)), rng.integers(0, 500, (4, 64))
+    loss, grads = cpu.loss_and_grads(ids, targets)
+    g_loss, g_grads = gpu.loss_and_grads(ids, targets)
+    assert isinstance(g_loss, float) and all(isinstance(g, cupy.ndarray) for g in g_grads.values())
+    close(g_loss, loss, tol_for(dtype), "loss")
+    for name in grads:
+        close(g_grads[name], grads[name], tol_for(dtype), name)
+    norm, g_norm = clip_grad_norm(grads, 0.5), clip_grad_norm(g_grads, 0.5)
+    close(g_norm, norm, tol_for(dtype), "grad norm")
+    opt, g_opt = AdamW(cpu.params, lr=1e-3), AdamW(gpu.params, lr=1e-3)
+    opt.step(grads)
+    g_opt.step({k: cupy.asarray(v) for k, v in grads.items()})  # the same gradients: the same update
+    for name in cpu.params:
+        close(gpu.params[name], cpu.params[name], tol_for(dtype), f"after AdamW: {name}")
+    state = g_opt.state_dict()
+    assert all(isinstance(v, np.ndarray) for v in state.values())
+    opt.load_state_dict(state)  # a GPU optimizer's state resumes on the CPU
+
+
+def test_files_are_device_free(tmp_path):
+    cfg, cpu, gpu = _models(np.float32)
+    gpu.save(tmp_path / "gpu.safetensors")
+    back = GPT.load(tmp_path / "gpu.safetensors")  # onto the CPU
+    ids = np.arange(20)[None] % 500
+    close(back.forward(ids), gpu.forward(ids), 1e-5, "logits after GPU -> file -> CPU")
+    again = GPT.load(tmp_path / "gpu.safetensors", device="cuda")
+    assert again.device == "cuda" and back.to("cuda").device == "cuda"
+    close(again.forward(ids), cpu.forward(ids), 1e-5, "logits after CPU -> file -> GPU")
+
+
+def test_generation_matches_the_cpu():
+    cfg, cpu, gpu = _models(np.float64)
+    for use_cache in (True, False):
+        args = dict(temperature=0.9, seed=1, use_cache=use_cache)
+        with pytest.warns(UserWarning, match="context"):
+            want = list(cpu.generate([1, 2, 3], 80, **args))
+        with pytest.warns(UserWarning, match="context"):
+            assert list(gpu.generate([1, 2, 3], 80, **args)) == want
+
+
+def test_tf32_changes_little():
+    cfg, cpu, gpu = _models(np.float32)
+    rng = np.random.default_rng(6)
+    ids, targets = rng.integers(0, 500, (4, 64)), rng.integers(0, 500, (4, 64))
+    set_tf32(True)
+    close(gpu.loss(ids, targets), cpu.loss(ids, targets), 1e-2, "loss with TF32")

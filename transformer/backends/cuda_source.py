@@ -1,0 +1,294 @@
+"""The CUDA C++ of the GPU backend's fused kernels, and the launch shapes they assume.
+
+NOT YET RUN ON A GPU. This source compiles with nvcc and NVRTC for sm_80/sm_90 (tests/test_backends.py
+compiles it where nvcc is installed), and each kernel's computation is mirrored, operation for
+operation, by a NumPy twin in transformer/backends/cuda_twins.py, which the CPU tests check
+against transformer/reference.py and ops.py. Whether the kernels compute on a real GPU what their
+twins compute is what tests/test_gpu.py checks, on a machine that has one.
+
+Every kernel is a template over T (float, double) and accumulates in T. Row-wise kernels give a
+row to one warp (LayerNorm, attention softmax; rows of at most a few thousand) or one block
+(the cross-entropy's vocabulary-long rows); lane l of a warp handles elements l, l + 32, ... in
+order, and lanes combine by an xor butterfly (`warp_sum`), after which every lane holds the
+same total, since each step adds the same two numbers in either order. Column sums run over
+chunks of rows in a fixed order, then over the chunks: deterministic, unlike atomics. The source
+is compiled with --fmad=false, so that no multiply-add is contracted and each kernel rounds as
+its twin does (exp, log, tanh and sqrt's last bits aside).
+
+What this module deliberately does not do: import CuPy or launch anything (transformer/backends/cuda.py).
+"""
+
+WARP = 32
+ROWS_PER_BLOCK = 8  # warp-per-row kernels: 8 warps, 256 threads per block
+ROW_THREADS = 256  # block-per-row kernels (the cross-entropy's rows of V logits)
+ELEMENTWISE_THREADS = 256
+COLUMN_THREADS = 128
+COLUMN_CHUNK = 64  # rows per chunk of a column sum, at least; more when that would need > MAX_GRID_Y chunks
+MAX_GRID_Y = 65535
+OPTIONS = ("--fmad=false", "-std=c++14")
+
+KERNELS = (
+    "layernorm_forward", "layernorm_backward", "column_sums", "gelu_forward", "xent_forward", "xent_backward",
+    "attention_softmax", "softmax_backward", "embedding_backward", "adamw",
+)  # fmt: skip
+
+
+def column_chunk_rows(n_rows: int) -> int:
+    """Rows per chunk of `column_sums` over n_rows rows (the kernel's grid.y is the chunk count)."""
+    return max(COLUMN_CHUNK, -(-n_rows // MAX_GRID_Y))
+
+
+SOURCE = r"""
+#define FULL_MASK 0xffffffffu
+
+template <typename T> __device__ __forceinline__ T neg_inf();
+template <> __device__ __forceinline__ float neg_inf<float>() { return __int_as_float((int)0xff800000u); }
+template <> __device__ __forceinline__ double neg_inf<double>() {
+    return __longlong_as_double((long long)0xfff0000000000000ull);
+}
+
+__device__ __forceinline__ float d_exp(float x) { return expf(x); }
+__device__ __forceinline__ double d_exp(double x) { return exp(x); }
+__device__ __forceinline__ float d_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double d_sqrt(double x) { return sqrt(x); }
+__device__ __forceinline__ float d_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double d_tanh(double x) { return tanh(x); }
+
+// b if it is larger, else a (NaN never wins, as in the twins' np.where(b > a, b, a))
+template <typename T> __device__ __forceinline__ T larger(T a, T b) { return b > a ? b : a; }
+
+template <typename T> __device__ __forceinline__ T warp_sum(T v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+template <typename T> __device__ __forceinline__ T warp_max(T v) {
+    for (int o = 16; o > 0; o >>= 1) v = larger(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+// (m, s): a running max and sum of exp(z - m); merges (m2, s2) into it
+template <typename T> __device__ __forceinline__ void combine(T& m, T& s, T m2, T s2) {
+    T big = larger(m, m2);
+    if (big == neg_inf<T>()) return;  // both empty: keep (-inf, 0)
+    s = s * d_exp(m - big) + s2 * d_exp(m2 - big);
+    m = big;
+}
+
+template <typename T> __device__ __forceinline__ void warp_combine(T& m, T& s) {
+    for (int o = 16; o > 0; o >>= 1) {
+        T m2 = __shfl_xor_sync(FULL_MASK, m, o);
+        T s2 = __shfl_xor_sync(FULL_MASK, s, o);
+        combine(m, s, m2, s2);
+    }
+}
+
+// out, xhat (n_rows, C); rstd (n_rows,). One warp per row.
+template <typename T>
+__global__ void layernorm_forward(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                                  int has_bias, T* __restrict__ out, T* __restrict__ xhat, T* __restrict__ rstd,
+                                  long long n_rows, int C, T eps) {
+    long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= n_rows) return;  // the whole warp leaves together
+    const T* xr = x + row * C;
+    T s = T(0);
+    for (int c = lane; c < C; c += 32) s += xr[c];
+    T mean = warp_sum(s) / T(C);
+    T ss = T(0);
+    for (int c = lane; c < C; c += 32) {
+        T d = xr[c] - mean;
+        ss += d * d;
+    }
+    T r = T(1) / d_sqrt(warp_sum(ss) / T(C) + eps);
+    T* outr = out + row * C;
+    T* xhr = xhat + row * C;
+    for (int c = lane; c < C; c += 32) {
+        T h = (xr[c] - mean) * r;
+        xhr[c] = h;
+        T o = h * w[c];
+        outr[c] = has_bias ? o + b[c] : o;
+    }
+    if (lane == 0) rstd[row] = r;
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * w. One warp per row.
+template <typename T>
+__global__ void layernorm_backward(const T* __restrict__ dout, const T* __restrict__ xhat,
+                                   const T* __restrict__ rstd, const T* __restrict__ w, T* __restrict__ dx,
+                                   long long n_rows, int C) {
+    long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= n_rows) return;
+    const T* dr = dout + row * C;
+    const T* hr = xhat + row * C;
+    T sg = T(0), sgx = T(0);
+    for (int c = lane; c < C; c += 32) {
+        T g = dr[c] * w[c];
+        sg += g;
+        sgx += g * hr[c];
+    }
+    T mean_g = warp_sum(sg) / T(C);
+    T mean_gx = warp_sum(sgx) / T(C);
+    T r = rstd[row];
+    T* dxr = dx + row * C;
+    for (int c = lane; c < C; c += 32) {
+        T g = dr[c] * w[c];
+        dxr[c] = (g - mean_g - hr[c] * mean_gx) * r;
+    }
+}
+
+// out (gridDim.y, C): out[chunk, c] = sum over the chunk's rows, in order, of a[r, c] * b[r, c] (or a[r, c])
+template <typename T>
+__global__ void column_sums(const T* __restrict__ a, const T* __restrict__ b, int has_b, T* __restrict__ out,
+                            long long n_rows, long long C, long long rows_per_chunk) {
+    long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    long long r0 = (long long)blockIdx.y * rows_per_chunk;
+    long long r1 = r0 + rows_per_chunk < n_rows ? r0 + rows_per_chunk : n_rows;
+    T acc = T(0);
+    for (long long r = r0; r < r1; ++r) acc += has_b ? a[r * C + c] * b[r * C + c] : a[r * C + c];
+    out[(long long)blockIdx.y * C + c] = acc;
+}
+
+// GPT-2's tanh GELU: out = x h with h = 0.5 (1 + tanh((x^2 k_cube + k_lin) x));
+// deriv = h + (1 - h) h (x^2 d_cube + d_lin) x (ops.gelu_forward's derivation)
+template <typename T>
+__global__ void gelu_forward(const T* __restrict__ x, T* __restrict__ out, T* __restrict__ deriv, int with_deriv,
+                             long long n, T k_cube, T k_lin, T d_cube, T d_lin) {
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        T xv = x[i];
+        T x2 = xv * xv;
+        T h = d_tanh((x2 * k_cube + k_lin) * xv) * T(0.5) + T(0.5);
+        if (with_deriv) {
+            T s = (x2 * d_cube + d_lin) * xv;
+            deriv[i] = (T(1) - h) * h * s + h;
+        }
+        out[i] = xv * h;
+    }
+}
+
+// One block per row of V logits: an online max and sum of exponentials per thread, combined over
+// the block; row_max, row_sum (n_rows,) for the backward, losses (n_rows,) in double.
+template <typename T>
+__global__ void xent_forward(const T* __restrict__ logits, const long long* __restrict__ targets,
+                             T* __restrict__ row_max, T* __restrict__ row_sum, double* __restrict__ losses,
+                             long long n_rows, int V) {
+    __shared__ T shared_m[32];
+    __shared__ T shared_s[32];
+    long long row = blockIdx.x;
+    const T* z = logits + row * V;
+    T m = neg_inf<T>(), s = T(0);
+    for (int c = threadIdx.x; c < V; c += blockDim.x) {
+        T zc = z[c];
+        if (zc > m) {
+            s = s * d_exp(m - zc) + T(1);
+            m = zc;
+        } else {
+            s += d_exp(zc - m);
+        }
+    }
+    warp_combine(m, s);
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+    if (lane == 0) {
+        shared_m[warp] = m;
+        shared_s[warp] = s;
+    }
+    __syncthreads();
+    m = lane < n_warps ? shared_m[lane] : neg_inf<T>();
+    s = lane < n_warps ? shared_s[lane] : T(0);
+    warp_combine(m, s);
+    if (threadIdx.x == 0) {
+        row_max[row] = m;
+        row_sum[row] = s;
+        T picked = z[targets[row]] - m;
+        losses[row] = log((double)s) - (double)picked;
+    }
+}
+
+// dlogits = exp(z - max) / (sum * n_total) - onehot / n_total, over the logits in place; a block per row
+template <typename T>
+__global__ void xent_backward(T* __restrict__ logits, const long long* __restrict__ targets,
+                              const T* __restrict__ row_max, const T* __restrict__ row_sum, long long n_rows, int V,
+                              T n_total, T inv_n) {
+    long long row = blockIdx.x;
+    T* z = logits + row * V;
+    T m = row_max[row];
+    T k = T(1) / (row_sum[row] * n_total);
+    long long t = targets[row];
+    for (int c = threadIdx.x; c < V; c += blockDim.x) {
+        T d = d_exp(z[c] - m) * k;
+        z[c] = c == t ? d - inv_n : d;
+    }
+}
+
+// scores (n_rows = R * Tq, keys) -> softmax weights in place; with causal, query i of each (R) group
+// sees keys 0 .. q_offset + i and the rest get weight 0. One warp per row.
+template <typename T>
+__global__ void attention_softmax(T* __restrict__ s, long long n_rows, int Tq, int keys, int q_offset, int causal) {
+    long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= n_rows) return;
+    T* sr = s + row * keys;
+    int seen = q_offset + (int)(row % Tq) + 1;
+    int visible = causal && seen < keys ? seen : keys;
+    T m = neg_inf<T>();
+    for (int j = lane; j < visible; j += 32) m = larger(m, sr[j]);
+    m = warp_max(m);
+    T sum = T(0);
+    for (int j = lane; j < visible; j += 32) {
+        T e = d_exp(sr[j] - m);
+        sr[j] = e;
+        sum += e;
+    }
+    T inv = T(1) / warp_sum(sum);
+    for (int j = lane; j < keys; j += 32) sr[j] = j < visible ? sr[j] * inv : T(0);
+}
+
+// ds = (dw - row_dot) * w in place, rows of `keys`; one warp per row
+template <typename T>
+__global__ void softmax_backward(T* __restrict__ ds, const T* __restrict__ w, const T* __restrict__ row_dot,
+                                 long long n_rows, int keys) {
+    long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= n_rows) return;
+    T rd = row_dot[row];
+    for (int j = lane; j < keys; j += 32) {
+        long long i = row * keys + j;
+        ds[i] = (ds[i] - rd) * w[i];
+    }
+}
+
+// dweight[id] += the rows of dout with that id, in their order: segment k of the stably sorted ids
+// holds positions order[seg_start[k] .. seg_start[k + 1]) of id seg_id[k]. Block (k, column tile).
+template <typename T>
+__global__ void embedding_backward(const T* __restrict__ dout, const long long* __restrict__ order,
+                                   const long long* __restrict__ seg_start, const long long* __restrict__ seg_id,
+                                   T* __restrict__ dweight, int C) {
+    long long seg = blockIdx.x;
+    int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    T* dst = dweight + seg_id[seg] * C + c;
+    T acc = *dst;
+    for (long long j = seg_start[seg]; j < seg_start[seg + 1]; ++j) acc += dout[order[j] * C + c];
+    *dst = acc;
+}
+
+// ops.adamw_update, element by element in the same order
+template <typename T>
+__global__ void adamw(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __restrict__ v, long long n,
+                      T beta1, T beta2, T scale, T eps, T decay) {
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        T pv = p[i];
+        if (decay != T(1)) pv = pv * decay;
+        T gv = g[i];
+        T mv = m[i] * beta1 + gv;
+        T vv = v[i] * beta2 + gv * gv;
+        m[i] = mv;
+        v[i] = vv;
+        p[i] = pv - mv / (d_sqrt(vv) + eps) * scale;
+    }
+}
+"""
