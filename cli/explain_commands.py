@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from cli.explain_render import plot_attention, render, render_tokens, show_token
+from cli.launch import check_device, device_option
 from pipeline.checkpoint import load_model
 from transformer.explain import EXAMPLES, Explanation, explain_example, explain_model
 
@@ -31,7 +32,8 @@ _EXAMPLE_LIST = "; ".join(f"{name} ({what})" for name, (what, _) in EXAMPLES.ite
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path),
               help="also write heatmaps of the layer's attention weights (one panel per head) to this PNG;"
               " needs pip install 'tokenkit[plot]'")  # fmt: skip
-def explain_command(text, model_path, example, layer, head, top_k, full, precision, as_json, plot_path) -> int:
+@device_option
+def explain_command(text, model_path, example, layer, head, top_k, full, precision, as_json, plot_path, device) -> int:
     """Print a forward pass the way the seed documents work it: tokens, embeddings, Q, K, V,
     scores, attention weights, weighted sum, projection, residual, LayerNorm, MLP, logits.
 
@@ -57,7 +59,8 @@ def explain_command(text, model_path, example, layer, head, top_k, full, precisi
     else:
         if model_path is None or text is None:
             raise click.UsageError('give -m MODEL "TEXT" to explain a model, or --example NAME for a seed\'s toy example')
-        model, tok, _ = load_model(model_path)
+        check_device(device)
+        model, tok, _ = load_model(model_path, device=device)
         ids = tok.encode(text)
         if not ids:
             raise click.UsageError("TEXT gives no tokens; give some text to explain")

@@ -2,7 +2,8 @@
 
 `mpi_world()` is MPI's communicator when a launcher started several processes (None for a
 plain run, which never imports mpi4py); `abort_on_error(comm)` turns an error on any rank into
-one line and the end of the whole job (`common.mpi.abort_on_error`).
+one line and the end of the whole job (`common.mpi.abort_on_error`). `device_option` is the
+`--device cpu|cuda` flag of the model commands, `check_device` its one-line check.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from bpe import TokenizerError
 from common import FileError, mpi
 from pipeline import PipelineError
 from transformer import ModelError
+from transformer.backends import get_backend
 
 
 def mpi_world():
@@ -41,3 +43,16 @@ def one_line(err: BaseException) -> str:
 def abort_on_error(comm):
     """Under MPI, an error on any rank ends every rank (one line, then MPI_Abort); else nothing."""
     return nullcontext() if comm is None else mpi.abort_on_error(comm, one_line)
+
+
+def device_option(func):
+    """`--device cpu|cuda`: where a command's model math runs."""
+    return click.option(
+        "--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+        help="where the model's math runs: cpu (NumPy) or cuda (CuPy on an NVIDIA GPU; pip install -e '.[gpu]')",
+    )(func)
+
+
+def check_device(device: str) -> None:
+    """One line (ModelError) when `device` cannot run here: CuPy or the GPU missing."""
+    get_backend(device)

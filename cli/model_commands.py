@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from cli.launch import abort_on_error, mpi_world
+from cli.launch import abort_on_error, check_device, device_option, mpi_world
 from cli.tokenizer_commands import corpus_options
 from pipeline import PipelineError, checkpoint, hf
 from pipeline.data import CorpusSpec
@@ -114,6 +114,12 @@ def _check_val(val, given: dict[str, Any]) -> None:
         raise click.UsageError("--val and --val-fraction exclude each other: --val validates on its own corpus")
 
 
+def _check_workers_on(device: str, given: dict[str, Any]) -> None:
+    if device != "cpu" and given.get("workers", 0) > 1:
+        raise click.UsageError(f"--workers splits batches over CPU processes; with --device {device} the batch runs "
+                               "in this process on the GPU: drop --workers")
+
+
 def _say(quiet: bool):
     return (lambda msg: None) if quiet else (lambda msg: click.echo(msg, err=True))
 
@@ -191,9 +197,10 @@ def _interrupted(result: TrainResult) -> int:
 @_run_corpus_options
 @click.option("--overwrite", is_flag=True, help="replace the files of another run in RUN_DIR (otherwise refused)")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bar or notes, only the summary")
+@device_option
 @_on_ranks
 def train_model_command(ranks, corpus, tokenizer_path, run_dir, resume, init_from, overwrite, quiet,
-                        val, eot, glob, text_field, binary, **kwargs) -> int:
+                        val, eot, glob, text_field, binary, device, **kwargs) -> int:
     """Train a GPT on CORPUS; checkpoints, log and token cache go in RUN_DIR.
 
     CORPUS: files and directories (every file below, sorted by path), gzip, bzip2, xz and zstd
@@ -204,7 +211,8 @@ def train_model_command(ranks, corpus, tokenizer_path, run_dir, resume, init_fro
     file is enough to predict); RUN_DIR/train_state.safetensors the last state for --resume.
     Ctrl-C (or SIGTERM) saves and exits; --resume then continues bit-exactly. A RUN_DIR holding
     another run's files is refused unless --overwrite. Under mpirun each rank computes --workers
-    shards of each batch: the same bits as --workers (ranks x workers) in one process.
+    shards of each batch: the same bits as --workers (ranks x workers) in one process. With
+    --device cuda the model trains on the GPU; its files are the same kind (resume on either).
 
     \b
     Example:
@@ -214,8 +222,10 @@ def train_model_command(ranks, corpus, tokenizer_path, run_dir, resume, init_fro
       tk train-model data/ --glob '*.jsonl.gz' --text-field text --eot '<|endoftext|>' --val val.jsonl -o runs/docs
     """
     say = _say(quiet)
+    check_device(device)
     given = _given(kwargs, fresh=resume is None, ranks=ranks)
     _check_val(val, given)
+    _check_workers_on(device, given)
     if resume is not None:
         target = Path(resume) if resume else run_dir
         if target is None:
@@ -232,7 +242,7 @@ def train_model_command(ranks, corpus, tokenizer_path, run_dir, resume, init_fro
         flags = {"inputs": corpus, "val": val, "glob": glob, "text_field": text_field, "binary": binary or None, "eot": eot}
         changes = {name: value for name, value in flags.items() if value}  # what was given: in place of the recorded
         result = resume_training(target, tokenizer=tok, overrides=given, corpus_overrides=changes, ranks=ranks,
-                                 quiet=quiet, say=say)
+                                 device=device, quiet=quiet, say=say)
     else:
         if not corpus:
             raise click.UsageError("missing CORPUS (or --resume RUN_DIR to continue a run)")
@@ -242,7 +252,8 @@ def train_model_command(ranks, corpus, tokenizer_path, run_dir, resume, init_fro
         config = TrainConfig.from_dict(init.settings(given) if init is not None else given)
         inputs = _corpus_spec(corpus, val, eot, glob, text_field, binary).open(warn=_warn_line)
         tok = load_tokenizer(tokenizer_path) if tokenizer_path is not None else None
-        result = train_model(inputs, run_dir, tok, config, init=init, overwrite=overwrite, ranks=ranks, quiet=quiet, say=say)
+        result = train_model(inputs, run_dir, tok, config, init=init, overwrite=overwrite, ranks=ranks, device=device,
+                             quiet=quiet, say=say)
     _summary(result)
     return _interrupted(result) if result.interrupted else 0
 
@@ -258,7 +269,8 @@ def train_model_command(ranks, corpus, tokenizer_path, run_dir, resume, init_fro
 @click.argument("text")
 @click.option("--top-k", default=10, show_default=True, type=int, help="rows in the table of likely tokens")
 @click.option("--json", "as_json", is_flag=True, help='print {"top": [{"id", "token", "p"}, ...]} instead of the table')
-def predict_next_command(model_path, tokenizer_path, text, top_k, as_json) -> int:
+@device_option
+def predict_next_command(model_path, tokenizer_path, text, top_k, as_json, device) -> int:
     """The most likely token after TEXT (argmax), then the top K with their probabilities.
 
     \b
@@ -266,7 +278,8 @@ def predict_next_command(model_path, tokenizer_path, text, top_k, as_json) -> in
       tk predict-next -m runs/tales "Once upon a time, there was a"
       tk predict-next -m runs/tales "Once upon a time" --top-k 3 --json
     """
-    model, tok = load_model_and_tokenizer(model_path, tokenizer_path)
+    check_device(device)
+    model, tok = load_model_and_tokenizer(model_path, tokenizer_path, device=device)
     pred = predict_next(model, tok, text, top_k=top_k, say=_warn)
     if as_json:  # a token that is part of a character shows its bytes escaped, e.g. "\\xc3"
         top = [{"id": i, "token": tok.decode_bytes([i]).decode("utf-8", "backslashreplace"), "p": p} for i, p in pred.top]
@@ -295,14 +308,16 @@ def predict_next_command(model_path, tokenizer_path, text, top_k, as_json) -> in
 @click.option("--top-k", default=None, type=int, help="sample among the K most likely tokens")
 @click.option("--top-p", default=None, type=float, help="sample among the smallest set with probability >= P")
 @click.option("--seed", default=None, type=int, help="seed for reproducible sampling")
-def generate_command(model_path, tokenizer_path, prompt, max_new_tokens, temperature, top_k, top_p, seed) -> int:
+@device_option
+def generate_command(model_path, tokenizer_path, prompt, max_new_tokens, temperature, top_k, top_p, seed, device) -> int:
     """Continue PROMPT, streaming the text as it is generated (KV-cached decoding).
 
     \b
     Example:
       tk generate -m runs/tales "Once upon a time" -n 60 --temperature 0.8 --seed 1
     """
-    model, tok = load_model_and_tokenizer(model_path, tokenizer_path)
+    check_device(device)
+    model, tok = load_model_and_tokenizer(model_path, tokenizer_path, device=device)
     pieces = generate(
         model, tok, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
         top_k=top_k, top_p=top_p, seed=seed, say=_warn,
@@ -437,9 +452,10 @@ def _info_state(path: Path) -> None:
 @click.option("-n", "--max-new-tokens", default=None, type=int, help="tokens in the final sample  [default: what fills the model's context]")
 @click.option("--overwrite", is_flag=True, help="redo stages whose outputs are stale, and replace files not made by the pipeline")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bars or notes")
+@device_option
 @_on_ranks
 def pipeline_command(ranks, corpus, run_dir, vocab_size, prompt, max_new_tokens, overwrite, quiet,
-                     val, eot, glob, text_field, binary, **kwargs) -> int:
+                     val, eot, glob, text_field, binary, device, **kwargs) -> int:
     """Tokenizer -> encode -> train -> sample, each stage skipped when RUN_DIR already has it.
 
     CORPUS is read as train-model reads it (files, directories, compressed files, JSONL; no
@@ -454,17 +470,19 @@ def pipeline_command(ranks, corpus, run_dir, vocab_size, prompt, max_new_tokens,
       tk pipeline corpora/tiny_tales.txt -o runs/demo
     """
     say = _say(quiet)
+    check_device(device)
     given = _given(kwargs, ranks=ranks)
     _check_val(val, given)
+    _check_workers_on(device, given)
     config = TrainConfig.from_dict(given)
     inputs = _corpus_spec(corpus, val, eot, glob, text_field, binary).open(warn=_warn_line)
     result = run_pipeline(inputs, run_dir, vocab_size=vocab_size, config=config, overwrite=overwrite, ranks=ranks,
-                          quiet=quiet, say=say)
+                          device=device, quiet=quiet, say=say)
     if result.train is not None:
         _summary(result.train)
         if result.train.interrupted:
             return _interrupted(result.train)
-    model, tok, meta = checkpoint.load_model(run_dir)
+    model, tok, meta = checkpoint.load_model(run_dir, device=device)
     text = prompt if prompt is not None else result.prompt
     pred = predict_next(model, tok, text, top_k=5, say=_warn)
     click.echo(f"\npredict-next {text!r}:")

@@ -316,7 +316,7 @@ def decode_metadata(meta: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
-def load_model(path_or_run_dir: str | os.PathLike, *, tokenizer_required: bool = True) -> LoadedModel:
+def load_model(path_or_run_dir: str | os.PathLike, *, tokenizer_required: bool = True, device: str = "cpu") -> LoadedModel:
     """Load a model.safetensors (or a run dir's) -> (GPT, Tokenizer, metadata), all validated.
 
     Reads every file in the model format: the pipeline's (tokenizer embedded) and `GPT.save`'s
@@ -339,7 +339,7 @@ def load_model(path_or_run_dir: str | os.PathLike, *, tokenizer_required: bool =
             f"{path} is inconsistent: model vocab {config.vocab_size} != tokenizer vocab {tokenizer.vocab_size}"
         )
     try:
-        model = GPT.from_params(config, params)
+        model = GPT.from_params(config, params, device=device)
     except ModelError as err:
         raise PipelineError(f"{path}: {err}") from None
     return LoadedModel(model, tokenizer, decode_metadata(meta))

@@ -30,6 +30,7 @@ import numpy as np
 from bpe import Tokenizer
 from pipeline import checkpoint, data, rundir
 from pipeline.errors import PipelineError
+from transformer.backends import as_host
 from pipeline.ranks import Ranks
 from pipeline.train import (
     DEFAULT_VOCAB_SIZE,
@@ -54,13 +55,13 @@ def load_tokenizer(path: str | Path):
     return Tokenizer.load(path)
 
 
-def load_model_and_tokenizer(model_path: str | Path, tokenizer_path: str | Path | None = None):
+def load_model_and_tokenizer(model_path: str | Path, tokenizer_path: str | Path | None = None, device: str = "cpu"):
     """(GPT, Tokenizer) for inference: the model file's own tokenizer, or the one given.
 
     A model saved by `GPT.save` carries no tokenizer: then `tokenizer_path` is needed. A given
     tokenizer must have the model's vocabulary size.
     """
-    loaded = checkpoint.load_model(model_path, tokenizer_required=tokenizer_path is None)
+    loaded = checkpoint.load_model(model_path, tokenizer_required=tokenizer_path is None, device=device)
     tok = loaded.tokenizer if tokenizer_path is None else load_tokenizer(tokenizer_path)
     if tok.vocab_size != loaded.model.config.vocab_size:
         raise PipelineError(
@@ -111,7 +112,7 @@ def predict_next(model, tokenizer, text: str, *, top_k: int = 10, say: Callable[
     if top_k < 1:
         raise PipelineError(f"--top-k must be at least 1, got {top_k}")
     ids = encode_prompt(model, tokenizer, text, say)
-    logits = model.forward(np.asarray(ids, dtype=np.int64)[None, :])[0, -1].astype(np.float64)  # (V,)
+    logits = as_host(model.forward(np.asarray(ids, dtype=np.int64)[None, :])[0, -1]).astype(np.float64)  # (V,)
     probs = np.exp(logits - logits.max())
     probs /= probs.sum()
     order = np.argsort(-probs, kind="stable")[: min(top_k, len(probs))]  # ties: the smaller id first
@@ -235,6 +236,7 @@ def run_pipeline(
     config: TrainConfig | None = None,
     overwrite: bool = False,
     ranks: Ranks | None = None,
+    device: str = "cpu",
     quiet: bool = False,
     say: Callable[[str], None] = lambda m: None,
 ) -> PipelineResult:
@@ -253,7 +255,7 @@ def run_pipeline(
     """
     corpus = data.open_corpus(corpus, warn=lambda msg: say(f"warning: {msg}"))
     config = config or TrainConfig()
-    check_training_memory(config, vocab_size, ranks)
+    check_training_memory(config, vocab_size, ranks, device)
     with rundir.RunDir(run_dir) as rd:
         run_dir = rd.path
         if not overwrite and not (run_dir / checkpoint.PIPELINE_FILE).exists():
@@ -265,7 +267,7 @@ def run_pipeline(
         tokens = data.prepare_tokens(corpus, tok, run_dir, quiet=quiet, commit=False)
         stages["encode"] = "reused" if tokens.reused else "encoded"
         try:
-            stages["train"], result = _train_stage(corpus, rd, tok, tokens, stamp, config, overwrite, ranks, quiet, say)
+            stages["train"], result = _train_stage(corpus, rd, tok, tokens, stamp, config, overwrite, ranks, device, quiet, say)
         finally:
             tokens.discard()  # still pending only when the run did not start
         _, val = tokens.split(config.val_fraction, config.context_length)
@@ -273,7 +275,7 @@ def run_pipeline(
 
 
 def _train_stage(corpus, rd: rundir.RunDir, tok, tokens: data.TokenData, stamp, config: TrainConfig, overwrite: bool,
-                 ranks: Ranks | None, quiet, say):
+                 ranks: Ranks | None, device: str, quiet, say):
     run_dir = rd.path
     state_path = run_dir / checkpoint.STATE_FILE
     why = None
@@ -299,7 +301,7 @@ def _train_stage(corpus, rd: rundir.RunDir, tok, tokens: data.TokenData, stamp, 
         if current and 0 <= step < config.steps:
             data.commit_tokens(tokens, run_dir)
             say(encode_note(tokens, run_dir))
-            return "resumed", resume_training(run_dir, corpus=corpus, ranks=ranks, quiet=quiet, say=say)
+            return "resumed", resume_training(run_dir, corpus=corpus, ranks=ranks, device=device, quiet=quiet, say=say)
         why = "the corpus, --val, --eot or tokenizer changed" if not (stamp is None and same_data) else "the training settings changed"
     elif (run_dir / checkpoint.MODEL_FILE).exists():
         why = f"{checkpoint.MODEL_FILE} has no {checkpoint.STATE_FILE} beside it to check it against"
@@ -315,7 +317,7 @@ def _train_stage(corpus, rd: rundir.RunDir, tok, tokens: data.TokenData, stamp, 
         if stamp is not None:
             _save_tokenizer(run_dir, tok, stamp, say)
 
-    result = train_model(corpus, run_dir, tok, config, overwrite=True, tokens=tokens, on_start=start, ranks=ranks,
+    result = train_model(corpus, run_dir, tok, config, overwrite=True, tokens=tokens, on_start=start, ranks=ranks, device=device,
                          quiet=quiet, say=say)
     return "trained", result
 

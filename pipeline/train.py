@@ -45,6 +45,7 @@ from pipeline import checkpoint, data, rundir
 from pipeline.ranks import Ranks
 from pipeline.errors import PipelineError
 from transformer import GPT, AdamW, GPTConfig, clip_grad_norm, cosine_schedule
+from transformer.backends import get_backend
 from transformer.memory import check_memory
 from transformer.parallel import DataParallel, MPIDataParallel, shard_rows
 from transformer.runtime import available_cores
@@ -269,8 +270,12 @@ class _Run:
         state: checkpoint.TrainState | None = None,
         init: StartFrom | None = None,
         ranks: Ranks | None = None,
+        device: str = "cpu",
     ) -> None:
 
+        if device != "cpu" and ranks is not None:
+            raise PipelineError(f"--device {device} under mpirun is not built yet (one rank per GPU); "
+                                "train on one GPU without mpirun, or on CPU ranks")
         if config.workers == 0:  # recorded as the count used, so a resume elsewhere is the same run
             config = dataclasses.replace(config, workers=_default_shards(ranks))
         self.run_dir = run_dir
@@ -283,16 +288,18 @@ class _Run:
         self.train_ids, self.val_ids = tokens.split(config.val_fraction, config.context_length)
         self.model_config = GPTConfig.from_dict(config.model_config(tokenizer.vocab_size))
         local_workers = config.workers if ranks is None else ranks.local_workers(config.workers)
-        check_memory(self.model_config, training=True, workers=local_workers)  # one line, not a MemoryError
-        model = GPT(self.model_config, seed=config.seed)
+        if device == "cpu":
+            check_memory(self.model_config, training=True, workers=local_workers)  # one line, not a MemoryError
+        else:  # the whole batch in this process, on the device (the recorded count serves a CPU resume)
+            local_workers = 1
+        model = GPT(self.model_config, seed=config.seed, device=device)
         if ranks is None:
             self.model = DataParallel(model, workers=local_workers)
         else:  # each rank computes its shards; the same numbers as `workers` shards in one process
             self.model = MPIDataParallel(model, ranks.comm, workers=local_workers)
         self.init = init
         if init is not None:  # a fresh run from given weights (its config is the weights' own)
-            for name, value in init.params.items():
-                self.model.params[name][...] = value
+            self.model.model.set_params(init.params)
         self.opt = AdamW(
             self.model.params,
             lr=config.lr,
@@ -305,8 +312,7 @@ class _Run:
             self.best_val_loss: float | None = None
             self.best_step: int | None = None
         else:
-            for name, value in state.params.items():
-                self.model.params[name][...] = value
+            self.model.model.set_params(state.params)
             self.opt.load_state_dict(state.optimizer)
             self.step = state.step
             self.rng = data.rng_from_array(state.rng)
@@ -349,7 +355,7 @@ class _Run:
             self.run_dir / checkpoint.STATE_FILE,
             checkpoint.TrainState(
                 step=self.step,
-                params=self.model.params,
+                params=self.model.host_params(),
                 optimizer=self.opt.state_dict(),
                 rng=data.rng_to_array(self.rng),
                 best_val_loss=self.best_val_loss,
@@ -364,7 +370,7 @@ class _Run:
     def save_model(self, val_loss: float, best_val_loss: float) -> None:
         checkpoint.save_model(
             self.run_dir / checkpoint.MODEL_FILE,
-            self.model.params,
+            self.model.host_params(),
             self.tokenizer,
             config=self.model_config.to_dict(),
             step=self.step,
@@ -575,11 +581,14 @@ def _default_shards(ranks: Ranks | None) -> int:
     return available_cores() if ranks is None else ranks.size * ranks.default_workers()
 
 
-def check_training_memory(config: TrainConfig, vocab_size: int, ranks: Ranks | None = None) -> None:
+def check_training_memory(config: TrainConfig, vocab_size: int, ranks: Ranks | None = None, device: str = "cpu") -> None:
     """One line, before any work, when the run's model cannot train in this machine's memory
     (`vocab_size`: the tokenizer's, or an upper bound of the one still to be trained; under MPI,
-    this rank's share of the workers)."""
+    this rank's share of the workers), or on `device` (a missing CuPy or GPU)."""
+    get_backend(device)
     model_config = GPTConfig.from_dict(config.model_config(vocab_size))
+    if device != "cpu":
+        return  # host memory holds only the weights' copies; the device's own is not estimated yet
     workers = config.workers or available_cores()
     if ranks is not None:
         workers = max(1, workers // ranks.size)
@@ -635,6 +644,7 @@ def train_model(
     on_start: Callable[[], None] | None = None,
     init: StartFrom | None = None,
     ranks: Ranks | None = None,
+    device: str = "cpu",
     quiet: bool = False,
     say: Callable[[str], None] = lambda msg: None,
 ) -> TrainResult:
@@ -652,7 +662,8 @@ def train_model(
     file is written (the pipeline commits its tokenizer there). `init` starts from its weights
     and tokenizer instead of random ones (`config` must have its shape: `StartFrom.settings`).
     `ranks`: this is rank 0 of an MPI job whose other ranks run `follow` (pipeline.ranks);
-    `config.workers` then counts every rank's shards.
+    `config.workers` then counts every rank's shards. `device`: "cpu" or "cuda" (the whole batch
+    in this process on the GPU; the files are the same kind either way).
     """
     config = config or TrainConfig()
     corpus = data.open_corpus(corpus, warn=lambda msg: say(f"warning: {msg}"))
@@ -664,7 +675,7 @@ def train_model(
             raise PipelineError(f"the run's model settings differ from the shape of {init.path}; take them from it (StartFrom.settings)")
     if tokenizer is not None:
         data.check_eot(tokenizer, corpus.spec)
-    check_training_memory(config, tokenizer.vocab_size if tokenizer is not None else DEFAULT_VOCAB_SIZE, ranks)
+    check_training_memory(config, tokenizer.vocab_size if tokenizer is not None else DEFAULT_VOCAB_SIZE, ranks, device)
     with rundir.RunDir(run_dir) as rd:
         run_dir = rd.path
         own = [checkpoint.MODEL_FILE, checkpoint.STATE_FILE, checkpoint.LOG_FILE]
@@ -681,7 +692,7 @@ def train_model(
         try:
             if not overwrite and tokens.pending:  # the cache holds another corpus's ids
                 rundir.refuse_conflicts(run_dir, rd.present(list(tokens.pending)))
-            run = _Run(run_dir, tokens, tokenizer, config, quiet=quiet, init=init, ranks=ranks)  # checks split and size
+            run = _Run(run_dir, tokens, tokenizer, config, quiet=quiet, init=init, ranks=ranks, device=device)  # checks
             # the run starts: from here on the directory is this run's
             if on_start is not None:
                 on_start()
@@ -732,6 +743,7 @@ def resume_training(
     overrides: Mapping[str, Any] | None = None,
     corpus_overrides: Mapping[str, Any] | None = None,
     ranks: Ranks | None = None,
+    device: str = "cpu",
     quiet: bool = False,
     say: Callable[[str], None] = lambda msg: None,
 ) -> TrainResult:
@@ -744,8 +756,10 @@ def resume_training(
     moved --val) in its place; it must have the recorded fingerprints and eot token, and a given
     `tokenizer` the run's fingerprint. The run uses the worker count recorded in the checkpoint,
     so it continues bit for bit on any core count, and on any number of MPI `ranks` that divides
-    it (with or without MPI before).
+    it (with or without MPI before). On another `device` it continues numerically close, not
+    bit-identical.
     """
+    get_backend(device)  # a missing GPU is one line before anything is read
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise PipelineError(f"run directory not found: {run_dir}")
@@ -769,7 +783,7 @@ def resume_training(
             raise PipelineError(f"the given tokenizer is not the one {run_dir} was trained with; drop -t to use the run's own")
         rc = _resumed_corpus(run_dir, state, corpus, corpus_overrides, say)
         tokens = data.prepare_tokens(rc, state.tokenizer, run_dir, quiet=quiet)
-        run = _Run(run_dir, tokens, state.tokenizer, config, quiet=quiet, state=state, ranks=ranks)
+        run = _Run(run_dir, tokens, state.tokenizer, config, quiet=quiet, state=state, ranks=ranks, device=device)
         if state.step >= config.steps:
             say(f"{run_dir} already finished its {config.steps} steps; nothing to resume")
             return run.result(time.perf_counter(), 0.0, 0, interrupted=False)

@@ -440,3 +440,49 @@ def test_short_run_gets_a_warmup_that_fits_and_a_finished_run_says_so(corpus, ru
     code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(tmp_path / "x"), "--steps", "20",
                        "--warmup-steps", "30")
     assert_one_line_error(code, err, "--warmup-steps (30) must not exceed --steps (20)")
+
+
+# --- --device: the commands on the CUDA backend's NumPy twins (no GPU needed) ------------------
+
+
+@pytest.fixture
+def cuda_as_twins(monkeypatch):
+    """`--device cuda` runs on the CUDA kernels' NumPy twins: the model's device path (device ops,
+    set_params, host_params, host logits) without a GPU."""
+    from transformer import backends
+    from transformer.backends.cuda_twins import twin_backend
+
+    monkeypatch.setitem(backends._BACKENDS, "cuda", twin_backend())
+
+
+def test_device_cuda_trains_resumes_on_cpu_and_predicts_on_either(capsys, tmp_path, corpus, run, cuda_as_twins):
+    tokenizer = run / "tokenizer.safetensors"
+    flags = [*SMALL, "--batch-size", "4", "--steps", "12", "--eval-interval", "6", "--warmup-steps", "2", "--quiet"]
+    cpu_run, gpu_run = tmp_path / "cpu", tmp_path / "gpu"
+    assert cli(capsys, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(cpu_run), "--workers", "1", *flags)[0] == 0
+    code, out, err = cli(capsys, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(gpu_run), "--device", "cuda", *flags)
+    assert code == 0, err
+    cpu_state = load_train_state(cpu_run / "train_state.safetensors")
+    gpu_state = load_train_state(gpu_run / "train_state.safetensors")
+    assert gpu_state.step == 12
+    for name, p in cpu_state.params.items():  # the same training, other kernels: close, not the same bits
+        np.testing.assert_allclose(gpu_state.params[name], p, rtol=1e-3, atol=1e-4, err_msg=name)
+    assert any(not np.array_equal(gpu_state.params[name], p) for name, p in cpu_state.params.items())
+
+    code, out, err = cli(capsys, "train-model", "--resume", str(gpu_run), "--steps", "12", "--quiet")
+    assert code == 0 and "nothing left to train" in out, err
+    code, on_gpu, err = cli(capsys, "predict-next", "-m", str(gpu_run), "up 3 4", "--json", "--device", "cuda")
+    assert code == 0, err
+    code, on_cpu, err = cli(capsys, "predict-next", "-m", str(gpu_run), "up 3 4", "--json")
+    assert code == 0, err
+    gpu_top, cpu_top = json.loads(on_gpu)["top"], json.loads(on_cpu)["top"]
+    assert [t["id"] for t in gpu_top[:3]] == [t["id"] for t in cpu_top[:3]]
+    np.testing.assert_allclose([t["p"] for t in gpu_top], [t["p"] for t in cpu_top], rtol=1e-4)
+
+
+def test_device_cuda_refuses_workers_in_one_line(capsys, tmp_path, corpus, run, cuda_as_twins):
+    tokenizer = run / "tokenizer.safetensors"
+    code, _, err = cli(capsys, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(tmp_path / "r"),
+                       "--device", "cuda", "--workers", "2", *SMALL)
+    assert code != 0 and "drop --workers" in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()
