@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from common import safetensors_file
 from pipeline import PipelineError, checkpoint, data
-from pipeline.train import TrainConfig, load_config_file
+from pipeline.config import TrainConfig, load_config_file
 
 # --- atomic writes ---------------------------------------------------------------------------
 
