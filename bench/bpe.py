@@ -8,12 +8,16 @@ Training, on ../shared/data/gutenberg/train.txt at each --vocab size:
   2 threads), and a minbpe-like naive trainer (recount every pair per merge) on a 100 KB slice
   next to ours on the same slice.
 Encoding the same file with GPT-2's vocabulary (ours imported from ../shared/data/gpt2):
-  ours `encode_file` with 1 and 2 workers (cold cache, file read included), tiktoken (one
-  thread, text already in memory) and HF tokenizers (one `encode` of the whole text); our ids
-  are checked against tiktoken's and HF's.
+  ours `encode_file` as `tk encode -f FILE -o ids.npy` runs it (default workers: all cores;
+  and 1 worker), cold cache, file read and .npy written included, taking turns with tiktoken
+  (one thread, text already in memory), whose time over ours is printed; HF tokenizers (one
+  `encode` of the whole text). Our ids are checked against tiktoken's and HF's.
 Peak memory: every measurement runs in a fresh child process; its ru_maxrss (os.wait4) and the
 largest of its own worker processes are reported. --big-gb N also trains on an N GB file made of
 copies of the corpus, to show memory following the number of distinct chunks, not the file size.
+--large-mb 200 (the default; 0 skips it) trains `tk bpe-train` and HF tokenizers at vocab 32000
+on 200 MB of distinct Python source from this machine's installation (bench/bpe_large.py: time
+and peak memory of each process tree, taking turns).
 
 Peers are optional (`pip install -e '.[bench]'`): a missing one is reported and skipped.
 Figures are medians of --repeats runs; ratios are peer time / our time (> 1: we are faster).
@@ -124,12 +128,16 @@ def child_train_ours_slice(corpus: str, vocab: int) -> dict:
 
 
 def child_encode_ours(corpus: str, tok_path: str, workers: int) -> dict:
+    """`encode_file` as `tk encode -f FILE -o ids.npy` runs it: ids streamed to a .npy (workers 0:
+    the default, all cores)."""
     from bpe import Tokenizer
 
     tok = Tokenizer.load(tok_path)  # fresh: empty chunk cache
-    t0 = time.perf_counter()
-    ids = tok.encode_file(corpus, workers=workers, quiet=True)
-    return {"seconds": time.perf_counter() - t0, "tokens": int(ids.shape[0])}
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        ids = tok.encode_file(corpus, Path(tmp) / "ids.npy", workers=workers or None, quiet=True)
+        seconds = time.perf_counter() - t0
+        return {"seconds": seconds, "tokens": int(ids.shape[0])}
 
 
 def _tiktoken_gpt2():
@@ -207,7 +215,21 @@ def run_child(kind: str, *args, env: dict | None = None) -> dict:
 
 
 def measure(kind: str, *args, repeats: int, env: dict | None = None) -> dict:
-    runs = [run_child(kind, *args, env=env) for _ in range(repeats)]
+    return summarize([run_child(kind, *args, env=env) for _ in range(repeats)])
+
+
+def measure_side_by_side(specs: list[tuple], repeats: int) -> list[dict]:
+    """`measure` for each (kind, *args) of `specs`, their runs taking turns (a, b, a, b, ...), so
+    that a burst of outside load on a shared machine hits all of them alike."""
+    runs: list[list[dict]] = [[] for _ in specs]
+    for _ in range(repeats):
+        for spec, out in zip(specs, runs):
+            if not out or "missing" not in out[0]:
+                out.append(run_child(*spec))
+    return [summarize(r) for r in runs]
+
+
+def summarize(runs: list[dict]) -> dict:
     if "missing" in runs[0]:
         return runs[0]
     summary = dict(runs[-1])
@@ -249,6 +271,8 @@ def main() -> None:
     parser.add_argument("--vocab", default="8192,32000")
     parser.add_argument("--corpus", type=Path, default=CORPUS)
     parser.add_argument("--big-gb", type=float, default=0.0, help="also train on a generated file of this many GB")
+    parser.add_argument("--large-mb", type=float, default=200.0,
+                        help="also train at vocab 32000 on this many MB of distinct Python source against HF (bench/bpe_large.py; 0: skip)")
     parser.add_argument("--skip-train", action="store_true")
     parser.add_argument("--skip-encode", action="store_true")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
@@ -290,19 +314,28 @@ def main() -> None:
             print(row(f"ours on {corpus.name} ({mb:.0f} MB)", small))
             large = measure("train_ours", big, 8192, 2, repeats=1)
             print(row(f"ours on the {big.stat().st_size / 1e9:.2f} GB file", large, mb=big.stat().st_size / 1e6))
+    if args.large_mb > 0 and not args.skip_train:
+        import bpe_large
+
+        bpe_large.compare(bpe_large.ensure_corpus(Path(f"/tmp/tokenkit-python-corpus-{args.large_mb:g}mb.txt"), args.large_mb, "py", []), 32000, 1)
     if not args.skip_encode:
         with tempfile.TemporaryDirectory() as tmp:
             from bpe import Tokenizer
 
             tok_path = Path(tmp) / "gpt2.safetensors"
             Tokenizer.from_gpt2(GPT2 / "encoder.json", GPT2 / "vocab.bpe").save(tok_path)
-            print(f"\nencoding {corpus.name} with GPT-2's vocabulary:")
-            ours1 = measure("encode_ours", corpus, tok_path, 1, repeats=n)
+            print(f"\nencoding {corpus.name} with GPT-2's vocabulary (ours and tiktoken taking turns):")
+            ours, ours1, tt = measure_side_by_side(
+                [("encode_ours", corpus, tok_path, 0), ("encode_ours", corpus, tok_path, 1), ("encode_tiktoken", corpus)], n
+            )
+            print(row(f"ours encode_file ({os.cpu_count()} workers: default)", ours, mb=mb))
             print(row("ours encode_file (1 worker)", ours1, mb=mb))
-            ours2 = measure("encode_ours", corpus, tok_path, 2, repeats=n)
-            print(row("ours encode_file (2 workers)", ours2, mb=mb))
-            tt = measure("encode_tiktoken", corpus, repeats=n)
-            print(row("tiktoken (1 thread)", tt, ours2["seconds"], mb=mb))
+            print(row("tiktoken (1 thread)", tt, ours["seconds"], mb=mb))
+            if "missing" not in tt:
+                ratios = [t / o for t, o in zip(tt["all"], ours["all"])]
+                print(f"  encode speed ours (default workers) / tiktoken (1 thread): {tt['seconds'] / ours['seconds']:.2f}x "
+                      f"(ratio of medians; run by run {min(ratios):.2f}-{max(ratios):.2f}x, median {statistics.median(ratios):.2f}x)")
+            ours2 = ours
             hf = measure("encode_hf", corpus, repeats=n)
             print(row("HF tokenizers (encode of the whole text)", hf, ours2["seconds"], mb=mb))
             check = run_child("check", corpus, tok_path)

@@ -1,9 +1,11 @@
-"""The encoder's hot path: a chunk cache that merges the chunks it has not seen, many at once.
+"""The encoder's hot path: caches that look many chunks up at once and merge the new ones together.
 
 What it does: turns a list of pre-token chunks (str) into their ids as one buffer of raw
 unsigned integers (uint16 or uint32, native order), looking each chunk up in a dict at C speed
-(`map(cache.__getitem__, chunks)`, `b"".join`) and merging all new chunks of a call together
-with NumPy (`merge_batch`), one round of merges for every chunk at a time.
+(`map(ids.get, chunks)`, `b"".join`: no Python code per chunk) and merging all new chunks of a
+call together with NumPy (`merge_batch`), one round of merges for every chunk at a time. For
+GPT-2's split pattern a first level (`WordCache`) looks whole words up before any chunk: a
+simpler split and fewer lookups.
 
 What it deliberately does not do: split text into chunks (bpe/pretokenize.py), handle special
 tokens or the tokenizer's policy (bpe/tokenizer.py). The plain one-chunk-at-a-time merge that
@@ -18,7 +20,7 @@ this must equal is `Tokenizer._merge_short`; tests compare the two on many rando
 from __future__ import annotations
 
 import re
-from itertools import compress, count, repeat
+from itertools import compress, repeat
 from operator import is_
 from typing import Sequence
 
@@ -27,6 +29,7 @@ import numpy as np
 from bpe.errors import TokenizerError
 
 NO_MERGE = np.iinfo(np.int32).max  # "merged id" of a pair that has no merge; larger than any id
+_BATCH_BYTES = 1 << 18  # bytes of new chunks merged per merge_batch call (~40 bytes of arrays each)
 
 
 class PairTable:
@@ -102,17 +105,8 @@ def merge_batch(ids: np.ndarray, lengths: np.ndarray, table: PairTable) -> tuple
     while ids.size:
         starts = np.cumsum(lengths) - lengths
         best = np.minimum.reduceat(rank, starts)  # each chunk's lowest merged id (= rank)
-        done = best == NO_MERGE
-        if done.any():  # finished chunks leave the working set
-            gone = np.repeat(done, lengths)
-            out_ids.append(ids[gone])
-            out_which.append(which[done])
-            out_lengths.append(lengths[done])
-            ids, rank, end = ids[~gone], rank[~gone], end[~gone]
-            lengths, best, which = lengths[~done], best[~done], which[~done]
-            if not ids.size:
-                break
-            starts = np.cumsum(lengths) - lengths
+        done = best == NO_MERGE  # nothing left to merge: these chunks leave the working set
+        best[done] = -1  # matches no pair
         target = np.repeat(best, lengths)
         hit = rank == target
         after = np.empty_like(hit)  # hit[i - 1]: position i is the right half of a merging pair
@@ -126,10 +120,20 @@ def merge_batch(ids: np.ndarray, lengths: np.ndarray, table: PairTable) -> tuple
         merged_at = np.flatnonzero(hit)
         ids[merged_at] = target[merged_at]
         end[merged_at] = end[merged_at + 1]  # the right half's place at the chunk's end, if it had it
-        lengths -= np.add.reduceat(hit, starts, dtype=np.int64)
-        ids, rank, end = ids[~after], rank[~after], end[~after]
+        drop = after
+        if done.any():
+            gone = np.repeat(done, lengths)
+            out_ids.append(ids[gone])
+            out_which.append(which[done])
+            out_lengths.append(lengths[done])
+            lengths = (lengths - np.add.reduceat(hit, starts, dtype=np.int64))[~done]
+            which = which[~done]
+            drop = after | gone
+        else:
+            lengths -= np.add.reduceat(hit, starts, dtype=np.int64)
+        new_at = merged_at - np.cumsum(drop)[merged_at]  # positions once the dropped ones are gone
+        ids, rank, end = ids[~drop], rank[~drop], end[~drop]
         # Only the pairs next to a merged token changed: (new, next) and (previous, new).
-        new_at = merged_at - np.arange(merged_at.size)  # positions once the right halves are gone
         changed = np.concatenate([new_at, new_at[new_at > 0] - 1])  # a repeat writes the same rank twice
         following = np.minimum(changed + 1, ids.size - 1)
         rank[changed] = np.where(end[changed], NO_MERGE, table.lookup(ids[changed], ids[following]))
@@ -175,13 +179,13 @@ class _BatchCache:
         values = list(map(self._ids.get, keys))
         if None not in values:
             return values
-        at = list(compress(count(), map(is_, values, repeat(None))))  # where a key was not found
-        new = list(dict.fromkeys(map(keys.__getitem__, at)))  # each missing key once
+        new = list(dict.fromkeys(compress(keys, map(is_, values, repeat(None)))))  # each missing key once
         found = dict(zip(new, self._compute(new)))
-        for i in at:
-            values[i] = found[keys[i]]
+        values = list(map(found.get, keys, values))  # the new ones filled in; the others as they were
         if max(map(len, new)) > self._max_key:
-            found = {key: value for key, value in found.items() if len(key) <= self._max_key}
+            for key in new:
+                if len(key) > self._max_key:
+                    del found[key]
         self._ids.update(found)
         return values
 
@@ -213,12 +217,19 @@ class ChunkCache(_BatchCache):
             raise TokenizerError(
                 "text contains a lone surrogate that is not an escaped byte; it cannot be encoded as UTF-8"
             ) from None
-        data = b"".join(raw)
-        if self._byte_ids is not None:
-            data = data.translate(self._byte_ids)
         lengths = np.fromiter(map(len, raw), dtype=np.int64, count=len(raw))
-        ids, new_lengths = merge_batch(np.frombuffer(data, dtype=np.uint8), lengths, self._table)
-        return _slices(ids.astype(self._dtype).tobytes(), np.cumsum(new_lengths) * self._dtype.itemsize)
+        ends = np.cumsum(lengths)
+        out: list[bytes] = []
+        start = 0
+        while start < len(raw):  # batches of about _BATCH_BYTES: NumPy's temporaries stay small
+            stop = max(start + 1, int(np.searchsorted(ends, ends[start] + _BATCH_BYTES)))
+            data = b"".join(raw[start:stop])
+            if self._byte_ids is not None:
+                data = data.translate(self._byte_ids)
+            ids, new_lengths = merge_batch(np.frombuffer(data, dtype=np.uint8), lengths[start:stop], self._table)
+            out += _slices(ids.astype(self._dtype).tobytes(), np.cumsum(new_lengths) * self._dtype.itemsize)
+            start = stop
+        return out
 
 
 # Whitespace as the `regex` module's \s (Unicode White_Space), which GPT-2's split pattern uses;

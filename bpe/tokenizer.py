@@ -27,9 +27,10 @@ import hashlib
 import heapq
 import os
 import time
+from array import array
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import chain, repeat
+from itertools import repeat
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -372,9 +373,10 @@ class Tokenizer:
             words.clear()
         return words.ids_bytes(split_words(text))
 
-    def _chunk_values(self, chunks: list[str]) -> list[np.ndarray]:
+    def _chunk_values(self, chunks: list[str]) -> list[array]:
         """The ids of each chunk, through the chunk cache (merging the chunks not seen yet)."""
-        return [np.frombuffer(bytes(ids), dtype=self.ids_dtype) for ids in self._chunk_cache.values_of(chunks)]
+        code = "H" if self.ids_dtype == np.uint16 else "I"
+        return list(map(array, repeat(code), self._chunk_cache.values_of(chunks)))
 
     def _special_re(self, names: frozenset) -> regex.Pattern:
         found = self._special_res.get(names)

@@ -1,0 +1,125 @@
+"""bpe/encoder.py, the encoder's fast path, against the plain one-chunk-at-a-time merge.
+
+`merge_batch` (all new chunks merged together, one round per lowest pair) must give exactly
+`Tokenizer._merge_short`'s ids; the word cache (GPT-2's pattern: whole words looked up first)
+must give exactly the chunks' ids one after the other; a cold cache, a warm one and a cleared
+one must agree.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import regex
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bpe import Tokenizer, TokenizerError
+from bpe.encoder import WHITESPACE, PairTable, merge_batch, split_words
+from bpe.pretokenize import GPT2_PATTERN, split_text
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# Letters, digits, punctuation, apostrophes, every kind of whitespace (and U+001C, which the
+# stdlib's \s holds but GPT-2's pattern does not), accents, CJK, emoji, an escaped byte.
+ALPHABET = "aabbcd  e'sltx0129.,!?-\n\n\t\r\x0b\x0c\x1c\x1f\x85\xa0\u2003\u3000éß日本😀\udc80"
+
+
+def plain_ids(tok: Tokenizer, text: str) -> list[int]:
+    """Split, then merge each chunk on its own with the plain rescanning loop (no cache)."""
+    return [i for chunk in split_text(text, tok._pattern) for i in tok._chunk_ids(chunk)]
+
+
+def random_tokenizer(seed: int, pattern: str = "gpt2", vocab: int = 400) -> Tokenizer:
+    rng = random.Random(seed)
+    corpus = "".join(rng.choice(ALPHABET[:-1]) for _ in range(3000))
+    return Tokenizer.train([corpus.encode()], vocab_size=vocab, min_frequency=1, pattern=pattern, workers=1, quiet=True)
+
+
+@pytest.fixture(scope="module", params=[0, 1, 2])
+def tok(request) -> Tokenizer:
+    return random_tokenizer(request.param)
+
+
+@SETTINGS
+@given(chunks=st.lists(st.text(alphabet="aab c'\n", min_size=1, max_size=70), min_size=1, max_size=40))
+def test_merge_batch_equals_plain_merge(tok, chunks):
+    raw = [c.encode() for c in chunks]
+    ids, lengths = merge_batch(np.frombuffer(b"".join(raw), np.uint8), np.array([len(r) for r in raw]), PairTable(tok.merges))
+    expected = [tok._chunk_ids(c) for c in chunks]  # the rescanning loop (a heap from 64 bytes on)
+    assert lengths.tolist() == [len(e) for e in expected]
+    assert ids.tolist() == [i for e in expected for i in e]
+
+
+@SETTINGS
+@given(text=st.text(alphabet=ALPHABET, max_size=400))
+def test_encode_equals_plain_merge(tok, text):
+    fresh = Tokenizer(tok.merges)  # cold cache
+    assert fresh.encode(text) == plain_ids(tok, text)
+    assert tok.encode(text) == plain_ids(tok, text)  # warm cache, shared across examples
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), text=st.text(alphabet=ALPHABET, max_size=300))
+def test_other_patterns_equal_plain_merge(seed, text):
+    for pattern in ("gpt4", "none", r"\w+|\W"):
+        tok = random_tokenizer(seed, pattern, vocab=300)
+        assert tok.encode(text) == plain_ids(tok, text)
+
+
+@SETTINGS
+@given(text=st.text(alphabet=ALPHABET, max_size=400))
+def test_words_split_into_their_own_chunks(text):
+    # what the word cache relies on: GPT-2's chunks of a text are its words' chunks in order
+    assert [c for w in split_words(text) for c in split_text(w, GPT2_PATTERN)] == split_text(text, GPT2_PATTERN)
+    assert "".join(split_words(text)) == text
+
+
+def test_whitespace_is_the_patterns_whitespace():
+    every = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000)
+    assert set(regex.findall(r"\s", every)) == set(WHITESPACE)
+
+
+def test_many_texts_one_tokenizer_cold_warm_cleared():
+    tok = random_tokenizer(7)
+    rng = random.Random(3)
+    texts = ["".join(rng.choice(ALPHABET) for _ in range(rng.randrange(1, 2000))) for _ in range(200)]
+    expected = [plain_ids(tok, t) for t in texts]
+    assert [tok.encode(t) for t in texts] == expected
+    assert [tok.encode(t) for t in texts] == expected  # now from the cache
+    tok._chunk_cache.clear()
+    tok._word_cache.clear()
+    assert [tok.encode(t) for t in reversed(texts)] == expected[::-1]
+
+
+def test_long_words_and_chunks_are_not_kept():
+    tok = random_tokenizer(1)
+    text = "x" * 1000 + " " + "ab" * 300 + " b"
+    assert tok.encode(text) == plain_ids(tok, text)
+    assert tok.encode(text) == plain_ids(tok, text)
+    assert max(map(len, tok._word_cache._ids), default=0) <= 256
+    assert max(map(len, tok._chunk_cache._ids), default=0) <= 256
+
+
+def test_lone_surrogate_leaves_the_cache_clean():
+    tok = random_tokenizer(2)
+    with pytest.raises(TokenizerError, match="lone surrogate"):
+        tok.encode("abc \ud800 de")
+    assert tok.encode("abc de") == plain_ids(tok, "abc de")
+    assert all(len(v) for v in tok._chunk_cache._ids.values())
+
+
+def test_uint32_ids():
+    tok = Tokenizer([(97, 97)], special_tokens=[f"<s{i}>" for i in range(70_000)])
+    assert tok.ids_dtype == np.uint32
+    assert tok.encode("aaa <s69999>", allowed_special="all") == [256, 97, 32, 256 + 70_000]
+
+
+def test_small_batches_give_the_same_ids(monkeypatch):
+    from bpe import encoder
+
+    tok = random_tokenizer(5)
+    text = "".join(random.Random(9).choice(ALPHABET) for _ in range(3000))
+    monkeypatch.setattr(encoder, "_BATCH_BYTES", 7)  # many merge_batch calls per lookup
+    assert tok.encode(text) == plain_ids(tok, text)
