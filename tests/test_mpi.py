@@ -103,10 +103,16 @@ def test_encode_blocks_are_contiguous_and_balanced():
     assert _blocks([(0, 0)], 2) == [[(0, 0)], []]
 
 
-def test_a_plain_run_never_imports_mpi4py(corpus, tmp_path):
+@pytest.mark.parametrize("command", ["bpe-train", "train-model"])
+def test_a_plain_run_never_imports_mpi4py(corpus, tmp_path, command):
+    args = {
+        "bpe-train": ["bpe-train", str(corpus[3]), "--vocab-size", "260", "-q", "--workers", "1", "-o", str(tmp_path / "t.safetensors")],
+        "train-model": ["train-model", str(corpus[3]), "-o", str(tmp_path / "run"), "--steps", "2", "--d-model", "16",
+                        "--n-heads", "2", "--n-layers", "1", "--context-length", "8", "--batch-size", "2", "-q"],
+    }[command]
     code = subprocess.run(
-        [sys.executable, "-c", "import sys; from cli.main import main; main(sys.argv[1:]); assert 'mpi4py' not in sys.modules",
-         "bpe-train", str(corpus[3]), "--vocab-size", "260", "-q", "--workers", "1", "-o", str(tmp_path / "t.safetensors")],
+        [sys.executable, "-c", "import sys; from cli.main import main; assert main(sys.argv[1:]) == 0; "
+         "assert 'mpi4py' not in sys.modules", *args],
         cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60,
     )
     assert code.returncode == 0, code.stderr
