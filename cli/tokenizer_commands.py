@@ -19,6 +19,7 @@ from bpe.corpus import Corpus
 from bpe.encode_corpus import encode_corpus, eot_id
 from bpe.tokenizer import describe_merge
 from cli.launch import abort_on_error, mpi_world
+from pipeline.run import load_tokenizer
 
 _STOP_REASONS = {
     "vocab_size": "the vocabulary reached --vocab-size",
@@ -116,7 +117,7 @@ def _bpe_train(comm, corpus, vocab_size, min_frequency, pattern, specials, worke
 
 
 @click.command("encode")
-@click.option("-t", "--tokenizer", "tokenizer_path", required=True, type=click.Path(path_type=Path), help="tokenizer.safetensors")
+@click.option("-t", "--tokenizer", "tokenizer_path", required=True, type=click.Path(path_type=Path), help="tokenizer.safetensors, or a model file or run directory (its tokenizer)")
 @click.argument("text", required=False)
 @click.option("-f", "--file", "file", type=click.Path(path_type=Path), help="Encode this corpus instead of TEXT: a file (its exact bytes), a directory, - for stdin, or a pipe.")
 @click.option("--json", "as_json", is_flag=True, help="Print the ids as a JSON list.")
@@ -153,7 +154,7 @@ def encode_command(tokenizer_path, text, file, as_json, output, allow_special, s
 def _encode(comm, tokenizer_path, text, file, as_json, output, allow_special, specials_as_text, show, workers, quiet, eot, how) -> int:
     if comm is not None and comm.Get_rank() and file is None:  # a text is rank 0's alone
         return 0
-    tok = Tokenizer.load(tokenizer_path)
+    tok = load_tokenizer(tokenizer_path)
     if file is not None:
         eot_id(tok, eot)  # a mistake in the flags is said before the corpus is looked at
         file = _corpus([file], *how, comm)
@@ -196,7 +197,7 @@ def _encode(comm, tokenizer_path, text, file, as_json, output, allow_special, sp
 
 
 @click.command("decode")
-@click.option("-t", "--tokenizer", "tokenizer_path", required=True, type=click.Path(path_type=Path), help="tokenizer.safetensors")
+@click.option("-t", "--tokenizer", "tokenizer_path", required=True, type=click.Path(path_type=Path), help="tokenizer.safetensors, or a model file or run directory (its tokenizer)")
 @click.argument("ids", nargs=-1)
 @click.option("-f", "--file", "file", type=click.Path(path_type=Path), help="Decode the ids in this .npy file instead of IDS.")
 def decode_command(tokenizer_path, ids, file) -> int:
@@ -212,7 +213,7 @@ def decode_command(tokenizer_path, ids, file) -> int:
     """
     if bool(ids) == (file is not None):
         raise click.UsageError("give either IDS or -f FILE (exactly one)")
-    tok = Tokenizer.load(tokenizer_path)
+    tok = load_tokenizer(tokenizer_path)
     if file is not None:
         values = bpe_io.load_ids(file)
     else:
@@ -288,7 +289,7 @@ def bpe_export_command(tokenizer_path, output, fmt) -> int:
       tk bpe-export tok.safetensors --format hf -o tok_hf/
       tk bpe-export tok.safetensors --format tiktoken -o tok_tiktoken/
     """
-    tok = Tokenizer.load(tokenizer_path)
+    tok = load_tokenizer(tokenizer_path)
     paths = tok.export(output, fmt)
     if fmt == "gpt2":
         click.echo(f"wrote {paths[0]} ({tok.vocab_size} tokens) and {paths[1]} ({len(tok.merges)} merges)")

@@ -51,7 +51,7 @@ def load_tokenizer(path: str | Path):
     if path.is_dir() or (path.exists() and checkpoint.read_header(path).get("format") == checkpoint.MODEL_FORMAT):
         return checkpoint.load_model(path).tokenizer
     if not path.exists():
-        raise PipelineError(f"tokenizer file not found: {path}; train one with `tk bpe-train` or drop -t")
+        raise PipelineError(f"tokenizer file not found: {path}; give a tokenizer.safetensors (`tk bpe-train` makes one), a model file or a run directory")
     return Tokenizer.load(path)
 
 

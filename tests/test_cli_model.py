@@ -486,3 +486,12 @@ def test_device_cuda_refuses_workers_in_one_line(capsys, tmp_path, corpus, run, 
                        "--device", "cuda", "--workers", "2", *SMALL)
     assert code != 0 and "drop --workers" in err and "Traceback" not in err
     assert not (tmp_path / "r").exists()
+
+
+def test_tokenizer_commands_take_a_run_directory_or_model_file(capsys, run):
+    code, expected, err = cli(capsys, "encode", "-t", str(run / "tokenizer.safetensors"), "up 3 4 5")
+    assert code == 0, err
+    for source in (run, run / "model.safetensors"):
+        assert cli(capsys, "encode", "-t", str(source), "up 3 4 5")[:2] == (0, expected)
+    ids = expected.split()
+    assert cli(capsys, "decode", "-t", str(run), *ids)[:2] == (0, "up 3 4 5\n")
