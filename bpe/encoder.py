@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from itertools import compress, repeat
-from operator import is_
+from operator import is_, not_
 from typing import Sequence
 
 import numpy as np
@@ -241,6 +241,12 @@ _WS = re.escape(WHITESPACE)
 _WORD = re.compile(f"[{_WS}]*[^{_WS}]+|[{_WS}]+")
 
 
+# GPT-2's split pattern (bpe.pretokenize.GPT2_PATTERN) for text that is all ASCII, in the stdlib's
+# `re`, which runs it 2.4x faster than `regex`: on ASCII, \p{L} is [A-Za-z], \p{N} is [0-9] and
+# \s (Unicode White_Space) is re.ASCII's \s; tests compare the two.
+GPT2_ASCII = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+""", re.ASCII)
+
+
 def split_words(text: str) -> list[str]:
     """`text` cut before every whitespace run that follows something else.
 
@@ -280,7 +286,18 @@ class WordCache(_BatchCache):
         return b"".join([head, *self.values_of(words), tail]) if head or tail else super().ids_bytes(words)
 
     def _compute(self, words: list[str]) -> list[bytes]:
-        chunks = self._split("".join(words))  # the same chunks as each word split alone, in order
+        # The words that are all ASCII (most, in English) are split by the stdlib's `re`.
+        ascii_words = list(map(str.isascii, words))
+        if all(ascii_words):
+            return self._compute_split(words, GPT2_ASCII.findall)
+        if not any(ascii_words):
+            return self._compute_split(words, self._split)
+        ascii_values = iter(self._compute_split(list(compress(words, ascii_words)), GPT2_ASCII.findall))
+        other_values = iter(self._compute_split(list(compress(words, map(not_, ascii_words))), self._split))
+        return [next(ascii_values) if a else next(other_values) for a in ascii_words]
+
+    def _compute_split(self, words: list[str], split) -> list[bytes]:
+        chunks = split("".join(words))  # the same chunks as each word split alone, in order
         values = self._chunks.values_of(chunks)
         chunk_ends = np.cumsum(np.fromiter(map(len, chunks), dtype=np.int64, count=len(chunks)))
         word_ends = np.cumsum(np.fromiter(map(len, words), dtype=np.int64, count=len(words)))

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bpe import Tokenizer, TokenizerError
-from bpe.encoder import WHITESPACE, PairTable, merge_batch, split_words
+from bpe.encoder import GPT2_ASCII, WHITESPACE, PairTable, merge_batch, split_words
 from bpe.pretokenize import GPT2_PATTERN, split_text
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -123,3 +123,28 @@ def test_small_batches_give_the_same_ids(monkeypatch):
     text = "".join(random.Random(9).choice(ALPHABET) for _ in range(3000))
     monkeypatch.setattr(encoder, "_BATCH_BYTES", 7)  # many merge_batch calls per lookup
     assert tok.encode(text) == plain_ids(tok, text)
+
+
+ASCII = "".join(map(chr, range(128)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet=st.sampled_from("aZ09 '\n\t\r\x0b\x0c\x1c\x1f.,!-_sdtmlvre"), max_size=200) | st.text(alphabet=ASCII, max_size=200))
+def test_ascii_split_is_gpt2_split(text):
+    assert GPT2_ASCII.findall(text) == split_text(text, GPT2_PATTERN)
+
+
+def test_ascii_split_every_short_ascii_text():
+    for a in ASCII:
+        for b in ASCII:
+            for c in "a'sZ 0\n.\x1c":
+                text = a + b + c
+                assert GPT2_ASCII.findall(text) == split_text(text, GPT2_PATTERN), repr(text)
+
+
+def test_ascii_and_other_new_words_in_one_batch():
+    # new words split by two splitters in one call come back in their places
+    tok = random_tokenizer(4)
+    text = " ".join(["abc", "d\u00e9f", "ab's", "\u65e5\u672c", "b12", "caf\u00e9!", "x\ty", "\u00a0ab", "ll"] * 3)
+    assert Tokenizer(tok.merges).encode(text) == plain_ids(tok, text)
+
