@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,20 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
+from test_mpi import _mpirun  # mpirun's path, or a skip without mpi4py or mpirun
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 SMALL = ["--d-model", "32", "--n-heads", "2", "--n-layers", "1", "--context-length", "16", "--batch-size", "6",
          "--eval-interval", "10", "--eval-batches", "2", "--seed", "3"]
 SAME_FILES = ("model.safetensors", "train_state.safetensors", "tokens.npy")
-
-
-def _mpirun() -> str:
-    pytest.importorskip("mpi4py", reason="pip install -e '.[mpi]'")
-    exe = shutil.which("mpirun")
-    if exe is None:
-        pytest.skip("no mpirun on PATH (pip install -e '.[mpi]')")
-    return exe
 
 
 def _cmd(ranks: int, *args: str) -> list[str]:
