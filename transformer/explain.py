@@ -192,7 +192,7 @@ def explain_model(
     trace: dict[str, np.ndarray] = {}
     logits = as_host(model.forward(ids[None, :], trace=trace)[0])  # (T, V)
     trace = {key: None if value is None else as_host(value) for key, value in trace.items()}  # off a GPU
-    T, C, hd = ids.size, cfg.d_model, cfg.head_dim
+    C, hd = cfg.d_model, cfg.head_dim
     toks = token_labels(shown)
     h = f"h.{layer}."
     f64 = lambda a: np.asarray(as_host(a), dtype=np.float64)  # noqa: E731 — display in float64, values unchanged
