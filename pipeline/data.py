@@ -25,7 +25,6 @@ writes the JSON); it only renames finished ids into place.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from collections.abc import Callable, Iterable, Mapping
@@ -44,15 +43,6 @@ from pipeline.errors import PipelineError
 _MASK64 = (1 << 64) - 1
 # What a token file's ids depend on: the fields of `TokenData.key()` and of a run's data record.
 KEY_FIELDS = ("corpus_fingerprint", "val_fingerprint", "tokenizer_fingerprint", "eot")
-
-
-def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
-    """Hex sha256 of a file's bytes, read in 1 MiB pieces (memory stays flat for any size)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(chunk_size):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # --- what a run trains on --------------------------------------------------------------------
@@ -175,11 +165,6 @@ def _is_pipe(name: str) -> bool:
         return stat.S_ISFIFO(os.stat(name).st_mode)
     except (OSError, ValueError):
         return False  # missing: Corpus says so
-
-
-def check_corpus(corpus) -> RunCorpus:
-    """The corpus opened, or a one-line PipelineError when it cannot be trained on."""
-    return open_corpus(corpus)
 
 
 def check_eot(tokenizer, spec: CorpusSpec) -> None:

@@ -14,7 +14,7 @@ alone saves. When rank 0 finishes without training (a finished run, an up-to-dat
 it says so (`finish`), and the followers exit quietly.
 
 What it deliberately does not do: any math (`transformer.parallel.MPIDataParallel` computes
-and sums the shards), or import mpi4py itself except for the node-local rank count.
+and sums the shards), or import mpi4py itself except to count the ranks on one node.
 """
 
 from __future__ import annotations
@@ -102,12 +102,10 @@ class Ranks:
     # -- agreeing every step --------------------------------------------------------------------
 
     def any(self, flag: bool) -> bool:
-        """True on every rank when `flag` is true on any of them."""
-        from mpi4py import MPI
-
-        out = np.empty(1, dtype=np.int8)
-        self.comm.Allreduce(np.array([int(flag)], dtype=np.int8), out, op=MPI.MAX)
-        return bool(out[0])
+        """True on every rank when `flag` is true on any of them (every step: one byte per rank)."""
+        flags = np.empty(self.size, dtype=np.int8)
+        self.comm.Allgather(np.array([int(flag)], dtype=np.int8), flags)
+        return bool(flags.any())
 
     def leaders(self, flag: bool) -> bool:
         """Rank 0's `flag`, on every rank."""

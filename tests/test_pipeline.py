@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import hashlib
 import os
 import subprocess
 import sys
@@ -91,13 +92,12 @@ def test_read_header_errors_are_one_line(tmp_path):
 # --- data ------------------------------------------------------------------------------------
 
 
-def test_sha256_file_matches_hashlib(tmp_path):
-    import hashlib
-
-    blob = os.urandom(3 * 1024 + 7)
+def test_one_plain_files_fingerprint_is_its_sha256(tmp_path):
+    """What a v1 run recorded as corpus_sha256 is what a run now records as the fingerprint."""
+    blob = os.urandom(3 * (1 << 20) + 7)  # several read blocks
     path = tmp_path / "c.txt"
     path.write_bytes(blob)
-    assert data.sha256_file(path, chunk_size=1000) == hashlib.sha256(blob).hexdigest()
+    assert data.open_corpus(path).fingerprint() == hashlib.sha256(blob).hexdigest()
 
 
 @settings(max_examples=50, deadline=None)
@@ -166,16 +166,16 @@ def test_unigram_baseline_matches_direct_formula():
     assert data.unigram_baseline(train, val, 7, chunk=64) == pytest.approx(expected, rel=1e-12)
 
 
-def test_check_corpus_errors(tmp_path):
+def test_open_corpus_errors(tmp_path):
     with pytest.raises(PipelineError, match="not found"):
-        data.check_corpus(tmp_path / "nope.txt")
+        data.open_corpus(tmp_path / "nope.txt")
     (tmp_path / "d").mkdir()
     with pytest.raises(PipelineError, match="holds no files"):
-        data.check_corpus(tmp_path / "d")  # a directory is a corpus, but this one has nothing to read
+        data.open_corpus(tmp_path / "d")  # a directory is a corpus, but this one has nothing to read
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
     with pytest.raises(PipelineError, match="empty"):
-        data.check_corpus(empty)
+        data.open_corpus(empty)
 
 
 # --- training configuration ------------------------------------------------------------------
@@ -262,7 +262,7 @@ def test_token_cache_reused_and_invalidated(tmp_path):
     rebuilt = data.prepare_tokens(corpus, merged, run, quiet=True)
     assert not rebuilt.reused and rebuilt.ids.tolist() == merged.encode(corpus.read_text(encoding="utf-8"))
     meta = json.loads((run / checkpoint.TOKENS_META_FILE).read_text(encoding="utf-8"))[checkpoint.TOKENS_FILE]
-    assert meta["corpus_fingerprint"] == data.sha256_file(corpus) and meta["tokenizer_fingerprint"] == merged.fingerprint()
+    assert meta["corpus_fingerprint"] == hashlib.sha256(corpus.read_bytes()).hexdigest() and meta["tokenizer_fingerprint"] == merged.fingerprint()
 
 
 def test_split_views_are_last_fraction(tmp_path):

@@ -8,6 +8,7 @@ directories still resume and stay up to date; bad inputs are one line and write 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import signal
@@ -97,7 +98,7 @@ def test_gzip_trains_the_plain_files_bit_for_bit(files, tmp_path, capsys):
         assert code == 0, err
     same_training(runs["plain"], runs["gz"])
     recorded = [load_train_state(runs[k] / checkpoint.STATE_FILE).data for k in ("plain", "gz")]
-    assert recorded[0]["corpus_fingerprint"] == recorded[1]["corpus_fingerprint"] == data.sha256_file(files["plain"])
+    assert recorded[0]["corpus_fingerprint"] == recorded[1]["corpus_fingerprint"] == hashlib.sha256(files["plain"].read_bytes()).hexdigest()
     assert recorded[1]["corpus"]["inputs"] == [str(files["gz"])]
 
 
@@ -149,7 +150,7 @@ def test_val_corpus_is_used_recorded_and_checked_on_resume(files, tmp_path, caps
     assert val_ids.tolist() == tok.encode(files["val"].read_text(encoding="utf-8"))
     state = load_train_state(run / checkpoint.STATE_FILE)
     assert state.data["n_train"] == state.data["n_tokens"] == len(np.load(run / "tokens.npy"))  # nothing held out
-    assert state.data["n_val"] == len(val_ids) and state.data["val_fingerprint"] == data.sha256_file(files["val"])
+    assert state.data["n_val"] == len(val_ids) and state.data["val_fingerprint"] == hashlib.sha256(files["val"].read_bytes()).hexdigest()
     cache = json.loads((run / "tokens.json").read_text(encoding="utf-8"))
     assert cache["val_tokens.npy"]["inputs"] == [str(files["val"])] and cache["val_tokens.npy"]["n_tokens"] == len(val_ids)
 
