@@ -5,7 +5,9 @@ What it does:
   directories (every file below them, sorted by path as `LC_ALL=C sort` lists them, hidden names
   skipped, `glob` to filter, each real directory and file read once even through symlink loops);
   "-" for stdin, and pipes and FIFOs (`<(zcat x.gz)`), read once, as streams; texts in memory
-  (bytes). Devices and other special files are refused.
+  (bytes). Devices and other special files are refused, and so is stdin when it is a terminal
+  (nothing piped in). `names` gives some files another name in messages (a stored copy of stdin
+  is "stdin").
 - Formats: gzip, bzip2, xz and zstd (zstd with the `zstandard` package or Python's
   `compression.zstd`) are recognised by their first bytes, not their names, and decompressed as
   they stream. With `text_field`, every input is JSON Lines: one JSON object per line, whose
@@ -42,7 +44,7 @@ import lzma
 import os
 import stat
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import BinaryIO, NamedTuple, Union
 
@@ -157,8 +159,10 @@ class Corpus:
     (fnmatch, e.g. "*.txt"); files named directly are always kept. text_field: read every input as
     JSON Lines, the document of a line being this field. binary: exact bytes, no decompression and
     no warning. warn: called with a message for an input that does not look like text (None: quiet).
+    names: {path: name} for files that messages should call otherwise (e.g. a copy of stdin "stdin").
 
-    Raises TokenizerError at once for a missing input, a device, or a directory without files.
+    Raises TokenizerError at once for a missing input, a device, stdin that is a terminal, or a
+    directory without files.
     """
 
     def __init__(
@@ -169,6 +173,7 @@ class Corpus:
         text_field: str | None = None,
         binary: bool = False,
         warn: Callable[[str], None] | None = _warn_stderr,
+        names: Mapping[str, str] | None = None,
     ) -> None:
         if isinstance(inputs, (str, bytes, bytearray, os.PathLike, FileRange)):
             inputs = [inputs]
@@ -177,6 +182,7 @@ class Corpus:
         if text_field is not None and binary:
             raise TokenizerError("--binary and --text-field exclude each other: JSON lines are text")
         self.glob, self.text_field, self.binary, self._warn = glob, text_field, binary, warn
+        self._names = dict(names or {})
         self._inputs: list[_Input] = []
         for source in inputs:
             self._inputs.extend(self._resolve(source))
@@ -333,8 +339,11 @@ class Corpus:
         if not isinstance(source, (str, os.PathLike)):
             raise TokenizerError(f"a corpus source must be a file path or bytes, got {type(source).__name__}")
         path = os.fspath(source)
-        name = _shown(path)
+        name = self._names.get(path) or _shown(path)
         if path == "-":
+            if _is_terminal(sys.stdin):
+                raise TokenizerError("stdin (-) is a terminal, and nothing is piped in; pipe a corpus into it "
+                                     "(`tk ... - < corpus.txt`) or give the file itself")
             return [_Input("stdin", "stream", path="-")]
         try:
             st = os.stat(path)
@@ -634,9 +643,19 @@ def _json_type(value) -> str:
 
 
 def _place(inp: _Input) -> str:
-    """An input as the start of a "file:line" place: the path unquoted when it prints plainly."""
-    plain = inp.path is not None and inp.path != "-" and inp.path.isprintable() and len(inp.path) <= 120
+    """An input as the start of a "file:line" place: the path unquoted when it prints plainly
+    (and the input has no name of its own)."""
+    plain = (inp.path is not None and inp.path != "-" and inp.path.isprintable() and len(inp.path) <= 120
+             and inp.name == _shown(inp.path))
     return inp.path if plain else inp.name
+
+
+def _is_terminal(stream) -> bool:
+    """Whether `stream` (sys.stdin) is a terminal; a missing or closed one is not."""
+    try:
+        return stream is not None and stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _shown(path: str | os.PathLike) -> str:

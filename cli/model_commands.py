@@ -99,8 +99,8 @@ def _run_corpus_options(func):
                         help="Put this special token between documents (files, JSONL records) in the token files; "
                         "a tokenizer trained here gets it, a given one (-t) must have it.")(func)
     func = click.option("--val", "val", multiple=True, type=click.Path(path_type=Path), metavar="FILE",
-                        help="Validate on this corpus (repeatable; files, directories, compressed, JSONL as CORPUS) "
-                        "instead of the last --val-fraction of CORPUS.")(func)
+                        help="Validate on this corpus (repeatable; files, directories, compressed, JSONL, - or a pipe "
+                        "as CORPUS) instead of the last --val-fraction of CORPUS.")(func)
     return func
 
 
@@ -204,8 +204,9 @@ def train_model_command(ranks, corpus, tokenizer_path, run_dir, resume, init_fro
     """Train a GPT on CORPUS; checkpoints, log and token cache go in RUN_DIR.
 
     CORPUS: files and directories (every file below, sorted by path), gzip, bzip2, xz and zstd
-    files, JSON Lines with --text-field; several are read in order. Stdin and pipes are refused:
-    a run reads its corpus again (and --resume checks it), so save a stream to a file first.
+    files, JSON Lines with --text-field; several are read in order. - (stdin) and pipes
+    (<(zcat a.gz)) are read once and kept as they came in RUN_DIR/corpus.stream (--val's in
+    val.stream), which the run reads from then on, --resume too (not under mpirun).
 
     RUN_DIR/model.safetensors holds the best evaluated weights with the tokenizer inside (one
     file is enough to predict); RUN_DIR/train_state.safetensors the last state for --resume.
@@ -220,6 +221,7 @@ def train_model_command(ranks, corpus, tokenizer_path, run_dir, resume, init_fro
       tk train-model --resume runs/tales
       tk train-model corpora/tiny_tales.txt --init-from runs/demo -o runs/tuned --steps 100
       tk train-model data/ --glob '*.jsonl.gz' --text-field text --eot '<|endoftext|>' --val val.jsonl -o runs/docs
+      python make_corpus.py | tk train-model - -t tok.safetensors -o runs/made --steps 500
     """
     say = _say(quiet)
     check_device(device)
@@ -458,8 +460,8 @@ def pipeline_command(ranks, corpus, run_dir, vocab_size, prompt, max_new_tokens,
                      val, eot, glob, text_field, binary, device, **kwargs) -> int:
     """Tokenizer -> encode -> train -> sample, each stage skipped when RUN_DIR already has it.
 
-    CORPUS is read as train-model reads it (files, directories, compressed files, JSONL; no
-    stdin or pipes); --eot and --val too.
+    CORPUS is read as train-model reads it (files, directories, compressed files, JSONL; - and
+    pipes kept in RUN_DIR/corpus.stream); --eot and --val too.
 
     Rerunning continues an interrupted training run and reuses finished stages. A stage whose
     inputs changed (a new corpus, another vocabulary size or training settings) would replace

@@ -103,12 +103,17 @@ def commit(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
     fsync_dir(Path(path).parent)
 
 
+def create_temp(tmp: str | os.PathLike) -> BinaryIO:
+    """`tmp` (a `temp_path` name) created and opened for writing: never through a name someone
+    else made (O_EXCL), with mode 0o666 & ~umask like any output file."""
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    return os.fdopen(fd, "wb")
+
+
 def write_atomic(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], None]) -> None:
     """Write `data` (bytes, or a function that writes into the open binary file) to `path` atomically."""
     with atomic_path(path) as tmp:
-        # O_EXCL: never write through a name someone else made; 0o666 & ~umask like any output file
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
-        with os.fdopen(fd, "wb") as f:
+        with create_temp(tmp) as f:
             if callable(data):
                 data(f)
             else:

@@ -6,6 +6,8 @@ A run directory holds:
     pipeline.json            what `tk pipeline` trained that tokenizer on (its up-to-date check)
     tokens.npy, tokens.json  the corpus encoded once, and what it was encoded from (the cache key)
     val_tokens.npy           the validation corpus (`--val`) encoded once, recorded in tokens.json too
+    corpus.stream            a corpus given as stdin (-) or a pipe, kept as it came (val.stream for
+                             --val; corpus.2.stream, ... for more streams): the run's corpus from then on
     model.safetensors        weights with the best validation loss + the tokenizer under `tokenizer.*`
                              + metadata: ONE file is enough to predict
     train_state.safetensors  the last step's full state (weights, AdamW moments, data generator)
@@ -53,6 +55,8 @@ VAL_TOKENS_FILE = "val_tokens.npy"
 TOKENS_META_FILE = "tokens.json"
 LOG_FILE = "log.jsonl"
 PIPELINE_FILE = "pipeline.json"
+CORPUS_STREAM_FILE = "corpus.stream"
+VAL_STREAM_FILE = "val.stream"
 
 
 # --- atomic writes ---------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from pipeline.train import (
     check_training_memory,
     encode_note,
     fit_tokenizer,
+    refuse_streams_under_mpi,
     resume_training,
     train_model,
 )
@@ -243,7 +244,9 @@ def run_pipeline(
     """Stages 1-3 (tokenizer, encode, train), each skipped or resumed when its output is current.
 
     `corpus`: a path, a list of paths, a `data.CorpusSpec` (directories, compressed files, JSONL,
-    an eot token, a validation corpus) or one already opened (`data.RunCorpus`).
+    an eot token, a validation corpus) or one already opened (`data.RunCorpus`). Stdin ("-") and
+    pipes are copied into the run directory once it is locked (`data.store_streams`), and the
+    stages read that copy; a copy with the contents already there leaves the stages up to date.
     The run directory is locked for the whole call. A stage whose output exists but is stale (a
     new corpus, --val or --eot, vocabulary size or training settings) is redone only with `overwrite`; without
     it the call stops in one line before touching anything, as it does for a directory holding
@@ -254,17 +257,22 @@ def run_pipeline(
     stage (`pipeline.train.follow`), the others are rank 0's alone.
     """
     corpus = data.open_corpus(corpus, warn=lambda msg: say(f"warning: {msg}"))
+    refuse_streams_under_mpi(corpus.spec, ranks)
     config = config or TrainConfig()
     check_training_memory(config, vocab_size, ranks, device)
     with rundir.RunDir(run_dir) as rd:
         run_dir = rd.path
         if not overwrite and not (run_dir / checkpoint.PIPELINE_FILE).exists():
             rundir.refuse_conflicts(run_dir, rd.present(), what="a run not made by `tk pipeline`")
+        corpus = data.store_streams(corpus, run_dir, say)  # validated and locked: now a stream may be read
         stages: dict[str, str] = {}
-        tok, stages["tokenizer"], stamp = _tokenizer_stage(corpus, run_dir, vocab_size, quiet, say)
-        if stamp is not None and not overwrite:
-            rundir.refuse_conflicts(run_dir, rd.present([checkpoint.TOKENIZER_FILE]), what="a tokenizer trained on another corpus or vocabulary size")
-        tokens = data.prepare_tokens(corpus, tok, run_dir, quiet=quiet, commit=False)
+        try:
+            tok, stages["tokenizer"], stamp = _tokenizer_stage(corpus, run_dir, vocab_size, quiet, say)
+            if stamp is not None and not overwrite:
+                rundir.refuse_conflicts(run_dir, rd.present([checkpoint.TOKENIZER_FILE]), what="a tokenizer trained on another corpus or vocabulary size")
+            tokens = data.prepare_tokens(corpus, tok, run_dir, quiet=quiet, commit=False)
+        finally:
+            corpus.discard()  # copies of streams are still the corpus's only when this failed (the tokens took them)
         stages["encode"] = "reused" if tokens.reused else "encoded"
         try:
             stages["train"], result = _train_stage(corpus, rd, tok, tokens, stamp, config, overwrite, ranks, device, quiet, say)

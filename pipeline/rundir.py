@@ -42,6 +42,8 @@ RUN_FILES = (
     checkpoint.VAL_TOKENS_FILE,
     checkpoint.TOKENS_META_FILE,
     checkpoint.PIPELINE_FILE,
+    checkpoint.CORPUS_STREAM_FILE,
+    checkpoint.VAL_STREAM_FILE,
 )
 
 _held: dict[str, list] = {}  # real path -> [lock fd, nesting depth]: this process's locks

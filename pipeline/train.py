@@ -504,7 +504,9 @@ def train_model(
     """Train a fresh model on `corpus` in `run_dir` (encoding the corpus first, or reusing the cache).
 
     `corpus`: a path, a list of paths, a `data.CorpusSpec` (directories, compressed files, JSONL,
-    an eot token, a validation corpus) or one already opened (`data.RunCorpus`). Without
+    an eot token, a validation corpus) or one already opened (`data.RunCorpus`). Stdin ("-") and
+    pipes are copied into the run directory once it is locked (`data.store_streams`; kept as
+    corpus.stream, val.stream when the run starts) and read from there. Without
     `tokenizer`, one is trained on the corpus (vocab DEFAULT_VOCAB_SIZE, the eot token as a
     special token) and saved in the run directory. Everything is validated first (corpus, settings, tokenizer, the encoded
     corpus's size, the model's memory) and nothing in `run_dir` is replaced or removed before
@@ -520,6 +522,7 @@ def train_model(
     """
     config = config or TrainConfig()
     corpus = data.open_corpus(corpus, warn=lambda msg: say(f"warning: {msg}"))
+    refuse_streams_under_mpi(corpus.spec, ranks)
     if init is not None:
         if tokenizer is not None and tokenizer.fingerprint() != init.tokenizer.fingerprint():
             raise PipelineError(f"the given tokenizer is not the one in {init.path}; drop -t to use the model's own")
@@ -536,12 +539,16 @@ def train_model(
             own.append(checkpoint.TOKENIZER_FILE)
         if not overwrite:
             rundir.refuse_conflicts(run_dir, rd.present(own))
-        if tokenizer is None:
-            eot = f" and the special token {corpus.spec.eot!r}" if corpus.spec.eot is not None else ""
-            say(f"no tokenizer given (-t): training one on {corpus.spec.describe()} with the defaults (vocab {DEFAULT_VOCAB_SIZE}){eot}")
-            tokenizer = fit_tokenizer(corpus, quiet=quiet)
-        if tokens is None:
-            tokens = data.prepare_tokens(corpus, tokenizer, run_dir, quiet=quiet, commit=False)
+        corpus = data.store_streams(corpus, run_dir, say)  # validated and locked: now a stream may be read
+        try:
+            if tokenizer is None:
+                eot = f" and the special token {corpus.spec.eot!r}" if corpus.spec.eot is not None else ""
+                say(f"no tokenizer given (-t): training one on {corpus.spec.describe()} with the defaults (vocab {DEFAULT_VOCAB_SIZE}){eot}")
+                tokenizer = fit_tokenizer(corpus, quiet=quiet)
+            if tokens is None:
+                tokens = data.prepare_tokens(corpus, tokenizer, run_dir, quiet=quiet, commit=False)
+        finally:
+            corpus.discard()  # copies of streams are still the corpus's only when this failed (the tokens took them)
         try:
             if not overwrite and tokens.pending:  # the cache holds another corpus's ids
                 rundir.refuse_conflicts(run_dir, rd.present(list(tokens.pending)))
@@ -562,6 +569,18 @@ def train_model(
         checkpoint.write_text(run_dir / checkpoint.LOG_FILE, "")
         _describe(run, say)
         return run.run()
+
+
+def refuse_streams_under_mpi(spec: data.CorpusSpec, ranks: Ranks | None) -> None:
+    """One line when an MPI run is given stdin or a pipe: the launcher decides which rank, if
+    any, gets them, so a run under mpirun reads only files."""
+    streams = spec.stream_inputs() if ranks is not None else []
+    if streams:
+        shown = "stdin (-)" if "-" in streams else f"the pipe {streams[0]}"
+        raise PipelineError(
+            f"under mpirun, {shown} cannot be a run's corpus (the launcher decides which rank, if any, reads it); "
+            "save the stream to a file first, or run tk without mpirun, which keeps a copy in the run directory"
+        )
 
 
 def encode_note(tokens: data.TokenData, run_dir: Path) -> str:
@@ -604,13 +623,14 @@ def resume_training(
 
     `overrides` are settings the user gave explicitly: any that differs from the checkpoint's is
     a one-line error (a resumed run must be the same run). The corpus is the recorded one
-    (`data.CorpusSpec`; a v1 run's one file), with `corpus` (paths: other inputs; a CorpusSpec
-    or RunCorpus: all of it) or `corpus_overrides` (CorpusSpec fields the user gave, e.g. a
-    moved --val) in its place; it must have the recorded fingerprints and eot token, and a given
-    `tokenizer` the run's fingerprint. The run uses the worker count recorded in the checkpoint,
-    so it continues bit for bit on any core count, and on any number of MPI `ranks` that divides
-    it (with or without MPI before). On another `device` it continues numerically close, not
-    bit-identical.
+    (`data.CorpusSpec`; a v1 run's one file; a stream's copy kept in `run_dir`), with `corpus`
+    (paths: other inputs; a CorpusSpec or RunCorpus: all of it) or `corpus_overrides` (CorpusSpec
+    fields the user gave, e.g. a moved --val) in its place; it must have the recorded
+    fingerprints and eot token, and a given `tokenizer` the run's fingerprint. A stream given in
+    its place is copied into `run_dir` as a fresh run's is, and checked the same way. The run
+    uses the worker count recorded in the checkpoint, so it continues bit for bit on any core
+    count, and on any number of MPI `ranks` that divides it (with or without MPI before). On
+    another `device` it continues numerically close, not bit-identical.
     """
     get_backend(device)  # a missing GPU is one line before anything is read
     run_dir = Path(run_dir)
@@ -634,9 +654,17 @@ def resume_training(
                 )
         if tokenizer is not None and tokenizer.fingerprint() != state.tokenizer.fingerprint():
             raise PipelineError(f"the given tokenizer is not the one {run_dir} was trained with; drop -t to use the run's own")
-        rc = _resumed_corpus(run_dir, state, corpus, corpus_overrides, say)
-        tokens = data.prepare_tokens(rc, state.tokenizer, run_dir, quiet=quiet)
-        run = _Run(run_dir, tokens, state.tokenizer, config, quiet=quiet, state=state, ranks=ranks, device=device)
+        rc = _resumed_corpus(run_dir, state, corpus, corpus_overrides, ranks, say)
+        try:
+            tokens = data.prepare_tokens(rc, state.tokenizer, run_dir, quiet=quiet, commit=False)
+        finally:
+            rc.discard()  # copies of streams are still the corpus's only when this failed
+        try:
+            run = _Run(run_dir, tokens, state.tokenizer, config, quiet=quiet, state=state, ranks=ranks, device=device)
+            data.commit_tokens(tokens, run_dir)
+        except BaseException:
+            tokens.discard()
+            raise
         if state.step >= config.steps:
             say(f"{run_dir} already finished its {config.steps} steps; nothing to resume")
             return run.result(time.perf_counter(), 0.0, 0, interrupted=False)
@@ -646,10 +674,12 @@ def resume_training(
         return run.run()
 
 
-def _resumed_corpus(run_dir: Path, state: checkpoint.TrainState, corpus, overrides, say) -> data.RunCorpus:
+def _resumed_corpus(run_dir: Path, state: checkpoint.TrainState, corpus, overrides, ranks, say) -> data.RunCorpus:
     """The corpus a resumed run reads: the recorded one, or what the caller gave in its place,
-    checked against the recorded fingerprints (one line when it is not the same corpus)."""
-    recorded = data.CorpusSpec.from_record(state.data, str(run_dir / checkpoint.STATE_FILE))
+    checked against the recorded fingerprints (one line when it is not the same corpus). A
+    stream given in its place is copied into the run directory first (pending until the run
+    commits its tokens)."""
+    recorded = data.CorpusSpec.from_record(state.data, str(run_dir / checkpoint.STATE_FILE)).kept_in(run_dir)
     key = data.record_key(state.data)
     if isinstance(corpus, data.RunCorpus):
         rc = corpus
@@ -668,17 +698,35 @@ def _resumed_corpus(run_dir: Path, state: checkpoint.TrainState, corpus, overrid
             )
         if spec.val and key["val_fingerprint"] is None:
             raise PipelineError(f"{run_dir} was validated on a held-out part of its corpus, not on --val; drop --val to resume")
+        _check_kept_streams(spec, run_dir)
         rc = spec.open(warn=lambda msg: say(f"warning: {msg}"))
-    if rc.fingerprint() != key["corpus_fingerprint"]:
-        raise PipelineError(
-            f"corpus {rc.spec.describe()} is not the one {run_dir} was trained on (its contents changed); resume needs the same corpus"
-        )
-    if rc.val_fingerprint() != key["val_fingerprint"]:
-        raise PipelineError(
-            f"validation corpus {rc.spec.describe(val=True) or '(none)'} is not the one {run_dir} was validated on "
-            f"({recorded.describe(val=True) or 'a held-out part of its corpus'}); resume needs the same --val"
-        )
+    refuse_streams_under_mpi(rc.spec, ranks)
+    rc = data.store_streams(rc, run_dir, say)
+    try:
+        if rc.fingerprint() != key["corpus_fingerprint"]:
+            raise PipelineError(
+                f"corpus {rc.spec.describe()} is not the one {run_dir} was trained on (its contents changed); resume needs the same corpus"
+            )
+        if rc.val_fingerprint() != key["val_fingerprint"]:
+            raise PipelineError(
+                f"validation corpus {rc.spec.describe(val=True) or '(none)'} is not the one {run_dir} was validated on "
+                f"({recorded.describe(val=True) or 'a held-out part of its corpus'}); resume needs the same --val"
+            )
+    except BaseException:
+        rc.discard()
+        raise
     return rc
+
+
+def _check_kept_streams(spec: data.CorpusSpec, run_dir: Path) -> None:
+    """One line when the copy of a stream that a run kept as its corpus is gone: give it again."""
+    for path, origin in spec.to_dict().get("streams", {}).items():
+        if not os.path.lexists(path):
+            flag = "--val " if path in spec.val else ""
+            raise PipelineError(
+                f"{path} is missing: {run_dir} kept its {'validation ' if flag else ''}corpus ({origin}) there; "
+                f"give the same corpus again in its place: tk train-model --resume {run_dir} {flag}FILE (or {flag}- to pipe it in)"
+            )
 
 
 def follow(ranks: Ranks, *, quiet: bool = True) -> TrainResult | None:

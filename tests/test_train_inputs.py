@@ -3,6 +3,7 @@
 Directories, gzip and JSONL train what their plain twins train; `--eot` puts its id between
 documents; `--val` validates on its own token file and is checked on resume; old (v1) run
 directories still resume and stay up to date; bad inputs are one line and write nothing.
+Stdin and pipes: tests/test_train_streams.py.
 """
 
 from __future__ import annotations
@@ -270,8 +271,8 @@ def test_bad_inputs_are_one_line_and_write_nothing(files, tmp_path, capsys):
     Tokenizer.train(files["plain"], vocab_size=280, quiet=True).save(no_eot)
     cases = [
         (["train-model", files["plain"], tmp_path / "missing.txt"], "not found"),
-        (["train-model", "-"], "stdin (-) can be read only once"),
-        (["pipeline", fifo], "is a pipe, which can be read only once"),
+        (["train-model", "-", "--val", "-"], "stdin (-) is given twice"),
+        (["pipeline", fifo, "--val", fifo], "is given twice; it can be read only once"),
         (["train-model", empty], "holds no files"),
         (["train-model", files["dir"], "--glob", "*.md"], "holds no files matching --glob"),
         (["train-model", bad, "--text-field", "text"], "bad.jsonl:2: not valid JSON"),
