@@ -20,9 +20,9 @@ this must equal is `Tokenizer._merge_short`; tests compare the two on many rando
 from __future__ import annotations
 
 import re
-from itertools import compress, repeat
+from itertools import compress, filterfalse, repeat
 from operator import is_, not_
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -68,14 +68,15 @@ class PairTable:
         """Merged id of each pair (left[i], right[i]), NO_MERGE where the pair has none."""
         keys = left.astype(np.int64) * self.n_ids + right
         slot = self._home(keys)
-        found = self._ids[slot]
-        wrong = np.flatnonzero((self._keys[slot] != keys) & (self._keys[slot] != -1))
+        there = self._keys[slot]  # the key in each one's slot
+        wrong = np.flatnonzero((there != keys) & (there != -1))
         while wrong.size:  # collided with another key: look one slot further
-            slot[wrong] = (slot[wrong] + 1) & self._mask
-            at = slot[wrong]
-            found[wrong] = self._ids[at]
-            wrong = wrong[(self._keys[at] != keys[wrong]) & (self._keys[at] != -1)]
-        return np.where(self._keys[slot] == keys, found, NO_MERGE)
+            slot[wrong] = at = (slot[wrong] + 1) & self._mask
+            there[wrong] = self._keys[at]
+            wrong = wrong[(there[wrong] != keys[wrong]) & (there[wrong] != -1)]
+        found = self._ids[slot]
+        found[there != keys] = NO_MERGE
+        return found
 
     def lookup_bytes(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
         """`lookup` for pairs of byte ids (both < 256)."""
@@ -179,19 +180,42 @@ class _BatchCache:
         values = list(map(self._ids.get, keys))
         if None not in values:
             return values
-        new = list(dict.fromkeys(compress(keys, map(is_, values, repeat(None)))))  # each missing key once
+        at, missing = _missing(keys, values)
+        new = list(dict.fromkeys(missing))  # each missing key once
         found = dict(zip(new, self._compute(new)))
-        values = list(map(found.get, keys, values))  # the new ones filled in; the others as they were
-        if max(map(len, new)) > self._max_key:
-            for key in new:
-                if len(key) > self._max_key:
-                    del found[key]
-        self._ids.update(found)
+        for i, value in zip(at, map(found.__getitem__, missing)):  # only the missing places
+            values[i] = value
+        self._keep(found)
         return values
+
+    def _keep(self, found: dict[str, bytes]) -> None:
+        """Remember `found`, but for its keys longer than max_key."""
+        if max(map(len, found), default=0) > self._max_key:
+            for key in [k for k in found if len(k) > self._max_key]:
+                del found[key]
+        self._ids.update(found)
 
     def ids_bytes(self, keys: list[str]) -> bytes:
         """The ids of all `keys`, one after the other, as raw bytes."""
         return b"".join(self.values_of(keys))
+
+
+def _missing(keys: list[str], values: list) -> tuple[list[int], list[str]]:
+    """The places where `values` is None, and the keys there."""
+    at = list(compress(range(len(keys)), map(is_, values, repeat(None))))
+    return at, list(map(keys.__getitem__, at))
+
+
+def _nones(values: list) -> list[int]:
+    """The places where `values` is None, found by C-speed scans: for a few in many."""
+    at = []
+    i = -1
+    try:
+        while True:
+            i = values.index(None, i + 1)
+            at.append(i)
+    except ValueError:
+        return at
 
 
 def _slices(buf: bytes, ends: np.ndarray) -> list[bytes]:
@@ -270,6 +294,10 @@ class WordCache(_BatchCache):
         self._chunks = chunks
         self._split = split
 
+    def text_ids(self, text: str) -> bytes:
+        """The ids of `text`, as raw bytes."""
+        return self.ids_bytes(split_words(text))
+
     def ids_bytes(self, words: list[str]) -> bytes:
         """The ids of all `words` (the words of one text, in order), as raw bytes."""
         if not words:
@@ -286,25 +314,142 @@ class WordCache(_BatchCache):
         return b"".join([head, *self.values_of(words), tail]) if head or tail else super().ids_bytes(words)
 
     def _compute(self, words: list[str]) -> list[bytes]:
-        # The words that are all ASCII (most, in English) are split by the stdlib's `re`.
-        ascii_words = list(map(str.isascii, words))
-        if all(ascii_words):
-            return self._compute_split(words, GPT2_ASCII.findall)
-        if not any(ascii_words):
-            return self._compute_split(words, self._split)
-        ascii_values = iter(self._compute_split(list(compress(words, ascii_words)), GPT2_ASCII.findall))
-        other_values = iter(self._compute_split(list(compress(words, map(not_, ascii_words))), self._split))
-        return [next(ascii_values) if a else next(other_values) for a in ascii_words]
-
-    def _compute_split(self, words: list[str], split) -> list[bytes]:
-        chunks = split("".join(words))  # the same chunks as each word split alone, in order
-        values = self._chunks.values_of(chunks)
+        # Joined and split together: the same chunks as each word split alone, in order. The
+        # words that are all ASCII (most, in English) are split by the stdlib's `re`, faster.
+        is_ascii = np.fromiter(map(str.isascii, words), dtype=bool, count=len(words))
+        if is_ascii.all() or not is_ascii.any():
+            ordered, where = words, None
+            chunks = (GPT2_ASCII.findall if is_ascii.all() else self._split)("".join(words))
+        else:
+            where = np.concatenate([np.flatnonzero(is_ascii), np.flatnonzero(~is_ascii)])
+            ordered = list(map(words.__getitem__, where.tolist()))  # the ASCII words first
+            n_ascii = int(is_ascii.sum())
+            chunks = GPT2_ASCII.findall("".join(ordered[:n_ascii])) + self._split("".join(ordered[n_ascii:]))
+        values = self._chunks.values_of(chunks)  # all new words' chunks at once: one merge_batch
         chunk_ends = np.cumsum(np.fromiter(map(len, chunks), dtype=np.int64, count=len(chunks)))
-        word_ends = np.cumsum(np.fromiter(map(len, words), dtype=np.int64, count=len(words)))
+        word_ends = np.cumsum(np.fromiter(map(len, ordered), dtype=np.int64, count=len(ordered)))
         last = np.searchsorted(chunk_ends, word_ends)  # the chunk that ends each word
         byte_ends = np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)))
-        return _slices(b"".join(values), byte_ends[last])
+        out = _slices(b"".join(values), byte_ends[last])
+        if where is None:
+            return out
+        return list(map(out.__getitem__, np.argsort(where, kind="stable").tolist()))  # back in the words' order
 
 
 def _regular(word: str) -> bool:
     return word[0] in WHITESPACE and word[-1] not in WHITESPACE
+
+
+class PieceCache(_BatchCache):
+    """Piece -> its ids as raw bytes, for GPT-2's split pattern: the text people mostly write,
+    words between single spaces and newlines, cut at C speed (`str.split`, not a regex).
+
+    The pieces are the text split at spaces, after a space is put before every newline that
+    does not follow one (`_pieces`): a piece stands for " " + piece, or for itself when it starts
+    with a newline (`_text_of`); they are about as many and as distinct as words. A cut before a
+    piece is safe where the character before it is not whitespace (the piece before is "closed":
+    not empty, not ending in whitespace), because no chunk of the pattern runs from a non-space
+    character into the whitespace after it, and the matching from there on looks only forward.
+    So the text is a series of units, each running to the next closed piece: mostly that piece
+    alone (" said,", "\nThe"), which this cache keeps; the others (a double space, an indented
+    line, three newlines) are joined and kept under the joined key, which holds a space, as no
+    piece does. The text's first unit and an open last one go through `words`, and so does the
+    whole text when open pieces are many (indented code, CRLF lines): it handles any text.
+    """
+
+    def __init__(self, words: WordCache, max_piece: int) -> None:
+        super().__init__(max_piece)
+        self._words = words
+
+    def _compute(self, keys: list[str]) -> list[bytes]:
+        # Each key's text starts after a safe cut and ends with a closed piece: regular words,
+        # split together as the word cache splits them.
+        return self._words._compute(list(map(str.replace, map(" ".__add__, keys), repeat(" \n"), repeat("\n"))))
+
+    def text_ids(self, text: str) -> bytes:
+        """The ids of `text`, as raw bytes."""
+        spaced = text.replace("\n", " \n").replace(" \n \n", " \n\n")  # a blank line stays in one piece
+        if (spaced.count("  ") + spaced.count("\n ") + spaced.count("\r ")) * _MOSTLY_CLOSED > spaced.count(" "):
+            return self._words.text_ids(text)  # many open pieces
+        pieces = spaced.split(" ")
+        if len(self._ids) * _COLD < len(pieces):  # few known yet: learn the new pieces first, each once
+            self._learn(set(pieces))
+        values = list(map(self._ids.get, pieces))  # closed pieces only: an open one always misses
+        first = 0  # the first unit runs to the first closed piece, with no space before it
+        while first < len(pieces) - 1 and not _closed(pieces[first]):
+            first += 1
+        head = _text_of(" ".join(pieces[: first + 1]))[1:]  # less the space _text_of put before it
+        values[: first + 1] = [self._words.text_ids(head)] + [b""] * first
+        if None in values and not self._fill(pieces, values):
+            return self._words.text_ids(text)  # many open pieces after all
+        return b"".join(values)
+
+    def _learn(self, pieces: Iterable[str]) -> None:
+        """Keep the ids of the closed ones among `pieces` (distinct) that are not kept yet."""
+        new = list(filterfalse(self._ids.__contains__, pieces))
+        new = list(compress(new, map(not_, map(_OPEN_ENDS.__contains__, map(str.__getitem__, new, repeat(_LAST))))))
+        if new:
+            self._keep(dict(zip(new, self._compute(new))))
+
+    def _fill(self, pieces: list[str], values: list) -> bool:
+        """Fill in the None places of `values`: new closed pieces, and each unit's ids at its
+        first place (b"" at its other places). False, filling nothing, if open pieces are many."""
+        at = _nones(values)
+        missing = list(map(pieces.__getitem__, at))
+        distinct = list(dict.fromkeys(missing))
+        is_open = list(map(_OPEN_ENDS.__contains__, map(str.__getitem__, distinct, repeat(_LAST))))  # at C speed
+        new = list(compress(distinct, map(not_, is_open))) if True in is_open else distinct
+        open_pieces = set(compress(distinct, is_open))
+        units: list[tuple[int, int]] = []
+        if open_pieces:
+            open_at = list(compress(at, map(open_pieces.__contains__, missing)))
+            if len(open_at) * _MOSTLY_CLOSED > len(pieces):
+                return False
+            units = _runs(open_at, len(pieces))
+        tail = units.pop() if units and pieces[units[-1][1] - 1][-1:] in _OPEN_ENDS else None  # the text ends open
+        keys = [" ".join(pieces[a:b]) for a, b in units]
+        unit_values = list(map(self._ids.get, keys))
+        new += dict.fromkeys(compress(keys, map(is_, unit_values, repeat(None))))
+        found = dict(zip(new, self._compute(new))) if new else {}
+        found.update(dict.fromkeys(open_pieces, b""))  # placeholders: their units fill them in
+        for i, value in zip(at, map(found.__getitem__, missing)):  # only the missing places
+            values[i] = value
+        for (a, b), key, value in zip(units, keys, unit_values):
+            values[a : b] = [found[key] if value is None else value] + [b""] * (b - a - 1)
+        if tail is not None:  # not kept: its key could be a piece's
+            a, b = tail
+            values[a : b] = [self._words.text_ids(_text_of(" ".join(pieces[a:b])))] + [b""] * (b - a - 1)
+        for piece in open_pieces:
+            del found[piece]
+        self._keep(found)
+        return True
+
+
+def _runs(at: list[int], n: int) -> list[tuple[int, int]]:
+    """The units made by open pieces at `at` (ascending, not empty): each run of consecutive
+    places and the closed piece after it, as (start, stop) with stop <= n."""
+    at = np.array(at)
+    breaks = np.flatnonzero(np.diff(at) != 1)
+    starts = at[np.concatenate([[0], breaks + 1])]
+    stops = np.minimum(at[np.concatenate([breaks, [at.size - 1]])] + 2, n)
+    return list(zip(starts.tolist(), stops.tolist()))
+
+
+_LAST = slice(-1, None)
+_OPEN_ENDS = frozenset(WHITESPACE) | {""}  # a piece's last character (or "") that leaves it open
+_COLD = 4  # a text of more pieces than this times the cache's: its new pieces are learned first
+_MOSTLY_CLOSED = 16  # more than one open piece in this many: the text goes to the word level
+
+
+def _text_of(key: str) -> str:
+    """The text a piece (or joined unit) stands for: a space before it, none before a newline.
+
+    >>> _text_of("said,"), _text_of("\\n\\nThe"), _text_of(" x")
+    (' said,', '\\n\\nThe', '  x')
+    """
+    return (" " + key).replace(" \n", "\n")
+
+
+def _closed(piece: str) -> bool:
+    """Not empty and not ending in whitespace: a safe place to cut after it."""
+    return piece[-1:] not in _OPEN_ENDS

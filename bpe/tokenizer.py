@@ -39,7 +39,7 @@ import regex
 
 from bpe import encode_corpus, interop, io
 from bpe.corpus import Corpus, as_corpus
-from bpe.encoder import ChunkCache, PairTable, WordCache, split_words
+from bpe.encoder import ChunkCache, PairTable, PieceCache, WordCache
 from bpe.errors import TokenizerError
 from bpe.pretokenize import GPT2_PATTERN, PATTERNS, count_chunks, resolve_pattern, split_text
 from bpe.trainer import train_merges
@@ -48,7 +48,7 @@ _NO_MERGE = 1 << 62  # "rank" of a pair that has no merge; larger than any id
 _LONG_CHUNK = 64  # from this many bytes on, merge with a heap instead of rescanning the chunk
 _CACHE_LIMIT = 1 << 20  # distinct chunks kept in the cache before it is emptied and refilled
 _CACHE_MAX_CHUNK = 256  # longer chunks are rare; caching them would only cost memory
-_WORD_CACHE_LIMIT = 1 << 18  # distinct words kept (GPT-2's pattern), like _CACHE_LIMIT
+_WORD_CACHE_LIMIT = 1 << 18  # distinct words (and pieces) kept (GPT-2's pattern), like _CACHE_LIMIT
 
 
 @dataclass
@@ -148,6 +148,7 @@ class Tokenizer:
         self._training = dict(training or {})
         self._cache: ChunkCache | None = None  # chunk -> ids, built on first use (`_chunk_cache`)
         self._word_cache: WordCache | None = None  # word -> ids, for GPT-2's pattern (`_encode_ordinary`)
+        self._piece_cache: PieceCache | None = None  # space-separated piece -> ids, in front of the words
         self._special_res: dict[frozenset, regex.Pattern] = {}
         self.train_report: TrainReport | None = None
         self._fingerprint: str | None = None
@@ -352,6 +353,7 @@ class Tokenizer:
             if self._pattern == GPT2_PATTERN:
                 split = lambda text: split_text(text, GPT2_PATTERN)  # noqa: E731
                 self._word_cache = WordCache(self._cache, split, _CACHE_MAX_CHUNK)
+                self._piece_cache = PieceCache(self._word_cache, _CACHE_MAX_CHUNK)
         return self._cache
 
     def _encode_ordinary(self, text: str) -> bytes:
@@ -360,18 +362,19 @@ class Tokenizer:
 
         Split with the pattern, then look every chunk up in the cache, merging only the chunks
         not seen before (chunks, not whole words: new text brings few new chunks; BENCHMARKS.md).
-        With GPT-2's pattern, whole words are looked up first, and only new words are split into
-        chunks: a cheaper split and fewer lookups (see `bpe.encoder.WordCache`).
+        With GPT-2's pattern, the pieces between single spaces are looked up first, then whole
+        words, and only new words are split into chunks: cheaper splits and fewer lookups (see
+        `bpe.encoder.PieceCache` and `WordCache`).
         """
         cache = self._chunk_cache
         if len(cache) > _CACHE_LIMIT:
             cache.clear()
-        words = self._word_cache
-        if words is None:
+        if self._piece_cache is None:
             return cache.ids_bytes(split_text(text, self._pattern))
-        if len(words) > _WORD_CACHE_LIMIT:
-            words.clear()
-        return words.ids_bytes(split_words(text))
+        for level in (self._piece_cache, self._word_cache):
+            if len(level) > _WORD_CACHE_LIMIT:
+                level.clear()
+        return self._piece_cache.text_ids(text)
 
     def _chunk_values(self, chunks: list[str]) -> list[array]:
         """The ids of each chunk, through the chunk cache (merging the chunks not seen yet)."""

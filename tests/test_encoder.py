@@ -1,13 +1,14 @@
 """bpe/encoder.py, the encoder's fast path, against the plain one-chunk-at-a-time merge.
 
 `merge_batch` (all new chunks merged together, one round per lowest pair) must give exactly
-`Tokenizer._merge_short`'s ids; the word cache (GPT-2's pattern: whole words looked up first)
-must give exactly the chunks' ids one after the other; a cold cache, a warm one and a cleared
-one must agree.
+`Tokenizer._merge_short`'s ids; the piece cache (GPT-2's pattern: the pieces between single
+spaces looked up first) and the word cache (whole words) must give exactly the chunks' ids one
+after the other; a cold cache, a warm one and a cleared one must agree.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 
 import numpy as np
@@ -90,6 +91,7 @@ def test_many_texts_one_tokenizer_cold_warm_cleared():
     assert [tok.encode(t) for t in texts] == expected  # now from the cache
     tok._chunk_cache.clear()
     tok._word_cache.clear()
+    tok._piece_cache.clear()
     assert [tok.encode(t) for t in reversed(texts)] == expected[::-1]
 
 
@@ -99,6 +101,7 @@ def test_long_words_and_chunks_are_not_kept():
     assert tok.encode(text) == plain_ids(tok, text)
     assert tok.encode(text) == plain_ids(tok, text)
     assert max(map(len, tok._word_cache._ids), default=0) <= 256
+    assert max(map(len, tok._piece_cache._ids), default=0) <= 256
     assert max(map(len, tok._chunk_cache._ids), default=0) <= 256
 
 
@@ -148,3 +151,33 @@ def test_ascii_and_other_new_words_in_one_batch():
     text = " ".join(["abc", "d\u00e9f", "ab's", "\u65e5\u672c", "b12", "caf\u00e9!", "x\ty", "\u00a0ab", "ll"] * 3)
     assert Tokenizer(tok.merges).encode(text) == plain_ids(tok, text)
 
+
+
+@functools.cache
+def _piece_tokenizer() -> Tokenizer:
+    return random_tokenizer(4)
+
+
+PROSE = "aab cd'sl t0.,!?-   \n\n\n\t\r\xa0\u2003é日😀"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(alphabet=PROSE, max_size=300) | st.lists(st.sampled_from(["ab", "a", " ", "  ", "\n", " \n", "\n ", "\t", "c.", "'s", "é"]), max_size=60).map("".join))
+def test_pieces_equal_plain_merge(monkeypatch, text):
+    # the piece level (bpe.encoder.PieceCache) alone: never handing the text to the word level
+    from bpe import encoder
+
+    monkeypatch.setattr(encoder, "_MOSTLY_CLOSED", 0)
+    tok = _piece_tokenizer()  # its cache warms over the examples
+    assert Tokenizer(tok.merges).encode(text) == plain_ids(tok, text)  # cold
+    assert tok.encode(text) == plain_ids(tok, text)
+    assert tok._piece_cache.text_ids(text) == np.array(plain_ids(tok, text), dtype=tok.ids_dtype).tobytes()
+    assert all(" " in key or encoder._closed(key) for key in tok._piece_cache._ids)  # no open piece kept
+
+
+def test_module_examples():
+    import doctest
+
+    from bpe import encoder
+
+    assert doctest.testmod(encoder).failed == 0
