@@ -19,7 +19,7 @@ from cli.launch import abort_on_error, check_device, device_option, mpi_world
 from cli.tokenizer_commands import corpus_options
 from pipeline import PipelineError, checkpoint, hf
 from pipeline.config import load_config_file
-from pipeline.data import CorpusSpec
+from pipeline.sources import CorpusSpec
 from pipeline.ranks import Ranks
 from pipeline.run import generate, load_model_and_tokenizer, load_tokenizer, predict_next, run_pipeline, token_text
 from pipeline.train import (

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from bpe import Tokenizer
-from pipeline import checkpoint, data, rundir
+from pipeline import checkpoint, data, rundir, sources
 from pipeline.errors import PipelineError
 from transformer.backends import as_host
 from pipeline.ranks import Ranks
@@ -197,7 +197,7 @@ class PipelineResult:
     prompt: str
 
 
-def _tokenizer_stage(corpus: data.RunCorpus, run_dir: Path, vocab_size: int, quiet: bool, say):
+def _tokenizer_stage(corpus: sources.RunCorpus, run_dir: Path, vocab_size: int, quiet: bool, say):
     """(tokenizer, "reused" | "trained", the pipeline.json stamp to write when the run starts).
 
     The tokenizer is trained on the training inputs alone (never on a --val corpus); a v1
@@ -243,9 +243,9 @@ def run_pipeline(
 ) -> PipelineResult:
     """Stages 1-3 (tokenizer, encode, train), each skipped or resumed when its output is current.
 
-    `corpus`: a path, a list of paths, a `data.CorpusSpec` (directories, compressed files, JSONL,
-    an eot token, a validation corpus) or one already opened (`data.RunCorpus`). Stdin ("-") and
-    pipes are copied into the run directory once it is locked (`data.store_streams`), and the
+    `corpus`: a path, a list of paths, a `sources.CorpusSpec` (directories, compressed files, JSONL,
+    an eot token, a validation corpus) or one already opened (`sources.RunCorpus`). Stdin ("-") and
+    pipes are copied into the run directory once it is locked (`sources.store_streams`), and the
     stages read that copy; a copy with the contents already there leaves the stages up to date.
     The run directory is locked for the whole call. A stage whose output exists but is stale (a
     new corpus, --val or --eot, vocabulary size or training settings) is redone only with `overwrite`; without
@@ -256,7 +256,7 @@ def run_pipeline(
     so it can stream. `ranks`: this is rank 0 of an MPI job; the other ranks join the training
     stage (`pipeline.train.follow`), the others are rank 0's alone.
     """
-    corpus = data.open_corpus(corpus, warn=lambda msg: say(f"warning: {msg}"))
+    corpus = sources.open_corpus(corpus, warn=lambda msg: say(f"warning: {msg}"))
     refuse_streams_under_mpi(corpus.spec, ranks)
     config = config or TrainConfig()
     check_training_memory(config, vocab_size, ranks, device)
@@ -264,7 +264,7 @@ def run_pipeline(
         run_dir = rd.path
         if not overwrite and not (run_dir / checkpoint.PIPELINE_FILE).exists():
             rundir.refuse_conflicts(run_dir, rd.present(), what="a run not made by `tk pipeline`")
-        corpus = data.store_streams(corpus, run_dir, say)  # validated and locked: now a stream may be read
+        corpus = sources.store_streams(corpus, run_dir, say)  # validated and locked: now a stream may be read
         stages: dict[str, str] = {}
         try:
             tok, stages["tokenizer"], stamp = _tokenizer_stage(corpus, run_dir, vocab_size, quiet, say)

@@ -43,7 +43,7 @@ from tqdm import tqdm
 
 from bpe import Tokenizer
 from common.processes import note_interrupt
-from pipeline import checkpoint, data, rundir
+from pipeline import checkpoint, data, rundir, sources
 from pipeline.config import DEFAULT_VOCAB_SIZE, MODEL_FIELDS, TrainConfig, _coerce, _flag
 from pipeline.errors import PipelineError
 from pipeline.ranks import Ranks
@@ -451,7 +451,7 @@ def check_training_memory(config: TrainConfig, vocab_size: int, ranks: Ranks | N
 def fit_tokenizer(corpus, vocab_size: int = DEFAULT_VOCAB_SIZE, *, quiet: bool = False) -> Tokenizer:
     """A BPE tokenizer trained on `corpus` (a path, CorpusSpec or RunCorpus; its training inputs
     only) with the defaults (GPT-2 split pattern), in memory; its eot token is a special token."""
-    rc = data.open_corpus(corpus)
+    rc = sources.open_corpus(corpus)
     specials = [rc.spec.eot] if rc.spec.eot is not None else []
     return Tokenizer.train(rc.train, vocab_size=vocab_size, special_tokens=specials, quiet=quiet)
 
@@ -503,9 +503,9 @@ def train_model(
 ) -> TrainResult:
     """Train a fresh model on `corpus` in `run_dir` (encoding the corpus first, or reusing the cache).
 
-    `corpus`: a path, a list of paths, a `data.CorpusSpec` (directories, compressed files, JSONL,
-    an eot token, a validation corpus) or one already opened (`data.RunCorpus`). Stdin ("-") and
-    pipes are copied into the run directory once it is locked (`data.store_streams`; kept as
+    `corpus`: a path, a list of paths, a `sources.CorpusSpec` (directories, compressed files, JSONL,
+    an eot token, a validation corpus) or one already opened (`sources.RunCorpus`). Stdin ("-") and
+    pipes are copied into the run directory once it is locked (`sources.store_streams`; kept as
     corpus.stream, val.stream when the run starts) and read from there. Without
     `tokenizer`, one is trained on the corpus (vocab DEFAULT_VOCAB_SIZE, the eot token as a
     special token) and saved in the run directory. Everything is validated first (corpus, settings, tokenizer, the encoded
@@ -521,7 +521,7 @@ def train_model(
     in this process on the GPU; the files are the same kind either way).
     """
     config = config or TrainConfig()
-    corpus = data.open_corpus(corpus, warn=lambda msg: say(f"warning: {msg}"))
+    corpus = sources.open_corpus(corpus, warn=lambda msg: say(f"warning: {msg}"))
     refuse_streams_under_mpi(corpus.spec, ranks)
     if init is not None:
         if tokenizer is not None and tokenizer.fingerprint() != init.tokenizer.fingerprint():
@@ -530,7 +530,7 @@ def train_model(
         if GPTConfig.from_dict(config.model_config(tokenizer.vocab_size)) != init.model_config:
             raise PipelineError(f"the run's model settings differ from the shape of {init.path}; take them from it (StartFrom.settings)")
     if tokenizer is not None:
-        data.check_eot(tokenizer, corpus.spec)
+        sources.check_eot(tokenizer, corpus.spec)
     check_training_memory(config, tokenizer.vocab_size if tokenizer is not None else DEFAULT_VOCAB_SIZE, ranks, device)
     with rundir.RunDir(run_dir) as rd:
         run_dir = rd.path
@@ -539,7 +539,7 @@ def train_model(
             own.append(checkpoint.TOKENIZER_FILE)
         if not overwrite:
             rundir.refuse_conflicts(run_dir, rd.present(own))
-        corpus = data.store_streams(corpus, run_dir, say)  # validated and locked: now a stream may be read
+        corpus = sources.store_streams(corpus, run_dir, say)  # validated and locked: now a stream may be read
         try:
             if tokenizer is None:
                 eot = f" and the special token {corpus.spec.eot!r}" if corpus.spec.eot is not None else ""
@@ -571,7 +571,7 @@ def train_model(
         return run.run()
 
 
-def refuse_streams_under_mpi(spec: data.CorpusSpec, ranks: Ranks | None) -> None:
+def refuse_streams_under_mpi(spec: sources.CorpusSpec, ranks: Ranks | None) -> None:
     """One line when an MPI run is given stdin or a pipe: the launcher decides which rank, if
     any, gets them, so a run under mpirun reads only files."""
     streams = spec.stream_inputs() if ranks is not None else []
@@ -623,7 +623,7 @@ def resume_training(
 
     `overrides` are settings the user gave explicitly: any that differs from the checkpoint's is
     a one-line error (a resumed run must be the same run). The corpus is the recorded one
-    (`data.CorpusSpec`; a v1 run's one file; a stream's copy kept in `run_dir`), with `corpus`
+    (`sources.CorpusSpec`; a v1 run's one file; a stream's copy kept in `run_dir`), with `corpus`
     (paths: other inputs; a CorpusSpec or RunCorpus: all of it) or `corpus_overrides` (CorpusSpec
     fields the user gave, e.g. a moved --val) in its place; it must have the recorded
     fingerprints and eot token, and a given `tokenizer` the run's fingerprint. A stream given in
@@ -674,20 +674,20 @@ def resume_training(
         return run.run()
 
 
-def _resumed_corpus(run_dir: Path, state: checkpoint.TrainState, corpus, overrides, ranks, say) -> data.RunCorpus:
+def _resumed_corpus(run_dir: Path, state: checkpoint.TrainState, corpus, overrides, ranks, say) -> sources.RunCorpus:
     """The corpus a resumed run reads: the recorded one, or what the caller gave in its place,
     checked against the recorded fingerprints (one line when it is not the same corpus). A
     stream given in its place is copied into the run directory first (pending until the run
     commits its tokens)."""
-    recorded = data.CorpusSpec.from_record(state.data, str(run_dir / checkpoint.STATE_FILE)).kept_in(run_dir)
+    recorded = sources.CorpusSpec.from_record(state.data, str(run_dir / checkpoint.STATE_FILE)).kept_in(run_dir)
     key = data.record_key(state.data)
-    if isinstance(corpus, data.RunCorpus):
+    if isinstance(corpus, sources.RunCorpus):
         rc = corpus
     else:
-        spec = corpus if isinstance(corpus, data.CorpusSpec) else recorded
+        spec = corpus if isinstance(corpus, sources.CorpusSpec) else recorded
         changes = dict(overrides or {})
-        if corpus is not None and not isinstance(corpus, data.CorpusSpec):
-            changes["inputs"] = data.CorpusSpec.of(corpus).inputs
+        if corpus is not None and not isinstance(corpus, sources.CorpusSpec):
+            changes["inputs"] = sources.CorpusSpec.of(corpus).inputs
         changes = {k: tuple(os.fspath(p) for p in v) if k in ("inputs", "val") else v for k, v in changes.items()}
         spec = dataclasses.replace(spec, **changes)
         if spec.eot != key["eot"]:
@@ -701,7 +701,7 @@ def _resumed_corpus(run_dir: Path, state: checkpoint.TrainState, corpus, overrid
         _check_kept_streams(spec, run_dir)
         rc = spec.open(warn=lambda msg: say(f"warning: {msg}"))
     refuse_streams_under_mpi(rc.spec, ranks)
-    rc = data.store_streams(rc, run_dir, say)
+    rc = sources.store_streams(rc, run_dir, say)
     try:
         if rc.fingerprint() != key["corpus_fingerprint"]:
             raise PipelineError(
@@ -718,7 +718,7 @@ def _resumed_corpus(run_dir: Path, state: checkpoint.TrainState, corpus, overrid
     return rc
 
 
-def _check_kept_streams(spec: data.CorpusSpec, run_dir: Path) -> None:
+def _check_kept_streams(spec: sources.CorpusSpec, run_dir: Path) -> None:
     """One line when the copy of a stream that a run kept as its corpus is gone: give it again."""
     for path, origin in spec.to_dict().get("streams", {}).items():
         if not os.path.lexists(path):

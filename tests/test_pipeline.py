@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common import safetensors_file
-from pipeline import PipelineError, checkpoint, data
+from pipeline import PipelineError, checkpoint, data, sources
 from pipeline.config import TrainConfig, load_config_file
 
 # --- atomic writes ---------------------------------------------------------------------------
@@ -97,7 +97,7 @@ def test_one_plain_files_fingerprint_is_its_sha256(tmp_path):
     blob = os.urandom(3 * (1 << 20) + 7)  # several read blocks
     path = tmp_path / "c.txt"
     path.write_bytes(blob)
-    assert data.open_corpus(path).fingerprint() == hashlib.sha256(blob).hexdigest()
+    assert sources.open_corpus(path).fingerprint() == hashlib.sha256(blob).hexdigest()
 
 
 @settings(max_examples=50, deadline=None)
@@ -168,14 +168,14 @@ def test_unigram_baseline_matches_direct_formula():
 
 def test_open_corpus_errors(tmp_path):
     with pytest.raises(PipelineError, match="not found"):
-        data.open_corpus(tmp_path / "nope.txt")
+        sources.open_corpus(tmp_path / "nope.txt")
     (tmp_path / "d").mkdir()
     with pytest.raises(PipelineError, match="holds no files"):
-        data.open_corpus(tmp_path / "d")  # a directory is a corpus, but this one has nothing to read
+        sources.open_corpus(tmp_path / "d")  # a directory is a corpus, but this one has nothing to read
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
     with pytest.raises(PipelineError, match="empty"):
-        data.open_corpus(empty)
+        sources.open_corpus(empty)
 
 
 # --- training configuration ------------------------------------------------------------------
@@ -353,3 +353,11 @@ def test_train_state_round_trip_restores_generator_and_optimizer(tmp_path):
     assert back.optimizer.keys() == opt.state_dict().keys()
     assert all(np.array_equal(back.optimizer[k], v) and back.optimizer[k].shape == v.shape for k, v in opt.state_dict().items())
     assert data.rng_from_array(back.rng).random() == rng.random()
+
+
+def test_docstring_examples():
+    import doctest
+
+    for module in (sources, data):
+        result = doctest.testmod(module)
+        assert result.failed == 0 and result.attempted > 0, module.__name__
