@@ -369,7 +369,8 @@ class PieceCache(_BatchCache):
     def text_ids(self, text: str) -> bytes:
         """The ids of `text`, as raw bytes."""
         spaced = text.replace("\n", " \n").replace(" \n \n", " \n\n")  # a blank line stays in one piece
-        if (spaced.count("  ") + spaced.count("\n ") + spaced.count("\r ")) * _MOSTLY_CLOSED > spaced.count(" "):
+        head = spaced[:_SAMPLE]  # enough to tell prose from indented code
+        if (head.count("  ") + head.count("\n ") + head.count("\r ")) * _MOSTLY_CLOSED > head.count(" "):
             return self._words.text_ids(text)  # many open pieces
         pieces = spaced.split(" ")
         if len(self._ids) * _COLD < len(pieces):  # few known yet: learn the new pieces first, each once
@@ -439,6 +440,7 @@ _LAST = slice(-1, None)
 _OPEN_ENDS = frozenset(WHITESPACE) | {""}  # a piece's last character (or "") that leaves it open
 _COLD = 4  # a text of more pieces than this times the cache's: its new pieces are learned first
 _MOSTLY_CLOSED = 16  # more than one open piece in this many: the text goes to the word level
+_SAMPLE = 1 << 16  # characters of a text looked at to guess whether its open pieces are many
 
 
 def _text_of(key: str) -> str:
