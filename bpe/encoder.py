@@ -20,7 +20,7 @@ this must equal is `Tokenizer._merge_short`; tests compare the two on many rando
 from __future__ import annotations
 
 import re
-from itertools import compress, filterfalse, repeat
+from itertools import chain, compress, filterfalse, repeat
 from operator import is_, not_
 from typing import Iterable, Sequence
 
@@ -40,23 +40,22 @@ class PairTable:
 
     def __init__(self, merges: Sequence[tuple[int, int]]) -> None:
         self.n_ids = 256 + len(merges)
-        pairs = np.array(merges, dtype=np.int64).reshape(-1, 2)
+        pairs = np.fromiter(chain.from_iterable(merges), dtype=np.int64, count=2 * len(merges)).reshape(-1, 2)
         bits = max(8, int(4 * len(merges)).bit_length())  # at most a quarter full: probes stay short
         self._shift = np.uint64(64 - bits)
-        self._mask = (1 << bits) - 1
-        self._keys = np.full(1 << bits, -1, dtype=np.int64)
-        self._ids = np.full(1 << bits, NO_MERGE, dtype=np.int32)
         keys = pairs[:, 0] * self.n_ids + pairs[:, 1]
-        todo, slot = np.arange(len(keys)), self._home(keys)
-        while todo.size:  # linear probing, all keys at once: the first key to claim a free slot gets it
-            free = self._keys[slot] == -1
-            first = np.unique(slot[free], return_index=True)[1]
-            won = np.flatnonzero(free)[first]
-            self._keys[slot[won]] = keys[todo[won]]
-            self._ids[slot[won]] = 256 + todo[won]
-            lost = np.ones(todo.size, dtype=bool)
-            lost[won] = False
-            todo, slot = todo[lost], (slot[lost] + 1) & self._mask
+        # Linear probing, built at once: taken in the order of their home slots, each key goes to
+        # its home or the slot after the previous key's, whichever is later (a running maximum).
+        # Probes run past the last home slot instead of wrapping, into slack kept empty.
+        home = self._home(keys)
+        order = np.argsort(home)  # any order among keys of one home
+        rank = np.arange(len(keys))
+        slot = np.maximum.accumulate(home[order] - rank) + rank
+        size = max(1 << bits, int(slot[-1]) + 2 if len(keys) else 1)  # + 1: the last probe ends on an empty slot
+        self._keys = np.full(size, -1, dtype=np.int64)
+        self._ids = np.full(size, NO_MERGE, dtype=np.int32)
+        self._keys[slot] = keys[order]
+        self._ids[slot] = 256 + order
         self._bytes = np.full(256 * 256, NO_MERGE, dtype=np.int32)
         small = (pairs[:, 0] < 256) & (pairs[:, 1] < 256)
         self._bytes[pairs[small, 0] * 256 + pairs[small, 1]] = 256 + np.flatnonzero(small)
@@ -71,7 +70,7 @@ class PairTable:
         there = self._keys[slot]  # the key in each one's slot
         wrong = np.flatnonzero((there != keys) & (there != -1))
         while wrong.size:  # collided with another key: look one slot further
-            slot[wrong] = at = (slot[wrong] + 1) & self._mask
+            slot[wrong] = at = slot[wrong] + 1
             there[wrong] = self._keys[at]
             wrong = wrong[(there[wrong] != keys[wrong]) & (there[wrong] != -1)]
         found = self._ids[slot]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import random
+from itertools import compress
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bpe import Tokenizer, TokenizerError
-from bpe.encoder import GPT2_ASCII, WHITESPACE, PairTable, merge_batch, split_words
+from bpe.encoder import GPT2_ASCII, NO_MERGE, WHITESPACE, PairTable, merge_batch, split_words
 from bpe.pretokenize import GPT2_PATTERN, split_text
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -181,3 +182,24 @@ def test_module_examples():
     from bpe import encoder
 
     assert doctest.testmod(encoder).failed == 0
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 3000])
+def test_pair_table_is_a_dict_of_the_merges(n):
+    # the table against a plain dict: every merge found, and pairs that are not merges not found
+    rng = np.random.default_rng(n)
+    merges, seen = [], set()
+    while len(merges) < n:
+        r = len(merges)
+        pair = (int(rng.integers(0, 256 + r)), int(rng.integers(0, 256 + r)))
+        if pair not in seen:
+            seen.add(pair)
+            merges.append(pair)
+    table = PairTable(merges)
+    plain = {pair: 256 + r for r, pair in enumerate(merges)}
+    left = np.concatenate([np.array([a for a, _ in merges], dtype=np.int64), rng.integers(0, 256 + n, 20_000)])
+    right = np.concatenate([np.array([b for _, b in merges], dtype=np.int64), rng.integers(0, 256 + n, 20_000)])
+    expected = [plain.get((a, b), NO_MERGE) for a, b in zip(left.tolist(), right.tolist())]
+    assert table.lookup(left, right).tolist() == expected
+    small = (left < 256) & (right < 256)
+    assert table.lookup_bytes(left[small], right[small]).tolist() == list(compress(expected, small))
