@@ -28,7 +28,8 @@ import numpy as np
 
 from bpe.errors import TokenizerError
 
-NO_MERGE = np.iinfo(np.int32).max  # "merged id" of a pair that has no merge; larger than any id
+NO_MERGE = np.iinfo(np.int32).max - 1  # "merged id" of a pair that has no merge; larger than any id
+END = NO_MERGE + 1  # merge_batch's rank at a chunk's last place, where no pair starts
 _BATCH_BYTES = 1 << 18  # bytes of new chunks merged per merge_batch call (~40 bytes of arrays each)
 
 
@@ -95,17 +96,18 @@ def merge_batch(ids: np.ndarray, lengths: np.ndarray, table: PairTable) -> tuple
     ids = np.array(ids, dtype=np.int32)
     lengths = np.array(lengths, dtype=np.int64)
     which = np.arange(lengths.size)  # the caller's index of each chunk still merging
-    end = np.zeros(ids.size, dtype=bool)  # the last position of a chunk
-    end[np.cumsum(lengths) - 1] = True
-    rank = np.full(ids.size, NO_MERGE, dtype=np.int32)  # merged id of (ids[i], ids[i + 1]) in one chunk
-    inside = np.flatnonzero(~end)
+    # rank[i]: merged id of (ids[i], ids[i + 1]), NO_MERGE if none; END at a chunk's last place
+    rank = np.full(ids.size, END, dtype=np.int32)
+    inside = np.ones(ids.size, dtype=bool)
+    inside[np.cumsum(lengths) - 1] = False
+    inside = np.flatnonzero(inside)
     lookup = table.lookup_bytes if ids.size == 0 or ids.max() < 256 else table.lookup
     rank[inside] = lookup(ids[inside], ids[inside + 1])
     out_ids, out_which, out_lengths = [], [], []
     while ids.size:
         starts = np.cumsum(lengths) - lengths
         best = np.minimum.reduceat(rank, starts)  # each chunk's lowest merged id (= rank)
-        done = best == NO_MERGE  # nothing left to merge: these chunks leave the working set
+        done = best >= NO_MERGE  # nothing left to merge: these chunks leave the working set
         best[done] = -1  # matches no pair
         target = np.repeat(best, lengths)
         hit = rank == target
@@ -119,8 +121,7 @@ def merge_batch(ids: np.ndarray, lengths: np.ndarray, table: PairTable) -> tuple
             after[1:] = hit[:-1]
         merged_at = np.flatnonzero(hit)
         ids[merged_at] = target[merged_at]
-        end[merged_at] = end[merged_at + 1]  # the right half's place at the chunk's end, if it had it
-        drop = after
+        rank[merged_at] = rank[merged_at + 1]  # END stays END: the right half was its chunk's last
         if done.any():
             gone = np.repeat(done, lengths)
             out_ids.append(ids[gone])
@@ -128,15 +129,17 @@ def merge_batch(ids: np.ndarray, lengths: np.ndarray, table: PairTable) -> tuple
             out_lengths.append(lengths[done])
             lengths = (lengths - np.add.reduceat(hit, starts, dtype=np.int64))[~done]
             which = which[~done]
-            drop = after | gone
+            keep = ~(after | gone)
+            new_at = merged_at - np.cumsum(~keep)[merged_at]  # places once the dropped ones are gone
         else:
             lengths -= np.add.reduceat(hit, starts, dtype=np.int64)
-        new_at = merged_at - np.cumsum(drop)[merged_at]  # positions once the dropped ones are gone
-        ids, rank, end = ids[~drop], rank[~drop], end[~drop]
+            keep = ~after
+            new_at = merged_at - np.arange(merged_at.size)  # one right half dropped before each
+        ids, rank = ids[keep], rank[keep]
         # Only the pairs next to a merged token changed: (new, next) and (previous, new).
         changed = np.concatenate([new_at, new_at[new_at > 0] - 1])  # a repeat writes the same rank twice
         following = np.minimum(changed + 1, ids.size - 1)
-        rank[changed] = np.where(end[changed], NO_MERGE, table.lookup(ids[changed], ids[following]))
+        rank[changed] = np.where(rank[changed] == END, END, table.lookup(ids[changed], ids[following]))
     return _in_order(out_ids, out_which, out_lengths)
 
 
