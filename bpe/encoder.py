@@ -4,10 +4,12 @@ What it does: turns a list of pre-token chunks (str) into their ids as one buffe
 unsigned integers (uint16 or uint32, native order), looking each chunk up in a dict at C speed
 (`map(ids.get, chunks)`, `b"".join`: no Python code per chunk) and merging all new chunks of a
 call together with NumPy (`merge_batch`), one round of merges for every chunk at a time. For
-GPT-2's split pattern a first level (`WordCache`) looks whole words up before any chunk: a
-simpler split and fewer lookups.
+GPT-2's split pattern two levels come first: the pieces between single spaces (`PieceCache`,
+cut by `str.split`, no regex) and, for what they leave, whole words (`WordCache`); only new
+words are split into chunks.
 
-What it deliberately does not do: split text into chunks (bpe/pretokenize.py), handle special
+What it deliberately does not do: split text into chunks with a custom pattern
+(bpe/pretokenize.py; GPT-2's pattern for ASCII words is here, in the stdlib's `re`), handle special
 tokens or the tokenizer's policy (bpe/tokenizer.py). The plain one-chunk-at-a-time merge that
 this must equal is `Tokenizer._merge_short`; tests compare the two on many random inputs.
 
