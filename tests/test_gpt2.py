@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -155,3 +156,36 @@ def test_equals_tiktoken_on_real_corpus(gpt2, tiktoken_gpt2, name):
         pytest.skip(f"{name} is not present")
     text = path.read_bytes()[:300_000].decode("utf-8", errors="ignore")
     assert gpt2.encode(text) == tiktoken_gpt2.encode_ordinary(text)
+
+
+# ------------------------------------------------------------------ against the plain merge (no peer needed)
+
+
+IRREGULAR = ["  ", "   ", " \n", "\n ", "\n\n\n", "\r\n", "\t", " \t ", "\xa0 ", " \u2003", "\n    ", "'s ", " 's"]
+
+
+@pytest.mark.parametrize("name", ["gutenberg/valid.txt", "wikitext2/valid.txt", "tinyshakespeare.txt"])
+@pytest.mark.parametrize("fallback", [True, False])
+def test_real_text_with_odd_spacing_equals_plain_merge(gpt2, name, fallback, monkeypatch):
+    # windows of real text with irregular whitespace put in: the piece level (bpe.encoder.PieceCache,
+    # also with its word-level fallback off) and a fresh tokenizer's cold caches give the ids of
+    # the plain split-then-merge-each-chunk loop
+    from bpe import encoder
+    from bpe.pretokenize import split_text
+
+    path = DATA / name
+    if not path.exists():
+        pytest.skip(f"{name} is not present")
+    if not fallback:
+        monkeypatch.setattr(encoder, "_MOSTLY_CLOSED", 0)
+    text = path.read_bytes()[:400_000].decode("utf-8", errors="ignore")
+    rng = np.random.default_rng(len(name) + fallback)
+    tok = Tokenizer.from_tensors(*gpt2.to_tensors())  # cold caches
+    for _ in range(6):
+        start = int(rng.integers(0, len(text) - 6000))
+        window = list(text[start : start + 6000])
+        for at in sorted(rng.integers(0, len(window), 60).tolist(), reverse=True):
+            window.insert(at, IRREGULAR[int(rng.integers(len(IRREGULAR)))])
+        sample = "".join(window)
+        plain = [i for chunk in split_text(sample, gpt2._pattern) for i in gpt2._chunk_ids(chunk)]
+        assert tok.encode(sample) == plain
