@@ -267,6 +267,7 @@ def run_pipeline(
         corpus = sources.store_streams(corpus, run_dir, say)  # validated and locked: now a stream may be read
         stages: dict[str, str] = {}
         try:
+            corpus.val_fingerprint()  # a malformed --val stops the run here, before any training
             tok, stages["tokenizer"], stamp = _tokenizer_stage(corpus, run_dir, vocab_size, quiet, say)
             if stamp is not None and not overwrite:
                 rundir.refuse_conflicts(run_dir, rd.present([checkpoint.TOKENIZER_FILE]), what="a tokenizer trained on another corpus or vocabulary size")

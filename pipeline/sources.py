@@ -163,7 +163,11 @@ class RunCorpus:
         if self.val is None:
             return None
         if "val" not in self._fingerprints:
-            self._fingerprints["val"] = self.val.fingerprint()
+            try:
+                self._fingerprints["val"] = self.val.fingerprint()
+            except TokenizerError as err:  # read with the corpus's options: say so
+                also = f" (--text-field {self.spec.text_field} reads it as JSON lines too)" if self.spec.text_field else ""
+                raise PipelineError(f"--val: {err}{also}") from None
         return self._fingerprints["val"]
 
     def discard(self) -> None:

@@ -541,6 +541,7 @@ def train_model(
             rundir.refuse_conflicts(run_dir, rd.present(own))
         corpus = sources.store_streams(corpus, run_dir, say)  # validated and locked: now a stream may be read
         try:
+            corpus.val_fingerprint()  # a malformed --val stops the run here, before any training
             if tokenizer is None:
                 eot = f" and the special token {corpus.spec.eot!r}" if corpus.spec.eot is not None else ""
                 say(f"no tokenizer given (-t): training one on {corpus.spec.describe()} with the defaults (vocab {DEFAULT_VOCAB_SIZE}){eot}")

@@ -276,6 +276,9 @@ def test_bad_inputs_are_one_line_and_write_nothing(files, tmp_path, capsys):
         (["train-model", empty], "holds no files"),
         (["train-model", files["dir"], "--glob", "*.md"], "holds no files matching --glob"),
         (["train-model", bad, "--text-field", "text"], "bad.jsonl:2: not valid JSON"),
+        # a JSONL corpus's --val is read as JSON lines too: a plain text one is refused before any training
+        (["train-model", files["jsonl"], "--text-field", "text", "--val", files["plain"]], "(--text-field text reads it as JSON lines too)"),
+        (["pipeline", files["jsonl"], "--text-field", "text", "--val", files["plain"]], "--val: "),
         (["train-model", files["plain"], "-t", no_eot, "--eot", EOT], "not a special token of this tokenizer"),
         (["train-model", files["plain"], "--val", tmp_path / "nope.txt"], "--val: corpus file not found"),
         (["pipeline", files["plain"], "--binary", "--text-field", "text"], "--binary and --text-field exclude each other"),
