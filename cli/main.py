@@ -19,6 +19,7 @@ from cli.explain_commands import COMMANDS as EXPLAIN_COMMANDS
 from cli.model_commands import COMMANDS as MODEL_COMMANDS
 from cli.tokenizer_commands import COMMANDS as TOKENIZER_COMMANDS
 from common import FileError
+from common.mpi import launched_rank
 from common.processes import note_interrupt, noted_interrupt
 from pipeline import PipelineError
 from transformer import ModelError
@@ -94,10 +95,12 @@ def _run(argv: list[str] | None) -> int:
         return 0
     except click.UsageError as err:
         hint = f" (see `{err.ctx.command_path} --help`)" if err.ctx is not None else ""
-        click.echo(f"error: {err.format_message()}{hint}", err=True)
+        if launched_rank() == 0:  # under mpirun every rank parses the same flags: one of them says so
+            click.echo(f"error: {err.format_message()}{hint}", err=True)
         return 1
     except click.ClickException as err:
-        click.echo(f"error: {err.format_message()}", err=True)
+        if launched_rank() == 0:
+            click.echo(f"error: {err.format_message()}", err=True)
         return 1
     except USER_ERRORS as err:
         click.echo(f"error: {err}", err=True)

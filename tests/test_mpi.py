@@ -229,6 +229,15 @@ def test_a_mistake_every_rank_makes_is_one_message_led_by_rank_0(tmp_path):
     assert {re.sub(r" \(rank \d+ of 3\)$", "", line) for line in ours} == {expected}
 
 
+@pytest.mark.parametrize("flags", [["--nonsense"], ["--steps", "abc"]])
+def test_a_usage_error_under_mpirun_is_said_once(tmp_path, flags):
+    # click rejects these before any MPI code runs; rank 0 alone prints the line
+    proc = _tk_on_ranks(3, "train-model", str(tmp_path / "c.txt"), "-o", str(tmp_path / "run"), *flags, timeout=30)
+    assert proc.returncode != 0
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(ours) == 1 and "--help" in ours[0], proc.stderr
+
+
 # --- the training executor ----------------------------------------------------------------------
 
 _STEPS_ON_RANKS = """
