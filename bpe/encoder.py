@@ -184,30 +184,27 @@ class _BatchCache:
         values = list(map(self._ids.get, keys))
         if None not in values:
             return values
-        at, missing = _missing(keys, values)
-        new = list(dict.fromkeys(missing))  # each missing key once
-        found = dict(zip(new, self._compute(new)))
-        for i, value in zip(at, map(found.__getitem__, missing)):  # only the missing places
-            values[i] = value
-        self._keep(found)
+        new = list(dict.fromkeys(compress(keys, map(is_, values, repeat(None)))))  # each missing key once
+        self._ids.update(zip(new, self._compute(new)))
+        values = list(map(self._ids.__getitem__, keys))  # a second pass at C speed, not a loop over the new
+        self._forget_long(new)
         return values
+
+    def _forget_long(self, keys: Iterable[str]) -> None:
+        """Drop those of `keys` longer than max_key (computed, used once, not worth keeping)."""
+        if max(map(len, keys), default=0) > self._max_key:
+            for key in keys:
+                if len(key) > self._max_key:
+                    del self._ids[key]
 
     def _keep(self, found: dict[str, bytes]) -> None:
         """Remember `found`, but for its keys longer than max_key."""
-        if max(map(len, found), default=0) > self._max_key:
-            for key in [k for k in found if len(k) > self._max_key]:
-                del found[key]
         self._ids.update(found)
+        self._forget_long(found)
 
     def ids_bytes(self, keys: list[str]) -> bytes:
         """The ids of all `keys`, one after the other, as raw bytes."""
         return b"".join(self.values_of(keys))
-
-
-def _missing(keys: list[str], values: list) -> tuple[list[int], list[str]]:
-    """The places where `values` is None, and the keys there."""
-    at = list(compress(range(len(keys)), map(is_, values, repeat(None))))
-    return at, list(map(keys.__getitem__, at))
 
 
 def _nones(values: list) -> list[int]:
@@ -394,7 +391,8 @@ class PieceCache(_BatchCache):
         new = list(filterfalse(self._ids.__contains__, pieces))
         new = list(compress(new, map(not_, map(_OPEN_ENDS.__contains__, map(str.__getitem__, new, repeat(_LAST))))))
         if new:
-            self._keep(dict(zip(new, self._compute(new))))
+            self._ids.update(zip(new, self._compute(new)))
+            self._forget_long(new)
 
     def _fill(self, pieces: list[str], values: list) -> bool:
         """Fill in the None places of `values`: new closed pieces, and each unit's ids at its
