@@ -161,9 +161,10 @@ class _BatchCache:
     """key (str) -> ids as raw bytes, computing the keys it has not seen yet in one batch.
 
     `values_of` looks every key up at C speed (`map(ids.get, keys)` on a plain dict, which a dict
-    subclass would slow down); the keys not found are computed together (`_compute`) and only
-    their places in the result are filled afterwards. Keys longer than `max_key` are computed but
-    not kept (rare and long: not worth the memory).
+    subclass would slow down); the keys not found are computed together (`_compute`), put in
+    the dict, and every key looked up again (a second C-speed pass, not a Python loop over the
+    new ones). Keys longer than `max_key` are computed but not kept (rare and long: not worth the
+    memory).
     """
 
     def __init__(self, max_key: int) -> None:
@@ -391,8 +392,7 @@ class PieceCache(_BatchCache):
         new = list(filterfalse(self._ids.__contains__, pieces))
         new = list(compress(new, map(not_, map(_OPEN_ENDS.__contains__, map(str.__getitem__, new, repeat(_LAST))))))
         if new:
-            self._ids.update(zip(new, self._compute(new)))
-            self._forget_long(new)
+            self._keep(dict(zip(new, self._compute(new))))
 
     def _fill(self, pieces: list[str], values: list) -> bool:
         """Fill in the None places of `values`: new closed pieces, and each unit's ids at its
