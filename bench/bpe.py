@@ -55,7 +55,7 @@ def _children_maxrss_mb() -> float:
 
 
 def child_train_ours(corpus: str, vocab: int, workers: int) -> dict:
-    from bpe import Tokenizer
+    from tokenkit.bpe import Tokenizer
 
     t0 = time.perf_counter()
     tok = Tokenizer.train([corpus], vocab_size=vocab, workers=workers, quiet=True)
@@ -119,7 +119,7 @@ def child_train_naive(corpus: str, vocab: int) -> dict:
 
 
 def child_train_ours_slice(corpus: str, vocab: int) -> dict:
-    from bpe import Tokenizer
+    from tokenkit.bpe import Tokenizer
 
     data = Path(corpus).read_bytes()[:SLICE_BYTES].decode("utf-8", "ignore").encode("utf-8")
     t0 = time.perf_counter()
@@ -130,7 +130,7 @@ def child_train_ours_slice(corpus: str, vocab: int) -> dict:
 def child_encode_ours(corpus: str, tok_path: str, workers: int) -> dict:
     """`encode_file` as `tk encode -f FILE -o ids.npy` runs it: ids streamed to a .npy (workers 0:
     the default, all cores)."""
-    from bpe import Tokenizer
+    from tokenkit.bpe import Tokenizer
 
     tok = Tokenizer.load(tok_path)  # fresh: empty chunk cache
     with tempfile.TemporaryDirectory() as tmp:
@@ -174,7 +174,7 @@ def child_encode_hf(corpus: str) -> dict:
 
 
 def child_check(corpus: str, tok_path: str) -> dict:
-    from bpe import Tokenizer
+    from tokenkit.bpe import Tokenizer
 
     ours = Tokenizer.load(tok_path).encode_file(corpus, workers=2, quiet=True).tolist()
     text = Path(corpus).read_text(encoding="utf-8")
@@ -320,7 +320,7 @@ def main() -> None:
         bpe_large.compare(bpe_large.ensure_corpus(Path(f"/tmp/tokenkit-python-corpus-{args.large_mb:g}mb.txt"), args.large_mb, "py", []), 32000, 1)
     if not args.skip_encode:
         with tempfile.TemporaryDirectory() as tmp:
-            from bpe import Tokenizer
+            from tokenkit.bpe import Tokenizer
 
             tok_path = Path(tmp) / "gpt2.safetensors"
             Tokenizer.from_gpt2(GPT2 / "encoder.json", GPT2 / "vocab.bpe").save(tok_path)

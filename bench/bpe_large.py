@@ -128,7 +128,7 @@ def compare(corpus: Path, vocab: int, repeats: int) -> None:
           f"{os.cpu_count()} cores, medians of {repeats} (taking turns); memory: peak PSS of the process tree")
     runs: dict[str, list[dict]] = {"ours": [], "hf": []}
     with tempfile.TemporaryDirectory() as tmp:
-        ours_cmd = [sys.executable, "-m", "cli.main", "bpe-train", str(corpus), "--vocab-size", str(vocab),
+        ours_cmd = [sys.executable, "-m", "tokenkit.cli.main", "bpe-train", str(corpus), "--vocab-size", str(vocab),
                     "-o", f"{tmp}/ours.safetensors", "-q"]
         hf_cmd = [sys.executable, __file__, "--child-hf", str(corpus), str(vocab), f"{tmp}/hf.json"]
         for _ in range(repeats):

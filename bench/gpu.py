@@ -33,8 +33,8 @@ import numpy as np
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 
-from transformer import AdamW, GPT, GPTConfig, ModelError  # noqa: E402
-from transformer.backends import get_backend  # noqa: E402
+from tokenkit.transformer import AdamW, GPT, GPTConfig, ModelError  # noqa: E402
+from tokenkit.transformer.backends import get_backend  # noqa: E402
 
 
 def _bench_model():

@@ -26,9 +26,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from common import atomic, safetensors_file  # noqa: E402
-from transformer import GPTConfig  # noqa: E402
-from transformer.config import param_shapes  # noqa: E402
+from tokenkit.common import atomic, safetensors_file  # noqa: E402
+from tokenkit.transformer import GPTConfig  # noqa: E402
+from tokenkit.transformer.config import param_shapes  # noqa: E402
 
 GPT2 = REPO.parent / "shared" / "data" / "gpt2"
 

@@ -32,8 +32,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from transformer import GPT, AdamW, GPTConfig  # noqa: E402
-from transformer.parallel import DataParallel  # noqa: E402
+from tokenkit.transformer import GPT, AdamW, GPTConfig  # noqa: E402
+from tokenkit.transformer.parallel import DataParallel  # noqa: E402
 
 CONFIGS = {  # name: (vocab, context, d_model, layers, heads, batch)
     "S": (256, 64, 128, 4, 4, 12),

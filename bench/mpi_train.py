@@ -49,7 +49,7 @@ def main() -> None:
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         sys.exit("no mpirun on PATH: pip install -e '.[mpi]'")
-    tk = [sys.executable, "-m", "cli.main"]
+    tk = [sys.executable, "-m", "tokenkit.cli.main"]
     with tempfile.TemporaryDirectory() as tmp:
         tok = Path(tmp) / "tok.safetensors"
         subprocess.run([*tk, "bpe-train", str(CORPUS), "--vocab-size", "1024", "-q", "-o", str(tok)], cwd=REPO, check=True)

@@ -35,8 +35,8 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from transformer import GPT, AdamW, GPTConfig, ops  # noqa: E402
-from transformer import model as model_module  # noqa: E402
+from tokenkit.transformer import GPT, AdamW, GPTConfig, ops  # noqa: E402
+from tokenkit.transformer import model as model_module  # noqa: E402
 
 CONFIGS = {  # name: (vocab, context, d_model, layers, heads, batch), as bench/model.py
     "S": (256, 64, 128, 4, 4, 12),

@@ -151,7 +151,7 @@ def main() -> int:
         (scratch / "shared").symlink_to(SHARED)
     shim = scratch / "bin"
     shim.mkdir()
-    (shim / "tk").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m cli.main "$@"\n', encoding="utf-8")
+    (shim / "tk").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tokenkit.cli.main "$@"\n', encoding="utf-8")
     (shim / "tk").chmod(0o755)
     env = {**os.environ, "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
     new_blocks: dict[int, list[str]] = {}

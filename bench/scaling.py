@@ -39,8 +39,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from transformer import GPT, AdamW, GPTConfig  # noqa: E402
-from transformer.parallel import DataParallel  # noqa: E402
+from tokenkit.transformer import GPT, AdamW, GPTConfig  # noqa: E402
+from tokenkit.transformer.parallel import DataParallel  # noqa: E402
 
 CONFIGS = {  # name: (vocab, context, d_model, layers, heads, batch); S, M, L as in bench/model.py
     "S": (256, 64, 128, 4, 4, 12),
@@ -57,7 +57,7 @@ _REDUCE = """
 import statistics, sys, time
 import numpy as np
 from mpi4py import MPI
-from transformer.parallel import ordered_allreduce
+from tokenkit.transformer.parallel import ordered_allreduce
 comm = MPI.COMM_WORLD
 flat = np.ones((1, int(sys.argv[1])), dtype=np.float32)
 out = np.empty(flat.shape[1], dtype=np.float32)

@@ -43,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skip: {args.data} is absent (the reference data lives in ../shared/data)")
         return 0
 
-    from bpe import Tokenizer
-    from pipeline import checkpoint, data
-    from pipeline.train import TrainConfig, train_model
+    from tokenkit.bpe import Tokenizer
+    from tokenkit.pipeline import checkpoint, data
+    from tokenkit.pipeline.train import TrainConfig, train_model
 
     tokenizer = Tokenizer([], pattern="none")  # byte-level: ids 0-255 are the bytes, no merges
     config = TrainConfig(

@@ -10,7 +10,7 @@ byte fallback: the exact bytes go in and come back out), know anything about mod
 files outside `bpe/io.py` (tokenizer and ids files) and `bpe/corpus.py` (corpora: files,
 directories, pipes, compressed files, JSONL).
 
->>> from bpe import Tokenizer
+>>> from tokenkit.bpe import Tokenizer
 >>> tok = Tokenizer.train([b"aaabdaaabac"], vocab_size=259, min_frequency=1, quiet=True)
 >>> tok.merges
 [(97, 97), (97, 98), (256, 257)]
@@ -18,8 +18,8 @@ directories, pipes, compressed files, JSONL).
 'aaabdaaabac'
 """
 
-from bpe.corpus import Corpus
-from bpe.errors import TokenizerError
-from bpe.tokenizer import Tokenizer
+from tokenkit.bpe.corpus import Corpus
+from tokenkit.bpe.errors import TokenizerError
+from tokenkit.bpe.tokenizer import Tokenizer
 
 __all__ = ["Corpus", "Tokenizer", "TokenizerError"]

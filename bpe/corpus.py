@@ -48,8 +48,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import BinaryIO, NamedTuple, Union
 
-from bpe.errors import TokenizerError
-from bpe.pretokenize import CUT_CONTEXT, find_cut
+from tokenkit.bpe.errors import TokenizerError
+from tokenkit.bpe.pretokenize import CUT_CONTEXT, find_cut
 
 __all__ = ["Corpus", "FileRange", "Piece", "as_corpus", "file_ranges", "find_file_cut", "read_range", "zstd_available"]
 
@@ -146,7 +146,7 @@ class _Input(NamedTuple):
 
 
 def _warn_stderr(message: str) -> None:
-    from bpe import io  # the terminal is io's
+    from tokenkit.bpe import io  # the terminal is io's
 
     io.print_line(f"warning: {message}")
 

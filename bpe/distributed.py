@@ -34,13 +34,13 @@ from typing import Iterator
 import numpy as np
 from tqdm import tqdm
 
-from bpe import io
-from bpe.corpus import Corpus, FileRange, find_file_cut
-from bpe.errors import TokenizerError
-from bpe.encode_corpus import encoded_tasks, eot_id, file_tasks
-from bpe.pretokenize import _BUILTIN, count_chunks, resolve_pattern
-from bpe.tokenizer import Tokenizer
-from common.mpi import recv_arrays, reduce_to_root, send_arrays
+from tokenkit.bpe import io
+from tokenkit.bpe.corpus import Corpus, FileRange, find_file_cut
+from tokenkit.bpe.errors import TokenizerError
+from tokenkit.bpe.encode_corpus import encoded_tasks, eot_id, file_tasks
+from tokenkit.bpe.pretokenize import _BUILTIN, count_chunks, resolve_pattern
+from tokenkit.bpe.tokenizer import Tokenizer
+from tokenkit.common.mpi import recv_arrays, reduce_to_root, send_arrays
 
 __all__ = ["Split", "encode_file", "pack_counts", "split_files", "train", "unpack_counts"]
 

@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 from tqdm import tqdm
 
-from bpe import io
-from bpe.corpus import Corpus, file_ranges, read_range
-from bpe.errors import TokenizerError
-from bpe.pretokenize import _BUILTIN
-from common.processes import die_with_parent
+from tokenkit.bpe import io
+from tokenkit.bpe.corpus import Corpus, file_ranges, read_range
+from tokenkit.bpe.errors import TokenizerError
+from tokenkit.bpe.pretokenize import _BUILTIN
+from tokenkit.common.processes import die_with_parent
 
 if TYPE_CHECKING:
-    from bpe.tokenizer import Tokenizer
+    from tokenkit.bpe.tokenizer import Tokenizer
 
 __all__ = ["Encoded", "Part", "encode_corpus", "encoded_tasks", "eot_id", "file_tasks", "tasks_of"]
 
@@ -252,7 +252,7 @@ def _worker_init(parent: int, packed: tuple[dict[str, np.ndarray], dict[str, str
     global _worker_tok
     die_with_parent(parent)
     if packed is not None:
-        from bpe.tokenizer import Tokenizer
+        from tokenkit.bpe.tokenizer import Tokenizer
 
         _worker_tok = Tokenizer.from_tensors(*packed)
 

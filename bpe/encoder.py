@@ -28,7 +28,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from bpe.errors import TokenizerError
+from tokenkit.bpe.errors import TokenizerError
 
 NO_MERGE = np.iinfo(np.int32).max - 1  # "merged id" of a pair that has no merge; larger than any id
 END = NO_MERGE + 1  # merge_batch's rank at a chunk's last place, where no pair starts

@@ -35,8 +35,8 @@ import string
 
 import regex
 
-from bpe.errors import TokenizerError
-from bpe.pretokenize import GPT2_PATTERN, GPT4_PATTERN
+from tokenkit.bpe.errors import TokenizerError
+from tokenkit.bpe.pretokenize import GPT2_PATTERN, GPT4_PATTERN
 
 # tiktoken's own spellings of the built-in patterns (equivalent to ours; tested against tiktoken)
 TIKTOKEN_GPT2 = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
@@ -46,7 +46,7 @@ _KNOWN = {GPT2_PATTERN: "gpt2", TIKTOKEN_GPT2: "gpt2", TIKTOKEN_GPT2_OLD: "gpt2"
 
 
 def _byte_table() -> dict[int, str]:
-    from bpe.io import bytes_to_unicode  # the one copy of GPT-2's table (bpe.io imports nothing of ours back)
+    from tokenkit.bpe.io import bytes_to_unicode  # the one copy of GPT-2's table (bpe.io imports nothing of ours back)
 
     return bytes_to_unicode()
 

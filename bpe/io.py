@@ -39,11 +39,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from bpe import interop
-from bpe.errors import TokenizerError
-from bpe.pretokenize import PATTERNS, resolve_pattern
-from common import jsonsafe
-from common import FileError, atomic, safetensors_file
+from tokenkit.bpe import interop
+from tokenkit.bpe.errors import TokenizerError
+from tokenkit.bpe.pretokenize import PATTERNS, resolve_pattern
+from tokenkit.common import jsonsafe
+from tokenkit.common import FileError, atomic, safetensors_file
 
 FORMAT = "tokenkit.bpe"
 FORMAT_VERSION = "1"

@@ -37,8 +37,8 @@ from multiprocessing import get_context
 import regex
 from tqdm import tqdm
 
-from bpe.errors import TokenizerError
-from common.processes import die_with_parent
+from tokenkit.bpe.errors import TokenizerError
+from tokenkit.common.processes import die_with_parent
 
 __all__ = ["GPT2_PATTERN", "GPT4_PATTERN", "PATTERNS", "count_chunks", "find_cut", "resolve_pattern", "split_text"]
 
@@ -157,7 +157,7 @@ def count_chunks(
     >>> count_chunks([b"to be or not to be"], "gpt2", workers=1)
     {b' be': 2, b' not': 1, b' or': 1, b' to': 1, b'to': 1}
     """
-    from bpe.corpus import as_corpus  # bpe.corpus reads with this module's cut rule
+    from tokenkit.bpe.corpus import as_corpus  # bpe.corpus reads with this module's cut rule
 
     corpus = as_corpus(sources)
     pattern = resolve_pattern(pattern)

@@ -37,12 +37,12 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import regex
 
-from bpe import encode_corpus, interop, io
-from bpe.corpus import Corpus, as_corpus
-from bpe.encoder import ChunkCache, PairTable, PieceCache, WordCache
-from bpe.errors import TokenizerError
-from bpe.pretokenize import GPT2_PATTERN, PATTERNS, count_chunks, resolve_pattern, split_text
-from bpe.trainer import train_merges
+from tokenkit.bpe import encode_corpus, interop, io
+from tokenkit.bpe.corpus import Corpus, as_corpus
+from tokenkit.bpe.encoder import ChunkCache, PairTable, PieceCache, WordCache
+from tokenkit.bpe.errors import TokenizerError
+from tokenkit.bpe.pretokenize import GPT2_PATTERN, PATTERNS, count_chunks, resolve_pattern, split_text
+from tokenkit.bpe.trainer import train_merges
 
 _NO_MERGE = 1 << 62  # "rank" of a pair that has no merge; larger than any id
 _LONG_CHUNK = 64  # from this many bytes on, merge with a heap instead of rescanning the chunk

@@ -41,7 +41,7 @@ from heapq import heapify, heappop, heappush, heapreplace
 import numpy as np
 from tqdm import tqdm
 
-from bpe.errors import TokenizerError
+from tokenkit.bpe.errors import TokenizerError
 
 __all__ = ["TrainResult", "pack_pair", "train_merges", "train_merges_naive", "unpack_pair"]
 

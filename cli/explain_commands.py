@@ -11,10 +11,10 @@ from pathlib import Path
 
 import click
 
-from cli.explain_render import plot_attention, render, render_tokens, show_token
-from cli.launch import check_device, device_option
-from pipeline.checkpoint import load_model
-from transformer.explain import EXAMPLES, Explanation, explain_example, explain_model
+from tokenkit.cli.explain_render import plot_attention, render, render_tokens, show_token
+from tokenkit.cli.launch import check_device, device_option
+from tokenkit.pipeline.checkpoint import load_model
+from tokenkit.transformer.explain import EXAMPLES, Explanation, explain_example, explain_model
 
 _EXAMPLE_LIST = "; ".join(f"{name} ({what})" for name, (what, _) in EXAMPLES.items())
 

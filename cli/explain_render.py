@@ -18,8 +18,8 @@ from pathlib import Path
 import click
 import numpy as np
 
-from pipeline.checkpoint import atomic_path
-from transformer.explain import Explanation, Step
+from tokenkit.pipeline.checkpoint import atomic_path
+from tokenkit.transformer.explain import Explanation, Step
 
 CORNER = 8  # rows and columns shown of a large matrix without --full
 LABEL_WIDTH = 16  # longest column label shown before it is cut

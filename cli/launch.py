@@ -12,11 +12,11 @@ from contextlib import nullcontext
 
 import click
 
-from bpe import TokenizerError
-from common import FileError, mpi
-from pipeline import PipelineError
-from transformer import ModelError
-from transformer.backends import get_backend
+from tokenkit.bpe import TokenizerError
+from tokenkit.common import FileError, mpi
+from tokenkit.pipeline import PipelineError
+from tokenkit.transformer import ModelError
+from tokenkit.transformer.backends import get_backend
 
 
 def mpi_world():
@@ -49,7 +49,7 @@ def device_option(func):
     """`--device cpu|cuda`: where a command's model math runs."""
     return click.option(
         "--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-        help="where the model's math runs: cpu (NumPy) or cuda (CuPy on an NVIDIA GPU; pip install -e '.[gpu]')",
+        help="where the model's math runs: cpu (NumPy) or cuda (CuPy on an NVIDIA GPU; pip install 'tokenkit[gpu]')",
     )(func)
 
 

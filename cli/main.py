@@ -14,15 +14,15 @@ from importlib.metadata import PackageNotFoundError, version
 
 import click
 
-from bpe import TokenizerError
-from cli.explain_commands import COMMANDS as EXPLAIN_COMMANDS
-from cli.model_commands import COMMANDS as MODEL_COMMANDS
-from cli.tokenizer_commands import COMMANDS as TOKENIZER_COMMANDS
-from common import FileError
-from common.mpi import launched_rank
-from common.processes import note_interrupt, noted_interrupt
-from pipeline import PipelineError
-from transformer import ModelError
+from tokenkit.bpe import TokenizerError
+from tokenkit.cli.explain_commands import COMMANDS as EXPLAIN_COMMANDS
+from tokenkit.cli.model_commands import COMMANDS as MODEL_COMMANDS
+from tokenkit.cli.tokenizer_commands import COMMANDS as TOKENIZER_COMMANDS
+from tokenkit.common import FileError
+from tokenkit.common.mpi import launched_rank
+from tokenkit.common.processes import note_interrupt, noted_interrupt
+from tokenkit.pipeline import PipelineError
+from tokenkit.transformer import ModelError
 
 USER_ERRORS = (TokenizerError, ModelError, PipelineError, FileError)
 

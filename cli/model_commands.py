@@ -15,14 +15,14 @@ from typing import Any
 
 import click
 
-from cli.launch import abort_on_error, check_device, device_option, mpi_world
-from cli.tokenizer_commands import corpus_options
-from pipeline import PipelineError, checkpoint, hf
-from pipeline.config import load_config_file
-from pipeline.sources import CorpusSpec
-from pipeline.ranks import Ranks
-from pipeline.run import generate, load_model_and_tokenizer, load_tokenizer, predict_next, run_pipeline, token_text
-from pipeline.train import (
+from tokenkit.cli.launch import abort_on_error, check_device, device_option, mpi_world
+from tokenkit.cli.tokenizer_commands import corpus_options
+from tokenkit.pipeline import PipelineError, checkpoint, hf
+from tokenkit.pipeline.config import load_config_file
+from tokenkit.pipeline.sources import CorpusSpec
+from tokenkit.pipeline.ranks import Ranks
+from tokenkit.pipeline.run import generate, load_model_and_tokenizer, load_tokenizer, predict_next, run_pipeline, token_text
+from tokenkit.pipeline.train import (
     DEFAULT_VOCAB_SIZE,
     StartFrom,
     TrainConfig,

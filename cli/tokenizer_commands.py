@@ -13,13 +13,13 @@ import click
 
 import numpy as np
 
-from bpe import Tokenizer
-from bpe import io as bpe_io
-from bpe.corpus import Corpus
-from bpe.encode_corpus import encode_corpus, eot_id
-from bpe.tokenizer import describe_merge
-from cli.launch import abort_on_error, mpi_world
-from pipeline.run import load_tokenizer
+from tokenkit.bpe import Tokenizer
+from tokenkit.bpe import io as bpe_io
+from tokenkit.bpe.corpus import Corpus
+from tokenkit.bpe.encode_corpus import encode_corpus, eot_id
+from tokenkit.bpe.tokenizer import describe_merge
+from tokenkit.cli.launch import abort_on_error, mpi_world
+from tokenkit.pipeline.run import load_tokenizer
 
 _STOP_REASONS = {
     "vocab_size": "the vocabulary reached --vocab-size",
@@ -96,7 +96,7 @@ def _bpe_train(comm, corpus, vocab_size, min_frequency, pattern, specials, worke
     if comm is None:
         tok = Tokenizer.train(corpus, workers=workers, **options)
     else:  # within a rank, one process unless --workers says otherwise
-        from bpe import distributed
+        from tokenkit.bpe import distributed
 
         tok, split = distributed.train(comm, corpus, workers=workers or 1, **options)
         if tok is None:  # not rank 0: its counts went to rank 0, which writes and reports
@@ -162,7 +162,7 @@ def _encode(comm, tokenizer_path, text, file, as_json, output, allow_special, sp
     disallowed = () if specials_as_text else "all"
     split = None
     if file is not None and comm is not None:  # within a rank, one process unless --workers says otherwise
-        from bpe import distributed
+        from tokenkit.bpe import distributed
 
         arr, split = distributed.encode_file(comm, tok, file, output, workers=workers or 1, quiet=quiet,
                                              allowed_special=allowed, disallowed_special=disallowed, eot=eot)

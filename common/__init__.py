@@ -4,6 +4,6 @@
 What it deliberately does not do: any tokenizer or model math, or decide what a file holds.
 """
 
-from common.errors import FileError
+from tokenkit.common.errors import FileError
 
 __all__ = ["FileError"]

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from common.errors import FileError
+from tokenkit.common.errors import FileError
 
 _TEMP = re.compile(r"^\..+\.tk-(\d+)-[0-9a-f]{8}\.tmp$")
 

@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any
 
-from common.errors import FileError
+from tokenkit.common.errors import FileError
 
 MAX_DEPTH = 64
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)

@@ -32,7 +32,7 @@ import numpy as np
 __all__ = ["INSTALL_HINT", "abort_on_error", "launched_rank", "launched_size", "recv_arrays", "reduce_to_root",
            "send_arrays", "world"]
 
-INSTALL_HINT = "pip install -e '.[mpi]'"
+INSTALL_HINT = "pip install 'tokenkit[mpi]'"
 
 _SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")

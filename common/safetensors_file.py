@@ -29,8 +29,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from common import jsonsafe
-from common.errors import FileError
+from tokenkit.common import jsonsafe
+from tokenkit.common.errors import FileError
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
 

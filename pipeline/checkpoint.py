@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from bpe import Tokenizer, TokenizerError
-from common import FileError, atomic, jsonsafe, safetensors_file
-from pipeline.errors import PipelineError
-from transformer import GPT, ModelError
-from transformer import io as model_io
+from tokenkit.bpe import Tokenizer, TokenizerError
+from tokenkit.common import FileError, atomic, jsonsafe, safetensors_file
+from tokenkit.pipeline.errors import PipelineError
+from tokenkit.transformer import GPT, ModelError
+from tokenkit.transformer import io as model_io
 
 MODEL_FORMAT = model_io.FORMAT
 STATE_FORMAT = "tokenkit.train_state"

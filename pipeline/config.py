@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import FileError, jsonsafe
-from pipeline.errors import PipelineError
-from transformer import GPTConfig
+from tokenkit.common import FileError, jsonsafe
+from tokenkit.pipeline.errors import PipelineError
+from tokenkit.transformer import GPTConfig
 
 try:  # Python >= 3.11
     import tomllib

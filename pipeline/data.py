@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from common import atomic
-from pipeline import checkpoint
-from pipeline.errors import PipelineError
-from pipeline.sources import CorpusSpec, check_eot, open_corpus, remove_pending, store_streams
+from tokenkit.common import atomic
+from tokenkit.pipeline import checkpoint
+from tokenkit.pipeline.errors import PipelineError
+from tokenkit.pipeline.sources import CorpusSpec, check_eot, open_corpus, remove_pending, store_streams
 
 _MASK64 = (1 << 64) - 1
 # What a token file's ids depend on: the fields of `TokenData.key()` and of a run's data record.

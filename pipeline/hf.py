@@ -35,14 +35,14 @@ from typing import Any
 
 import numpy as np
 
-from bpe import Tokenizer, TokenizerError
-from common import FileError, jsonsafe, safetensors_file
-from pipeline import checkpoint
-from pipeline.errors import PipelineError
-from pipeline.run import load_model_and_tokenizer
-from transformer import GPTConfig, ModelError
-from transformer.config import param_shapes
-from transformer.ops import LN_EPS
+from tokenkit.bpe import Tokenizer, TokenizerError
+from tokenkit.common import FileError, jsonsafe, safetensors_file
+from tokenkit.pipeline import checkpoint
+from tokenkit.pipeline.errors import PipelineError
+from tokenkit.pipeline.run import load_model_and_tokenizer
+from tokenkit.transformer import GPTConfig, ModelError
+from tokenkit.transformer.config import param_shapes
+from tokenkit.transformer.ops import LN_EPS
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from bpe import Tokenizer
-from bpe.io import deserialize, serialize
-from common import jsonsafe
-from pipeline.errors import PipelineError
-from transformer.runtime import available_cores
+from tokenkit.bpe import Tokenizer
+from tokenkit.bpe.io import deserialize, serialize
+from tokenkit.common import jsonsafe
+from tokenkit.pipeline.errors import PipelineError
+from tokenkit.transformer.runtime import available_cores
 
 _POLL_S = 0.01  # a waiting follower sleeps between polls instead of spinning on a core rank 0 needs
 

@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from bpe import Tokenizer
-from pipeline import checkpoint, data, rundir, sources
-from pipeline.errors import PipelineError
-from transformer.backends import as_host
-from pipeline.ranks import Ranks
-from pipeline.train import (
+from tokenkit.bpe import Tokenizer
+from tokenkit.pipeline import checkpoint, data, rundir, sources
+from tokenkit.pipeline.errors import PipelineError
+from tokenkit.transformer.backends import as_host
+from tokenkit.pipeline.ranks import Ranks
+from tokenkit.pipeline.train import (
     DEFAULT_VOCAB_SIZE,
     TrainConfig,
     TrainResult,

@@ -22,9 +22,9 @@ import errno
 import os
 from pathlib import Path
 
-from common import atomic
-from pipeline import checkpoint
-from pipeline.errors import PipelineError
+from tokenkit.common import atomic
+from tokenkit.pipeline import checkpoint
+from tokenkit.pipeline.errors import PipelineError
 
 try:
     import fcntl

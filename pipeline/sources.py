@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bpe import Corpus, TokenizerError
-from bpe.corpus import BLOCK_BYTES
-from bpe.encode_corpus import eot_id
-from common import atomic
-from pipeline import checkpoint
-from pipeline.errors import PipelineError
+from tokenkit.bpe import Corpus, TokenizerError
+from tokenkit.bpe.corpus import BLOCK_BYTES
+from tokenkit.bpe.encode_corpus import eot_id
+from tokenkit.common import atomic
+from tokenkit.pipeline import checkpoint
+from tokenkit.pipeline.errors import PipelineError
 
 @dataclass(frozen=True)
 class CorpusSpec:

@@ -41,17 +41,17 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from bpe import Tokenizer
-from common.processes import note_interrupt
-from pipeline import checkpoint, data, rundir, sources
-from pipeline.config import DEFAULT_VOCAB_SIZE, MODEL_FIELDS, TrainConfig, _coerce, _flag
-from pipeline.errors import PipelineError
-from pipeline.ranks import Ranks
-from transformer import GPT, AdamW, GPTConfig, clip_grad_norm, cosine_schedule
-from transformer.backends import get_backend
-from transformer.memory import check_memory
-from transformer.parallel import DataParallel, MPIDataParallel, shard_rows
-from transformer.runtime import available_cores
+from tokenkit.bpe import Tokenizer
+from tokenkit.common.processes import note_interrupt
+from tokenkit.pipeline import checkpoint, data, rundir, sources
+from tokenkit.pipeline.config import DEFAULT_VOCAB_SIZE, MODEL_FIELDS, TrainConfig, _coerce, _flag
+from tokenkit.pipeline.errors import PipelineError
+from tokenkit.pipeline.ranks import Ranks
+from tokenkit.transformer import GPT, AdamW, GPTConfig, clip_grad_norm, cosine_schedule
+from tokenkit.transformer.backends import get_backend
+from tokenkit.transformer.memory import check_memory
+from tokenkit.transformer.parallel import DataParallel, MPIDataParallel, shard_rows
+from tokenkit.transformer.runtime import available_cores
 
 
 # --- the run ---------------------------------------------------------------------------------

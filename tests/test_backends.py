@@ -22,14 +22,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import transformer.backends as backends
-from transformer import GPT, GPTConfig, ModelError, ops
-from transformer import reference as ref
-from transformer.backends import cpu as cpu_ops
-from transformer.backends import cuda_source
-from transformer.backends.cuda_twins import TwinKernels, twin_backend
-from transformer.backends.device_ops import DeviceOps
-from transformer.parallel import DataParallel
+import tokenkit.transformer.backends as backends
+from tokenkit.transformer import GPT, GPTConfig, ModelError, ops
+from tokenkit.transformer import reference as ref
+from tokenkit.transformer.backends import cpu as cpu_ops
+from tokenkit.transformer.backends import cuda_source
+from tokenkit.transformer.backends.cuda_twins import TwinKernels, twin_backend
+from tokenkit.transformer.backends.device_ops import DeviceOps
+from tokenkit.transformer.parallel import DataParallel
 
 ROOT = Path(__file__).resolve().parents[1]
 TWIN = twin_backend()
@@ -80,7 +80,7 @@ def test_cuda_without_cupy_says_how_to_install(monkeypatch):
     with pytest.raises(ModelError) as err:
         backends.get_backend("cuda")
     text = str(err.value)
-    assert "needs CuPy" in text and "pip install -e '.[gpu]'" in text and "\n" not in text, text
+    assert "needs CuPy" in text and "pip install 'tokenkit[gpu]'" in text and "\n" not in text, text
     with pytest.raises(ModelError, match="needs CuPy"):
         GPT(GPTConfig(vocab_size=8, context_length=4, d_model=8, n_layers=1, n_heads=2), device="cuda")
 
@@ -120,7 +120,7 @@ def test_a_cpu_run_never_imports_cupy(tmp_path):
     code = """
 import sys
 import numpy as np
-from transformer import GPT, GPTConfig, AdamW, clip_grad_norm
+from tokenkit.transformer import GPT, GPTConfig, AdamW, clip_grad_norm
 m = GPT(GPTConfig(vocab_size=16, context_length=8, d_model=16, n_layers=1, n_heads=2), seed=0, device="cpu")
 opt = AdamW(m.params, lr=1e-3)
 loss, grads = m.loss_and_grads(np.zeros((2, 8), int), np.ones((2, 8), int))
@@ -130,7 +130,7 @@ list(m.generate([1, 2], 3, temperature=0))
 m.save(sys.argv[1])
 GPT.load(sys.argv[1])
 assert not any(name == "cupy" or name.startswith("cupy.") for name in sys.modules), "cupy was imported"
-assert "transformer.backends.cuda" not in sys.modules
+assert "tokenkit.transformer.backends.cuda" not in sys.modules
 """
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "m.safetensors")], cwd=ROOT, check=True)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli.main import main
+from tokenkit.cli.main import main
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; the death signal is Linux's")
 
@@ -75,7 +75,7 @@ def _stop_while_busy(tmp_path: Path, args: list, sig: int, ready=lambda: True) -
     err_path = tmp_path / "stderr.txt"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(err_path, "wb") as err:  # a file, not a pipe: an orphan holding a pipe would block its reading
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", *map(str, args)], cwd=REPO, env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "tokenkit.cli.main", *map(str, args)], cwd=REPO, env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
     kids: set[int] = set()
     try:

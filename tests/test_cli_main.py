@@ -1,6 +1,6 @@
 """The `tk` group itself: help, version, and the one-line error for an unknown command."""
 
-from cli.main import main
+from tokenkit.cli.main import main
 
 
 def test_bare_tk_prints_the_help_and_succeeds(capsys):

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli.main import main
-from pipeline import checkpoint
-from pipeline.checkpoint import load_model, load_train_state
+from tokenkit.cli.main import main
+from tokenkit.pipeline import checkpoint
+from tokenkit.pipeline.checkpoint import load_model, load_train_state
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["--n-layers", "2", "--n-heads", "2", "--d-model", "64", "--context-length", "16"]
@@ -128,8 +128,8 @@ def test_generate_streams_the_rule(run, capsys):
 
 
 def test_generate_holds_partial_utf8_until_the_character_completes():
-    from bpe import Tokenizer
-    from pipeline.run import generate
+    from tokenkit.bpe import Tokenizer
+    from tokenkit.pipeline.run import generate
 
     tok = Tokenizer([])  # byte-level: every multi-byte character takes several tokens
 
@@ -265,7 +265,7 @@ def test_ctrl_c_then_resume_equals_uninterrupted(corpus, run, tmp_path, monkeypa
     whole, split = tmp_path / "whole", tmp_path / "split"
     assert main(["train-model", str(corpus), "-o", str(whole), *tok, *RESUME_FLAGS]) == 0
 
-    from transformer.parallel import DataParallel
+    from tokenkit.transformer.parallel import DataParallel
 
     real = DataParallel.loss_and_grads
     calls = {"n": 0}
@@ -296,7 +296,7 @@ def test_ctrl_c_then_resume_equals_uninterrupted(corpus, run, tmp_path, monkeypa
 def test_sigkill_at_any_moment_leaves_loadable_checkpoints(corpus, run, tmp_path):
     """Kill a training process (saving every step) at several moments; every time the files load."""
     run_dir = tmp_path / "killed"
-    args = [sys.executable, "-m", "cli.main", "train-model", str(corpus), "-o", str(run_dir),
+    args = [sys.executable, "-m", "tokenkit.cli.main", "train-model", str(corpus), "-o", str(run_dir),
             "-t", str(run / "tokenizer.safetensors"), *SMALL, "--batch-size", "8", "--steps", "150", "--eval-interval", "1",
             "--eval-batches", "1", "--quiet"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -323,7 +323,7 @@ def test_sigkill_at_any_moment_leaves_loadable_checkpoints(corpus, run, tmp_path
 
 
 def test_nan_loss_stops_with_the_last_good_checkpoint(corpus, run, tmp_path, monkeypatch, capsys):
-    from transformer.parallel import DataParallel
+    from tokenkit.transformer.parallel import DataParallel
 
     real = DataParallel.loss_and_grads
     calls = {"n": 0}
@@ -407,7 +407,7 @@ def test_config_file_and_flags(corpus, run, tmp_path, capsys):
 
 
 def test_pipeline_after_ctrl_c_resumes_training(corpus, tmp_path, monkeypatch, capsys):
-    from transformer.parallel import DataParallel
+    from tokenkit.transformer.parallel import DataParallel
 
     real = DataParallel.loss_and_grads
     calls = {"n": 0}
@@ -449,8 +449,8 @@ def test_short_run_gets_a_warmup_that_fits_and_a_finished_run_says_so(corpus, ru
 def cuda_as_twins(monkeypatch):
     """`--device cuda` runs on the CUDA kernels' NumPy twins: the model's device path (device ops,
     set_params, host_params, host logits) without a GPU."""
-    from transformer import backends
-    from transformer.backends.cuda_twins import twin_backend
+    from tokenkit.transformer import backends
+    from tokenkit.transformer.backends.cuda_twins import twin_backend
 
     monkeypatch.setitem(backends._BACKENDS, "cuda", twin_backend())
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bpe import Tokenizer
-from cli.main import main
+from tokenkit.bpe import Tokenizer
+from tokenkit.cli.main import main
 
 GPT2 = Path(__file__).parents[1] / ".." / "shared" / "data" / "gpt2"
 COMMANDS = ["bpe-train", "encode", "decode", "bpe-import", "bpe-export"]

@@ -18,9 +18,9 @@ import regex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bpe import Tokenizer, TokenizerError
-from bpe.encoder import GPT2_ASCII, NO_MERGE, WHITESPACE, PairTable, merge_batch, split_words
-from bpe.pretokenize import GPT2_PATTERN, split_text
+from tokenkit.bpe import Tokenizer, TokenizerError
+from tokenkit.bpe.encoder import GPT2_ASCII, NO_MERGE, WHITESPACE, PairTable, merge_batch, split_words
+from tokenkit.bpe.pretokenize import GPT2_PATTERN, split_text
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 # Letters, digits, punctuation, apostrophes, every kind of whitespace (and U+001C, which the
@@ -121,7 +121,7 @@ def test_uint32_ids():
 
 
 def test_small_batches_give_the_same_ids(monkeypatch):
-    from bpe import encoder
+    from tokenkit.bpe import encoder
 
     tok = random_tokenizer(5)
     text = "".join(random.Random(9).choice(ALPHABET) for _ in range(3000))
@@ -166,7 +166,7 @@ PROSE = "aab cd'sl t0.,!?-   \n\n\n\t\r\xa0\u2003é日😀"
 @given(text=st.text(alphabet=PROSE, max_size=300) | st.lists(st.sampled_from(["ab", "a", " ", "  ", "\n", " \n", "\n ", "\t", "c.", "'s", "é"]), max_size=60).map("".join))
 def test_pieces_equal_plain_merge(monkeypatch, text):
     # the piece level (bpe.encoder.PieceCache) alone: never handing the text to the word level
-    from bpe import encoder
+    from tokenkit.bpe import encoder
 
     monkeypatch.setattr(encoder, "_MOSTLY_CLOSED", 0)
     tok = _piece_tokenizer()  # its cache warms over the examples
@@ -179,7 +179,7 @@ def test_pieces_equal_plain_merge(monkeypatch, text):
 def test_module_examples():
     import doctest
 
-    from bpe import encoder
+    from tokenkit.bpe import encoder
 
     assert doctest.testmod(encoder).failed == 0
 

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bpe import Tokenizer
-from cli.main import main
-from pipeline.checkpoint import save_model
-from transformer import GPT, GPTConfig, ModelError
-from transformer.explain import EXAMPLES, explain_example, explain_model, parse_printed
+from tokenkit.bpe import Tokenizer
+from tokenkit.cli.main import main
+from tokenkit.pipeline.checkpoint import save_model
+from tokenkit.transformer import GPT, GPTConfig, ModelError
+from tokenkit.transformer.explain import EXAMPLES, explain_example, explain_model, parse_printed
 
 TEXT = "Once upon a time, a shy fox found a red ball."
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bpe import Tokenizer, TokenizerError
+from tokenkit.bpe import Tokenizer, TokenizerError
 
 DATA = Path(__file__).parents[1] / ".." / "shared" / "data"
 GPT2 = DATA / "gpt2"
@@ -170,8 +170,8 @@ def test_real_text_with_odd_spacing_equals_plain_merge(gpt2, name, fallback, mon
     # windows of real text with irregular whitespace put in: the piece level (bpe.encoder.PieceCache,
     # also with its word-level fallback off) and a fresh tokenizer's cold caches give the ids of
     # the plain split-then-merge-each-chunk loop
-    from bpe import encoder
-    from bpe.pretokenize import split_text
+    from tokenkit.bpe import encoder
+    from tokenkit.bpe.pretokenize import split_text
 
     path = DATA / name
     if not path.exists():

@@ -11,10 +11,10 @@ import pytest
 
 cupy = pytest.importorskip("cupy")
 
-from transformer import GPT, AdamW, GPTConfig, ModelError, clip_grad_norm, ops  # noqa: E402
-from transformer import reference as ref  # noqa: E402
-from transformer.backends import get_backend, set_tf32  # noqa: E402
-from transformer.backends.cuda_twins import TwinKernels  # noqa: E402
+from tokenkit.transformer import GPT, AdamW, GPTConfig, ModelError, clip_grad_norm, ops  # noqa: E402
+from tokenkit.transformer import reference as ref  # noqa: E402
+from tokenkit.transformer.backends import get_backend, set_tf32  # noqa: E402
+from tokenkit.transformer.backends.cuda_twins import TwinKernels  # noqa: E402
 
 try:
     CUDA = get_backend("cuda")

@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bpe import Tokenizer
-from cli.main import main
-from common import safetensors_file
-from pipeline import checkpoint
-from pipeline.run import predict_next
-from transformer import GPT, GPTConfig
+from tokenkit.bpe import Tokenizer
+from tokenkit.cli.main import main
+from tokenkit.common import safetensors_file
+from tokenkit.pipeline import checkpoint
+from tokenkit.pipeline.run import predict_next
+from tokenkit.transformer import GPT, GPTConfig
 
 TEXT = "Once upon a time, there was a brave fox named Max. He lived in a cave near the pond. " * 20
 PROMPT = "Once upon a time, there was a"

@@ -36,12 +36,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bpe import Tokenizer, TokenizerError
-from bpe import io as bpe_io
-from bpe.pretokenize import GPT2_PATTERN, GPT4_PATTERN
-from common.errors import FileError
-from pipeline import PipelineError
-from transformer import GPT, GPTConfig, ModelError
+from tokenkit.bpe import Tokenizer, TokenizerError
+from tokenkit.bpe import io as bpe_io
+from tokenkit.bpe.pretokenize import GPT2_PATTERN, GPT4_PATTERN
+from tokenkit.common.errors import FileError
+from tokenkit.pipeline import PipelineError
+from tokenkit.transformer import GPT, GPTConfig, ModelError
 
 USER_ERRORS = (TokenizerError, ModelError, PipelineError, FileError)
 HERE = Path(__file__).resolve()
@@ -328,7 +328,7 @@ def _use(kind: str, path: Path) -> None:
         tok = Tokenizer.load(path)
         tok.decode(tok.encode("hello world aaaa ünïcode"))
     elif kind == "model":
-        from pipeline.checkpoint import load_model
+        from tokenkit.pipeline.checkpoint import load_model
 
         model, tok, _ = load_model(path)
         ids = tok.encode("once upon")[-model.config.context_length :] or [0]
@@ -347,8 +347,8 @@ def fuzz(kind: str, source: Path, seed: int, n: int) -> dict:
     """Run n seeded mutants of `source` through `_use` (see the module docstring)."""
     import resource
 
-    import pipeline.checkpoint  # noqa: F401 — imported before the cap, like everything else
-    from cli.main import main  # noqa: F401
+    import tokenkit.pipeline.checkpoint  # noqa: F401 — imported before the cap, like everything else
+    from tokenkit.cli.main import main  # noqa: F401
 
     data = source.read_bytes()
     rng = random.Random(seed)
@@ -395,8 +395,8 @@ def run_fuzz(kind: str, source: Path, seed: int, n: int, timeout: float = 60) ->
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
     """A tokenizer file, a model file (tiny model trained through the pipeline), an ids file."""
-    from pipeline import checkpoint
-    from pipeline.train import TrainConfig, train_model
+    from tokenkit.pipeline import checkpoint
+    from tokenkit.pipeline.train import TrainConfig, train_model
 
     root = tmp_path_factory.mktemp("hostile")
     corpus = root / "corpus.txt"
@@ -417,7 +417,7 @@ def tk(*args, timeout: float = 30) -> tuple[int, str, str, float]:
     start = time.perf_counter()
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", "import sys; from cli.main import main; sys.exit(main(sys.argv[1:]))", *map(str, args)],
+            [sys.executable, "-c", "import sys; from tokenkit.cli.main import main; sys.exit(main(sys.argv[1:]))", *map(str, args)],
             capture_output=True, text=True, timeout=timeout,
         )
     except subprocess.TimeoutExpired:
@@ -426,7 +426,7 @@ def tk(*args, timeout: float = 30) -> tuple[int, str, str, float]:
 
 
 def cli(capsys, *args) -> tuple[int, str, str]:
-    from cli.main import main
+    from tokenkit.cli.main import main
 
     code = main([str(a) for a in args])
     out, err = capsys.readouterr()
@@ -538,7 +538,7 @@ def test_consistent_patterns_load_and_split_as_named(files, tmp_path, pattern, r
 
 def test_model_embedding_a_regex_bomb_is_refused(files, tmp_path):
     """The fingerprint is made to match, so only the pattern check can refuse it."""
-    from pipeline.checkpoint import load_model
+    from tokenkit.pipeline.checkpoint import load_model
 
     model_bytes = st_with_metadata(files["model"].read_bytes(), tokenizer__pattern="gpt2", tokenizer__pattern_regex=BOMB)
     model_bytes = st_with_metadata(model_bytes, tokenizer_fingerprint=tokenizer_fingerprint(embedded_tokenizer_file(model_bytes)))
@@ -574,7 +574,7 @@ def test_custom_pattern_that_backtracks_is_stopped_with_one_line(files, tmp_path
 
 
 def test_custom_pattern_timeout_scales_with_the_text():
-    from bpe.pretokenize import custom_pattern_timeout, split_text
+    from tokenkit.bpe.pretokenize import custom_pattern_timeout, split_text
 
     assert custom_pattern_timeout(0) == 1.0
     assert custom_pattern_timeout(10_000_000) == pytest.approx(41.0)
@@ -588,7 +588,7 @@ def test_custom_pattern_timeout_scales_with_the_text():
 
 
 def test_config_bounds():
-    from transformer.config import MAX_CONTEXT_LENGTH
+    from tokenkit.transformer.config import MAX_CONTEXT_LENGTH
 
     for field, value in [("context_length", MAX_CONTEXT_LENGTH + 1), ("context_length", 10**30), ("vocab_size", 2**40),
                          ("d_model", 2**20), ("n_layers", 10**6), ("d_model", 10**5000)]:
@@ -599,7 +599,7 @@ def test_config_bounds():
 
 
 def test_memory_estimate():
-    from transformer.memory import available_bytes, estimate_bytes
+    from tokenkit.transformer.memory import available_bytes, estimate_bytes
 
     c = GPTConfig(vocab_size=300, context_length=64, d_model=32, n_layers=2, n_heads=4)
     params = 4 * sum(int(np.prod(p.shape)) for p in GPT(c).params.values())
@@ -612,9 +612,9 @@ def test_memory_estimate():
     assert available_bytes() is None or available_bytes() > 0
     import doctest
 
-    import transformer.memory
+    import tokenkit.transformer.memory
 
-    assert doctest.testmod(transformer.memory).failed == 0
+    assert doctest.testmod(tokenkit.transformer.memory).failed == 0
 
 
 def test_model_too_big_for_memory_is_one_line_before_any_allocation():
@@ -638,7 +638,7 @@ def _rewrite_model(data: bytes, config_changes: dict, drop: tuple[str, ...] = ()
 def test_sinusoidal_model_with_huge_context_is_refused(files, tmp_path, context):
     """No tensor backs a sinusoidal context: only the config bound stands between the file and
     gigabytes of sinusoid table and K/V caches."""
-    from pipeline.checkpoint import load_model
+    from tokenkit.pipeline.checkpoint import load_model
 
     path = tmp_path / "huge-context.safetensors"
     path.write_bytes(_rewrite_model(files["model"].read_bytes(), {"positional": "sinusoidal", "context_length": context},
@@ -651,7 +651,7 @@ def test_sinusoidal_model_with_huge_context_is_refused(files, tmp_path, context)
 
 
 def test_sinusoidal_model_within_bounds_still_loads(files, tmp_path):
-    from pipeline.checkpoint import load_model
+    from tokenkit.pipeline.checkpoint import load_model
 
     path = tmp_path / "sinusoidal.safetensors"
     path.write_bytes(_rewrite_model(files["model"].read_bytes(), {"positional": "sinusoidal", "context_length": 64},
@@ -792,9 +792,9 @@ def test_other_out_of_range_flags(files, capsys, tmp_path, monkeypatch):
     code, out, _ = cli(capsys, "predict-next", "-m", run, "once", "--top-k", str(10**30))
     assert code == 0
     # --workers 1000000 must not fork a million processes: no more workers than pieces of text
-    import bpe.pretokenize
+    import tokenkit.bpe.pretokenize
 
-    real = bpe.pretokenize._count_in_workers
+    real = tokenkit.bpe.pretokenize._count_in_workers
     started = []
 
     def guarded(pieces, pattern, workers, total, quiet):
@@ -802,7 +802,7 @@ def test_other_out_of_range_flags(files, capsys, tmp_path, monkeypatch):
         assert workers <= 4, f"would start {workers} counting processes for a {total}-byte corpus"
         return real(pieces, pattern, workers, total, quiet)
 
-    monkeypatch.setattr(bpe.pretokenize, "_count_in_workers", guarded)
+    monkeypatch.setattr(tokenkit.bpe.pretokenize, "_count_in_workers", guarded)
     code, _, err = cli(capsys, "bpe-train", files["corpus"], "--workers", str(10**6), "--vocab-size", str(10**30),
                        "-o", tmp_path / "t.safetensors", "-q")
     assert code == 0, err

@@ -30,12 +30,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bpe import Tokenizer, TokenizerError
-from bpe import encode_corpus as encode_module
-from bpe import pretokenize
-from bpe.corpus import Corpus, zstd_available
-from bpe.pretokenize import count_chunks, find_cut, split_text
-from cli.main import main
+from tokenkit.bpe import Tokenizer, TokenizerError
+from tokenkit.bpe import encode_corpus as encode_module
+from tokenkit.bpe import pretokenize
+from tokenkit.bpe.corpus import Corpus, zstd_available
+from tokenkit.bpe.pretokenize import count_chunks, find_cut, split_text
+from tokenkit.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"
@@ -281,7 +281,7 @@ def test_no_cut_inside_a_special_token():
 
 def tk(command: str, cwd: Path) -> subprocess.CompletedProcess:
     """`tk` through bash, so that `<(...)` and `<` work as in a terminal."""
-    cli = f"{sys.executable} -m cli.main"
+    cli = f"{sys.executable} -m tokenkit.cli.main"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(["bash", "-c", command.replace("tk ", cli + " ", 1)], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
 
@@ -374,7 +374,7 @@ def test_other_mistakes_are_one_line(tok, tmp_path, capsys):
 
 
 def test_mpi_refuses_what_only_one_process_can_read(plain, tmp_path):
-    from bpe import distributed
+    from tokenkit.bpe import distributed
 
     class OneRank:  # enough of a communicator to get to the refusal
         def Get_rank(self):

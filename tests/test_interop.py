@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bpe import Tokenizer, TokenizerError
-from bpe import interop
-from bpe.io import bytes_to_unicode
-from bpe.pretokenize import GPT2_PATTERN, GPT4_PATTERN
-from cli.main import main
+from tokenkit.bpe import Tokenizer, TokenizerError
+from tokenkit.bpe import interop
+from tokenkit.bpe.io import bytes_to_unicode
+from tokenkit.bpe.pretokenize import GPT2_PATTERN, GPT4_PATTERN
+from tokenkit.cli.main import main
 
 ROOT = Path(__file__).parents[1]
 GPT2 = ROOT / ".." / "shared" / "data" / "gpt2"

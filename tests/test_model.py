@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from transformer import GPT, AdamW, GPTConfig, ModelError
-from transformer.io import read_metadata
-from transformer.parallel import DataParallel
-from transformer.model import SINUSOIDAL_WTE_STD
+from tokenkit.transformer import GPT, AdamW, GPTConfig, ModelError
+from tokenkit.transformer.io import read_metadata
+from tokenkit.transformer.parallel import DataParallel
+from tokenkit.transformer.model import SINUSOIDAL_WTE_STD
 
 TINY = dict(vocab_size=7, context_length=6, d_model=8, n_layers=2, n_heads=2)
 VARIANTS = {
@@ -211,7 +211,7 @@ def test_sinusoidal_positions_do_not_swamp_the_tokens(monkeypatch):
     """With fixed sinusoids of amplitude 1, token embeddings at GPT-2's std 0.02 are drowned out
     and the model learns slowly; at SINUSOIDAL_WTE_STD it keeps up with learned positions."""
     learned, sinusoidal = _arithmetic_loss("learned"), _arithmetic_loss("sinusoidal")
-    monkeypatch.setattr("transformer.model.SINUSOIDAL_WTE_STD", 0.02)
+    monkeypatch.setattr("tokenkit.transformer.model.SINUSOIDAL_WTE_STD", 0.02)
     swamped = _arithmetic_loss("sinusoidal")
     assert sinusoidal < 0.8 * swamped and sinusoidal < 1.5 * learned, (learned, sinusoidal, swamped)
 
@@ -338,12 +338,12 @@ def test_bad_files_are_one_line_model_errors(tmp_path):
 def test_docstring_examples():
     import doctest
 
-    import transformer.config
-    import transformer.model
-    import transformer.ops
-    import transformer.optim
-    import transformer.sampling
+    import tokenkit.transformer.config
+    import tokenkit.transformer.model
+    import tokenkit.transformer.ops
+    import tokenkit.transformer.optim
+    import tokenkit.transformer.sampling
 
-    for module in (transformer.config, transformer.model, transformer.ops, transformer.optim, transformer.sampling):
+    for module in (tokenkit.transformer.config, tokenkit.transformer.model, tokenkit.transformer.ops, tokenkit.transformer.optim, tokenkit.transformer.sampling):
         result = doctest.testmod(module)
         assert result.failed == 0 and result.attempted > 0, module.__name__

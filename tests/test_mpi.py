@@ -1,6 +1,6 @@
 """`mpirun -n N tk bpe-train` / `tk encode -f` give the files one process gives, byte for byte.
 
-The MPI runs are subprocesses (`mpirun -n N python -m cli.main ...`); they skip when mpirun or
+The MPI runs are subprocesses (`mpirun -n N python -m tokenkit.cli.main ...`); they skip when mpirun or
 mpi4py is missing (`pip install -e '.[mpi]'`). The splitting and the count packing are also
 tested in this process, without MPI.
 """
@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bpe.distributed import _blocks, pack_counts, split_files, unpack_counts
-from bpe.pretokenize import count_chunks
-from cli.main import main
+from tokenkit.bpe.distributed import _blocks, pack_counts, split_files, unpack_counts
+from tokenkit.bpe.pretokenize import count_chunks
+from tokenkit.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -36,7 +36,7 @@ def _mpirun() -> str:
 
 
 def _tk_on_ranks(n: int, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    cmd = [_mpirun(), "-n", str(n), sys.executable, "-m", "cli.main", *args]
+    cmd = [_mpirun(), "-n", str(n), sys.executable, "-m", "tokenkit.cli.main", *args]
     return subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
 
 
@@ -111,7 +111,7 @@ def test_a_plain_run_never_imports_mpi4py(corpus, tmp_path, command):
                         "--n-heads", "2", "--n-layers", "1", "--context-length", "8", "--batch-size", "2", "-q"],
     }[command]
     code = subprocess.run(
-        [sys.executable, "-c", "import sys; from cli.main import main; assert main(sys.argv[1:]) == 0; "
+        [sys.executable, "-c", "import sys; from tokenkit.cli.main import main; assert main(sys.argv[1:]) == 0; "
          "assert 'mpi4py' not in sys.modules", *args],
         cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60,
     )
@@ -124,7 +124,7 @@ def test_under_a_launcher_without_mpi4py_one_line_says_how_to_install(corpus, tm
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # import mpi4py now fails
     assert main(["bpe-train", str(corpus[0]), "-o", str(tmp_path / "t.safetensors")]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "pip install -e '.[mpi]'" in err
+    assert err.count("\n") == 1 and "pip install 'tokenkit[mpi]'" in err
     monkeypatch.setenv("PMI_RANK", "1")  # the other ranks exit quietly
     assert main(["bpe-train", str(corpus[0]), "-o", str(tmp_path / "t.safetensors")]) == 1
     assert capsys.readouterr().err == ""
@@ -244,8 +244,8 @@ _STEPS_ON_RANKS = """
 import sys
 import numpy as np
 from mpi4py import MPI
-from transformer import AdamW, GPT, GPTConfig
-from transformer.parallel import MPIDataParallel
+from tokenkit.transformer import AdamW, GPT, GPTConfig
+from tokenkit.transformer.parallel import MPIDataParallel
 
 workers, B = int(sys.argv[2]), int(sys.argv[3])
 config = GPTConfig(vocab_size=23, context_length=8, d_model=16, n_layers=2, n_heads=2)
@@ -272,8 +272,8 @@ if model.rank == 0:
 def test_mpi_executor_is_bit_identical_to_data_parallel_in_one_process(tmp_path, ranks, workers, rows):
     """mpirun -n N with MPIDataParallel(workers=W) trains to the same bits as DataParallel(workers=N*W),
     uneven shards included; 3 ranks of 3 workers over 5 rows leave the last rank without a shard."""
-    from transformer import AdamW, GPT, GPTConfig
-    from transformer.parallel import DataParallel
+    from tokenkit.transformer import AdamW, GPT, GPTConfig
+    from tokenkit.transformer.parallel import DataParallel
 
     out = tmp_path / "ranks.npz"
     cmd = [_mpirun(), "-n", str(ranks), sys.executable, "-c", _STEPS_ON_RANKS, str(out), str(workers), str(rows)]

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transformer import ops
-from transformer import reference as ref
+from tokenkit.transformer import ops
+from tokenkit.transformer import reference as ref
 
 FD_EPS = 1e-6
 TOL = 1e-6

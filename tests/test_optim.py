@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transformer import ModelError
-from transformer.optim import AdamW, clip_grad_norm, cosine_schedule
+from tokenkit.transformer import ModelError
+from tokenkit.transformer.optim import AdamW, clip_grad_norm, cosine_schedule
 
 SHAPES = {"wte.weight": (5, 3), "h.0.attn.c_attn.weight": (3, 4), "h.0.attn.c_attn.bias": (4,), "ln_f.weight": (3,)}
 

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common import safetensors_file
-from pipeline import PipelineError, checkpoint, data, sources
-from pipeline.config import TrainConfig, load_config_file
+from tokenkit.common import safetensors_file
+from tokenkit.pipeline import PipelineError, checkpoint, data, sources
+from tokenkit.pipeline.config import TrainConfig, load_config_file
 
 # --- atomic writes ---------------------------------------------------------------------------
 
@@ -230,13 +230,13 @@ def test_config_round_trip_through_dict():
 
 
 def _byte_tokenizer():
-    from bpe import Tokenizer
+    from tokenkit.bpe import Tokenizer
 
     return Tokenizer([], pattern="none")
 
 
 def test_token_cache_reused_and_invalidated(tmp_path):
-    from bpe import Tokenizer
+    from tokenkit.bpe import Tokenizer
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("hello world, hello tokens\n" * 20, encoding="utf-8")
@@ -278,7 +278,7 @@ def test_split_views_are_last_fraction(tmp_path):
 
 
 def _tiny_model():
-    from transformer import GPT, GPTConfig
+    from tokenkit.transformer import GPT, GPTConfig
 
     return GPT(GPTConfig(vocab_size=256, context_length=8, d_model=16, n_layers=1, n_heads=2), seed=3)
 
@@ -335,7 +335,7 @@ def test_load_model_rejects_inconsistent_files(tmp_path):
 
 
 def test_train_state_round_trip_restores_generator_and_optimizer(tmp_path):
-    from transformer import AdamW
+    from tokenkit.transformer import AdamW
 
     model, tok = _tiny_model(), _byte_tokenizer()
     opt = AdamW(model.params, lr=1e-3)

@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bpe import Tokenizer
-from cli.main import main
-from pipeline import checkpoint, train
-from pipeline.checkpoint import load_model, load_train_state
-from pipeline.rundir import RunDir
-from transformer import GPT, GPTConfig
-from transformer.parallel import DataParallel
+from tokenkit.bpe import Tokenizer
+from tokenkit.cli.main import main
+from tokenkit.pipeline import checkpoint, train
+from tokenkit.pipeline.checkpoint import load_model, load_train_state
+from tokenkit.pipeline.rundir import RunDir
+from tokenkit.transformer import GPT, GPTConfig
+from tokenkit.transformer.parallel import DataParallel
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -62,7 +62,7 @@ def one_line_error(code: int, err: str, fragment: str) -> None:
 
 def tk(*argv: str, cwd: Path = REPO, umask: int | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     pre = (lambda: os.umask(umask)) if umask is not None else None
-    return subprocess.run([sys.executable, "-m", "cli.main", *argv], cwd=cwd, env=ENV, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tokenkit.cli.main", *argv], cwd=cwd, env=ENV, capture_output=True, text=True,
                           timeout=timeout, preexec_fn=pre)
 
 
@@ -160,7 +160,7 @@ def test_second_run_is_refused_while_the_first_holds_the_lock(corpus, tok_path, 
 def test_two_real_runs_started_together_one_wins(corpus, tok_path, tmp_path):
     d = tmp_path / "race"
     args = ["train-model", str(corpus), "-o", str(d), "-t", str(tok_path), *TINY, "--steps", "40", "--eval-interval", "10"]
-    procs = [subprocess.Popen([sys.executable, "-m", "cli.main", *args, "--seed", str(seed)], cwd=REPO, env=ENV,
+    procs = [subprocess.Popen([sys.executable, "-m", "tokenkit.cli.main", *args, "--seed", str(seed)], cwd=REPO, env=ENV,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
     results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
     codes = sorted(code for code, _ in results)
@@ -178,7 +178,7 @@ def test_sigkill_during_saves_then_resume_leaves_no_temp(corpus, tok_path, tmp_p
     d = tmp_path / "killed"
     args = ["train-model", str(corpus), "-o", str(d), "-t", str(tok_path), *TINY, "--d-model", "128", "--steps", "400",
             "--eval-interval", "1", "--eval-batches", "1"]
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=REPO, env=ENV,
+    proc = subprocess.Popen([sys.executable, "-m", "tokenkit.cli.main", *args], cwd=REPO, env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     temps: list[Path] = []

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from transformer import GPT, GPTConfig, ops
+from tokenkit.transformer import GPT, GPTConfig, ops
 
 DOC = 5e-4 + 1e-9  # "matches as printed": the documents' 3 decimals
 EXACT6 = 5e-7 + 1e-12  # ERRATA's 6-decimal values

@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from bpe import Tokenizer, TokenizerError
-from bpe import encode_corpus
-from bpe import io as bpe_io
-from bpe.corpus import find_file_cut
-from bpe.pretokenize import split_text
+from tokenkit.bpe import Tokenizer, TokenizerError
+from tokenkit.bpe import encode_corpus
+from tokenkit.bpe import io as bpe_io
+from tokenkit.bpe.corpus import find_file_cut
+from tokenkit.bpe.pretokenize import split_text
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -447,7 +447,7 @@ def test_find_cut_skips_specials(tmp_path):
 
 def test_ids_streamed_to_npy_equal_np_save(tmp_path):
     """Pieces written one by one, with the length filled in at the end, read back as np.save's."""
-    from bpe import io as bpe_io
+    from tokenkit.bpe import io as bpe_io
 
     rng = np.random.default_rng(3)
     for dtype in (np.uint16, np.uint32):
@@ -472,11 +472,11 @@ def test_ids_streamed_to_npy_equal_np_save(tmp_path):
 def test_docstring_examples():
     import doctest
 
-    import bpe.io
-    import bpe.pretokenize
-    import bpe.tokenizer
-    import bpe.trainer
+    import tokenkit.bpe.io
+    import tokenkit.bpe.pretokenize
+    import tokenkit.bpe.tokenizer
+    import tokenkit.bpe.trainer
 
-    for module in (bpe.io, bpe.pretokenize, bpe.tokenizer, bpe.trainer):
+    for module in (tokenkit.bpe.io, tokenkit.bpe.pretokenize, tokenkit.bpe.tokenizer, tokenkit.bpe.trainer):
         result = doctest.testmod(module)
         assert result.failed == 0 and result.attempted > 0, module.__name__

@@ -15,8 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from transformer import GPT, GPTConfig  # noqa: E402
-from transformer.optim import AdamW, clip_grad_norm  # noqa: E402
+from tokenkit.transformer import GPT, GPTConfig  # noqa: E402
+from tokenkit.transformer.optim import AdamW, clip_grad_norm  # noqa: E402
 
 VARIANTS = {
     "gpt2": dict(),

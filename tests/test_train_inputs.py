@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bpe import Tokenizer
-from cli.main import main
-from pipeline import checkpoint, data
-from pipeline.checkpoint import load_model, load_train_state
+from tokenkit.bpe import Tokenizer
+from tokenkit.cli.main import main
+from tokenkit.pipeline import checkpoint, data
+from tokenkit.pipeline.checkpoint import load_model, load_train_state
 
 REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"
@@ -218,7 +218,7 @@ def _to_v1(run: Path, corpus: Path) -> None:
 
 
 def test_v1_run_directory_resumes_bit_for_bit(files, tmp_path, monkeypatch, capsys):
-    from transformer.parallel import DataParallel
+    from tokenkit.transformer.parallel import DataParallel
 
     flags = [*TINY[:-1], "--steps", "6"]
     whole, split = tmp_path / "whole", tmp_path / "split"

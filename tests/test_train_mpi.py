@@ -1,6 +1,6 @@
 """`mpirun -n N tk train-model` / `tk pipeline`: the files and losses of one process with N x workers shards.
 
-Every MPI run is a subprocess (`mpirun -n N python -m cli.main ...`), skipped when mpirun or
+Every MPI run is a subprocess (`mpirun -n N python -m tokenkit.cli.main ...`), skipped when mpirun or
 mpi4py is missing (`pip install -e '.[mpi]'`). The one-process twins run the same way, so the
 comparison is between two command lines a user would type.
 """
@@ -27,7 +27,7 @@ SAME_FILES = ("model.safetensors", "train_state.safetensors", "tokens.npy")
 
 
 def _cmd(ranks: int, *args: str) -> list[str]:
-    tk = [sys.executable, "-m", "cli.main", *args]
+    tk = [sys.executable, "-m", "tokenkit.cli.main", *args]
     return [_mpirun(), "-n", str(ranks), *tk] if ranks > 1 else tk
 
 
@@ -144,7 +144,7 @@ def test_a_killed_rank_ends_the_job_and_leaves_the_last_checkpoint(corpus, token
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (run / "train_state.safetensors").exists():
         time.sleep(0.005)
-    found = subprocess.run(["pgrep", "-f", "--", f"cli.main train-model .* -o {run} "], capture_output=True, text=True)
+    found = subprocess.run(["pgrep", "-f", "--", f"tokenkit.cli.main train-model .* -o {run} "], capture_output=True, text=True)
     ranks = [pid for pid in found.stdout.split() if int(pid) != proc.pid]  # not mpirun itself
     assert len(ranks) == 2, ranks
     os.kill(int(max(ranks, key=int)), signal.SIGKILL)

@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from bpe import Tokenizer
-from pipeline import checkpoint
-from pipeline.checkpoint import load_train_state
+from tokenkit.bpe import Tokenizer
+from tokenkit.pipeline import checkpoint
+from tokenkit.pipeline.checkpoint import load_train_state
 from test_inputs import tk
 from test_train_inputs import EOT, REPO, TINY, cli, one_line_error
 
@@ -103,7 +103,7 @@ def same_run(a: Path, b: Path) -> None:
 
 def interrupt_at_step(monkeypatch, step: int):
     """Ctrl-C during the given step of the next training (as test_train_inputs does); returns an undo."""
-    from transformer.parallel import DataParallel
+    from tokenkit.transformer.parallel import DataParallel
 
     real = DataParallel.loss_and_grads
     calls = {"n": 0}
@@ -286,7 +286,7 @@ def test_under_mpirun_a_stream_is_refused_in_one_line(texts, tok, tmp_path):
     from test_mpi import ENV, _mpirun  # mpirun's path, or a skip without mpi4py or mpirun
 
     run = tmp_path / "run"
-    cmd = [_mpirun(), "-n", "2", sys.executable, "-m", "cli.main", "train-model", "-", "-t", str(tok), "-o", str(run), *TINY]
+    cmd = [_mpirun(), "-n", "2", sys.executable, "-m", "tokenkit.cli.main", "train-model", "-", "-t", str(tok), "-o", str(run), *TINY]
     proc = subprocess.run(cmd, input=texts["corpus"], cwd=tmp_path, env=ENV, capture_output=True, timeout=60)
     stderr = proc.stderr.decode()
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]

@@ -18,12 +18,12 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-import bpe.corpus as corpus
-import bpe.pretokenize as pretokenize
-import bpe.trainer as trainer
-from bpe import TokenizerError
-from bpe.pretokenize import count_chunks, resolve_pattern, split_text
-from bpe.trainer import train_merges, train_merges_naive
+import tokenkit.bpe.corpus as corpus
+import tokenkit.bpe.pretokenize as pretokenize
+import tokenkit.bpe.trainer as trainer
+from tokenkit.bpe import TokenizerError
+from tokenkit.bpe.pretokenize import count_chunks, resolve_pattern, split_text
+from tokenkit.bpe.trainer import train_merges, train_merges_naive
 
 DATA = Path(__file__).parents[1] / ".." / "shared" / "data"
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

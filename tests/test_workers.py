@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from transformer import GPT, AdamW, GPTConfig, ModelError
-from transformer.parallel import DataParallel
-from transformer.workers import fork_available, shared_arrays
+from tokenkit.transformer import GPT, AdamW, GPTConfig, ModelError
+from tokenkit.transformer.parallel import DataParallel
+from tokenkit.transformer.workers import fork_available, shared_arrays
 
 pytestmark = pytest.mark.skipif(not fork_available(), reason="worker processes need os.fork (Linux)")
 
@@ -80,7 +80,7 @@ def test_training_with_workers_matches_shards_in_one_process(monkeypatch):
     losses = {}
     for label in ("processes", "sequential"):
         if label == "sequential":
-            monkeypatch.setattr("transformer.parallel.fork_available", lambda: False)
+            monkeypatch.setattr("tokenkit.transformer.parallel.fork_available", lambda: False)
         model = DataParallel(GPT(CONFIG, seed=1), workers=3)
         assert (model._pool is not None) == (label == "processes")
         opt = AdamW(model.params, lr=1e-2)
@@ -201,7 +201,7 @@ def test_a_process_forked_by_the_user_gets_workers_of_its_own():
 
 
 def test_an_idle_worker_leaves_and_the_next_call_forks_a_new_one(monkeypatch):
-    monkeypatch.setattr("transformer.workers.IDLE_EXIT_S", 0.2)  # read by the worker, after the fork
+    monkeypatch.setattr("tokenkit.transformer.workers.IDLE_EXIT_S", 0.2)  # read by the worker, after the fork
     model = DataParallel(GPT(CONFIG), workers=2)
     ids, targets = batch()
     expected = model.loss_and_grads(ids, targets)
@@ -219,7 +219,7 @@ def test_workers_that_leave_at_once_never_lose_a_shard(monkeypatch):
     """With no idle time at all a worker says goodbye as soon as it has nothing to read, often
     before a request arrives (the request then crosses the goodbye and its shard is computed
     here) and otherwise right after replying. Every call still gives the one-process numbers."""
-    monkeypatch.setattr("transformer.workers.IDLE_EXIT_S", 0.0)
+    monkeypatch.setattr("tokenkit.transformer.workers.IDLE_EXIT_S", 0.0)
     model = DataParallel(GPT(CONFIG, seed=2), workers=3)
     reference = DataParallel(GPT(CONFIG, seed=2), workers=3)
     monkeypatch.setattr(reference, "_pool", None)  # the same three shards, one after the other, here

@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from transformer.errors import ModelError
+from tokenkit.transformer.errors import ModelError
 
 _CHOICES = {
     "positional": ("learned", "sinusoidal"),

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from transformer import ops
-from transformer.backends import as_host
-from transformer.errors import ModelError
+from tokenkit.transformer import ops
+from tokenkit.transformer.backends import as_host
+from tokenkit.transformer.errors import ModelError
 
 # ----------------------------------------------------------------------------- data
 

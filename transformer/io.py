@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common import FileError, atomic, jsonsafe, safetensors_file
-from transformer.config import GPTConfig, param_shapes
-from transformer.errors import ModelError
+from tokenkit.common import FileError, atomic, jsonsafe, safetensors_file
+from tokenkit.transformer.config import GPTConfig, param_shapes
+from tokenkit.transformer.errors import ModelError
 
 FORMAT = "tokenkit.model"
 FORMAT_VERSION = "1"

@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import sys
 
-from transformer.config import GPTConfig
-from transformer.errors import ModelError
+from tokenkit.transformer.config import GPTConfig
+from tokenkit.transformer.errors import ModelError
 
 _F32 = 4  # bytes per parameter and per activation
 

@@ -35,12 +35,12 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer import io
-from transformer.backends import Backend, as_host, get_backend
-from transformer.config import GPTConfig, param_shapes
-from transformer.errors import ModelError
-from transformer.memory import check_memory
-from transformer.sampling import check_sampling, sample_next
+from tokenkit.transformer import io
+from tokenkit.transformer.backends import Backend, as_host, get_backend
+from tokenkit.transformer.config import GPTConfig, param_shapes
+from tokenkit.transformer.errors import ModelError
+from tokenkit.transformer.memory import check_memory
+from tokenkit.transformer.sampling import check_sampling, sample_next
 
 # ----------------------------------------------------------------------------- the model
 

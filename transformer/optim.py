@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from transformer.backends import as_host, backend_of, get_backend
-from transformer.errors import ModelError
+from tokenkit.transformer.backends import as_host, backend_of, get_backend
+from tokenkit.transformer.errors import ModelError
 
 # Below this many elements a piece is not worth a thread of its own: the call overhead wins.
 _MIN_PIECE = 1 << 15

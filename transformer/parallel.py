@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer.errors import ModelError
-from transformer.model import GPT
-from transformer.runtime import available_cores, tuned
-from transformer.workers import LOSS, LOSS_AND_GRADS, WorkerPool, fork_available
+from tokenkit.transformer.errors import ModelError
+from tokenkit.transformer.model import GPT
+from tokenkit.transformer.runtime import available_cores, tuned
+from tokenkit.transformer.workers import LOSS, LOSS_AND_GRADS, WorkerPool, fork_available
 
 
 def shard_rows(batch_rows: int, n_shards: int) -> list[slice]:

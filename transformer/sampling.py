@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer.errors import ModelError
+from tokenkit.transformer.errors import ModelError
 
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:

@@ -38,8 +38,8 @@ from typing import NoReturn
 
 import numpy as np
 
-from common.processes import die_with_parent
-from transformer.errors import ModelError
+from tokenkit.common.processes import die_with_parent
+from tokenkit.transformer.errors import ModelError
 
 LOSS, LOSS_AND_GRADS = 0, 1
 _REQUEST = struct.Struct("<BqqqQ")  # op, rows, T, n_total (positions of the whole batch), B total

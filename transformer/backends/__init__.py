@@ -1,7 +1,7 @@
 """Where the model's arrays live: one backend per device, each an array module and its ops.
 
     backend = get_backend("cpu")     # NumPy and transformer/ops.py (the default)
-    backend = get_backend("cuda")    # CuPy and transformer/backends/cuda.py (pip install -e '.[gpu]')
+    backend = get_backend("cuda")    # CuPy and transformer/backends/cuda.py (pip install 'tokenkit[gpu]')
     backend.xp, backend.ops          # numpy or cupy; the ops module (same names, same signatures)
     backend.to_device(a), as_host(a)
 
@@ -31,10 +31,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from transformer.errors import ModelError
+from tokenkit.transformer.errors import ModelError
 
 DEVICES = ("cpu", "cuda")
-INSTALL_HINT = "install it with: pip install -e '.[gpu]' (CUDA 12; for CUDA 13: pip install 'cupy-cuda13x>=14')"
+INSTALL_HINT = "install it with: pip install 'tokenkit[gpu]' (CUDA 12; for CUDA 13: pip install 'cupy-cuda13x>=14')"
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,7 +71,7 @@ def get_backend(device: str | Backend = "cpu") -> Backend:
 
 
 def _make_cpu() -> Backend:
-    from transformer.backends import cpu
+    from tokenkit.transformer.backends import cpu
 
     return Backend("cpu", np, cpu, np.asarray, np.asarray, lambda: None)
 
@@ -87,7 +87,7 @@ def _make_cuda() -> Backend:
         raise ModelError(f"device 'cuda' found CuPy but no usable GPU ({_cuda_reason(err)})") from None
     if n_gpus < 1:
         raise ModelError("device 'cuda' found CuPy but no GPU (the CUDA driver reports 0 devices)")
-    from transformer.backends import cuda
+    from tokenkit.transformer.backends import cuda
 
     cuda.set_tf32(_TF32["on"])
     synchronize = lambda: cupy.cuda.get_current_stream().synchronize()  # noqa: E731
@@ -106,7 +106,7 @@ def set_tf32(enabled: bool) -> None:
     Applies to the cuda backend now if it is made, else when it is."""
     _TF32["on"] = bool(enabled)
     if "cuda" in _BACKENDS:
-        from transformer.backends import cuda
+        from tokenkit.transformer.backends import cuda
 
         cuda.set_tf32(_TF32["on"])
 

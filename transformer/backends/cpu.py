@@ -9,7 +9,7 @@ tiles, every op beside its plain twin in transformer/reference.py).
 What this module deliberately does not do: define any math of its own.
 """
 
-from transformer.ops import (
+from tokenkit.transformer.ops import (
     LN_EPS,
     adamw_update,
     attention_backward,

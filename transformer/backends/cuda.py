@@ -19,10 +19,10 @@ from __future__ import annotations
 import cupy
 import numpy as np
 
-from transformer.backends import cuda_source as src
-from transformer.backends.cuda_twins import embedding_segments
-from transformer.backends.device_ops import DeviceOps
-from transformer.ops import _GELU_A, _GELU_C
+from tokenkit.transformer.backends import cuda_source as src
+from tokenkit.transformer.backends.cuda_twins import embedding_segments
+from tokenkit.transformer.backends.device_ops import DeviceOps
+from tokenkit.transformer.ops import _GELU_A, _GELU_C
 
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _MAX_BLOCKS = 1 << 20  # grid-stride kernels: enough blocks to fill any GPU, each loops over the rest

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer.backends import cuda_source as src
-from transformer.backends.device_ops import DeviceOps
-from transformer.ops import _GELU_A, _GELU_C
+from tokenkit.transformer.backends import cuda_source as src
+from tokenkit.transformer.backends.device_ops import DeviceOps
+from tokenkit.transformer.ops import _GELU_A, _GELU_C
 
 WARP = src.WARP
 _XOR = [np.arange(WARP) ^ o for o in (16, 8, 4, 2, 1)]  # the butterfly's partner lanes, step by step
@@ -223,7 +223,7 @@ def embedding_segments(xp, ids):
 
 def twin_backend():
     """A Backend named "cuda-twin": device_ops.DeviceOps over NumPy and TwinKernels (host arrays)."""
-    from transformer.backends import Backend
+    from tokenkit.transformer.backends import Backend
 
     return Backend("cuda-twin", np, DeviceOps(np, TwinKernels()), np.asarray, np.asarray, lambda: None)
 

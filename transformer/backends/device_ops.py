@@ -41,7 +41,7 @@ import math
 
 import numpy as np
 
-from transformer import ops as cpu_ops
+from tokenkit.transformer import ops as cpu_ops
 
 LN_EPS = cpu_ops.LN_EPS
 

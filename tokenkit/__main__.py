@@ -1,0 +1,7 @@
+"""`python -m tokenkit ...` runs `tk ...`."""
+
+import sys
+
+from tokenkit.cli.main import main
+
+sys.exit(main())
