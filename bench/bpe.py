@@ -81,8 +81,13 @@ def child_train_spm(corpus: str, vocab: int, threads: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         spm.SentencePieceTrainer.train(
-            input=corpus, model_prefix=f"{tmp}/m", vocab_size=vocab, model_type="bpe", byte_fallback=True,
-            num_threads=threads, minloglevel=2,
+            input=corpus,
+            model_prefix=f"{tmp}/m",
+            vocab_size=vocab,
+            model_type="bpe",
+            byte_fallback=True,
+            num_threads=threads,
+            minloglevel=2,
         )
         return {"seconds": time.perf_counter() - t0}
 
@@ -145,7 +150,9 @@ def _tiktoken_gpt2():
     from tiktoken.load import load_tiktoken_bpe
 
     ranks = load_tiktoken_bpe(str(GPT2 / "gpt2.tiktoken"))
-    return tiktoken.Encoding("gpt2-local", pat_str=GPT2_SPLIT, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256})
+    return tiktoken.Encoding(
+        "gpt2-local", pat_str=GPT2_SPLIT, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256}
+    )
 
 
 def _hf_gpt2():
@@ -190,7 +197,11 @@ def child_check(corpus: str, tok_path: str) -> dict:
     return out
 
 
-CHILDREN = {f.__name__[len("child_"):]: f for f in list(globals().values()) if callable(f) and getattr(f, "__name__", "").startswith("child_")}
+CHILDREN = {
+    f.__name__[len("child_") :]: f
+    for f in list(globals().values())
+    if callable(f) and getattr(f, "__name__", "").startswith("child_")
+}
 
 
 def run_child(kind: str, *args, env: dict | None = None) -> dict:
@@ -198,7 +209,9 @@ def run_child(kind: str, *args, env: dict | None = None) -> dict:
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
             [sys.executable, __file__, "--child", kind, *map(str, args)],
-            stdout=out, stderr=err, env={**os.environ, **(env or {})},
+            stdout=out,
+            stderr=err,
+            env={**os.environ, **(env or {})},
         )
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -271,8 +284,12 @@ def main() -> None:
     parser.add_argument("--vocab", default="8192,32000")
     parser.add_argument("--corpus", type=Path, default=CORPUS)
     parser.add_argument("--big-gb", type=float, default=0.0, help="also train on a generated file of this many GB")
-    parser.add_argument("--large-mb", type=float, default=200.0,
-                        help="also train at vocab 32000 on this many MB of distinct Python source against HF (bench/bpe_large.py; 0: skip)")
+    parser.add_argument(
+        "--large-mb",
+        type=float,
+        default=200.0,
+        help="also train at vocab 32000 on this many MB of distinct Python source against HF (bench/bpe_large.py; 0: skip)",
+    )
     parser.add_argument("--skip-train", action="store_true")
     parser.add_argument("--skip-encode", action="store_true")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
@@ -309,7 +326,9 @@ def main() -> None:
             with open(big, "wb") as f:
                 for _ in range(copies):
                     f.write(data)
-            print(f"\ntraining on {copies} copies of the corpus ({big.stat().st_size / 1e9:.2f} GB), vocab 8192, 1 run:")
+            print(
+                f"\ntraining on {copies} copies of the corpus ({big.stat().st_size / 1e9:.2f} GB), vocab 8192, 1 run:"
+            )
             small = measure("train_ours", corpus, 8192, 2, repeats=1)
             print(row(f"ours on {corpus.name} ({mb:.0f} MB)", small))
             large = measure("train_ours", big, 8192, 2, repeats=1)
@@ -317,7 +336,13 @@ def main() -> None:
     if args.large_mb > 0 and not args.skip_train:
         import bpe_large
 
-        bpe_large.compare(bpe_large.ensure_corpus(Path(f"/tmp/tokenkit-python-corpus-{args.large_mb:g}mb.txt"), args.large_mb, "py", []), 32000, 1)
+        bpe_large.compare(
+            bpe_large.ensure_corpus(
+                Path(f"/tmp/tokenkit-python-corpus-{args.large_mb:g}mb.txt"), args.large_mb, "py", []
+            ),
+            32000,
+            1,
+        )
     if not args.skip_encode:
         with tempfile.TemporaryDirectory() as tmp:
             from tokenkit.bpe import Tokenizer
@@ -326,21 +351,30 @@ def main() -> None:
             Tokenizer.from_gpt2(GPT2 / "encoder.json", GPT2 / "vocab.bpe").save(tok_path)
             print(f"\nencoding {corpus.name} with GPT-2's vocabulary (ours and tiktoken taking turns):")
             ours, ours1, tt = measure_side_by_side(
-                [("encode_ours", corpus, tok_path, 0), ("encode_ours", corpus, tok_path, 1), ("encode_tiktoken", corpus)], n
+                [
+                    ("encode_ours", corpus, tok_path, 0),
+                    ("encode_ours", corpus, tok_path, 1),
+                    ("encode_tiktoken", corpus),
+                ],
+                n,
             )
             print(row(f"ours encode_file ({os.cpu_count()} workers: default)", ours, mb=mb))
             print(row("ours encode_file (1 worker)", ours1, mb=mb))
             print(row("tiktoken (1 thread)", tt, ours["seconds"], mb=mb))
             if "missing" not in tt:
                 ratios = [t / o for t, o in zip(tt["all"], ours["all"])]
-                print(f"  encode speed ours (default workers) / tiktoken (1 thread): {tt['seconds'] / ours['seconds']:.2f}x "
-                      f"(ratio of medians; run by run {min(ratios):.2f}-{max(ratios):.2f}x, median {statistics.median(ratios):.2f}x)")
+                print(
+                    f"  encode speed ours (default workers) / tiktoken (1 thread): {tt['seconds'] / ours['seconds']:.2f}x "
+                    f"(ratio of medians; run by run {min(ratios):.2f}-{max(ratios):.2f}x, median {statistics.median(ratios):.2f}x)"
+                )
             ours2 = ours
             hf = measure("encode_hf", corpus, repeats=n)
             print(row("HF tokenizers (encode of the whole text)", hf, ours2["seconds"], mb=mb))
             check = run_child("check", corpus, tok_path)
-            print(f"  ids: {check['tokens']:,} tokens, {check['bytes_per_token']:.3f} bytes/token; "
-                  f"equal to tiktoken: {check.get('equal_tiktoken', 'n/a')}; equal to HF: {check.get('equal_hf', 'n/a')}")
+            print(
+                f"  ids: {check['tokens']:,} tokens, {check['bytes_per_token']:.3f} bytes/token; "
+                f"equal to tiktoken: {check.get('equal_tiktoken', 'n/a')}; equal to HF: {check.get('equal_hf', 'n/a')}"
+            )
 
 
 if __name__ == "__main__":

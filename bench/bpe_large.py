@@ -69,7 +69,9 @@ def run_tree(cmd: list[str], env: dict | None = None) -> dict:
     """Run `cmd`; its wall time, the peak PSS of its process tree and its ru_maxrss (MB)."""
     peak = 0.0
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     stop = threading.Event()
 
     def sample() -> None:
@@ -110,8 +112,10 @@ def ensure_corpus(path: Path, mb: float, kinds: str, roots: list[Path]) -> Path:
     if not path.exists():
         kinds_ = tuple("." + k.strip().lstrip(".") for k in kinds.split(",") if k.strip())
         info = python_corpus.build(path, int(mb * 1e6), kinds_, roots)
-        print(f"built {path}: {info['bytes'] / 1e6:.1f} MB from {info['files']:,} files "
-              f"({info['duplicates_skipped']:,} duplicates skipped)")
+        print(
+            f"built {path}: {info['bytes'] / 1e6:.1f} MB from {info['files']:,} files "
+            f"({info['duplicates_skipped']:,} duplicates skipped)"
+        )
     return path
 
 
@@ -124,12 +128,24 @@ def hf_available() -> bool:
 def compare(corpus: Path, vocab: int, repeats: int) -> None:
     """Print our row and HF's, medians of `repeats` runs taking turns."""
     size_mb = corpus.stat().st_size / 1e6
-    print(f"\ntraining on {corpus} ({size_mb:.0f} MB of distinct text), vocab {vocab}, "
-          f"{os.cpu_count()} cores, medians of {repeats} (taking turns); memory: peak PSS of the process tree")
+    print(
+        f"\ntraining on {corpus} ({size_mb:.0f} MB of distinct text), vocab {vocab}, "
+        f"{os.cpu_count()} cores, medians of {repeats} (taking turns); memory: peak PSS of the process tree"
+    )
     runs: dict[str, list[dict]] = {"ours": [], "hf": []}
     with tempfile.TemporaryDirectory() as tmp:
-        ours_cmd = [sys.executable, "-m", "tokenkit.cli.main", "bpe-train", str(corpus), "--vocab-size", str(vocab),
-                    "-o", f"{tmp}/ours.safetensors", "-q"]
+        ours_cmd = [
+            sys.executable,
+            "-m",
+            "tokenkit.cli.main",
+            "bpe-train",
+            str(corpus),
+            "--vocab-size",
+            str(vocab),
+            "-o",
+            f"{tmp}/ours.safetensors",
+            "-q",
+        ]
         hf_cmd = [sys.executable, __file__, "--child-hf", str(corpus), str(vocab), f"{tmp}/hf.json"]
         for _ in range(repeats):
             runs["ours"].append(run_tree(ours_cmd))
@@ -147,15 +163,21 @@ def compare(corpus: Path, vocab: int, repeats: int) -> None:
             }
     ours = summary["ours"]
     chunks = next((line for line in runs["ours"][-1]["stdout"].splitlines() if "distinct chunks" in line), "").strip()
-    print(f"  {'ours: tk bpe-train (default workers)':<40} {ours['seconds']:7.1f} s  peak {ours['tree_peak_mb']:5.0f} MB"
-          f"   runs {ours['all']} s, {ours['peaks']} MB   [{chunks}]")
+    print(
+        f"  {'ours: tk bpe-train (default workers)':<40} {ours['seconds']:7.1f} s  peak {ours['tree_peak_mb']:5.0f} MB"
+        f"   runs {ours['all']} s, {ours['peaks']} MB   [{chunks}]"
+    )
     if "hf" not in summary:
         print("  HF tokenizers: not installed (pip install tokenizers)")
         return
     hf = summary["hf"]
-    print(f"  {'HF tokenizers byte-level BPE':<40} {hf['seconds']:7.1f} s  peak {hf['tree_peak_mb']:5.0f} MB"
-          f"   runs {hf['all']} s, {hf['peaks']} MB")
-    print(f"  HF / ours: time {hf['seconds'] / ours['seconds']:.2f}x, memory {hf['tree_peak_mb'] / ours['tree_peak_mb']:.2f}x (> 1: ours is lower)")
+    print(
+        f"  {'HF tokenizers byte-level BPE':<40} {hf['seconds']:7.1f} s  peak {hf['tree_peak_mb']:5.0f} MB"
+        f"   runs {hf['all']} s, {hf['peaks']} MB"
+    )
+    print(
+        f"  HF / ours: time {hf['seconds'] / ours['seconds']:.2f}x, memory {hf['tree_peak_mb'] / ours['tree_peak_mb']:.2f}x (> 1: ours is lower)"
+    )
 
 
 def main() -> None:

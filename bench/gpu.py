@@ -33,7 +33,7 @@ import numpy as np
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 
-from tokenkit.transformer import AdamW, GPT, GPTConfig, ModelError  # noqa: E402
+from tokenkit.transformer import GPT, AdamW, GPTConfig, ModelError  # noqa: E402
 from tokenkit.transformer.backends import get_backend  # noqa: E402
 
 
@@ -228,8 +228,10 @@ def main(argv: list[str] | None = None) -> None:
               f"  {ours.get('peak_mb', 0):>8,.0f}  {theirs.get('peak_mb', 0):>8,.0f}"
               f"  {ours.get('gen_tokens_per_s', 0):>9,.0f}  {theirs.get('gen_tokens_per_s', 0):>9,.0f}"
               f"  {ratio(ours.get('gen_tokens_per_s'), theirs.get('gen_tokens_per_s')):>6}")  # fmt: skip
-    print("targets (issue 11): gpt2 training >= 1.0x with peak memory <= PyTorch's; S/M/L >= 0.5x;"
-          " gpt2 generation >= 1.0x")
+    print(
+        "targets (issue 11): gpt2 training >= 1.0x with peak memory <= PyTorch's; S/M/L >= 0.5x;"
+        " gpt2 generation >= 1.0x"
+    )
 
 
 if __name__ == "__main__":

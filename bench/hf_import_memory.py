@@ -49,9 +49,20 @@ def make_checkpoint(directory: Path, dtype: str) -> None:
             for name in sorted(tensors):
                 f.write(memoryview(np.ascontiguousarray(tensors[name]).reshape(-1)).cast("B"))
     else:
-        atomic.write_atomic(directory / "model.safetensors", lambda f: safetensors_file.write(f, tensors, {"format": "pt"}))
-    hf = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 50257, "n_positions": 1024,
-          "n_embd": 768, "n_layer": 12, "n_head": 12, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5}
+        atomic.write_atomic(
+            directory / "model.safetensors", lambda f: safetensors_file.write(f, tensors, {"format": "pt"})
+        )
+    hf = {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": 50257,
+        "n_positions": 1024,
+        "n_embd": 768,
+        "n_layer": 12,
+        "n_head": 12,
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": 1e-5,
+    }
     (directory / "config.json").write_text(json.dumps(hf), encoding="utf-8")
     for name in ("vocab.json", "merges.txt"):
         shutil.copy(GPT2 / name, directory / name)
@@ -73,7 +84,9 @@ def main() -> None:
         subprocess.run(["tk", "import-hf", str(directory), "-o", str(scratch / "gpt2.safetensors")], check=True)
         seconds = time.perf_counter() - t0
         peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # Linux: KiB
-        print(f"checkpoint {args.dtype}, {size / 2**20:,.0f} MiB; import {seconds:.1f} s, peak RSS {peak_kib / 2**10:,.0f} MiB")
+        print(
+            f"checkpoint {args.dtype}, {size / 2**20:,.0f} MiB; import {seconds:.1f} s, peak RSS {peak_kib / 2**10:,.0f} MiB"
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -129,9 +129,9 @@ def torch_classes():
             if cache is None:
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:  # cache: (k_all, v_all), each (1, H, T_max, hd)
-                cache[0][:, :, pos:pos + T] = k
-                cache[1][:, :, pos:pos + T] = v
-                k, v = cache[0][:, :, :pos + T], cache[1][:, :, :pos + T]
+                cache[0][:, :, pos : pos + T] = k
+                cache[1][:, :, pos : pos + T] = v
+                k, v = cache[0][:, :, : pos + T], cache[1][:, :, : pos + T]
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
             return self.attn_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
@@ -181,8 +181,10 @@ class Torch:
         V, T, C, n_layers, n_heads, _ = CONFIGS[name]
         self.model = TorchGPT(V, T, C, n_layers, n_heads)
         params = list(self.model.parameters())
-        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
         self.opt = torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.95), eps=1e-8)
 
     def train_step(self, ids, targets) -> dict[str, float]:
@@ -341,8 +343,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"load average before: {os.getloadavg()[0]:.2f} on {N_CORES} cores (figures are only comparable when low)")
     if have_torch:
         import torch
-        print(f"PyTorch {torch.__version__}, {N_CORES} threads; NumPy {np.__version__}; "
-              f"{args.steps} timed steps after {args.warmup} warmup; medians")
+
+        print(
+            f"PyTorch {torch.__version__}, {N_CORES} threads; NumPy {np.__version__}; "
+            f"{args.steps} timed steps after {args.warmup} warmup; medians"
+        )
     else:
         print(f"PyTorch not installed: our figures only. NumPy {np.__version__}; {args.steps} timed steps")
 
@@ -350,16 +355,24 @@ def main(argv: list[str] | None = None) -> None:
     for name in names:
         V, T, C, n_layers, n_heads, B = CONFIGS[name]
         data = batches(name, args.warmup + args.steps)
-        ours, theirs = (time_training([Ours(name), Torch(name)], data, args.warmup) if have_torch
-                        else (time_training([Ours(name)], data, args.warmup)[0], None))
+        ours, theirs = (
+            time_training([Ours(name), Torch(name)], data, args.warmup)
+            if have_torch
+            else (time_training([Ours(name)], data, args.warmup)[0], None)
+        )
         rows.append((name, B * T, ours, theirs))
-        print(f"  {name} done: ours {ours['step']:.1f} ms/step"
-              + (f", torch {theirs['step']:.1f} ms/step" if theirs else ""), flush=True)
+        print(
+            f"  {name} done: ours {ours['step']:.1f} ms/step"
+            + (f", torch {theirs['step']:.1f} ms/step" if theirs else ""),
+            flush=True,
+        )
 
     print()
     print("Training step (forward + backward + AdamW), float32, ms are medians")
-    head = (f"{'cfg':<4}{'tokens/s ours':>14}{'torch':>9}{'ratio':>7} | {'step ms':>8}{'torch':>7} | "
-            f"{'fwd ms':>7}{'torch':>7} | {'fwd+bwd':>8}{'torch':>7} | {'adamw ms':>8}{'torch':>7}")
+    head = (
+        f"{'cfg':<4}{'tokens/s ours':>14}{'torch':>9}{'ratio':>7} | {'step ms':>8}{'torch':>7} | "
+        f"{'fwd ms':>7}{'torch':>7} | {'fwd+bwd':>8}{'torch':>7} | {'adamw ms':>8}{'torch':>7}"
+    )
     print(head)
     print("-" * len(head))
     for name, tokens, ours, theirs in rows:
@@ -367,13 +380,18 @@ def main(argv: list[str] | None = None) -> None:
 
         def cell(v, w):
             return f"{v:>{w}.1f}" if v is not None else f"{'-':>{w}}"
+
         tps = tokens / ours["step"] * 1e3
         ttps = tokens / t["step"] * 1e3 if t else None
-        print(f"{name:<4}{tps:>14.0f}{cell(ttps, 9)}{fmt_ratio(tps, ttps):>7} | {ours['step']:>8.1f}"
-              f"{cell(t.get('step'), 7)} | {ours['fwd_only']:>7.1f}{cell(t.get('fwd_only'), 7)} | "
-              f"{ours['fwd+bwd']:>8.1f}{cell(t.get('fwd+bwd'), 7)} | {ours['opt']:>8.1f}{cell(t.get('opt'), 7)}")
-    print("(fwd: loss without gradients (torch: no_grad); fwd+bwd: loss_and_grads / forward + backward(); "
-          "ratio: ours / torch tokens/s)")
+        print(
+            f"{name:<4}{tps:>14.0f}{cell(ttps, 9)}{fmt_ratio(tps, ttps):>7} | {ours['step']:>8.1f}"
+            f"{cell(t.get('step'), 7)} | {ours['fwd_only']:>7.1f}{cell(t.get('fwd_only'), 7)} | "
+            f"{ours['fwd+bwd']:>8.1f}{cell(t.get('fwd+bwd'), 7)} | {ours['opt']:>8.1f}{cell(t.get('opt'), 7)}"
+        )
+    print(
+        "(fwd: loss without gradients (torch: no_grad); fwd+bwd: loss_and_grads / forward + backward(); "
+        "ratio: ours / torch tokens/s)"
+    )
 
     if not args.no_generate:
         V, T, *_ = CONFIGS["M"]
@@ -385,7 +403,9 @@ def main(argv: list[str] | None = None) -> None:
             runner.generate(prompt, 8)
         print()
         print(f"Generation on M (context {T}), one sequence from a 16-token prompt, tokens/s (cached runs: best of 3)")
-        print(f"{'new tokens':<34}{'ours+cache':>11}{'ours no cache':>14}{'speed-up':>9}{'PyTorch+cache':>14}{'ours/PyTorch':>13}")
+        print(
+            f"{'new tokens':<34}{'ours+cache':>11}{'ours no cache':>14}{'speed-up':>9}{'PyTorch+cache':>14}{'ours/PyTorch':>13}"
+        )
         # The second length stays inside the context; past it, all three shift the window to its
         # last half whenever it fills (GPT.generate's policy) and refill it.
         for n in dict.fromkeys((args.gen_tokens, min(args.gen_tokens, T - 16))):
@@ -395,8 +415,10 @@ def main(argv: list[str] | None = None) -> None:
                 uncached = n / ours.generate(prompt, n, use_cache=False)
             theirs = n / min(runner.generate(prompt, n) for _ in range(3)) if runner else None
             label = f"{n}" + (f" (shifts past {T} after {T - 16})" if n > T - 16 else " (within the context)")
-            print(f"{label:<34}{cached:>11.0f}{uncached:>14.0f}{cached / uncached:>8.1f}x"
-                  + (f"{theirs:>14.0f}{cached / theirs:>12.2f}x" if theirs else f"{'-':>14}"))
+            print(
+                f"{label:<34}{cached:>11.0f}{uncached:>14.0f}{cached / uncached:>8.1f}x"
+                + (f"{theirs:>14.0f}{cached / theirs:>12.2f}x" if theirs else f"{'-':>14}")
+            )
 
     if not args.no_memory:
         steps = 2 if args.quick else 3

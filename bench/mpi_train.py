@@ -29,7 +29,10 @@ REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "corpora" / "tiny_tales.txt"
 SHAPES = {  # name: (steps, flags)
     "default": (150, []),
-    "m": (40, ["--d-model", "256", "--n-layers", "4", "--n-heads", "8", "--context-length", "128", "--batch-size", "16"]),
+    "m": (
+        40,
+        ["--d-model", "256", "--n-layers", "4", "--n-heads", "8", "--context-length", "128", "--batch-size", "16"],
+    ),
 }
 
 
@@ -52,21 +55,39 @@ def main() -> None:
     tk = [sys.executable, "-m", "tokenkit.cli.main"]
     with tempfile.TemporaryDirectory() as tmp:
         tok = Path(tmp) / "tok.safetensors"
-        subprocess.run([*tk, "bpe-train", str(CORPUS), "--vocab-size", "1024", "-q", "-o", str(tok)], cwd=REPO, check=True)
-        print(f"tk train-model {CORPUS.name} (eval every 1000 steps), tokens/s of the training steps; "
-              f"median of {args.repeats}, alternating")
+        subprocess.run(
+            [*tk, "bpe-train", str(CORPUS), "--vocab-size", "1024", "-q", "-o", str(tok)], cwd=REPO, check=True
+        )
+        print(
+            f"tk train-model {CORPUS.name} (eval every 1000 steps), tokens/s of the training steps; "
+            f"median of {args.repeats}, alternating"
+        )
         for shape in args.shapes.split(","):
             steps, flags = SHAPES[shape]
-            common = [str(CORPUS), "-t", str(tok), "--steps", str(steps), "--eval-interval", "1000", "-q",
-                      "--overwrite", *flags]
+            common = [
+                str(CORPUS),
+                "-t",
+                str(tok),
+                "--steps",
+                str(steps),
+                "--eval-interval",
+                "1000",
+                "-q",
+                "--overwrite",
+                *flags,
+            ]
             pool, ranks = [], []
             for k in range(args.repeats):
                 run = Path(tmp) / "run"
                 pool.append(tokens_per_s([*tk, "train-model", *common, "-o", str(run), "--workers", "2"]))
-                ranks.append(tokens_per_s([mpirun, "-n", "2", *tk, "train-model", *common, "-o", str(run), "--workers", "1"]))
+                ranks.append(
+                    tokens_per_s([mpirun, "-n", "2", *tk, "train-model", *common, "-o", str(run), "--workers", "1"])
+                )
             p, r = statistics.median(pool), statistics.median(ranks)
-            print(f"{shape:>8}  ({steps} steps) --workers 2: {p:>9,.0f} tok/s   mpirun -n 2 --workers 1: {r:>9,.0f} tok/s   "
-                  f"ratio {r / p:.2f}x (goal >= 0.9x)")
+            print(
+                f"{shape:>8}  ({steps} steps) --workers 2: {p:>9,.0f} tok/s   mpirun -n 2 --workers 1: {r:>9,.0f} tok/s   "
+                f"ratio {r / p:.2f}x (goal >= 0.9x)"
+            )
             print(f"{'':>8}  runs: pool {[round(x) for x in pool]}, mpi {[round(x) for x in ranks]}")
 
 

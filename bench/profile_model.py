@@ -65,10 +65,22 @@ def best_ms(fn, reps: int, setup=None) -> float:
 class OpTimer:
     """Wraps the ops the model calls (module attributes, looked up at call time) with timers."""
 
-    NAMES = ("embedding_forward", "embedding_backward", "positional_forward", "positional_backward",
-             "layernorm_forward", "layernorm_backward", "attention_forward", "attention_backward",
-             "gelu_forward", "gelu_backward", "relu_forward", "relu_backward",
-             "softmax_xent_forward", "softmax_xent_backward")
+    NAMES = (
+        "embedding_forward",
+        "embedding_backward",
+        "positional_forward",
+        "positional_backward",
+        "layernorm_forward",
+        "layernorm_backward",
+        "attention_forward",
+        "attention_backward",
+        "gelu_forward",
+        "gelu_backward",
+        "relu_forward",
+        "relu_backward",
+        "softmax_xent_forward",
+        "softmax_xent_backward",
+    )
 
     def __init__(self):
         self.total: dict[str, float] = defaultdict(float)
@@ -82,17 +94,21 @@ class OpTimer:
             key = label(args) if callable(label) else label
             self.total[key] += clock() - t0
             return out
+
         return timed
 
     def __enter__(self):
         for name in self.NAMES:
             setattr(ops, name, self.wrap(self.saved[name], name))
-        ops.linear_forward = self.wrap(self.saved["linear_forward"],
-                                       lambda a: "linear_forward {}x{}".format(*a[1].shape))
-        ops.linear_backward = self.wrap(self.saved["linear_backward"],
-                                        lambda a: "linear_backward {}x{}".format(*a[1][1].shape))
-        model_module._ACTIVATIONS.update({k: (getattr(ops, f"{k}_forward"), getattr(ops, f"{k}_backward"))
-                                          for k in self.saved_acts})
+        ops.linear_forward = self.wrap(
+            self.saved["linear_forward"], lambda a: "linear_forward {}x{}".format(*a[1].shape)
+        )
+        ops.linear_backward = self.wrap(
+            self.saved["linear_backward"], lambda a: "linear_backward {}x{}".format(*a[1][1].shape)
+        )
+        model_module._ACTIVATIONS.update(
+            {k: (getattr(ops, f"{k}_forward"), getattr(ops, f"{k}_backward")) for k in self.saved_acts}
+        )
         return self
 
     def __exit__(self, *exc):
@@ -103,8 +119,7 @@ class OpTimer:
 
 def profile_step(name: str, steps: int) -> None:
     V, T, C, n_layers, n_heads, B = CONFIGS[name]
-    model = GPT(GPTConfig(vocab_size=V, context_length=T, d_model=C, n_layers=n_layers, n_heads=n_heads),
-                seed=0)
+    model = GPT(GPTConfig(vocab_size=V, context_length=T, d_model=C, n_layers=n_layers, n_heads=n_heads), seed=0)
     opt = AdamW(model.params, lr=3e-4, threads=1)
     rng = np.random.default_rng(0)
     per_step: list[dict[str, float]] = []
@@ -126,7 +141,9 @@ def profile_step(name: str, steps: int) -> None:
     total = best["(forward + backward, all)"] + best["AdamW step"]
     ops_sum = sum(v for k, v in best.items() if not k.startswith("(") and k != "AdamW step")
     best["other: unembedding GEMMs, residual adds, Python"] = best["(forward + backward, all)"] - ops_sum
-    print(f"\n== {name}: our training step in context, 1 thread, CPU ms (fastest of {steps} steps): {1e3 * total:.1f} ms")
+    print(
+        f"\n== {name}: our training step in context, 1 thread, CPU ms (fastest of {steps} steps): {1e3 * total:.1f} ms"
+    )
     for key in sorted((k for k in best if not k.startswith("(")), key=lambda k: -best[k]):
         print(f"   {key:<58}{1e3 * best[key]:9.2f} ms {100 * best[key] / total:6.1f}%")
 
@@ -154,19 +171,46 @@ def compare_ops(name: str, reps: int) -> None:
     x, w, b, d = rand(B, T, C), rand(C), rand(C), rand(B, T, C)
     _, ln_cache = ops.layernorm_forward(x, w, b)
     xt, wt, bt, dt = leaf(x), leaf(w), leaf(b), torch.from_numpy(d)
-    rows.append(("layernorm forward", 2 * L + 1, best_ms(lambda: ops.layernorm_forward(x, w, b), reps),
-                 best_ms(lambda: F.layer_norm(xt, (C,), wt, bt, 1e-5), reps)))
-    rows.append(("layernorm backward", 2 * L + 1, best_ms(lambda: ops.layernorm_backward(d, ln_cache), reps),
-                 best_ms(lambda y: torch.autograd.grad(y, (xt, wt, bt), dt), reps,
-                         setup=lambda: F.layer_norm(xt, (C,), wt, bt, 1e-5))))
+    rows.append(
+        (
+            "layernorm forward",
+            2 * L + 1,
+            best_ms(lambda: ops.layernorm_forward(x, w, b), reps),
+            best_ms(lambda: F.layer_norm(xt, (C,), wt, bt, 1e-5), reps),
+        )
+    )
+    rows.append(
+        (
+            "layernorm backward",
+            2 * L + 1,
+            best_ms(lambda: ops.layernorm_backward(d, ln_cache), reps),
+            best_ms(
+                lambda y: torch.autograd.grad(y, (xt, wt, bt), dt),
+                reps,
+                setup=lambda: F.layer_norm(xt, (C,), wt, bt, 1e-5),
+            ),
+        )
+    )
 
     h, dh = rand(B, T, 4 * C), rand(B, T, 4 * C)
     _, gelu_cache = ops.gelu_forward(h)
     ht, dht = leaf(h), torch.from_numpy(dh)
-    rows.append(("gelu forward", L, best_ms(lambda: ops.gelu_forward(h), reps),
-                 best_ms(lambda: F.gelu(ht, approximate="tanh"), reps)))
-    rows.append(("gelu backward", L, best_ms(lambda: ops.gelu_backward(dh, gelu_cache), reps),
-                 best_ms(lambda y: torch.autograd.grad(y, ht, dht), reps, setup=lambda: F.gelu(ht, approximate="tanh"))))
+    rows.append(
+        (
+            "gelu forward",
+            L,
+            best_ms(lambda: ops.gelu_forward(h), reps),
+            best_ms(lambda: F.gelu(ht, approximate="tanh"), reps),
+        )
+    )
+    rows.append(
+        (
+            "gelu backward",
+            L,
+            best_ms(lambda: ops.gelu_backward(dh, gelu_cache), reps),
+            best_ms(lambda y: torch.autograd.grad(y, ht, dht), reps, setup=lambda: F.gelu(ht, approximate="tanh")),
+        )
+    )
 
     qkv, dy = rand(B, T, 3 * C) * 0.5, rand(B, T, C)
     qkvt, dyt = leaf(qkv), torch.from_numpy(dy)
@@ -175,49 +219,101 @@ def compare_ops(name: str, reps: int) -> None:
         q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in qkvt.split(C, dim=2))
         return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
 
-    rows.append(("attention forward (torch: SDPA)", L, best_ms(lambda: ops.attention_forward(qkv, H, True), reps),
-                 best_ms(torch_attention, reps)))
-    rows.append(("attention backward (torch: SDPA)", L,
-                 best_ms(lambda cache: ops.attention_backward(dy, cache), reps,
-                         setup=lambda: ops.attention_forward(qkv, H, True)[1]),
-                 best_ms(lambda y: torch.autograd.grad(y, qkvt, dyt), reps, setup=torch_attention)))
+    rows.append(
+        (
+            "attention forward (torch: SDPA)",
+            L,
+            best_ms(lambda: ops.attention_forward(qkv, H, True), reps),
+            best_ms(torch_attention, reps),
+        )
+    )
+    rows.append(
+        (
+            "attention backward (torch: SDPA)",
+            L,
+            best_ms(
+                lambda cache: ops.attention_backward(dy, cache),
+                reps,
+                setup=lambda: ops.attention_forward(qkv, H, True)[1],
+            ),
+            best_ms(lambda y: torch.autograd.grad(y, qkvt, dyt), reps, setup=torch_attention),
+        )
+    )
 
     for c_in, c_out in ((C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)):
         xi, W, bias, do = rand(B, T, c_in), rand(c_in, c_out), rand(c_out), rand(B, T, c_out)
         _, lin_cache = ops.linear_forward(xi, W, bias)
         xit, Wt, bt2, dot = leaf(xi), leaf(W.T), leaf(bias), torch.from_numpy(do)
-        rows.append((f"linear forward {c_in}x{c_out}", L, best_ms(lambda: ops.linear_forward(xi, W, bias), reps),
-                     best_ms(lambda: F.linear(xit, Wt, bt2), reps)))
-        rows.append((f"linear backward {c_in}x{c_out}", L, best_ms(lambda: ops.linear_backward(do, lin_cache), reps),
-                     best_ms(lambda y: torch.autograd.grad(y, (xit, Wt, bt2), dot), reps,
-                             setup=lambda: F.linear(xit, Wt, bt2))))
+        rows.append(
+            (
+                f"linear forward {c_in}x{c_out}",
+                L,
+                best_ms(lambda: ops.linear_forward(xi, W, bias), reps),
+                best_ms(lambda: F.linear(xit, Wt, bt2), reps),
+            )
+        )
+        rows.append(
+            (
+                f"linear backward {c_in}x{c_out}",
+                L,
+                best_ms(lambda: ops.linear_backward(do, lin_cache), reps),
+                best_ms(
+                    lambda y: torch.autograd.grad(y, (xit, Wt, bt2), dot), reps, setup=lambda: F.linear(xit, Wt, bt2)
+                ),
+            )
+        )
 
     xf, wte, targets = rand(N, C), rand(V, C) * 0.02, rng.integers(0, V, N)
     xft, wtet, tgt = leaf(xf), leaf(wte), torch.from_numpy(targets)
     logits = xf @ wte.T
-    rows.append(("unembedding forward (N,C)@(C,V)", 1, best_ms(lambda: xf @ wte.T, reps),
-                 best_ms(lambda: xft @ wtet.T, reps)))
+    rows.append(
+        ("unembedding forward (N,C)@(C,V)", 1, best_ms(lambda: xf @ wte.T, reps), best_ms(lambda: xft @ wtet.T, reps))
+    )
     dl = rand(N, V) * 1e-3
     dlt = torch.from_numpy(dl)
-    rows.append(("unembedding backward (dW and dx)", 1, best_ms(lambda: (dl.T @ xf, dl @ wte), reps),
-                 best_ms(lambda y: torch.autograd.grad(y, (xft, wtet), dlt), reps, setup=lambda: xft @ wtet.T)))
-    rows.append(("softmax cross-entropy forward", 1,
-                 best_ms(lambda z: ops.softmax_xent_forward(z, targets), reps, setup=logits.copy),
-                 best_ms(lambda z: F.cross_entropy(z, tgt), reps, setup=lambda: leaf(logits))))
+    rows.append(
+        (
+            "unembedding backward (dW and dx)",
+            1,
+            best_ms(lambda: (dl.T @ xf, dl @ wte), reps),
+            best_ms(lambda y: torch.autograd.grad(y, (xft, wtet), dlt), reps, setup=lambda: xft @ wtet.T),
+        )
+    )
+    rows.append(
+        (
+            "softmax cross-entropy forward",
+            1,
+            best_ms(lambda z: ops.softmax_xent_forward(z, targets), reps, setup=logits.copy),
+            best_ms(lambda z: F.cross_entropy(z, tgt), reps, setup=lambda: leaf(logits)),
+        )
+    )
 
     def torch_xent():
         z = leaf(logits)
         return F.cross_entropy(z, tgt), z
 
-    rows.append(("softmax cross-entropy backward", 1,
-                 best_ms(lambda cache: ops.softmax_xent_backward(cache, N), reps,
-                         setup=lambda: ops.softmax_xent_forward(logits.copy(), targets)[1]),
-                 best_ms(lambda lz: torch.autograd.grad(lz[0], lz[1]), reps, setup=torch_xent)))
+    rows.append(
+        (
+            "softmax cross-entropy backward",
+            1,
+            best_ms(
+                lambda cache: ops.softmax_xent_backward(cache, N),
+                reps,
+                setup=lambda: ops.softmax_xent_forward(logits.copy(), targets)[1],
+            ),
+            best_ms(lambda lz: torch.autograd.grad(lz[0], lz[1]), reps, setup=torch_xent),
+        )
+    )
     ids, de = rng.integers(0, V, (B, T)), rand(B, T, C)
     idst, det = torch.from_numpy(ids), torch.from_numpy(de)
-    rows.append(("embedding backward", 1,
-                 best_ms(lambda: ops.embedding_backward(de, (ids, (V, C)), np.zeros((V, C), np.float32)), reps),
-                 best_ms(lambda y: torch.autograd.grad(y, wtet, det), reps, setup=lambda: F.embedding(idst, wtet))))
+    rows.append(
+        (
+            "embedding backward",
+            1,
+            best_ms(lambda: ops.embedding_backward(de, (ids, (V, C)), np.zeros((V, C), np.float32)), reps),
+            best_ms(lambda y: torch.autograd.grad(y, wtet, det), reps, setup=lambda: F.embedding(idst, wtet)),
+        )
+    )
 
     print(f"\n== {name}: op by op, 1 thread, CPU ms per call (min of {reps}); gap = (ours - torch) x calls per step")
     print(f"   {'op':<36}{'calls':>6}{'ours':>9}{'torch':>9}{'ours/torch':>11}{'gap ms/step':>13}")
@@ -225,10 +321,14 @@ def compare_ops(name: str, reps: int) -> None:
     for op, calls, ours_ms, torch_ms in sorted(rows, key=lambda r: -(r[2] - r[3]) * r[1]):
         ours_sum += calls * ours_ms
         torch_sum += calls * torch_ms
-        print(f"   {op:<36}{calls:>6}{ours_ms:>9.3f}{torch_ms:>9.3f}{ours_ms / torch_ms:>11.2f}"
-              f"{calls * (ours_ms - torch_ms):>13.2f}")
-    print(f"   {'all of the above, per step':<36}{'':>6}{ours_sum:>9.1f}{torch_sum:>9.1f}"
-          f"{ours_sum / torch_sum:>11.2f}{ours_sum - torch_sum:>13.2f}")
+        print(
+            f"   {op:<36}{calls:>6}{ours_ms:>9.3f}{torch_ms:>9.3f}{ours_ms / torch_ms:>11.2f}"
+            f"{calls * (ours_ms - torch_ms):>13.2f}"
+        )
+    print(
+        f"   {'all of the above, per step':<36}{'':>6}{ours_sum:>9.1f}{torch_sum:>9.1f}"
+        f"{ours_sum / torch_sum:>11.2f}{ours_sum - torch_sum:>13.2f}"
+    )
 
 
 def main() -> None:
@@ -243,6 +343,7 @@ def main() -> None:
             ap.error(f"unknown config {n!r}; choose from {', '.join(CONFIGS)}")
     try:
         import torch  # noqa: F401
+
         have_torch = True
     except ImportError:
         have_torch = False

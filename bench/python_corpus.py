@@ -78,7 +78,13 @@ def build(out: Path, limit_bytes: int, kinds: tuple[str, ...], extra_roots: list
             if written >= limit_bytes:
                 break
     os.replace(tmp, out)
-    return {"path": str(out), "bytes": written, "files": files, "duplicates_skipped": duplicates, "not_utf8_skipped": not_utf8}
+    return {
+        "path": str(out),
+        "bytes": written,
+        "files": files,
+        "duplicates_skipped": duplicates,
+        "not_utf8_skipped": not_utf8,
+    }
 
 
 def main() -> None:
@@ -86,14 +92,18 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=200.0, help="stop after this many megabytes (1e6 bytes)")
     parser.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--kinds", default="py", help="comma-separated file extensions (default: py)")
-    parser.add_argument("--roots", nargs="*", type=Path, default=[], help="more directories to walk, in the order given")
+    parser.add_argument(
+        "--roots", nargs="*", type=Path, default=[], help="more directories to walk, in the order given"
+    )
     args = parser.parse_args()
     kinds = tuple("." + k.strip().lstrip(".") for k in args.kinds.split(",") if k.strip())
     info = build(args.out, int(args.mb * 1e6), kinds, args.roots)
     mb = info["bytes"] / 1e6
     note = "" if mb >= args.mb * 0.999 else f" (all there is: asked for {args.mb:g} MB)"
-    print(f"wrote {info['path']}: {mb:.1f} MB{note} from {info['files']:,} files; "
-          f"{info['duplicates_skipped']:,} duplicates and {info['not_utf8_skipped']:,} non-UTF-8 files skipped")
+    print(
+        f"wrote {info['path']}: {mb:.1f} MB{note} from {info['files']:,} files; "
+        f"{info['duplicates_skipped']:,} duplicates and {info['not_utf8_skipped']:,} non-UTF-8 files skipped"
+    )
     sys.stdout.flush()
 
 

@@ -35,7 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 SHARED = REPO.parent / "shared"
 MACHINE_LINE = "The example outputs below were produced by"
-INTERRUPT_AT = {"tk train-model corpora/tiny_tales.txt -t runs/demo/tokenizer.safetensors -o runs/tales --steps 400": 211}
+INTERRUPT_AT = {
+    "tk train-model corpora/tiny_tales.txt -t runs/demo/tokenizer.safetensors -o runs/tales --steps 400": 211
+}
 FIRST = "tk pipeline corpora/tiny_tales.txt -o runs/demo"
 
 
@@ -96,15 +98,16 @@ def excerpt(old: list[str], new: list[str]) -> list[str]:
         pos = hit + len(part)
     result.append("...")
     if tail:
-        result += new[-len(tail):]
+        result += new[-len(tail) :]
     return result
 
 
 def run(command: str, cwd: Path, env: dict[str, str]) -> list[str]:
     """The merged output lines of one shell command (Ctrl-C at INTERRUPT_AT's step, if listed)."""
     bare = command.split("  #")[0].strip()
-    proc = subprocess.Popen(["bash", "-c", bare + " 2>&1"], cwd=cwd, env=env, stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", "-c", bare + " 2>&1"], cwd=cwd, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     stop_at = INTERRUPT_AT.get(bare)
     if stop_at is not None:
         log = cwd / bare.split(" -o ")[1].split()[0] / "log.jsonl"
@@ -131,9 +134,11 @@ def machine() -> str:
     except (OSError, StopIteration):
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (f"{MACHINE_LINE} `python bench/readme_examples.py --write` on {cpu}, {cores} cores, "
-            f"{platform.system()}, Python {platform.python_version()}, NumPy {numpy.__version__} "
-            f"({time.strftime('%Y-%m-%d')}); timings and the model's numbers differ on other machines.")
+    return (
+        f"{MACHINE_LINE} `python bench/readme_examples.py --write` on {cpu}, {cores} cores, "
+        f"{platform.system()}, Python {platform.python_version()}, NumPy {numpy.__version__} "
+        f"({time.strftime('%Y-%m-%d')}); timings and the model's numbers differ on other machines."
+    )
 
 
 def main() -> int:
@@ -142,7 +147,9 @@ def main() -> int:
     args = parser.parse_args()
     lines = README.read_text(encoding="utf-8").splitlines()
     found = blocks(lines)
-    order = sorted(range(len(found)), key=lambda k: not any(line == "$ " + FIRST for line in lines[found[k][0]:found[k][1]]))
+    order = sorted(
+        range(len(found)), key=lambda k: not any(line == "$ " + FIRST for line in lines[found[k][0] : found[k][1]])
+    )
     scratch = Path(tempfile.mkdtemp(prefix="tk-readme-"))
     work = scratch / "main"
     work.mkdir()

@@ -80,7 +80,9 @@ def step_time(name: str, repeats: int) -> tuple[int, float]:
     """(P, median seconds of one whole-batch training step with 2 workers on this machine)."""
     V, T, C, L, H, B = CONFIGS[name]
     rows = TIMED_ROWS.get(name, B)
-    model = DataParallel(GPT(GPTConfig(vocab_size=V, context_length=T, d_model=C, n_layers=L, n_heads=H), seed=0), workers=2)
+    model = DataParallel(
+        GPT(GPTConfig(vocab_size=V, context_length=T, d_model=C, n_layers=L, n_heads=H), seed=0), workers=2
+    )
     opt = AdamW(model.params, lr=1e-4)
     rng = np.random.default_rng(0)
     times = []
@@ -110,8 +112,12 @@ def reduce_times_here(P: int, repeats: int) -> tuple[float, float] | None:
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         return None
-    proc = subprocess.run([mpirun, "-n", "2", sys.executable, "-c", _REDUCE, str(P), str(repeats)],
-                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    proc = subprocess.run(
+        [mpirun, "-n", "2", sys.executable, "-c", _REDUCE, str(P), str(repeats)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     if proc.returncode:
         return None
     tk, mpi = proc.stdout.split()
@@ -134,19 +140,28 @@ def main() -> None:
         t_add = add_time(P, max(args.repeats, 5))
         here = reduce_times_here(P, max(args.repeats, 5))
         shard_mb = 4 * P / 1e6
-        print(f"\n{name}: P = {P:,} parameters, {shard_mb:,.1f} MB of gradients per shard; batch {B} rows; "
-              f"step here t1 = {t1 * 1e3:,.1f} ms; t_add = {t_add * 1e3:.2f} ms")
+        print(
+            f"\n{name}: P = {P:,} parameters, {shard_mb:,.1f} MB of gradients per shard; batch {B} rows; "
+            f"step here t1 = {t1 * 1e3:,.1f} ms; t_add = {t_add * 1e3:.2f} ms"
+        )
         if here is not None:
-            print(f"  2 ranks here: ordered_allreduce {here[0] * 1e3:.2f} ms, MPI Allreduce {here[1] * 1e3:.2f} ms "
-                  f"({here[0] / here[1]:.2f}x)")
-        print(f"  {'N':>3}  {'MB in/rank':>10}" + "".join(f"  {'tk ' + net:>15}  {'allgather ' + net:>19}" for net in NETWORKS))
+            print(
+                f"  2 ranks here: ordered_allreduce {here[0] * 1e3:.2f} ms, MPI Allreduce {here[1] * 1e3:.2f} ms "
+                f"({here[0] / here[1]:.2f}x)"
+            )
+        print(
+            f"  {'N':>3}  {'MB in/rank':>10}"
+            + "".join(f"  {'tk ' + net:>15}  {'allgather ' + net:>19}" for net in NETWORKS)
+        )
         for N in MACHINES:
             row = f"  {N:>3}  {2 * (N - 1) / N * shard_mb:>10,.1f}"
             for bw in NETWORKS.values():
                 tk = 2 * (N - 1) * (LATENCY_S + 4 * P / (N * bw)) + t_add * (N - 1) / N
                 simple = (N - 1) * (LATENCY_S + 4 * P / bw) + (N - 1) * t_add
-                row += (f"  {efficiency(N, B, t1, tk):>6.0%} {tk * 1e3:>6.1f} ms"
-                        f"  {efficiency(N, B, t1, simple):>10.0%} {simple * 1e3:>6.0f} ms")
+                row += (
+                    f"  {efficiency(N, B, t1, tk):>6.0%} {tk * 1e3:>6.1f} ms"
+                    f"  {efficiency(N, B, t1, simple):>10.0%} {simple * 1e3:>6.0f} ms"
+                )
             print(row)
 
 

@@ -49,10 +49,24 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = Tokenizer([], pattern="none")  # byte-level: ids 0-255 are the bytes, no merges
     config = TrainConfig(
-        n_layers=4, n_heads=4, d_model=128, context_length=64, bias=False,
-        batch_size=12, steps=args.steps, lr=1e-3, min_lr=1e-4, warmup_steps=100,
-        weight_decay=0.1, beta1=0.9, beta2=0.99, grad_clip=1.0,
-        eval_interval=250, eval_batches=20, val_fraction=0.1, seed=1337,
+        n_layers=4,
+        n_heads=4,
+        d_model=128,
+        context_length=64,
+        bias=False,
+        batch_size=12,
+        steps=args.steps,
+        lr=1e-3,
+        min_lr=1e-4,
+        warmup_steps=100,
+        weight_decay=0.1,
+        beta1=0.9,
+        beta2=0.99,
+        grad_clip=1.0,
+        eval_interval=250,
+        eval_batches=20,
+        val_fraction=0.1,
+        seed=1337,
     )
     with tempfile.TemporaryDirectory(prefix="tk-shakespeare-") as run_dir:
         start = time.perf_counter()
@@ -71,16 +85,22 @@ def main(argv: list[str] | None = None) -> int:
         val_200 = float(np.mean([model.loss(x, y) for x, y in batches]))
 
     print(f"tiny Shakespeare, byte-level baby GPT ({config.steps} steps, batch 12 x 64, 4x128, no bias)")
-    print(f"  final val loss (20 batches, as nanoGPT's eval_iters=20): {result.last_val_loss:.4f}"
-          f"   nanoGPT: {NANOGPT['val_loss']}")
+    print(
+        f"  final val loss (20 batches, as nanoGPT's eval_iters=20): {result.last_val_loss:.4f}"
+        f"   nanoGPT: {NANOGPT['val_loss']}"
+    )
     print(f"  val loss of the same model on 200 batches:              {val_200:.4f}")
     print(f"  unigram baseline:                                        {result.unigram_baseline:.4f}")
     n_evals = -(-config.steps // config.eval_interval)  # every 250 steps, the last step included
-    print(f"  wall time (incl. encoding, {n_evals} evals, checkpoints):     {wall:.1f} s"
-          f"   nanoGPT: ~{NANOGPT['wall_s']:.0f} s   ratio {wall / NANOGPT['wall_s']:.2f}")
+    print(
+        f"  wall time (incl. encoding, {n_evals} evals, checkpoints):     {wall:.1f} s"
+        f"   nanoGPT: ~{NANOGPT['wall_s']:.0f} s   ratio {wall / NANOGPT['wall_s']:.2f}"
+    )
     print(f"  training throughput:                                     {result.tokens_per_s:,.0f} tokens/s")
-    print(f"  peak RSS, this process + its worker (shared counted 2x): {own_mb + worker_mb:.0f} MB"
-          f" ({own_mb:.0f} + {worker_mb:.0f})   nanoGPT: ~{NANOGPT['peak_mb']:.0f} MB")
+    print(
+        f"  peak RSS, this process + its worker (shared counted 2x): {own_mb + worker_mb:.0f} MB"
+        f" ({own_mb:.0f} + {worker_mb:.0f})   nanoGPT: ~{NANOGPT['peak_mb']:.0f} MB"
+    )
     return 0
 
 

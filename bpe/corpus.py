@@ -79,9 +79,15 @@ Source = Union[str, os.PathLike, bytes, bytearray, FileRange]
 
 _CODECS = ((b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"))
 _NOT_TEXT = (
-    (b"PK\x03\x04", "a zip archive"), (b"PK\x05\x06", "a zip archive"), (b"7z\xbc\xaf\x27\x1c", "a 7z archive"),
-    (b"Rar!\x1a\x07", "a rar archive"), (b"\x7fELF", "an executable"), (b"%PDF-", "a PDF document"),
-    (b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"\x93NUMPY", "a NumPy array"),
+    (b"PK\x03\x04", "a zip archive"),
+    (b"PK\x05\x06", "a zip archive"),
+    (b"7z\xbc\xaf\x27\x1c", "a 7z archive"),
+    (b"Rar!\x1a\x07", "a rar archive"),
+    (b"\x7fELF", "an executable"),
+    (b"%PDF-", "a PDF document"),
+    (b"\x89PNG", "a PNG image"),
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"\x93NUMPY", "a NumPy array"),
     (b"SQLite format 3\x00", "an SQLite database"),
 )
 _TOOLS = {"gzip": "gzip -t", "bzip2": "bzip2 -t", "xz": "xz -t", "zstd": "zstd -t"}
@@ -263,7 +269,9 @@ class Corpus:
         """One iterator per document, of its bytes in blocks of exactly `block` (the last shorter)."""
         if any(i.kind == "stream" for i in self._inputs):
             if self._streams_read:
-                raise TokenizerError("the corpus holds stdin or a pipe, which was read already; it can be read only once")
+                raise TokenizerError(
+                    "the corpus holds stdin or a pipe, which was read already; it can be read only once"
+                )
             self._streams_read = True
         for inp in self._inputs:
             if inp.kind == "text":
@@ -326,8 +334,10 @@ class Corpus:
         if self.text_field is not None:
             raise TokenizerError(f"{inp.name} looks like {what}{after}, not JSON lines")
         if self._warn is not None:
-            self._warn(f"{inp.name} looks like {what}{after}, not text; reading its bytes as they are "
-                       "(--binary reads files raw on purpose, without this warning)")
+            self._warn(
+                f"{inp.name} looks like {what}{after}, not text; reading its bytes as they are "
+                "(--binary reads files raw on purpose, without this warning)"
+            )
 
     # ------------------------------------------------------------------------ resolving
 
@@ -335,15 +345,19 @@ class Corpus:
         if isinstance(source, (bytes, bytearray)):
             return [_Input(f"text {len(self._inputs) + 1}", "text", data=bytes(source))]
         if isinstance(source, FileRange):
-            return [_Input(_shown(source.path), "range", path=os.fspath(source.path), start=source.start, end=source.end)]
+            return [
+                _Input(_shown(source.path), "range", path=os.fspath(source.path), start=source.start, end=source.end)
+            ]
         if not isinstance(source, (str, os.PathLike)):
             raise TokenizerError(f"a corpus source must be a file path or bytes, got {type(source).__name__}")
         path = os.fspath(source)
         name = self._names.get(path) or _shown(path)
         if path == "-":
             if _is_terminal(sys.stdin):
-                raise TokenizerError("stdin (-) is a terminal, and nothing is piped in; pipe a corpus into it "
-                                     "(`tk ... - < corpus.txt`) or give the file itself")
+                raise TokenizerError(
+                    "stdin (-) is a terminal, and nothing is piped in; pipe a corpus into it "
+                    "(`tk ... - < corpus.txt`) or give the file itself"
+                )
             return [_Input("stdin", "stream", path="-")]
         try:
             st = os.stat(path)
@@ -418,7 +432,7 @@ class Corpus:
         return files
 
 
-def as_corpus(sources: "Corpus | Source | Iterable[Source]", **options) -> Corpus:
+def as_corpus(sources: Corpus | Source | Iterable[Source], **options) -> Corpus:
     """`sources` as a Corpus (a Corpus is returned as it is)."""
     return sources if isinstance(sources, Corpus) else Corpus(sources, **options)
 
@@ -434,7 +448,7 @@ class _Reader:
         self.inp, self.raw, self.codec = inp, raw, inp.codec
         self.done = 0  # bytes of text given out so far
 
-    def __enter__(self) -> "_Reader":
+    def __enter__(self) -> _Reader:
         inp = self.inp
         try:
             if inp.path == "-":
@@ -610,7 +624,9 @@ def _lines(head: bytes, reader: _Reader, name: str) -> Iterator[bytes]:
             lineno += 1 + len(lines)
             pending, pending_bytes = [rest], len(rest)
         if pending_bytes > MAX_LINE_BYTES:
-            raise TokenizerError(f"{name}, line {lineno + 1}: a line longer than {MAX_LINE_BYTES >> 30} GiB; JSON lines hold one document per line")
+            raise TokenizerError(
+                f"{name}, line {lineno + 1}: a line longer than {MAX_LINE_BYTES >> 30} GiB; JSON lines hold one document per line"
+            )
         block = reader.read(BLOCK_BYTES)
     if pending_bytes:
         yield b"".join(pending)
@@ -638,15 +654,28 @@ def _field(record, path: str, where: str) -> str:
 
 
 def _json_type(value) -> str:
-    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null", int: "number", float: "number"}
+    names = {
+        dict: "object",
+        list: "array",
+        str: "string",
+        bool: "boolean",
+        type(None): "null",
+        int: "number",
+        float: "number",
+    }
     return names.get(type(value), type(value).__name__)
 
 
 def _place(inp: _Input) -> str:
     """An input as the start of a "file:line" place: the path unquoted when it prints plainly
     (and the input has no name of its own)."""
-    plain = (inp.path is not None and inp.path != "-" and inp.path.isprintable() and len(inp.path) <= 120
-             and inp.name == _shown(inp.path))
+    plain = (
+        inp.path is not None
+        and inp.path != "-"
+        and inp.path.isprintable()
+        and len(inp.path) <= 120
+        and inp.name == _shown(inp.path)
+    )
     return inp.path if plain else inp.name
 
 
@@ -691,7 +720,9 @@ def _cut(blocks: Iterable[bytes], piece_bytes: int | None, specials: Sequence[by
         yield bytes(buf)
 
 
-def find_file_cut(path: str | os.PathLike, offset: int, end: int, specials: Sequence[bytes] = (), window: int = 1 << 16) -> int | None:
+def find_file_cut(
+    path: str | os.PathLike, offset: int, end: int, specials: Sequence[bytes] = (), window: int = 1 << 16
+) -> int | None:
     """The first safe place (`find_cut`'s rule) to cut the file at or after `offset`, before `end`, or None."""
     pad = max([CUT_CONTEXT] + [len(s) for s in specials])  # context on both sides of a cut
     with open(path, "rb") as f:

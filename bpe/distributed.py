@@ -27,17 +27,17 @@ file of ids).
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain
-from typing import Iterator
 
 import numpy as np
 from tqdm import tqdm
 
 from tokenkit.bpe import io
 from tokenkit.bpe.corpus import Corpus, FileRange, find_file_cut
-from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.encode_corpus import encoded_tasks, eot_id, file_tasks
+from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.pretokenize import _BUILTIN, count_chunks, resolve_pattern
 from tokenkit.bpe.tokenizer import Tokenizer
 from tokenkit.common.mpi import recv_arrays, reduce_to_root, send_arrays
@@ -58,7 +58,9 @@ class Split:
         >>> Split([1000, 999]).describe()
         '2 MPI ranks, bytes per rank: 1,000 / 999'
         """
-        return f"{len(self.bytes_per_rank)} MPI ranks, bytes per rank: " + " / ".join(f"{n:,}" for n in self.bytes_per_rank)
+        return f"{len(self.bytes_per_rank)} MPI ranks, bytes per rank: " + " / ".join(
+            f"{n:,}" for n in self.bytes_per_rank
+        )
 
 
 def split_files(paths: list[str], sizes: list[int], n: int, cuttable: bool) -> list[list[FileRange]]:
@@ -123,7 +125,9 @@ def _add_counts(mine: dict[bytes, int], theirs: dict[bytes, int]) -> dict[bytes,
 _COUNT_DTYPES = (np.uint8, np.int64, np.int64)
 
 
-def train(comm, corpus: Corpus, *, pattern: str = "gpt2", workers: int = 1, quiet: bool = False, **options) -> tuple[Tokenizer | None, Split]:
+def train(
+    comm, corpus: Corpus, *, pattern: str = "gpt2", workers: int = 1, quiet: bool = False, **options
+) -> tuple[Tokenizer | None, Split]:
     """`Tokenizer.train` on a corpus of plain files, counted over the ranks of `comm`: the
     tokenizer on rank 0, None on the others.
 
@@ -177,8 +181,13 @@ def encode_file(
     first = sum(len(b) for b in blocks[:rank])
     share = tasks[first : first + len(blocks[rank])]
     split = Split([sum(b - a for a, b in block) for block in blocks])
-    bar = tqdm(total=split.bytes_per_rank[rank], unit="B", unit_scale=True, desc="encoding",
-               disable=quiet or rank > 0 or not sys.stderr.isatty())
+    bar = tqdm(
+        total=split.bytes_per_rank[rank],
+        unit="B",
+        unit_scale=True,
+        desc="encoding",
+        disable=quiet or rank > 0 or not sys.stderr.isatty(),
+    )
     with bar:
         progress = lambda task: bar.update(sum(p.end - p.start for p in task))  # noqa: E731
         pieces = encoded_tasks(tok, share, workers, allowed, disallowed, sep, progress)

@@ -66,19 +66,21 @@ class Encoded:
     n_documents: int
 
 
-def eot_id(tok: "Tokenizer", eot: str | None) -> int | None:
+def eot_id(tok: Tokenizer, eot: str | None) -> int | None:
     """The id of the special token `eot` (None: no separator); TokenizerError if it is none of tok's."""
     if eot is None:
         return None
     specials = tok.special_tokens
     if eot not in specials:
         known = ", ".join(specials) or "none"
-        raise TokenizerError(f"--eot {eot!r} is not a special token of this tokenizer (it has: {known}); train it with --special {eot!r}")
+        raise TokenizerError(
+            f"--eot {eot!r} is not a special token of this tokenizer (it has: {known}); train it with --special {eot!r}"
+        )
     return specials[eot]
 
 
 def encode_corpus(
-    tok: "Tokenizer",
+    tok: Tokenizer,
     corpus: Corpus,
     out_path: str | os.PathLike | None = None,
     *,
@@ -97,7 +99,9 @@ def encode_corpus(
     sep = eot_id(tok, eot)
     workers = max(1, workers or os.cpu_count() or 1)
     done = {"bytes": 0, "documents": 0}
-    with tqdm(total=corpus.size, unit="B", unit_scale=True, desc="encoding", disable=quiet or not sys.stderr.isatty()) as bar:
+    with tqdm(
+        total=corpus.size, unit="B", unit_scale=True, desc="encoding", disable=quiet or not sys.stderr.isatty()
+    ) as bar:
 
         def progress(task: Task) -> None:
             n = sum(p.end - p.start for p in task)
@@ -116,7 +120,7 @@ def encode_corpus(
     return Encoded(ids, done["bytes"], n_documents)
 
 
-def tasks_of(tok: "Tokenizer", corpus: Corpus) -> Iterator[Task]:
+def tasks_of(tok: Tokenizer, corpus: Corpus) -> Iterator[Task]:
     """The corpus as tasks: plain files as byte ranges, anything else as pieces read here.
 
     With a custom pattern or "none" no safe place to cut is known: each document is one part.
@@ -133,7 +137,7 @@ def tasks_of(tok: "Tokenizer", corpus: Corpus) -> Iterator[Task]:
     return _grouped(_first_is_no_boundary(parts))
 
 
-def file_tasks(tok: "Tokenizer", files: list[tuple[str, int]]) -> list[Task]:
+def file_tasks(tok: Tokenizer, files: list[tuple[str, int]]) -> list[Task]:
     """Tasks over plain files: each file in ranges of about a megabyte (whole with a custom
     pattern or "none"), small files grouped."""
     cuttable = tok._pattern in _BUILTIN
@@ -168,7 +172,7 @@ def _grouped(parts: Iterable[Part]) -> Iterator[Task]:
 
 
 def encoded_tasks(
-    tok: "Tokenizer",
+    tok: Tokenizer,
     tasks: Iterable[Task],
     workers: int,
     allowed: list[str],
@@ -226,7 +230,7 @@ def encoded_tasks(
             _worker_tok = None
 
 
-def _encode_task(tok: "Tokenizer", task: Task, allowed, disallowed, eot: int | None) -> bytes:
+def _encode_task(tok: Tokenizer, task: Task, allowed, disallowed, eot: int | None) -> bytes:
     """The ids of one task's parts as raw bytes of `tok.ids_dtype` (no per-id pickling on the way
     back from a worker), `eot` before each part that starts a new document."""
     out = []
@@ -243,7 +247,7 @@ def _encode_task(tok: "Tokenizer", task: Task, allowed, disallowed, eot: int | N
 
 # Worker processes of encode_corpus hold the tokenizer here: forked ones inherit it from the
 # parent, others build it once from the tensors; its chunk cache stays warm across tasks.
-_worker_tok: "Tokenizer | None" = None
+_worker_tok: Tokenizer | None = None
 
 
 def _worker_init(parent: int, packed: tuple[dict[str, np.ndarray], dict[str, str]] | None) -> None:

@@ -22,9 +22,9 @@ this must equal is `Tokenizer._merge_short`; tests compare the two on many rando
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from itertools import chain, compress, filterfalse, repeat
 from operator import is_, not_
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -145,7 +145,9 @@ def merge_batch(ids: np.ndarray, lengths: np.ndarray, table: PairTable) -> tuple
     return _in_order(out_ids, out_which, out_lengths)
 
 
-def _in_order(ids: list[np.ndarray], which: list[np.ndarray], lengths: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def _in_order(
+    ids: list[np.ndarray], which: list[np.ndarray], lengths: list[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
     """The chunks that left `merge_batch` round by round, back in the caller's order."""
     ids = np.concatenate([np.zeros(0, dtype=np.int32), *ids])
     which = np.concatenate([np.zeros(0, dtype=np.int64), *which])
@@ -418,10 +420,10 @@ class PieceCache(_BatchCache):
         for i, value in zip(at, map(found.__getitem__, missing)):  # only the missing places
             values[i] = value
         for (a, b), key, value in zip(units, keys, unit_values):
-            values[a : b] = [found[key] if value is None else value] + [b""] * (b - a - 1)
+            values[a:b] = [found[key] if value is None else value] + [b""] * (b - a - 1)
         if tail is not None:  # not kept: its key could be a piece's
             a, b = tail
-            values[a : b] = [self._words.text_ids(_text_of(" ".join(pieces[a:b])))] + [b""] * (b - a - 1)
+            values[a:b] = [self._words.text_ids(_text_of(" ".join(pieces[a:b])))] + [b""] * (b - a - 1)
         for piece in open_pieces:
             del found[piece]
         self._keep(found)

@@ -92,11 +92,13 @@ def check_custom_pattern(pattern_regex: str | None, action: str = "exported") ->
             m = rx.match(_PROBE, i, timeout=1.0)
             if m is not None and m.end() == i:
                 raise TokenizerError(
-                    f"the split pattern {pattern_regex[:50]!r} matches the empty string (at {_PROBE[i:i + 8]!r}); "
+                    f"the split pattern {pattern_regex[:50]!r} matches the empty string (at {_PROBE[i : i + 8]!r}); "
                     f"Hugging Face and tiktoken split at empty matches where tk does not, so it cannot be {action}"
                 )
     except TimeoutError:
-        raise TokenizerError(f"the split pattern {pattern_regex[:50]!r} takes too long on a short probe text; simplify it") from None
+        raise TokenizerError(
+            f"the split pattern {pattern_regex[:50]!r} takes too long on a short probe text; simplify it"
+        ) from None
 
 
 def pattern_name(regex_: str | None) -> str:
@@ -118,7 +120,9 @@ def _byte_level(use_regex: bool) -> dict:
     return {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": use_regex}
 
 
-def to_hf(merges: list[tuple[int, int]], byte_order: list[int], special_tokens: dict[str, int], pattern_regex: str | None) -> dict:
+def to_hf(
+    merges: list[tuple[int, int]], byte_order: list[int], special_tokens: dict[str, int], pattern_regex: str | None
+) -> dict:
     """The `tokenizer.json` dict of a tokenizer (ids, merges and specials exactly ours)."""
     check_custom_pattern(pattern_regex)
     table = _byte_table()
@@ -128,7 +132,17 @@ def to_hf(merges: list[tuple[int, int]], byte_order: list[int], special_tokens: 
     added = []
     for s, i in sorted(special_tokens.items(), key=lambda kv: kv[1]):
         _check_hf_special(s, i, vocab, inverse, "rename the special token to export")
-        added.append({"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True})
+        added.append(
+            {
+                "id": i,
+                "content": s,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+        )
     if pattern_regex is None:
         pre = _byte_level(False)
     elif pattern_regex == GPT2_PATTERN:  # HF's ByteLevel regex is GPT-2's
@@ -164,7 +178,9 @@ def _check_hf_special(s: str, i: int, vocab: dict[str, int], inverse: dict[str, 
     """Refuse a special token that HF would not treat as tk does: one spelled like a vocabulary
     token (HF gives it that token's id) or made of byte stand-ins that decode as other bytes."""
     if vocab.get(s, i) != i:
-        raise TokenizerError(f"special token {s!r} is spelled like token {vocab[s]} in the byte-level vocabulary, which would give it that id; {todo}")
+        raise TokenizerError(
+            f"special token {s!r} is spelled like token {vocab[s]} in the byte-level vocabulary, which would give it that id; {todo}"
+        )
     if all(c in inverse for c in s) and bytes(inverse[c] for c in s) != s.encode("utf-8"):
         raise TokenizerError(
             f"special token {s!r} would decode as other bytes through Hugging Face's ByteLevel decoder (its "
@@ -177,21 +193,32 @@ def _pattern_of_hf(pre, what: str) -> str | None:
 
     def byte_level(p) -> bool:  # a ByteLevel pre-tokenizer we can read; returns its use_regex
         if not isinstance(p, dict) or p.get("type") != "ByteLevel":
-            raise TokenizerError(f"{what}: pre-tokenizer {_type(p)} is not supported; tk reads byte-level BPE (ByteLevel, or Split + ByteLevel)")
+            raise TokenizerError(
+                f"{what}: pre-tokenizer {_type(p)} is not supported; tk reads byte-level BPE (ByteLevel, or Split + ByteLevel)"
+            )
         if p.get("add_prefix_space", False):
-            raise TokenizerError(f"{what}: ByteLevel add_prefix_space adds a space to the text; tk encodes the text as it is")
+            raise TokenizerError(
+                f"{what}: ByteLevel add_prefix_space adds a space to the text; tk encodes the text as it is"
+            )
         return bool(p.get("use_regex", True))
 
     if isinstance(pre, dict) and pre.get("type") == "Sequence":
         steps = pre.get("pretokenizers")
-        if not isinstance(steps, list) or len(steps) != 2 or not isinstance(steps[0], dict) or steps[0].get("type") != "Split":
+        if (
+            not isinstance(steps, list)
+            or len(steps) != 2
+            or not isinstance(steps[0], dict)
+            or steps[0].get("type") != "Split"
+        ):
             raise TokenizerError(f"{what}: pre-tokenizer Sequence must be [Split, ByteLevel] for tk")
         split = steps[0]
         pattern = split.get("pattern")
         if not isinstance(pattern, dict) or not isinstance(pattern.get("Regex", pattern.get("String")), str):
             raise TokenizerError(f"{what}: the Split pre-tokenizer has no pattern")
         if split.get("behavior") != "Isolated" or split.get("invert", False):
-            raise TokenizerError(f"{what}: Split behavior {split.get('behavior')!r} (invert {split.get('invert')}) is not supported; tk keeps matches and gaps as chunks (Isolated)")
+            raise TokenizerError(
+                f"{what}: Split behavior {split.get('behavior')!r} (invert {split.get('invert')}) is not supported; tk keeps matches and gaps as chunks (Isolated)"
+            )
         if byte_level(steps[1]):
             raise TokenizerError(f"{what}: ByteLevel after Split must not split again (use_regex false)")
         found = pattern["Regex"] if "Regex" in pattern else regex.escape(pattern["String"])
@@ -222,23 +249,33 @@ def from_hf(data, what: str = "tokenizer.json") -> dict:
         if model.get(key):  # None, "", 0 and false are all "off"
             raise TokenizerError(f"{what}: model {key} = {model.get(key)!r} changes ids; tk reads plain byte-level BPE")
     if data.get("normalizer") is not None:
-        raise TokenizerError(f"{what}: normalizer {_type(data['normalizer'])} changes the text; tk encodes the text as it is")
+        raise TokenizerError(
+            f"{what}: normalizer {_type(data['normalizer'])} changes the text; tk encodes the text as it is"
+        )
     post = data.get("post_processor")
     if post is not None and not (isinstance(post, dict) and post.get("type") == "ByteLevel"):
-        raise TokenizerError(f"{what}: post-processor {_type(post)} may add tokens; tk reads tokenizers without one (or ByteLevel)")
+        raise TokenizerError(
+            f"{what}: post-processor {_type(post)} may add tokens; tk reads tokenizers without one (or ByteLevel)"
+        )
     decoder = data.get("decoder")
     if decoder is not None and not (isinstance(decoder, dict) and decoder.get("type") == "ByteLevel"):
         raise TokenizerError(f"{what}: decoder {_type(decoder)} is not ByteLevel")
     pattern = pattern_name(_pattern_of_hf(data.get("pre_tokenizer"), what))
     vocab, merges_in = model.get("vocab"), model.get("merges")
-    if not isinstance(vocab, dict) or not all(type(v) is int for v in vocab.values()) or not isinstance(merges_in, list):
+    if (
+        not isinstance(vocab, dict)
+        or not all(type(v) is int for v in vocab.values())
+        or not isinstance(merges_in, list)
+    ):
         raise TokenizerError(f"{what}: model vocab must map token strings to ids and merges must be a list")
     byte_of = {c: b for b, c in _byte_table().items()}
     byte_order: list = [None] * 256
     for char, b in byte_of.items():
         i = vocab.get(char)
         if i is None or not 0 <= i < 256:
-            raise TokenizerError(f"{what}: the byte token {char!r} must have an id in 0..255 (got {i}); tk's ids 0-255 are the bytes")
+            raise TokenizerError(
+                f"{what}: the byte token {char!r} must have an id in 0..255 (got {i}); tk's ids 0-255 are the bytes"
+            )
         byte_order[i] = b
     merges = []
     for r, m in enumerate(merges_in):
@@ -263,14 +300,20 @@ def from_hf(data, what: str = "tokenizer.json") -> dict:
         if not isinstance(t, dict) or not isinstance(t.get("content"), str) or type(t.get("id")) is not int:
             raise TokenizerError(f"{what}: an added token lacks content or id")
         if not t.get("special", False):
-            raise TokenizerError(f"{what}: added token {t['content']!r} is not special; tk reads only special added tokens")
+            raise TokenizerError(
+                f"{what}: added token {t['content']!r} is not special; tk reads only special added tokens"
+            )
         if t.get("lstrip") or t.get("rstrip") or t.get("single_word") or t.get("normalized"):
-            raise TokenizerError(f"{what}: added token {t['content']!r} strips, matches single words or is normalized; tk matches it exactly")
+            raise TokenizerError(
+                f"{what}: added token {t['content']!r} strips, matches single words or is normalized; tk matches it exactly"
+            )
         _check_hf_special(t["content"], t["id"], vocab, byte_of, "tk would give it other ids or bytes")
         specials[t["content"]] = t["id"]
     extra = {s: i for s, i in vocab.items() if i >= n_tokens}
     if any(specials.get(s) != i for s, i in extra.items()) or len(vocab) != n_tokens + len(extra):
-        raise TokenizerError(f"{what}: the vocab has {len(vocab)} entries, expected 256 bytes + {len(merges)} merges (+ the special tokens)")
+        raise TokenizerError(
+            f"{what}: the vocab has {len(vocab)} entries, expected 256 bytes + {len(merges)} merges (+ the special tokens)"
+        )
     if sorted(specials.values()) != list(range(n_tokens, n_tokens + len(specials))):
         raise TokenizerError(f"{what}: special tokens must have consecutive ids right after the merges ({n_tokens}...)")
     return {

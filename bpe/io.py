@@ -42,13 +42,11 @@ from tqdm import tqdm
 from tokenkit.bpe import interop
 from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.pretokenize import PATTERNS, resolve_pattern
-from tokenkit.common import jsonsafe
-from tokenkit.common import FileError, atomic, safetensors_file
+from tokenkit.common import FileError, atomic, jsonsafe, safetensors_file
 
 FORMAT = "tokenkit.bpe"
 FORMAT_VERSION = "1"
 TENSOR_NAMES = ("merges", "vocab_bytes", "vocab_offsets")
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,9 +161,10 @@ def unpack(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None) -> d
     if not isinstance(specials, dict) or not isinstance(training, dict):
         raise TokenizerError("tokenizer metadata special_tokens/training must be JSON objects")
     expected = set(range(n_tokens, n_tokens + len(specials)))
-    if any(not isinstance(k, str) or not k or type(v) is not int for k, v in specials.items()) or set(
-        specials.values()
-    ) != expected:
+    if (
+        any(not isinstance(k, str) or not k or type(v) is not int for k, v in specials.items())
+        or set(specials.values()) != expected
+    ):
         raise TokenizerError(
             f"special tokens must be non-empty strings with the ids {n_tokens}..{n_tokens + len(specials) - 1}"
             " right after the merges; the file is damaged"
@@ -191,7 +190,9 @@ def _check_pattern(pattern, pattern_regex) -> str | None:
     """
     for key, value in (("pattern", pattern), ("pattern_regex", pattern_regex)):
         if not isinstance(value, str):
-            raise TokenizerError(f"tokenizer metadata {key} must be a string, got {type(value).__name__}; the file is damaged")
+            raise TokenizerError(
+                f"tokenizer metadata {key} must be a string, got {type(value).__name__}; the file is damaged"
+            )
     if pattern in PATTERNS or pattern == "":  # a built-in name ("" is no pattern, like none)
         expected = PATTERNS.get(pattern) or ""
     else:
@@ -328,7 +329,9 @@ def load_ids(path: str | os.PathLike) -> np.ndarray:
     path = _check_readable(Path(path))
     dtype, shape, _, offset, size = _npy_header_of(path)
     if dtype.hasobject or dtype.kind not in "iu":
-        raise TokenizerError(f"{path}: holds {dtype}, expected integer token ids (give the ids file that `tk encode -o` wrote)")
+        raise TokenizerError(
+            f"{path}: holds {dtype}, expected integer token ids (give the ids file that `tk encode -o` wrote)"
+        )
     count = math.prod(shape)
     if any(n < 0 for n in shape) or count * dtype.itemsize != size - offset:
         raise TokenizerError(
@@ -361,7 +364,9 @@ def _npy_header_of(path: Path) -> tuple[np.dtype, tuple[int, ...], bool, int, in
             elif version == (2, 0):
                 shape, fortran, dtype = npy.read_array_header_2_0(f)
             else:
-                raise TokenizerError(f"{path}: .npy format version {version[0]}.{version[1]} is not supported; re-encode it")
+                raise TokenizerError(
+                    f"{path}: .npy format version {version[0]}.{version[1]} is not supported; re-encode it"
+                )
             return dtype, shape, fortran, f.tell(), size
     except OSError as err:
         raise TokenizerError(f"{path}: cannot read ({err.strerror or err})") from None
@@ -455,7 +460,9 @@ def read_gpt2(vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> 
         merges.append((ids[0], ids[1]))
     n_tokens = 256 + len(merges)
     specials = {s: i for s, i in encoder.items() if i >= n_tokens}
-    if len(encoder) != n_tokens + len(specials) or set(specials.values()) != set(range(n_tokens, n_tokens + len(specials))):
+    if len(encoder) != n_tokens + len(specials) or set(specials.values()) != set(
+        range(n_tokens, n_tokens + len(specials))
+    ):
         raise TokenizerError(
             f"{vocab_path}: has {len(encoder)} entries, expected 256 bytes + {len(merges)} merges + specials "
             "with consecutive ids after them; the files do not belong together"
@@ -463,7 +470,9 @@ def read_gpt2(vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> 
     return {"merges": merges, "byte_order": byte_order, "special_tokens": specials}
 
 
-def write_gpt2(directory: str | os.PathLike, vocab: list[bytes], merges: list[tuple[int, int]], special_tokens: dict[str, int]) -> tuple[Path, Path]:
+def write_gpt2(
+    directory: str | os.PathLike, vocab: list[bytes], merges: list[tuple[int, int]], special_tokens: dict[str, int]
+) -> tuple[Path, Path]:
     """Write `vocab.json` + `merges.txt` (GPT-2's format, as Hugging Face names them) into a directory."""
     directory = _output_dir(directory)
     table = bytes_to_unicode()
@@ -545,7 +554,13 @@ def tiktoken_meta_path(path: str | os.PathLike) -> Path:
     return path.with_name(path.stem + "_tiktoken.json")
 
 
-def write_tiktoken(directory: str | os.PathLike, ranks: list[tuple[bytes, int]], pat_str: str, special_tokens: dict[str, int], pattern: str) -> list[Path]:
+def write_tiktoken(
+    directory: str | os.PathLike,
+    ranks: list[tuple[bytes, int]],
+    pat_str: str,
+    special_tokens: dict[str, int],
+    pattern: str,
+) -> list[Path]:
     """Write tokenizer.tiktoken (one "base64-bytes rank" line per token, tiktoken's format) and
     tokenizer_tiktoken.json ({"pat_str", "special_tokens"}, plus tk's own name of the pattern)."""
     directory = _output_dir(directory)
@@ -573,7 +588,9 @@ def read_tiktoken(path: str | os.PathLike) -> tuple[dict[bytes, int], dict | Non
             if len(parts) != 2 or not token or rank < 0:
                 raise ValueError
         except (ValueError, IndexError, binascii.Error):
-            raise TokenizerError(f"{path}:{lineno}: expected 'base64-bytes rank', got {line[:40]!r}; give a .tiktoken rank file") from None
+            raise TokenizerError(
+                f"{path}:{lineno}: expected 'base64-bytes rank', got {line[:40]!r}; give a .tiktoken rank file"
+            ) from None
         if token in ranks:
             raise TokenizerError(f"{path}:{lineno}: the bytes {token!r} have two ranks ({ranks[token]} and {rank})")
         ranks[token] = rank
@@ -589,5 +606,5 @@ def read_tiktoken(path: str | os.PathLike) -> tuple[dict[bytes, int], dict | Non
         or not all(isinstance(s, str) and s and type(i) is int for s, i in specials.items())
         or not isinstance(meta.get("pattern", ""), str)
     ):
-        raise TokenizerError(f"{meta_path}: expected {{\"pat_str\": str, \"special_tokens\": {{str: id}}}}")
+        raise TokenizerError(f'{meta_path}: expected {{"pat_str": str, "special_tokens": {{str: id}}}}')
     return ranks, meta

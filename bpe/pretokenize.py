@@ -209,7 +209,9 @@ def _batches(pieces: Iterator[bytes], batch_bytes: int) -> Iterator[list[bytes]]
         yield batch
 
 
-def _count_in_workers(batches: Iterator[list[bytes]], pattern: str | None, workers: int, total: int | None, quiet: bool) -> Counter:
+def _count_in_workers(
+    batches: Iterator[list[bytes]], pattern: str | None, workers: int, total: int | None, quiet: bool
+) -> Counter:
     """Hand batches of pieces to `workers` processes; each counts all its pieces into one Counter.
 
     One Counter per worker, sent back once at the end, instead of one per piece: merging
@@ -220,8 +222,10 @@ def _count_in_workers(batches: Iterator[list[bytes]], pattern: str | None, worke
     ctx = get_context("fork" if sys.platform.startswith("linux") else "spawn")
     tasks = ctx.Queue(maxsize=2 * workers)  # bounded: memory stays at a few pieces
     results = ctx.Queue()
-    procs = [ctx.Process(target=_count_worker, args=(tasks, results, pattern, os.getpid()), daemon=True)
-             for _ in range(workers)]
+    procs = [
+        ctx.Process(target=_count_worker, args=(tasks, results, pattern, os.getpid()), daemon=True)
+        for _ in range(workers)
+    ]
     for p in procs:  # started before the progress bar, whose monitor thread a fork should not copy
         p.start()
     try:

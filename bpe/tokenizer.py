@@ -28,11 +28,11 @@ import heapq
 import os
 import time
 from array import array
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import repeat
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import regex
@@ -198,7 +198,7 @@ class Tokenizer:
         quiet: bool = False,
         on_merge: Callable[[int, tuple[int, int], int], None] | None = None,
         count: Callable[..., dict[bytes, int]] = count_chunks,
-    ) -> "Tokenizer":
+    ) -> Tokenizer:
         """Learn merges from a corpus; the result carries `train_report`.
 
         sources: a `bpe.corpus.Corpus` (compressed files, JSONL, stdin, ...), or file paths,
@@ -214,7 +214,9 @@ class Tokenizer:
         specials = list(special_tokens)
         if vocab_size is not None and vocab_size < 256 + len(specials):
             need = f"256 byte tokens + {len(specials)} special tokens" if specials else "256 byte tokens"
-            raise TokenizerError(f"vocab size {vocab_size} is too small: the {need} need at least {256 + len(specials)}")
+            raise TokenizerError(
+                f"vocab size {vocab_size} is too small: the {need} need at least {256 + len(specials)}"
+            )
         if min_frequency is not None and min_frequency < 1:
             raise TokenizerError(f"--min-frequency must be at least 1, got {min_frequency}")
         corpus = as_corpus(sources)
@@ -398,7 +400,9 @@ class Tokenizer:
         unknown = names - set(self._specials)
         if unknown:
             known = ", ".join(self._specials) or "none"
-            raise TokenizerError(f"{what} names {sorted(unknown)[0]!r}, which is not a special token of this tokenizer (it has: {known})")
+            raise TokenizerError(
+                f"{what} names {sorted(unknown)[0]!r}, which is not a special token of this tokenizer (it has: {known})"
+            )
         return names
 
     def encode(
@@ -427,7 +431,9 @@ class Tokenizer:
             text = bytes(text).decode("utf-8", errors="surrogateescape")
         elif not isinstance(text, str):
             raise TokenizerError(f"encode takes str or bytes, got {type(text).__name__}")
-        return np.frombuffer(self._encode_bytes(text, allowed_special, disallowed_special), dtype=self.ids_dtype).tolist()
+        return np.frombuffer(
+            self._encode_bytes(text, allowed_special, disallowed_special), dtype=self.ids_dtype
+        ).tolist()
 
     def _encode_bytes(self, text: str, allowed_special, disallowed_special) -> bytes:
         """`encode` of a str, as raw bytes of `ids_dtype` (what file encoding writes and sends)."""
@@ -435,7 +441,9 @@ class Tokenizer:
             return self._encode_ordinary(text)
         allowed = self._special_set(allowed_special, "allowed_special")
         disallowed = (
-            set(self._specials) - allowed if disallowed_special == "all" else self._special_set(disallowed_special, "disallowed_special")
+            set(self._specials) - allowed
+            if disallowed_special == "all"
+            else self._special_set(disallowed_special, "disallowed_special")
         )
         if disallowed:
             hit = self._special_re(frozenset(disallowed)).search(text)
@@ -467,7 +475,9 @@ class Tokenizer:
             lo, hi = min(ids), max(ids)
             if lo < 0 or hi >= len(self._id_bytes):
                 bad = lo if lo < 0 else hi
-                raise TokenizerError(f"token id {bad} is out of range for this tokenizer (ids are 0..{len(self._id_bytes) - 1})")
+                raise TokenizerError(
+                    f"token id {bad} is out of range for this tokenizer (ids are 0..{len(self._id_bytes) - 1})"
+                )
         return ids
 
     def decode_bytes(self, ids: Iterable[int] | np.ndarray) -> bytes:
@@ -511,14 +521,24 @@ class Tokenizer:
         so each document is one piece. See `bpe.encode_corpus`.
         """
         return encode_corpus.encode_corpus(
-            self, as_corpus(path), out_path, workers=workers, quiet=quiet,
-            allowed_special=allowed_special, disallowed_special=disallowed_special, eot=eot,
+            self,
+            as_corpus(path),
+            out_path,
+            workers=workers,
+            quiet=quiet,
+            allowed_special=allowed_special,
+            disallowed_special=disallowed_special,
+            eot=eot,
         ).ids
 
     def _special_args(self, allowed_special, disallowed_special) -> tuple[list[str], list[str] | str]:
         """The special-token policy of encode_file, checked once and made plain for worker processes."""
         allowed = sorted(self._special_set(allowed_special, "allowed_special"))
-        disallowed = disallowed_special if disallowed_special == "all" else sorted(self._special_set(disallowed_special, "disallowed_special"))
+        disallowed = (
+            disallowed_special
+            if disallowed_special == "all"
+            else sorted(self._special_set(disallowed_special, "disallowed_special"))
+        )
         return allowed, disallowed
 
     # ----------------------------------------------------------------------------- files
@@ -528,7 +548,7 @@ class Tokenizer:
         return io.pack(self._merges, self._vocab, self._specials, self._pattern_name, self._pattern, self._training)
 
     @classmethod
-    def from_tensors(cls, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> "Tokenizer":
+    def from_tensors(cls, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> Tokenizer:
         """Rebuild a tokenizer from `to_tensors` output, validating everything."""
         parts = io.unpack(tensors, metadata)
         return cls(
@@ -545,7 +565,7 @@ class Tokenizer:
         io.write_tokenizer_file(path, *self.to_tensors())
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Tokenizer":
+    def load(cls, path: str | os.PathLike) -> Tokenizer:
         return cls.from_tensors(*io.read_tokenizer_file(path))
 
     def fingerprint(self) -> str:
@@ -555,7 +575,9 @@ class Tokenizer:
         return self._fingerprint
 
     @classmethod
-    def from_gpt2(cls, vocab_path: str | os.PathLike, merges_path: str | os.PathLike, *, pattern: str = "gpt2") -> "Tokenizer":
+    def from_gpt2(
+        cls, vocab_path: str | os.PathLike, merges_path: str | os.PathLike, *, pattern: str = "gpt2"
+    ) -> Tokenizer:
         """Import GPT-2's files: encoder.json + vocab.bpe, or vocab.json + merges.txt.
 
         The result encodes every text to GPT-2's own ids ("hello world" -> [31373, 995]).
@@ -621,7 +643,7 @@ class Tokenizer:
                 )
 
     @classmethod
-    def from_hf(cls, path: str | os.PathLike) -> "Tokenizer":
+    def from_hf(cls, path: str | os.PathLike) -> Tokenizer:
         """Import a Hugging Face byte-level BPE tokenizer: a tokenizer.json, or a directory holding
         tokenizer.json or vocab.json + merges.txt (GPT-2's pair, split with GPT-2's pattern).
 
@@ -644,7 +666,9 @@ class Tokenizer:
         return tok
 
     @classmethod
-    def from_tiktoken(cls, path: str | os.PathLike, pattern: str | None = None, special_tokens: Iterable[str] = ()) -> "Tokenizer":
+    def from_tiktoken(
+        cls, path: str | os.PathLike, pattern: str | None = None, special_tokens: Iterable[str] = ()
+    ) -> Tokenizer:
         """Import a tiktoken rank file (base64 token bytes and rank per line; ranks become ids).
 
         The split pattern and special tokens come from `NAME_tiktoken.json` beside `NAME.tiktoken`
@@ -661,16 +685,24 @@ class Tokenizer:
                 raise TokenizerError(f"{meta_path} gives the pattern and special tokens; do not give them again")
             pattern = meta.get("pattern") or interop.pattern_of_pat_str(meta["pat_str"])
             if meta.get("pattern") and interop.tiktoken_pat_str(resolve_pattern(pattern)) != meta["pat_str"]:
-                raise TokenizerError(f"{meta_path}: pattern {pattern[:40]!r} is not the one of its pat_str; the file was altered")
+                raise TokenizerError(
+                    f"{meta_path}: pattern {pattern[:40]!r} is not the one of its pat_str; the file was altered"
+                )
             specials = meta["special_tokens"]
             if sorted(specials.values()) != list(range(n_tokens, n_tokens + len(specials))):
-                raise TokenizerError(f"{meta_path}: special tokens must have consecutive ids right after the ranks ({n_tokens}...)")
+                raise TokenizerError(
+                    f"{meta_path}: special tokens must have consecutive ids right after the ranks ({n_tokens}...)"
+                )
         elif pattern is None:
-            raise TokenizerError(f"{path}: a .tiktoken file does not hold its split pattern; give it (--pattern gpt2|gpt4|none|REGEX)")
+            raise TokenizerError(
+                f"{path}: a .tiktoken file does not hold its split pattern; give it (--pattern gpt2|gpt4|none|REGEX)"
+            )
         tok = cls(
             parts["merges"],
             special_tokens=specials,
-            pattern=pattern if pattern in PATTERNS else interop.pattern_name(pattern),  # tiktoken's gpt2 pat_str is "gpt2"
+            pattern=pattern
+            if pattern in PATTERNS
+            else interop.pattern_name(pattern),  # tiktoken's gpt2 pat_str is "gpt2"
             byte_order=parts["byte_order"],
             training={"imported": "tiktoken rank file"},
         )

@@ -96,9 +96,7 @@ def train_merges(
     merges: list[tuple[int, int]] = []
     counts: list[int] = []
     stop_reason = "no_pairs"
-    with tqdm(
-        total=max_merges, desc="merging", unit=" merges", disable=quiet or not sys.stderr.isatty()
-    ) as bar:
+    with tqdm(total=max_merges, desc="merging", unit=" merges", disable=quiet or not sys.stderr.isatty()) as bar:
         while True:
             if max_merges is not None and len(merges) >= max_merges:
                 stop_reason = "vocab_size"
@@ -122,7 +120,9 @@ def train_merges(
     return TrainResult(merges, counts, stop_reason)
 
 
-def train_merges_naive(chunk_counts: Mapping[bytes, int], vocab_size: int | None = None, min_frequency: int | None = None) -> TrainResult:
+def train_merges_naive(
+    chunk_counts: Mapping[bytes, int], vocab_size: int | None = None, min_frequency: int | None = None
+) -> TrainResult:
     """`train_merges`, the obvious way: before every merge, recount every adjacent pair of every
     chunk (weighted by its count), take the most frequent (ties: the smallest pair), and rewrite
     every chunk left to right. O(merges x corpus): for reading and for tests, not for use.

@@ -58,7 +58,9 @@ def explain_command(text, model_path, example, layer, head, top_k, full, precisi
         header = ""
     else:
         if model_path is None or text is None:
-            raise click.UsageError('give -m MODEL "TEXT" to explain a model, or --example NAME for a seed\'s toy example')
+            raise click.UsageError(
+                'give -m MODEL "TEXT" to explain a model, or --example NAME for a seed\'s toy example'
+            )
         check_device(device)
         model, tok, _ = load_model(model_path, device=device)
         ids = tok.encode(text)

@@ -72,7 +72,9 @@ def render_step(step: Step, *, precision: int, full: bool) -> list[str]:
     notes = []
     for i in range(n_rows):
         p = step.seed.get(None if v.ndim == 1 else i)
-        notes.append("" if p is None else ("   seed: same" if p.agrees else f"   seed printed {p.text} (differs; exact at left)"))
+        notes.append(
+            "" if p is None else ("   seed: same" if p.agrees else f"   seed printed {p.text} (differs; exact at left)")
+        )
     lines += _table(rows[:n_rows], col_labels, cells, notes)
     if n_rows < m.shape[0] or n_cols < m.shape[1]:
         lines.append(f"   (showing {n_rows} of {m.shape[0]} rows, {n_cols} of {m.shape[1]} columns; --full for all)")
@@ -89,7 +91,9 @@ def render(expl: Explanation, *, precision: int, full: bool) -> str:
     if expl.top:
         lines += ["", f"-- top {len(expl.top)} next-token candidates after {expl.tokens[-1]}"]
         cells = [[str(i), t, _num(p, precision), _num(z, precision)] for i, t, p, z in expl.top]
-        lines += _table([str(r + 1) for r in range(len(cells))], ["id", "token", "probability", "logit"], cells, [""] * len(cells))
+        lines += _table(
+            [str(r + 1) for r in range(len(cells))], ["id", "token", "probability", "logit"], cells, [""] * len(cells)
+        )
     return "\n".join(lines) + "\n"
 
 

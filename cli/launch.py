@@ -48,7 +48,10 @@ def abort_on_error(comm):
 def device_option(func):
     """`--device cpu|cuda`: where a command's model math runs."""
     return click.option(
-        "--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+        "--device",
+        type=click.Choice(["cpu", "cuda"]),
+        default="cpu",
+        show_default=True,
         help="where the model's math runs: cpu (NumPy) or cuda (CuPy on an NVIDIA GPU; pip install 'tokenkit[gpu]')",
     )(func)
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from importlib.metadata import PackageNotFoundError, version
 
 import click
 
+from tokenkit import __version__
 from tokenkit.bpe import TokenizerError
 from tokenkit.cli.explain_commands import COMMANDS as EXPLAIN_COMMANDS
 from tokenkit.cli.model_commands import COMMANDS as MODEL_COMMANDS
@@ -27,15 +27,8 @@ from tokenkit.transformer import ModelError
 USER_ERRORS = (TokenizerError, ModelError, PipelineError, FileError)
 
 
-def _version() -> str:
-    try:
-        return version("tokenkit")
-    except PackageNotFoundError:  # running from a source tree that was never installed
-        return "0+unknown"
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(_version(), "--version", prog_name="tokenkit")
+@click.version_option(__version__, "--version", prog_name="tokenkit")
 def cli() -> None:
     """tokenkit: train a byte-level BPE tokenizer and a NumPy transformer, and use them.
 
@@ -110,7 +103,9 @@ def _run(argv: list[str] | None) -> int:
         return 1
     except OSError as err:  # last resort: a disk or permission failure the packages did not name
         where = f"{err.filename}: " if err.filename else ""
-        click.echo(f"error: {where}{err.strerror or err}; check the path, its permissions and the free disk space", err=True)
+        click.echo(
+            f"error: {where}{err.strerror or err}; check the path, its permissions and the free disk space", err=True
+        )
         return 1
     except KeyboardInterrupt:
         click.echo(_stopped(), err=True)

@@ -19,9 +19,16 @@ from tokenkit.cli.launch import abort_on_error, check_device, device_option, mpi
 from tokenkit.cli.tokenizer_commands import corpus_options
 from tokenkit.pipeline import PipelineError, checkpoint, hf
 from tokenkit.pipeline.config import load_config_file
-from tokenkit.pipeline.sources import CorpusSpec
 from tokenkit.pipeline.ranks import Ranks
-from tokenkit.pipeline.run import generate, load_model_and_tokenizer, load_tokenizer, predict_next, run_pipeline, token_text
+from tokenkit.pipeline.run import (
+    generate,
+    load_model_and_tokenizer,
+    load_tokenizer,
+    predict_next,
+    run_pipeline,
+    token_text,
+)
+from tokenkit.pipeline.sources import CorpusSpec
 from tokenkit.pipeline.train import (
     DEFAULT_VOCAB_SIZE,
     StartFrom,
@@ -58,8 +65,13 @@ _TRAIN_FLAGS = [
     ("--eval-batches", "eval_batches", int, "validation batches per evaluation"),
     ("--val-fraction", "val_fraction", float, "last fraction of the corpus held out for validation"),
     ("--seed", "seed", int, "seed for initialisation and batches"),
-    ("--workers", "workers", int, "processes computing each step's batch shards (0: one per core; "
-     "the same count gives bit-identical runs on any machine)"),
+    (
+        "--workers",
+        "workers",
+        int,
+        "processes computing each step's batch shards (0: one per core; "
+        "the same count gives bit-identical runs on any machine)",
+    ),
 ]
 _FIELDS = [f for _, f, _, _ in _MODEL_FLAGS + _TRAIN_FLAGS] + ["bias"]
 
@@ -67,10 +79,16 @@ _FIELDS = [f for _, f, _, _ in _MODEL_FLAGS + _TRAIN_FLAGS] + ["bias"]
 def _training_options(func):
     """Every TrainConfig field as a flag (default: unset, shown with the built-in default)."""
     for flag, name, typ, text in reversed(_MODEL_FLAGS + _TRAIN_FLAGS):
-        func = click.option(flag, name, type=typ, default=None, help=f"{text} [default: {getattr(_DEFAULTS, name)}]")(func)
-    func = click.option("--bias/--no-bias", "bias", default=None, help="biases in linear layers and LayerNorms [default: on]")(func)
+        func = click.option(flag, name, type=typ, default=None, help=f"{text} [default: {getattr(_DEFAULTS, name)}]")(
+            func
+        )
     func = click.option(
-        "--config", "config_file", type=click.Path(dir_okay=False, path_type=Path),
+        "--bias/--no-bias", "bias", default=None, help="biases in linear layers and LayerNorms [default: on]"
+    )(func)
+    func = click.option(
+        "--config",
+        "config_file",
+        type=click.Path(dir_okay=False, path_type=Path),
         help="JSON or TOML file of these settings (flags given on the command line win)",
     )(func)
     return func
@@ -95,18 +113,33 @@ def _given(kwargs: dict[str, Any], fresh: bool = True, ranks: Ranks | None = Non
 def _run_corpus_options(func):
     """CORPUS's reading flags (--glob, --text-field, --binary, as bpe-train's), --eot and --val."""
     func = corpus_options(func)
-    func = click.option("--eot", metavar="TOKEN",
-                        help="Put this special token between documents (files, JSONL records) in the token files; "
-                        "a tokenizer trained here gets it, a given one (-t) must have it.")(func)
-    func = click.option("--val", "val", multiple=True, type=click.Path(path_type=Path), metavar="FILE",
-                        help="Validate on this corpus (repeatable; files, directories, compressed, JSONL, - or a pipe "
-                        "as CORPUS) instead of the last --val-fraction of CORPUS.")(func)
+    func = click.option(
+        "--eot",
+        metavar="TOKEN",
+        help="Put this special token between documents (files, JSONL records) in the token files; "
+        "a tokenizer trained here gets it, a given one (-t) must have it.",
+    )(func)
+    func = click.option(
+        "--val",
+        "val",
+        multiple=True,
+        type=click.Path(path_type=Path),
+        metavar="FILE",
+        help="Validate on this corpus (repeatable; files, directories, compressed, JSONL, - or a pipe "
+        "as CORPUS) instead of the last --val-fraction of CORPUS.",
+    )(func)
     return func
 
 
 def _corpus_spec(corpus, val, eot, glob, text_field, binary) -> CorpusSpec:
-    return CorpusSpec(tuple(str(p) for p in corpus), glob=glob, text_field=text_field, binary=binary, eot=eot,
-                      val=tuple(str(p) for p in val))
+    return CorpusSpec(
+        tuple(str(p) for p in corpus),
+        glob=glob,
+        text_field=text_field,
+        binary=binary,
+        eot=eot,
+        val=tuple(str(p) for p in val),
+    )
 
 
 def _check_val(val, given: dict[str, Any]) -> None:
@@ -116,8 +149,10 @@ def _check_val(val, given: dict[str, Any]) -> None:
 
 def _check_workers_on(device: str, given: dict[str, Any]) -> None:
     if device != "cpu" and given.get("workers", 0) > 1:
-        raise click.UsageError(f"--workers splits batches over CPU processes; with --device {device} the batch runs "
-                               "in this process on the GPU: drop --workers")
+        raise click.UsageError(
+            f"--workers splits batches over CPU processes; with --device {device} the batch runs "
+            "in this process on the GPU: drop --workers"
+        )
 
 
 def _say(quiet: bool):
@@ -139,7 +174,8 @@ def _summary(result: TrainResult) -> None:
         click.echo(f"step {result.step}/{result.steps}: nothing left to train (best val loss {best})")
         return
     last = (
-        f"val loss {result.last_val_loss:.4f}" + (f" at step {result.last_val_step}" if result.last_val_step != result.step else "")
+        f"val loss {result.last_val_loss:.4f}"
+        + (f" at step {result.last_val_step}" if result.last_val_step != result.step else "")
         if result.last_val_loss is not None
         else "no evaluation this session"
     )
@@ -185,22 +221,54 @@ def _interrupted(result: TrainResult) -> int:
 
 @click.command("train-model")
 @click.argument("corpus", nargs=-1, type=click.Path(path_type=Path))
-@click.option("-t", "--tokenizer", "tokenizer_path", type=click.Path(path_type=Path),
-              help="tokenizer.safetensors (default: train one on the corpus into RUN_DIR)")
+@click.option(
+    "-t",
+    "--tokenizer",
+    "tokenizer_path",
+    type=click.Path(path_type=Path),
+    help="tokenizer.safetensors (default: train one on the corpus into RUN_DIR)",
+)
 @click.option("-o", "--out", "run_dir", type=click.Path(file_okay=False, path_type=Path), help="run directory")
-@click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[RUN_DIR]",
-              help="continue the run in RUN_DIR (or -o) exactly where it stopped")
-@click.option("--init-from", "init_from", type=click.Path(path_type=Path), metavar="MODEL",
-              help="start a new run from MODEL's weights and tokenizer (a run directory or model file, "
-              "e.g. one `tk import-hf` wrote); the model's shape comes from it")
+@click.option(
+    "--resume",
+    "resume",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[RUN_DIR]",
+    help="continue the run in RUN_DIR (or -o) exactly where it stopped",
+)
+@click.option(
+    "--init-from",
+    "init_from",
+    type=click.Path(path_type=Path),
+    metavar="MODEL",
+    help="start a new run from MODEL's weights and tokenizer (a run directory or model file, "
+    "e.g. one `tk import-hf` wrote); the model's shape comes from it",
+)
 @_training_options
 @_run_corpus_options
 @click.option("--overwrite", is_flag=True, help="replace the files of another run in RUN_DIR (otherwise refused)")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bar or notes, only the summary")
 @device_option
 @_on_ranks
-def train_model_command(ranks, corpus, tokenizer_path, run_dir, resume, init_from, overwrite, quiet,
-                        val, eot, glob, text_field, binary, device, **kwargs) -> int:
+def train_model_command(
+    ranks,
+    corpus,
+    tokenizer_path,
+    run_dir,
+    resume,
+    init_from,
+    overwrite,
+    quiet,
+    val,
+    eot,
+    glob,
+    text_field,
+    binary,
+    device,
+    **kwargs,
+) -> int:
     """Train a GPT on CORPUS; checkpoints, log and token cache go in RUN_DIR.
 
     CORPUS: files and directories (every file below, sorted by path), gzip, bzip2, xz and zstd
@@ -241,10 +309,25 @@ def train_model_command(ranks, corpus, tokenizer_path, run_dir, resume, init_fro
         if init_from is not None:
             raise click.UsageError("--init-from starts a new run; a resumed run continues from its own weights")
         tok = load_tokenizer(tokenizer_path) if tokenizer_path is not None else None
-        flags = {"inputs": corpus, "val": val, "glob": glob, "text_field": text_field, "binary": binary or None, "eot": eot}
+        flags = {
+            "inputs": corpus,
+            "val": val,
+            "glob": glob,
+            "text_field": text_field,
+            "binary": binary or None,
+            "eot": eot,
+        }
         changes = {name: value for name, value in flags.items() if value}  # what was given: in place of the recorded
-        result = resume_training(target, tokenizer=tok, overrides=given, corpus_overrides=changes, ranks=ranks,
-                                 device=device, quiet=quiet, say=say)
+        result = resume_training(
+            target,
+            tokenizer=tok,
+            overrides=given,
+            corpus_overrides=changes,
+            ranks=ranks,
+            device=device,
+            quiet=quiet,
+            say=say,
+        )
     else:
         if not corpus:
             raise click.UsageError("missing CORPUS (or --resume RUN_DIR to continue a run)")
@@ -254,8 +337,18 @@ def train_model_command(ranks, corpus, tokenizer_path, run_dir, resume, init_fro
         config = TrainConfig.from_dict(init.settings(given) if init is not None else given)
         inputs = _corpus_spec(corpus, val, eot, glob, text_field, binary).open(warn=_warn_line)
         tok = load_tokenizer(tokenizer_path) if tokenizer_path is not None else None
-        result = train_model(inputs, run_dir, tok, config, init=init, overwrite=overwrite, ranks=ranks, device=device,
-                             quiet=quiet, say=say)
+        result = train_model(
+            inputs,
+            run_dir,
+            tok,
+            config,
+            init=init,
+            overwrite=overwrite,
+            ranks=ranks,
+            device=device,
+            quiet=quiet,
+            say=say,
+        )
     _summary(result)
     return _interrupted(result) if result.interrupted else 0
 
@@ -264,10 +357,21 @@ def train_model_command(ranks, corpus, tokenizer_path, run_dir, resume, init_fro
 
 
 @click.command("predict-next")
-@click.option("-m", "--model", "model_path", required=True, type=click.Path(path_type=Path),
-              help="run directory or model.safetensors")
-@click.option("-t", "--tokenizer", "tokenizer_path", type=click.Path(path_type=Path),
-              help="tokenizer.safetensors, for a model file without one embedded (GPT.save's)")
+@click.option(
+    "-m",
+    "--model",
+    "model_path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="run directory or model.safetensors",
+)
+@click.option(
+    "-t",
+    "--tokenizer",
+    "tokenizer_path",
+    type=click.Path(path_type=Path),
+    help="tokenizer.safetensors, for a model file without one embedded (GPT.save's)",
+)
 @click.argument("text")
 @click.option("--top-k", default=10, show_default=True, type=int, help="rows in the table of likely tokens")
 @click.option("--json", "as_json", is_flag=True, help='print {"top": [{"id", "token", "p"}, ...]} instead of the table')
@@ -284,7 +388,9 @@ def predict_next_command(model_path, tokenizer_path, text, top_k, as_json, devic
     model, tok = load_model_and_tokenizer(model_path, tokenizer_path, device=device)
     pred = predict_next(model, tok, text, top_k=top_k, say=_warn)
     if as_json:  # a token that is part of a character shows its bytes escaped, e.g. "\\xc3"
-        top = [{"id": i, "token": tok.decode_bytes([i]).decode("utf-8", "backslashreplace"), "p": p} for i, p in pred.top]
+        top = [
+            {"id": i, "token": tok.decode_bytes([i]).decode("utf-8", "backslashreplace"), "p": p} for i, p in pred.top
+        ]
         click.echo(json.dumps({"top": top}, ensure_ascii=False))
         return 0
     best_id, best_p = pred.top[0]
@@ -300,10 +406,21 @@ def predict_next_command(model_path, tokenizer_path, text, top_k, as_json, devic
 
 
 @click.command("generate")
-@click.option("-m", "--model", "model_path", required=True, type=click.Path(path_type=Path),
-              help="run directory or model.safetensors")
-@click.option("-t", "--tokenizer", "tokenizer_path", type=click.Path(path_type=Path),
-              help="tokenizer.safetensors, for a model file without one embedded (GPT.save's)")
+@click.option(
+    "-m",
+    "--model",
+    "model_path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="run directory or model.safetensors",
+)
+@click.option(
+    "-t",
+    "--tokenizer",
+    "tokenizer_path",
+    type=click.Path(path_type=Path),
+    help="tokenizer.safetensors, for a model file without one embedded (GPT.save's)",
+)
 @click.argument("prompt")
 @click.option("-n", "--max-new-tokens", default=100, show_default=True, type=int, help="tokens to generate")
 @click.option("--temperature", default=1.0, show_default=True, type=float, help="0 = greedy (argmax)")
@@ -311,7 +428,9 @@ def predict_next_command(model_path, tokenizer_path, text, top_k, as_json, devic
 @click.option("--top-p", default=None, type=float, help="sample among the smallest set with probability >= P")
 @click.option("--seed", default=None, type=int, help="seed for reproducible sampling")
 @device_option
-def generate_command(model_path, tokenizer_path, prompt, max_new_tokens, temperature, top_k, top_p, seed, device) -> int:
+def generate_command(
+    model_path, tokenizer_path, prompt, max_new_tokens, temperature, top_k, top_p, seed, device
+) -> int:
     """Continue PROMPT, streaming the text as it is generated (KV-cached decoding).
 
     \b
@@ -321,8 +440,15 @@ def generate_command(model_path, tokenizer_path, prompt, max_new_tokens, tempera
     check_device(device)
     model, tok = load_model_and_tokenizer(model_path, tokenizer_path, device=device)
     pieces = generate(
-        model, tok, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, seed=seed, say=_warn,
+        model,
+        tok,
+        prompt,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        say=_warn,
     )
     _stream(prompt, pieces)
     return 0
@@ -403,9 +529,15 @@ def _info_model(path: Path) -> None:
             _row("unigram baseline", f"{base:.4f}")
         if "corpus" in prov:
             _corpus_rows(prov)
-        labels = {"corpus_sha256": "corpus sha256", "corpus_fingerprint": "corpus fingerprint",
-                  "val_fingerprint": "val fingerprint", "n_train_tokens": "train tokens",
-                  "tokenkit": "written by tokenkit", "imported_from": "imported from", "init_from": "initialised from"}
+        labels = {
+            "corpus_sha256": "corpus sha256",
+            "corpus_fingerprint": "corpus fingerprint",
+            "val_fingerprint": "val fingerprint",
+            "n_train_tokens": "train tokens",
+            "tokenkit": "written by tokenkit",
+            "imported_from": "imported from",
+            "init_from": "initialised from",
+        }
         for key, label in labels.items():
             if key in prov:
                 _row(label, f"{prov[key]:,}" if isinstance(prov[key], int) else prov[key])
@@ -420,8 +552,12 @@ def _corpus_rows(record: dict[str, Any], sizes: str = "") -> None:
     except PipelineError:
         _row("corpus", record.get("corpus"))
         return
-    flags = [f"--glob {spec.glob!r}" if spec.glob is not None else "", f"--text-field {spec.text_field}" if spec.text_field else "",
-             "--binary" if spec.binary else "", f"--eot {spec.eot!r}" if spec.eot is not None else ""]
+    flags = [
+        f"--glob {spec.glob!r}" if spec.glob is not None else "",
+        f"--text-field {spec.text_field}" if spec.text_field else "",
+        "--binary" if spec.binary else "",
+        f"--eot {spec.eot!r}" if spec.eot is not None else "",
+    ]
     flags = [f for f in flags if f]
     _row("corpus", spec.describe() + (f" ({', '.join(flags)})" if flags else "") + sizes)
     if spec.val:
@@ -446,18 +582,43 @@ def _info_state(path: Path) -> None:
 
 @click.command("pipeline")
 @click.argument("corpus", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("-o", "--out", "run_dir", required=True, type=click.Path(file_okay=False, path_type=Path), help="run directory")
+@click.option(
+    "-o", "--out", "run_dir", required=True, type=click.Path(file_okay=False, path_type=Path), help="run directory"
+)
 @click.option("--vocab-size", default=DEFAULT_VOCAB_SIZE, show_default=True, type=int, help="tokenizer vocabulary size")
 @_training_options
 @_run_corpus_options
 @click.option("--prompt", default=None, help="prompt for the final sample (default: words from the validation text)")
-@click.option("-n", "--max-new-tokens", default=None, type=int, help="tokens in the final sample  [default: what fills the model's context]")
-@click.option("--overwrite", is_flag=True, help="redo stages whose outputs are stale, and replace files not made by the pipeline")
+@click.option(
+    "-n",
+    "--max-new-tokens",
+    default=None,
+    type=int,
+    help="tokens in the final sample  [default: what fills the model's context]",
+)
+@click.option(
+    "--overwrite", is_flag=True, help="redo stages whose outputs are stale, and replace files not made by the pipeline"
+)
 @click.option("-q", "--quiet", is_flag=True, help="no progress bars or notes")
 @device_option
 @_on_ranks
-def pipeline_command(ranks, corpus, run_dir, vocab_size, prompt, max_new_tokens, overwrite, quiet,
-                     val, eot, glob, text_field, binary, device, **kwargs) -> int:
+def pipeline_command(
+    ranks,
+    corpus,
+    run_dir,
+    vocab_size,
+    prompt,
+    max_new_tokens,
+    overwrite,
+    quiet,
+    val,
+    eot,
+    glob,
+    text_field,
+    binary,
+    device,
+    **kwargs,
+) -> int:
     """Tokenizer -> encode -> train -> sample, each stage skipped when RUN_DIR already has it.
 
     CORPUS is read as train-model reads it (files, directories, compressed files, JSONL; - and
@@ -478,8 +639,17 @@ def pipeline_command(ranks, corpus, run_dir, vocab_size, prompt, max_new_tokens,
     _check_workers_on(device, given)
     config = TrainConfig.from_dict(given)
     inputs = _corpus_spec(corpus, val, eot, glob, text_field, binary).open(warn=_warn_line)
-    result = run_pipeline(inputs, run_dir, vocab_size=vocab_size, config=config, overwrite=overwrite, ranks=ranks,
-                          device=device, quiet=quiet, say=say)
+    result = run_pipeline(
+        inputs,
+        run_dir,
+        vocab_size=vocab_size,
+        config=config,
+        overwrite=overwrite,
+        ranks=ranks,
+        device=device,
+        quiet=quiet,
+        say=say,
+    )
     if result.train is not None:
         _summary(result.train)
         if result.train.interrupted:
@@ -503,11 +673,26 @@ def pipeline_command(ranks, corpus, run_dir, vocab_size, prompt, max_new_tokens,
 
 @click.command("export-hf")
 @click.argument("model_path", metavar="RUN_OR_MODEL", type=click.Path(path_type=Path))
-@click.option("-o", "--out", "directory", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="directory to write (created if needed)")
-@click.option("-t", "--tokenizer", "tokenizer_path", type=click.Path(path_type=Path),
-              help="tokenizer.safetensors, for a model file without one embedded (GPT.save's)")
-@click.option("--overwrite", is_flag=True, help="replace the model and tokenizer files of a directory that is not an earlier export")
+@click.option(
+    "-o",
+    "--out",
+    "directory",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="directory to write (created if needed)",
+)
+@click.option(
+    "-t",
+    "--tokenizer",
+    "tokenizer_path",
+    type=click.Path(path_type=Path),
+    help="tokenizer.safetensors, for a model file without one embedded (GPT.save's)",
+)
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="replace the model and tokenizer files of a directory that is not an earlier export",
+)
 def export_hf_command(model_path, directory, tokenizer_path, overwrite) -> int:
     """Write a model as a Hugging Face transformers GPT-2 directory.
 
@@ -533,8 +718,14 @@ def export_hf_command(model_path, directory, tokenizer_path, overwrite) -> int:
 
 @click.command("import-hf")
 @click.argument("directory", metavar="DIR", type=click.Path(path_type=Path))
-@click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="model file to write (e.g. gpt2.safetensors)")
+@click.option(
+    "-o",
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="model file to write (e.g. gpt2.safetensors)",
+)
 @click.option("--overwrite", is_flag=True, help="replace OUT if it exists")
 def import_hf_command(directory, out, overwrite) -> int:
     """Read a transformers GPT-2 checkpoint directory into one tokenkit model file.
@@ -560,6 +751,11 @@ def import_hf_command(directory, out, overwrite) -> int:
 
 
 COMMANDS = (
-    train_model_command, predict_next_command, generate_command, info_command, pipeline_command,
-    export_hf_command, import_hf_command,
+    train_model_command,
+    predict_next_command,
+    generate_command,
+    info_command,
+    pipeline_command,
+    export_hf_command,
+    import_hf_command,
 )

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import click
-
 import numpy as np
 
 from tokenkit.bpe import Tokenizer
@@ -30,11 +29,25 @@ _STOP_REASONS = {
 
 def corpus_options(command):
     """--glob, --text-field and --binary: how the corpus inputs are read (see bpe.corpus)."""
-    for option in reversed([
-        click.option("--glob", metavar="PATTERN", help="In directories, read only the files whose name or path below the directory matches (e.g. '*.txt').  [default: every file not hidden]"),
-        click.option("--text-field", metavar="NAME", help="Read the inputs as JSON Lines: each line is a document, its text at this field (dotted paths like meta.text reach inside)."),
-        click.option("--binary", is_flag=True, help="Read files as their exact bytes: no decompression, no warning for files that do not look like text."),
-    ]):
+    for option in reversed(
+        [
+            click.option(
+                "--glob",
+                metavar="PATTERN",
+                help="In directories, read only the files whose name or path below the directory matches (e.g. '*.txt').  [default: every file not hidden]",
+            ),
+            click.option(
+                "--text-field",
+                metavar="NAME",
+                help="Read the inputs as JSON Lines: each line is a document, its text at this field (dotted paths like meta.text reach inside).",
+            ),
+            click.option(
+                "--binary",
+                is_flag=True,
+                help="Read files as their exact bytes: no decompression, no warning for files that do not look like text.",
+            ),
+        ]
+    ):
         command = option(command)
     return command
 
@@ -51,16 +64,43 @@ def _warn(message: str) -> None:
 
 @click.command("bpe-train")
 @click.argument("corpus", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--vocab-size", type=int, default=None, help="Stop at this many ids: 256 bytes + merges + specials.  [default: no limit]")
-@click.option("--min-frequency", type=int, default=2, show_default=True, help="Stop when the best pair occurs fewer times than this.")
-@click.option("--pattern", default="gpt2", show_default=True, help="Split pattern: gpt2, gpt4, none, or a regex. Merges never cross its chunks.")
-@click.option("--special", "specials", multiple=True, metavar="TOKEN", help="A special token (repeatable); ids follow the merges.")
+@click.option(
+    "--vocab-size",
+    type=int,
+    default=None,
+    help="Stop at this many ids: 256 bytes + merges + specials.  [default: no limit]",
+)
+@click.option(
+    "--min-frequency",
+    type=int,
+    default=2,
+    show_default=True,
+    help="Stop when the best pair occurs fewer times than this.",
+)
+@click.option(
+    "--pattern",
+    default="gpt2",
+    show_default=True,
+    help="Split pattern: gpt2, gpt4, none, or a regex. Merges never cross its chunks.",
+)
+@click.option(
+    "--special", "specials", multiple=True, metavar="TOKEN", help="A special token (repeatable); ids follow the merges."
+)
 @click.option("--workers", type=int, default=None, help="Processes for counting.  [default: all cores]")
 @click.option("-v", "--verbose", is_flag=True, help="Print every merge: rank, the pair as text, its count.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("tokenizer.safetensors"), show_default=True, help="Where to write the tokenizer.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    default=Path("tokenizer.safetensors"),
+    show_default=True,
+    help="Where to write the tokenizer.",
+)
 @corpus_options
-def bpe_train_command(corpus, vocab_size, min_frequency, pattern, specials, workers, verbose, quiet, output, glob, text_field, binary) -> int:
+def bpe_train_command(
+    corpus, vocab_size, min_frequency, pattern, specials, workers, verbose, quiet, output, glob, text_field, binary
+) -> int:
     """Learn a byte-level BPE tokenizer from text files.
 
     CORPUS: files, directories (every file below, sorted by path), - for stdin, or pipes;
@@ -90,8 +130,14 @@ def _bpe_train(comm, corpus, vocab_size, min_frequency, pattern, specials, worke
             vocab.append(vocab[pair[0]] + vocab[pair[1]])
             click.echo(describe_merge(vocab, rank, pair, count))
 
-    options = dict(vocab_size=vocab_size, min_frequency=min_frequency, pattern=pattern, special_tokens=specials,
-                   quiet=quiet, on_merge=on_merge)
+    options = dict(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        pattern=pattern,
+        special_tokens=specials,
+        quiet=quiet,
+        on_merge=on_merge,
+    )
     split = None
     if comm is None:
         tok = Tokenizer.train(corpus, workers=workers, **options)
@@ -104,7 +150,9 @@ def _bpe_train(comm, corpus, vocab_size, min_frequency, pattern, specials, worke
     tok.save(output)
     report = tok.train_report
     specials_text = f" + {len(specials)} special" + ("s" if len(specials) != 1 else "") if specials else ""
-    click.echo(f"wrote {output}: 256 bytes + {report.merges_learned} merges{specials_text} = vocab size {tok.vocab_size}")
+    click.echo(
+        f"wrote {output}: 256 bytes + {report.merges_learned} merges{specials_text} = vocab size {tok.vocab_size}"
+    )
     click.echo(f"stopped because {_STOP_REASONS.get(report.stop_reason, report.stop_reason)}")
     click.echo(f"time: {report.seconds:.2f} s ({report.unique_chunks:,} distinct chunks)")
     click.echo(
@@ -117,19 +165,58 @@ def _bpe_train(comm, corpus, vocab_size, min_frequency, pattern, specials, worke
 
 
 @click.command("encode")
-@click.option("-t", "--tokenizer", "tokenizer_path", required=True, type=click.Path(path_type=Path), help="tokenizer.safetensors, or a model file or run directory (its tokenizer)")
+@click.option(
+    "-t",
+    "--tokenizer",
+    "tokenizer_path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="tokenizer.safetensors, or a model file or run directory (its tokenizer)",
+)
 @click.argument("text", required=False)
-@click.option("-f", "--file", "file", type=click.Path(path_type=Path), help="Encode this corpus instead of TEXT: a file (its exact bytes), a directory, - for stdin, or a pipe.")
+@click.option(
+    "-f",
+    "--file",
+    "file",
+    type=click.Path(path_type=Path),
+    help="Encode this corpus instead of TEXT: a file (its exact bytes), a directory, - for stdin, or a pipe.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the ids as a JSON list.")
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the ids to a .npy file (uint16, or uint32 for big vocabularies).")
-@click.option("--allow-special", is_flag=True, help="Read special tokens in the text as specials (otherwise such text is an error).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    help="Write the ids to a .npy file (uint16, or uint32 for big vocabularies).",
+)
+@click.option(
+    "--allow-special",
+    is_flag=True,
+    help="Read special tokens in the text as specials (otherwise such text is an error).",
+)
 @click.option("--specials-as-text", is_flag=True, help="Encode text that looks like a special token as plain text.")
 @click.option("--show", is_flag=True, help="Show each token's text next to its id, to see where the boundaries fall.")
 @click.option("--workers", type=int, default=None, help="Processes for -f FILE.  [default: all cores]")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-@click.option("--eot", metavar="TOKEN", help="With -f: put this special token's id between documents (files, JSONL records).")
+@click.option(
+    "--eot", metavar="TOKEN", help="With -f: put this special token's id between documents (files, JSONL records)."
+)
 @corpus_options
-def encode_command(tokenizer_path, text, file, as_json, output, allow_special, specials_as_text, show, workers, quiet, eot, glob, text_field, binary) -> int:
+def encode_command(
+    tokenizer_path,
+    text,
+    file,
+    as_json,
+    output,
+    allow_special,
+    specials_as_text,
+    show,
+    workers,
+    quiet,
+    eot,
+    glob,
+    text_field,
+    binary,
+) -> int:
     """Turn text into token ids.
 
     \b
@@ -147,11 +234,26 @@ def encode_command(tokenizer_path, text, file, as_json, output, allow_special, s
         raise click.UsageError("--allow-special and --specials-as-text exclude each other; pick one")
     comm = mpi_world()
     with abort_on_error(comm):
-        return _encode(comm, tokenizer_path, text, file, as_json, output, allow_special, specials_as_text, show, workers,
-                       quiet, eot, (glob, text_field, binary))
+        return _encode(
+            comm,
+            tokenizer_path,
+            text,
+            file,
+            as_json,
+            output,
+            allow_special,
+            specials_as_text,
+            show,
+            workers,
+            quiet,
+            eot,
+            (glob, text_field, binary),
+        )
 
 
-def _encode(comm, tokenizer_path, text, file, as_json, output, allow_special, specials_as_text, show, workers, quiet, eot, how) -> int:
+def _encode(
+    comm, tokenizer_path, text, file, as_json, output, allow_special, specials_as_text, show, workers, quiet, eot, how
+) -> int:
     if comm is not None and comm.Get_rank() and file is None:  # a text is rank 0's alone
         return 0
     tok = load_tokenizer(tokenizer_path)
@@ -164,14 +266,31 @@ def _encode(comm, tokenizer_path, text, file, as_json, output, allow_special, sp
     if file is not None and comm is not None:  # within a rank, one process unless --workers says otherwise
         from tokenkit.bpe import distributed
 
-        arr, split = distributed.encode_file(comm, tok, file, output, workers=workers or 1, quiet=quiet,
-                                             allowed_special=allowed, disallowed_special=disallowed, eot=eot)
+        arr, split = distributed.encode_file(
+            comm,
+            tok,
+            file,
+            output,
+            workers=workers or 1,
+            quiet=quiet,
+            allowed_special=allowed,
+            disallowed_special=disallowed,
+            eot=eot,
+        )
         if arr is None:  # not rank 0: its ids went to rank 0, which writes and reports
             return 0
         n_bytes = sum(split.bytes_per_rank)
     elif file is not None:
-        encoded = encode_corpus(tok, file, output, workers=workers, quiet=quiet, allowed_special=allowed,
-                                disallowed_special=disallowed, eot=eot)
+        encoded = encode_corpus(
+            tok,
+            file,
+            output,
+            workers=workers,
+            quiet=quiet,
+            allowed_special=allowed,
+            disallowed_special=disallowed,
+            eot=eot,
+        )
         arr, n_bytes = encoded.ids, encoded.n_bytes
     else:
         arr = np.asarray(tok.encode(text, allowed_special=allowed, disallowed_special=disallowed), dtype=tok.ids_dtype)
@@ -179,7 +298,9 @@ def _encode(comm, tokenizer_path, text, file, as_json, output, allow_special, sp
         if output is not None:
             bpe_io.save_ids(output, arr)
     if output is not None:
-        click.echo(f"wrote {len(arr):,} tokens ({arr.dtype}) to {output}; {n_bytes / max(len(arr), 1):.2f} bytes per token")
+        click.echo(
+            f"wrote {len(arr):,} tokens ({arr.dtype}) to {output}; {n_bytes / max(len(arr), 1):.2f} bytes per token"
+        )
         if split is not None:
             click.echo(f"encoded on {split.describe()}")
         if not show:
@@ -197,9 +318,18 @@ def _encode(comm, tokenizer_path, text, file, as_json, output, allow_special, sp
 
 
 @click.command("decode")
-@click.option("-t", "--tokenizer", "tokenizer_path", required=True, type=click.Path(path_type=Path), help="tokenizer.safetensors, or a model file or run directory (its tokenizer)")
+@click.option(
+    "-t",
+    "--tokenizer",
+    "tokenizer_path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="tokenizer.safetensors, or a model file or run directory (its tokenizer)",
+)
 @click.argument("ids", nargs=-1)
-@click.option("-f", "--file", "file", type=click.Path(path_type=Path), help="Decode the ids in this .npy file instead of IDS.")
+@click.option(
+    "-f", "--file", "file", type=click.Path(path_type=Path), help="Decode the ids in this .npy file instead of IDS."
+)
 def decode_command(tokenizer_path, ids, file) -> int:
     """Turn token ids back into text (bytes that are not valid UTF-8 print as U+FFFD).
 
@@ -224,16 +354,30 @@ def decode_command(tokenizer_path, ids, file) -> int:
                 values.append(int(w))
             except ValueError:
                 shown = repr(w) if len(w) <= 40 else repr(w[:30]) + "..."
-                raise click.BadParameter(f"{shown} is not a token id (ids are whole numbers)", param_hint="IDS") from None
+                raise click.BadParameter(
+                    f"{shown} is not a token id (ids are whole numbers)", param_hint="IDS"
+                ) from None
     click.echo(tok.decode(values))
     return 0
 
 
 @click.command("bpe-import")
 @click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Where to write the tokenizer.safetensors.")
-@click.option("--pattern", default=None, help="Split pattern: gpt2, gpt4, none or a regex. For GPT-2's pair (default gpt2) and a bare .tiktoken file (required); tokenizer.json holds its own.")
-@click.option("--special", "specials", multiple=True, metavar="TOKEN", help="A special token of a bare .tiktoken file (repeatable); ids follow the ranks.")
+@click.option(
+    "-o", "--output", required=True, type=click.Path(path_type=Path), help="Where to write the tokenizer.safetensors."
+)
+@click.option(
+    "--pattern",
+    default=None,
+    help="Split pattern: gpt2, gpt4, none or a regex. For GPT-2's pair (default gpt2) and a bare .tiktoken file (required); tokenizer.json holds its own.",
+)
+@click.option(
+    "--special",
+    "specials",
+    multiple=True,
+    metavar="TOKEN",
+    help="A special token of a bare .tiktoken file (repeatable); ids follow the ranks.",
+)
 def bpe_import_command(sources, output, pattern, specials) -> int:
     """Import a byte-level BPE tokenizer from GPT-2's, Hugging Face's or tiktoken's files.
 
@@ -262,13 +406,21 @@ def bpe_import_command(sources, output, pattern, specials) -> int:
         tok = Tokenizer.from_hf(sources[0])
     tok.save(output)
     specials_text = ", ".join(f"{s}={i}" for s, i in tok.special_tokens.items()) or "none"
-    click.echo(f"wrote {output}: 256 bytes + {len(tok.merges)} merges, specials: {specials_text}; vocab size {tok.vocab_size}")
+    click.echo(
+        f"wrote {output}: 256 bytes + {len(tok.merges)} merges, specials: {specials_text}; vocab size {tok.vocab_size}"
+    )
     return 0
 
 
 @click.command("bpe-export")
 @click.argument("tokenizer_path", type=click.Path(path_type=Path))
-@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Directory for the files (created if missing).")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Directory for the files (created if missing).",
+)
 @click.option(
     "--format",
     "fmt",
@@ -294,10 +446,14 @@ def bpe_export_command(tokenizer_path, output, fmt) -> int:
     if fmt == "gpt2":
         click.echo(f"wrote {paths[0]} ({tok.vocab_size} tokens) and {paths[1]} ({len(tok.merges)} merges)")
     elif fmt == "hf":
-        click.echo(f"wrote {paths[0]} ({tok.vocab_size} tokens, {len(tok.merges)} merges), {paths[1].name} and {paths[2].name}")
+        click.echo(
+            f"wrote {paths[0]} ({tok.vocab_size} tokens, {len(tok.merges)} merges), {paths[1].name} and {paths[2].name}"
+        )
     else:
         n_specials = len(tok.special_tokens)
-        click.echo(f"wrote {paths[0]} ({tok.vocab_size - n_specials} ranks) and {paths[1]} ({n_specials} special token{'s' * (n_specials != 1)})")
+        click.echo(
+            f"wrote {paths[0]} ({tok.vocab_size - n_specials} ranks) and {paths[1]} ({n_specials} special token{'s' * (n_specials != 1)})"
+        )
     return 0
 
 

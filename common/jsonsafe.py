@@ -49,7 +49,9 @@ def loads(text: str | bytes, what: str = "JSON text") -> Any:
         except UnicodeDecodeError:
             raise FileError(f"{what} is not UTF-8 text") from None
     if depth(text) > MAX_DEPTH:
-        raise FileError(f"{what} is nested deeper than {MAX_DEPTH} levels (tokenkit never nests that deep; the file is damaged or hostile)")
+        raise FileError(
+            f"{what} is nested deeper than {MAX_DEPTH} levels (tokenkit never nests that deep; the file is damaged or hostile)"
+        )
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as err:

@@ -29,8 +29,16 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-__all__ = ["INSTALL_HINT", "abort_on_error", "launched_rank", "launched_size", "recv_arrays", "reduce_to_root",
-           "send_arrays", "world"]
+__all__ = [
+    "INSTALL_HINT",
+    "abort_on_error",
+    "launched_rank",
+    "launched_size",
+    "recv_arrays",
+    "reduce_to_root",
+    "send_arrays",
+    "world",
+]
 
 INSTALL_HINT = "pip install 'tokenkit[mpi]'"
 
@@ -79,7 +87,9 @@ def world():
     try:
         from mpi4py import MPI
     except ImportError:
-        raise ImportError(f"started by an MPI launcher ({size} processes) but mpi4py is not installed; {INSTALL_HINT}") from None
+        raise ImportError(
+            f"started by an MPI launcher ({size} processes) but mpi4py is not installed; {INSTALL_HINT}"
+        ) from None
     comm = MPI.COMM_WORLD
     return comm if comm.Get_size() > 1 else None
 

@@ -35,9 +35,17 @@ from tokenkit.common.errors import FileError
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
 
 DTYPES = {
-    "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
-    "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
-    "U64": np.dtype("<u8"), "U32": np.dtype("<u4"), "U16": np.dtype("<u2"), "U8": np.dtype("u1"),
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"),
+    "I8": np.dtype("i1"),
+    "U64": np.dtype("<u8"),
+    "U32": np.dtype("<u4"),
+    "U16": np.dtype("<u2"),
+    "U8": np.dtype("u1"),
     "BOOL": np.dtype("?"),
 }
 _NAMES = {dtype.newbyteorder("="): name for name, dtype in DTYPES.items()}
@@ -61,7 +69,11 @@ def header_bytes(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str])
     start = 0
     for name in sorted(tensors):
         arr = tensors[name]
-        header[name] = {"dtype": _dtype_name(arr.dtype), "shape": list(arr.shape), "data_offsets": [start, start + arr.nbytes]}
+        header[name] = {
+            "dtype": _dtype_name(arr.dtype),
+            "shape": list(arr.shape),
+            "data_offsets": [start, start + arr.nbytes],
+        }
         start += arr.nbytes
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode("ascii")
     text += b" " * (-len(text) % 8)
@@ -99,7 +111,9 @@ def parse_header(
     if not isinstance(header, dict):
         raise FileError(f"{what} is not a safetensors file (its header is not a JSON object)")
     metadata = header.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
         raise FileError(f"{what} has invalid safetensors metadata (it must map strings to strings)")
     data_bytes = file_size - 8 - len(data)
     spans = []
@@ -146,7 +160,9 @@ def read_header(
                 raise FileError(f"{what} is not a safetensors file (too short; truncated?)")
             (n,) = struct.unpack("<Q", head)
             if n > min(size - 8, MAX_HEADER_BYTES):
-                raise FileError(f"{what} is not a safetensors file, or it is truncated (its header length {n} runs past the end)")
+                raise FileError(
+                    f"{what} is not a safetensors file, or it is truncated (its header length {n} runs past the end)"
+                )
             data = f.read(n)
     except OSError as err:
         raise FileError(f"{what}: cannot read ({err.strerror or err})") from None
@@ -174,7 +190,9 @@ def load_bytes(data: bytes, what: str) -> tuple[dict[str, np.ndarray], dict[str,
         raise FileError(f"{what} is not a safetensors file (too short; truncated?)")
     (n,) = struct.unpack("<Q", data[:8])
     if n > min(len(data) - 8, MAX_HEADER_BYTES):
-        raise FileError(f"{what} is not a safetensors file, or it is truncated (its header length {n} runs past the end)")
+        raise FileError(
+            f"{what} is not a safetensors file, or it is truncated (its header length {n} runs past the end)"
+        )
     entries, metadata = parse_header(data[8 : 8 + n], len(data), what)
     start = 8 + n
     tensors = {}

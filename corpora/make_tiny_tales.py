@@ -18,10 +18,18 @@ import random
 from pathlib import Path
 
 CHARACTERS = [  # (kind, pronoun, possessive)
-    ("rabbit", "she", "her"), ("fox", "he", "his"), ("bear", "he", "his"),
-    ("mouse", "she", "her"), ("owl", "she", "her"), ("frog", "he", "his"),
-    ("cat", "she", "her"), ("dog", "he", "his"), ("duck", "she", "her"),
-    ("hedgehog", "he", "his"), ("squirrel", "she", "her"), ("turtle", "he", "his"),
+    ("rabbit", "she", "her"),
+    ("fox", "he", "his"),
+    ("bear", "he", "his"),
+    ("mouse", "she", "her"),
+    ("owl", "she", "her"),
+    ("frog", "he", "his"),
+    ("cat", "she", "her"),
+    ("dog", "he", "his"),
+    ("duck", "she", "her"),
+    ("hedgehog", "he", "his"),
+    ("squirrel", "she", "her"),
+    ("turtle", "he", "his"),
 ]
 NAMES = {
     "she": ["Mia", "Lily", "Rosa", "Nora", "Ella", "Ada", "Ruby", "Ivy", "Luna", "Zoë", "Léa"],
@@ -30,23 +38,52 @@ NAMES = {
 ADJECTIVES = ["little", "small", "brave", "shy", "curious", "happy", "sleepy", "clever", "kind"]
 HOMES = ["a burrow", "a cottage", "a hollow tree", "a nest", "a little house", "a cave"]
 PLACES = ["the river", "the forest", "the hill", "the meadow", "the pond", "the old mill"]
-HABITS = ["play in the grass", "sing songs", "look at the clouds", "pick berries",
-          "read books", "run very fast", "swim in the pond", "build towers of stones"]
-FINDS = [("a red ball", "ball"), ("a shiny key", "key"), ("a blue kite", "kite"),
-         ("a tiny boat", "boat"), ("a golden leaf", "leaf"), ("an old map", "map"),
-         ("a wooden box", "box"), ("a green hat", "hat")]
-HIDING = ["under a rock", "behind a tree", "in the tall grass", "next to the river",
-          "on top of the hill", "inside an old boot"]
+HABITS = [
+    "play in the grass",
+    "sing songs",
+    "look at the clouds",
+    "pick berries",
+    "read books",
+    "run very fast",
+    "swim in the pond",
+    "build towers of stones",
+]
+FINDS = [
+    ("a red ball", "ball"),
+    ("a shiny key", "key"),
+    ("a blue kite", "kite"),
+    ("a tiny boat", "boat"),
+    ("a golden leaf", "leaf"),
+    ("an old map", "map"),
+    ("a wooden box", "box"),
+    ("a green hat", "hat"),
+]
+HIDING = [
+    "under a rock",
+    "behind a tree",
+    "in the tall grass",
+    "next to the river",
+    "on top of the hill",
+    "inside an old boot",
+]
 THINGS_TO_COUNT = ["apples", "stars", "stones", "birds", "flowers", "clouds", "shells", "acorns"]
 NUMBERS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
 DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
 FEELINGS = ["happy", "glad", "proud", "excited", "thankful"]
-WEATHER = ["The sun was warm.", "It was a windy day.", "Rain fell softly on the roof.",
-           "The sky was clear and blue.", "Snow covered the ground."]
-ENDINGS = ["That night, {name} slept with a smile.", "And they stayed friends forever.",
-           "From that day on, {name} was never lonely again.",
-           "It was the best day of {poss} life.",
-           "And then, tired and happy, {name} went home — the sky was full of stars."]
+WEATHER = [
+    "The sun was warm.",
+    "It was a windy day.",
+    "Rain fell softly on the roof.",
+    "The sky was clear and blue.",
+    "Snow covered the ground.",
+]
+ENDINGS = [
+    "That night, {name} slept with a smile.",
+    "And they stayed friends forever.",
+    "From that day on, {name} was never lonely again.",
+    "It was the best day of {poss} life.",
+    "And then, tired and happy, {name} went home — the sky was full of stars.",
+]
 
 
 def character(rng: random.Random, avoid: str = "") -> dict[str, str]:

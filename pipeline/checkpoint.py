@@ -234,7 +234,10 @@ def save_model(
     metadata.update({TOKENIZER_PREFIX + k: v for k, v in tok_meta.items()})
     try:
         model_io.save_model(
-            path, dict(params), dict(config), metadata=metadata,
+            path,
+            dict(params),
+            dict(config),
+            metadata=metadata,
             extra_tensors={TOKENIZER_PREFIX + k: v for k, v in tok_tensors.items()},
         )
     except ModelError as err:
@@ -247,7 +250,11 @@ def resolve_model_path(path_or_run_dir: str | os.PathLike) -> Path:
     if path.is_dir():
         candidate = path / MODEL_FILE
         if not candidate.exists():
-            hint = " (training was interrupted before its first evaluation; resume it)" if (path / STATE_FILE).exists() else ""
+            hint = (
+                " (training was interrupted before its first evaluation; resume it)"
+                if (path / STATE_FILE).exists()
+                else ""
+            )
             raise PipelineError(f"no {MODEL_FILE} in run directory {path}{hint}; train one with `tk train-model`")
         return candidate
     if not path.exists():
@@ -256,8 +263,8 @@ def resolve_model_path(path_or_run_dir: str | os.PathLike) -> Path:
 
 
 def _split_tokenizer(tensors: dict[str, np.ndarray], meta: Mapping[str, str]):
-    tok_tensors = {k[len(TOKENIZER_PREFIX):]: v for k, v in tensors.items() if k.startswith(TOKENIZER_PREFIX)}
-    tok_meta = {k[len(TOKENIZER_PREFIX):]: v for k, v in meta.items() if k.startswith(TOKENIZER_PREFIX)}
+    tok_tensors = {k[len(TOKENIZER_PREFIX) :]: v for k, v in tensors.items() if k.startswith(TOKENIZER_PREFIX)}
+    tok_meta = {k[len(TOKENIZER_PREFIX) :]: v for k, v in meta.items() if k.startswith(TOKENIZER_PREFIX)}
     return tok_tensors, tok_meta
 
 
@@ -280,7 +287,9 @@ def _params_from(path: Path, meta: Mapping[str, str], tensors: dict[str, np.ndar
     """(GPTConfig, params) of a file, every name, shape and dtype checked against its config."""
     if "config" not in meta:
         raise PipelineError(f"{path} has no model config in its metadata; it is not a tokenkit model")
-    params = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix) and not k.startswith(TOKENIZER_PREFIX)}
+    params = {
+        k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix) and not k.startswith(TOKENIZER_PREFIX)
+    }
     for name, arr in params.items():
         if arr.dtype != np.float32:  # params_from would convert silently; a tokenkit file is float32
             raise PipelineError(f"{path}: parameter {name!r} is {arr.dtype}, expected float32; the file is corrupt")
@@ -320,7 +329,9 @@ def decode_metadata(meta: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
-def load_model(path_or_run_dir: str | os.PathLike, *, tokenizer_required: bool = True, device: str = "cpu") -> LoadedModel:
+def load_model(
+    path_or_run_dir: str | os.PathLike, *, tokenizer_required: bool = True, device: str = "cpu"
+) -> LoadedModel:
     """Load a model.safetensors (or a run dir's) -> (GPT, Tokenizer, metadata), all validated.
 
     Reads every file in the model format: the pipeline's (tokenizer embedded) and `GPT.save`'s
@@ -336,7 +347,9 @@ def load_model(path_or_run_dir: str | os.PathLike, *, tokenizer_required: bool =
     tensors = _load_tensors(path)
     tokenizer = _tokenizer_from(path, tensors, meta, required=False)
     if tokenizer is None and tokenizer_required:
-        raise PipelineError(f"{path} has no embedded tokenizer (saved by GPT.save without one); give the tokenizer with -t")
+        raise PipelineError(
+            f"{path} has no embedded tokenizer (saved by GPT.save without one); give the tokenizer with -t"
+        )
     config, params = _params_from(path, meta, tensors)
     if tokenizer is not None and config.vocab_size != tokenizer.vocab_size:
         raise PipelineError(
@@ -405,7 +418,7 @@ def load_train_state(path: str | os.PathLike) -> TrainState:
         state = TrainState(
             step=int(meta["step"]),
             params=params,
-            optimizer={k[len("optimizer."):]: v for k, v in tensors.items() if k.startswith("optimizer.")},
+            optimizer={k[len("optimizer.") :]: v for k, v in tensors.items() if k.startswith("optimizer.")},
             rng=tensors["rng.train"],
             best_val_loss=loads(meta["best_val_loss"], f"{path}: best_val_loss"),
             best_step=loads(meta["best_step"], f"{path}: best_step"),

@@ -29,6 +29,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 DEFAULT_VOCAB_SIZE = 1024  # tokenizer trained when none is given: laptop-sized, like the model defaults
 MODEL_FIELDS = ("n_layers", "n_heads", "d_model", "context_length", "positional", "activation", "norm", "bias")
 
+
 @dataclass
 class TrainConfig:
     """Every setting of a training run: the model's shape and the optimisation.
@@ -71,7 +72,16 @@ class TrainConfig:
 
     def validate(self) -> None:
         """One-line PipelineError for values no run could use (the model checks its own fields too)."""
-        positive = ("n_layers", "n_heads", "d_model", "context_length", "batch_size", "steps", "eval_interval", "eval_batches")
+        positive = (
+            "n_layers",
+            "n_heads",
+            "d_model",
+            "context_length",
+            "batch_size",
+            "steps",
+            "eval_interval",
+            "eval_batches",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise PipelineError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")

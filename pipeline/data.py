@@ -87,17 +87,33 @@ class TokenData:
 
     def key(self) -> dict[str, Any]:
         """What the ids depend on; a run records it to detect a changed corpus or tokenizer."""
-        return {"corpus_fingerprint": self.corpus_fingerprint, "val_fingerprint": self.val_fingerprint,
-                "tokenizer_fingerprint": self.tokenizer_fingerprint, "eot": self.spec.eot}
+        return {
+            "corpus_fingerprint": self.corpus_fingerprint,
+            "val_fingerprint": self.val_fingerprint,
+            "tokenizer_fingerprint": self.tokenizer_fingerprint,
+            "eot": self.spec.eot,
+        }
 
     def files(self) -> dict[str, dict[str, Any]]:
         """tokens.json's entry for each token file: what it was made from."""
         common = {"tokenizer_fingerprint": self.tokenizer_fingerprint, "eot": self.spec.eot, **self.spec.reading()}
-        entries = {checkpoint.TOKENS_FILE: {**common, "inputs": list(self.spec.inputs), "corpus_fingerprint": self.corpus_fingerprint,
-                                            "n_tokens": int(len(self.ids)), "dtype": self.ids.dtype.name}}
+        entries = {
+            checkpoint.TOKENS_FILE: {
+                **common,
+                "inputs": list(self.spec.inputs),
+                "corpus_fingerprint": self.corpus_fingerprint,
+                "n_tokens": int(len(self.ids)),
+                "dtype": self.ids.dtype.name,
+            }
+        }
         if self.val_ids is not None:
-            entries[checkpoint.VAL_TOKENS_FILE] = {**common, "inputs": list(self.spec.val), "corpus_fingerprint": self.val_fingerprint,
-                                                   "n_tokens": int(len(self.val_ids)), "dtype": self.val_ids.dtype.name}
+            entries[checkpoint.VAL_TOKENS_FILE] = {
+                **common,
+                "inputs": list(self.spec.val),
+                "corpus_fingerprint": self.val_fingerprint,
+                "n_tokens": int(len(self.val_ids)),
+                "dtype": self.val_ids.dtype.name,
+            }
         return entries
 
     def discard(self) -> None:
@@ -177,8 +193,15 @@ def prepare_tokens(
     dtype = np.uint16 if tokenizer.vocab_size <= 65536 else np.uint32
     rc = store_streams(rc, run_dir)
     spec = rc.spec
-    tokens = TokenData(ids=None, vocab_size=tokenizer.vocab_size, spec=spec, corpus_fingerprint="",
-                       tokenizer_fingerprint=fingerprint, reused=True, pending=rc.pending)
+    tokens = TokenData(
+        ids=None,
+        vocab_size=tokenizer.vocab_size,
+        spec=spec,
+        corpus_fingerprint="",
+        tokenizer_fingerprint=fingerprint,
+        reused=True,
+        pending=rc.pending,
+    )
     rc.pending = {}  # the tokens' now: committed or discarded with the ids
     try:
         tokens.corpus_fingerprint, tokens.val_fingerprint = rc.fingerprint(), rc.val_fingerprint()
@@ -236,8 +259,14 @@ def commit_tokens(tokens: TokenData, run_dir: str | os.PathLike) -> None:
     checkpoint.write_json(run_dir / checkpoint.TOKENS_META_FILE, entries)
 
 
-def open_tokens(run_dir: str | os.PathLike, tokenizer, spec: Mapping[str, Any], key: dict[str, Any], n_tokens: int,
-                n_val_tokens: int | None = None) -> TokenData:
+def open_tokens(
+    run_dir: str | os.PathLike,
+    tokenizer,
+    spec: Mapping[str, Any],
+    key: dict[str, Any],
+    n_tokens: int,
+    n_val_tokens: int | None = None,
+) -> TokenData:
     """run_dir's token files as another process committed them (an MPI rank joining rank 0's
     run), memory-mapped; a one-line PipelineError when this process cannot see them whole."""
     found = {}
@@ -248,12 +277,20 @@ def open_tokens(run_dir: str | os.PathLike, tokenizer, spec: Mapping[str, Any], 
         ids = _open_ids(path)
         if ids is None or len(ids) != n:
             seen = "cannot read it" if ids is None else f"sees {len(ids):,} tokens instead of {n:,}"
-            raise PipelineError(f"{path}: this process {seen}; every rank needs the run directory on a filesystem they all see")
+            raise PipelineError(
+                f"{path}: this process {seen}; every rank needs the run directory on a filesystem they all see"
+            )
         found[name] = ids
-    return TokenData(ids=found[checkpoint.TOKENS_FILE], vocab_size=tokenizer.vocab_size,
-                     spec=CorpusSpec.from_record({"corpus": dict(spec)}), corpus_fingerprint=key["corpus_fingerprint"],
-                     tokenizer_fingerprint=key["tokenizer_fingerprint"], reused=True,
-                     val_ids=found.get(checkpoint.VAL_TOKENS_FILE), val_fingerprint=key.get("val_fingerprint"))
+    return TokenData(
+        ids=found[checkpoint.TOKENS_FILE],
+        vocab_size=tokenizer.vocab_size,
+        spec=CorpusSpec.from_record({"corpus": dict(spec)}),
+        corpus_fingerprint=key["corpus_fingerprint"],
+        tokenizer_fingerprint=key["tokenizer_fingerprint"],
+        reused=True,
+        val_ids=found.get(checkpoint.VAL_TOKENS_FILE),
+        val_fingerprint=key.get("val_fingerprint"),
+    )
 
 
 def _open_ids(path: Path) -> np.ndarray | None:
@@ -296,9 +333,7 @@ def rng_to_array(rng: np.random.Generator) -> np.ndarray:
     if st["bit_generator"] != "PCG64":
         raise PipelineError(f"cannot checkpoint a {st['bit_generator']} generator; the pipeline uses PCG64")
     s, inc = st["state"]["state"], st["state"]["inc"]
-    return np.array(
-        [s >> 64, s & _MASK64, inc >> 64, inc & _MASK64, st["has_uint32"], st["uinteger"]], dtype=np.uint64
-    )
+    return np.array([s >> 64, s & _MASK64, inc >> 64, inc & _MASK64, st["has_uint32"], st["uinteger"]], dtype=np.uint64)
 
 
 def rng_from_array(words: np.ndarray) -> np.random.Generator:
@@ -316,7 +351,9 @@ def rng_from_array(words: np.ndarray) -> np.random.Generator:
     return np.random.Generator(bit_gen)
 
 
-def get_batch(ids: np.ndarray, batch_size: int, context_length: int, rng: np.random.Generator, rows: slice | None = None):
+def get_batch(
+    ids: np.ndarray, batch_size: int, context_length: int, rng: np.random.Generator, rows: slice | None = None
+):
     """Random windows: x (B, T) int64 and y (B, T) = x shifted by one token.
 
     Window starts are uniform over every position that leaves room for T + 1 tokens. With
@@ -330,7 +367,9 @@ def get_batch(ids: np.ndarray, batch_size: int, context_length: int, rng: np.ran
     return windows[:, :-1], windows[:, 1:]
 
 
-def eval_batches(ids: np.ndarray, n_batches: int, batch_size: int, context_length: int, seed: int, rows: slice | None = None):
+def eval_batches(
+    ids: np.ndarray, n_batches: int, batch_size: int, context_length: int, seed: int, rows: slice | None = None
+):
     """The same `n_batches` validation batches every time (their own generator, seeded from `seed`).
 
     Fixed windows make successive evaluations comparable, and never drawing from the training

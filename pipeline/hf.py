@@ -29,12 +29,12 @@ import math
 import os
 import struct
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tokenkit import __version__
 from tokenkit.bpe import Tokenizer, TokenizerError
 from tokenkit.common import FileError, jsonsafe, safetensors_file
 from tokenkit.pipeline import checkpoint
@@ -51,8 +51,14 @@ GENERATION_FILE = "generation_config.json"
 PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 # every file an export may write; one that this export did not write is an earlier export's, removed
 EXPORT_FILES = (
-    CONFIG_FILE, WEIGHTS_FILE, GENERATION_FILE,
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    GENERATION_FILE,
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
 )
 PREFIX = "transformer."
 EOT = "<|endoftext|>"
@@ -62,13 +68,6 @@ MAX_JSON_BYTES = 16 << 20  # config.json is ~1 KB; an index of a huge sharded mo
 # transformers' activation_function -> tk's activation (gelu_pytorch_tanh is the same tanh GELU)
 _ACTIVATIONS = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "relu": "relu"}
 _FLOATS = {"F32", "F16", "F64", safetensors_file.BF16}
-
-
-def _tokenkit_version() -> str:
-    try:
-        return version("tokenkit")
-    except PackageNotFoundError:
-        return "0+unknown"
 
 
 # --- export ----------------------------------------------------------------------------------
@@ -92,7 +91,9 @@ def refuse_variant(config: GPTConfig) -> None:
     ]
     for bad, name, why in variants:
         if bad:
-            raise PipelineError(f"cannot export a model with {name} as GPT-2: {why}, and transformers has no setting for it")
+            raise PipelineError(
+                f"cannot export a model with {name} as GPT-2: {why}, and transformers has no setting for it"
+            )
 
 
 def hf_config(config: GPTConfig, tokenizer: Tokenizer) -> dict[str, Any]:
@@ -122,7 +123,7 @@ def hf_config(config: GPTConfig, tokenizer: Tokenizer) -> dict[str, Any]:
         "bos_token_id": eot,
         "eos_token_id": eot,
         "dtype": "float32",
-        MARKER: _tokenkit_version(),
+        MARKER: __version__,
     }
 
 
@@ -131,7 +132,9 @@ def hf_tensors(config: GPTConfig, params: dict[str, np.ndarray]) -> dict[str, np
     none (a zero bias adds nothing), lm_head left out (tied to wte)."""
     biased = param_shapes(GPTConfig.from_dict({**config.to_dict(), "bias": True}))
     return {
-        PREFIX + name: np.ascontiguousarray(params[name], dtype=np.float32) if name in params else np.zeros(shape, np.float32)
+        PREFIX + name: np.ascontiguousarray(params[name], dtype=np.float32)
+        if name in params
+        else np.zeros(shape, np.float32)
         for name, shape in biased.items()
     }
 
@@ -172,7 +175,9 @@ def export_hf(
     if directory.exists() and not directory.is_dir():
         raise PipelineError(f"{directory} is a file; give a directory to export into")
     if (directory / WEIGHTS_FILE).is_file() and _is_tk_model(directory / WEIGHTS_FILE):
-        raise PipelineError(f"{directory} holds a tokenkit model ({WEIGHTS_FILE}, e.g. a run's); export into another directory")
+        raise PipelineError(
+            f"{directory} holds a tokenkit model ({WEIGHTS_FILE}, e.g. a run's); export into another directory"
+        )
     entries = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
     if entries and not overwrite and not _is_earlier_export(directory):
         raise PipelineError(
@@ -198,7 +203,9 @@ def export_hf(
         raise PipelineError(f"cannot export the tokenizer into {directory}: {err}") from None
     except OSError as err:
         _undo(directory, written, created)
-        raise PipelineError(f"{directory}: cannot write ({err.strerror or err}); check the path and the free disk space") from None
+        raise PipelineError(
+            f"{directory}: cannot write ({err.strerror or err}); check the path and the free disk space"
+        ) from None
     except BaseException:
         _undo(directory, written, created)
         raise
@@ -267,8 +274,10 @@ def gpt_config(path: Path, hf: Any) -> GPTConfig:
         raise PipelineError(f"{path}: layer_norm_epsilon {eps!r}; tk's LayerNorm uses {LN_EPS}")
     d_model = get("n_embd", 768)
     unsupported = [
-        (get("n_inner", None) not in (None, 4 * d_model) if isinstance(d_model, int) else False,
-         f"n_inner {hf.get('n_inner')!r} (tk's MLP is 4 * n_embd wide)"),
+        (
+            get("n_inner", None) not in (None, 4 * d_model) if isinstance(d_model, int) else False,
+            f"n_inner {hf.get('n_inner')!r} (tk's MLP is 4 * n_embd wide)",
+        ),
         (get("scale_attn_weights", True) is not True, "scale_attn_weights false (tk scales by 1/sqrt(head size))"),
         (get("scale_attn_by_inverse_layer_idx", False) is not False, "scale_attn_by_inverse_layer_idx"),
         (get("add_cross_attention", False) is not False, "add_cross_attention"),
@@ -278,8 +287,11 @@ def gpt_config(path: Path, hf: Any) -> GPTConfig:
             raise PipelineError(f"{path}: {what} is not part of tk's GPT")
     try:
         return GPTConfig(
-            vocab_size=get("vocab_size", 50257), context_length=get("n_positions", get("n_ctx", 1024)),
-            d_model=d_model, n_layers=get("n_layer", 12), n_heads=get("n_head", 12),
+            vocab_size=get("vocab_size", 50257),
+            context_length=get("n_positions", get("n_ctx", 1024)),
+            d_model=d_model,
+            n_layers=get("n_layer", 12),
+            n_heads=get("n_head", 12),
             activation=_ACTIVATIONS[act],
         )
     except ModelError as err:
@@ -313,7 +325,9 @@ def _headers(directory: Path) -> tuple[dict[str, _Source], int]:
         files = [directory / n for n in names]
         missing = [p for p in files if not p.is_file()]
         if missing:
-            raise PipelineError(f"{index} names {missing[0].name}, which is not in {directory}; is the download incomplete?")
+            raise PipelineError(
+                f"{index} names {missing[0].name}, which is not in {directory}; is the download incomplete?"
+            )
     else:
         pickles = [n for n in PICKLE_FILES if (directory / n).exists()]
         if pickles:
@@ -332,7 +346,9 @@ def _headers(directory: Path) -> tuple[dict[str, _Source], int]:
             raise PipelineError(f"{err}; is the download complete?") from None
         for name, entry in entries.items():
             if name in sources:
-                raise PipelineError(f"{path}: tensor {name!r} is also in {sources[name].file.name}; the checkpoint is inconsistent")
+                raise PipelineError(
+                    f"{path}: tensor {name!r} is also in {sources[name].file.name}; the checkpoint is inconsistent"
+                )
             sources[name] = _Source(path, entry["dtype"], tuple(entry["shape"]), 8 + n + entry["data_offsets"][0])
     return sources, len(files)
 
@@ -370,7 +386,7 @@ def read_checkpoint(
     ours: dict[str, str] = {}  # tk name -> checkpoint name
     head = None
     for key in sources:
-        name = key[len(PREFIX):] if key.startswith(PREFIX) else key
+        name = key[len(PREFIX) :] if key.startswith(PREFIX) else key
         if name == "lm_head.weight":
             head = key
         elif not _is_buffer(name):
@@ -381,12 +397,16 @@ def read_checkpoint(
     missing = [n for n in expected if n not in ours]
     extra = sorted(set(ours) - set(expected))
     if missing:
-        raise PipelineError(f"{directory}: the checkpoint lacks {len(missing)} tensor(s) of its config, e.g. {PREFIX}{missing[0]}")
+        raise PipelineError(
+            f"{directory}: the checkpoint lacks {len(missing)} tensor(s) of its config, e.g. {PREFIX}{missing[0]}"
+        )
     if extra:
         raise PipelineError(f"{directory}: tensor {extra[0]!r} is not part of GPT-2's language model; tk cannot use it")
     for name, shape in expected.items():
         if sources[ours[name]].shape != shape:
-            raise PipelineError(f"{directory}: {name} has shape {sources[ours[name]].shape}; config.json implies {shape}")
+            raise PipelineError(
+                f"{directory}: {name} has shape {sources[ours[name]].shape}; config.json implies {shape}"
+            )
     if not tied and (head is None or sources[head].shape != expected["wte.weight"]):
         raise PipelineError(f"{directory}: tie_word_embeddings is false but there is no lm_head.weight of wte's shape")
     params = {name: _read_tensor(name, sources[ours[name]]) for name in expected}
@@ -428,7 +448,15 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *, overwrite
             "tk needs them equal (a padded vocabulary cannot be imported)"
         )
     params, dtypes = read_checkpoint(directory, sources, config, tied=hf.get("tie_word_embeddings", True) is not False)
-    provenance = {"tokenkit": _tokenkit_version(), "imported_from": str(directory), "imported_dtypes": dtypes}
-    checkpoint.save_model(out, params, tokenizer, config=config.to_dict(), step=0, val_loss=None, best_val_loss=None,
-                          provenance=provenance)
+    provenance = {"tokenkit": __version__, "imported_from": str(directory), "imported_dtypes": dtypes}
+    checkpoint.save_model(
+        out,
+        params,
+        tokenizer,
+        config=config.to_dict(),
+        step=0,
+        val_loss=None,
+        best_val_loss=None,
+        provenance=provenance,
+    )
     return ImportResult(out, config, sum(int(a.size) for a in params.values()), tokenizer, dtypes, shards)

@@ -30,7 +30,6 @@ import numpy as np
 from tokenkit.bpe import Tokenizer
 from tokenkit.pipeline import checkpoint, data, rundir, sources
 from tokenkit.pipeline.errors import PipelineError
-from tokenkit.transformer.backends import as_host
 from tokenkit.pipeline.ranks import Ranks
 from tokenkit.pipeline.train import (
     DEFAULT_VOCAB_SIZE,
@@ -43,6 +42,7 @@ from tokenkit.pipeline.train import (
     resume_training,
     train_model,
 )
+from tokenkit.transformer.backends import as_host
 
 
 def load_tokenizer(path: str | Path):
@@ -52,7 +52,9 @@ def load_tokenizer(path: str | Path):
     if path.is_dir() or (path.exists() and checkpoint.read_header(path).get("format") == checkpoint.MODEL_FORMAT):
         return checkpoint.load_model(path).tokenizer
     if not path.exists():
-        raise PipelineError(f"tokenizer file not found: {path}; give a tokenizer.safetensors (`tk bpe-train` makes one), a model file or a run directory")
+        raise PipelineError(
+            f"tokenizer file not found: {path}; give a tokenizer.safetensors (`tk bpe-train` makes one), a model file or a run directory"
+        )
     return Tokenizer.load(path)
 
 
@@ -91,7 +93,9 @@ def encode_prompt(model, tokenizer, text: str, say: Callable[[str], None]) -> li
     ids = tokenizer.encode(text)
     limit = model.config.context_length
     if len(ids) > limit:
-        say(f"warning: the prompt is {len(ids)} tokens, longer than the model's context ({limit}); using its last {limit}")
+        say(
+            f"warning: the prompt is {len(ids)} tokens, longer than the model's context ({limit}); using its last {limit}"
+        )
         ids = ids[-limit:]
     return ids
 
@@ -108,7 +112,9 @@ class Prediction:
         return self.top[0][0]
 
 
-def predict_next(model, tokenizer, text: str, *, top_k: int = 10, say: Callable[[str], None] = lambda m: None) -> Prediction:
+def predict_next(
+    model, tokenizer, text: str, *, top_k: int = 10, say: Callable[[str], None] = lambda m: None
+) -> Prediction:
     """Probabilities of the token after `text` (softmax of the last position's logits)."""
     if top_k < 1:
         raise PipelineError(f"--top-k must be at least 1, got {top_k}")
@@ -175,7 +181,7 @@ def generate(
 
 def sample_prompt(tokens: np.ndarray, tokenizer, n_words: int = 10) -> str:
     """The opening words of the first paragraph of the validation text: unseen, but in the corpus's style."""
-    text = tokenizer.decode(np.asarray(tokens[: 4096]).tolist())
+    text = tokenizer.decode(np.asarray(tokens[:4096]).tolist())
     start = text.find("\n\n")
     para = text[start + 2 :] if start >= 0 else text
     words = para.split()
@@ -206,8 +212,11 @@ def _tokenizer_stage(corpus: sources.RunCorpus, run_dir: Path, vocab_size: int, 
     stamp = checkpoint.read_json(run_dir / checkpoint.PIPELINE_FILE)
     stamp = stamp if isinstance(stamp, dict) else {}
     specials = [corpus.spec.eot] if corpus.spec.eot is not None else []
-    same = (data.record_key(stamp)["corpus_fingerprint"] == corpus.fingerprint() and stamp.get("vocab_size") == vocab_size
-            and stamp.get("special_tokens", []) == specials)
+    same = (
+        data.record_key(stamp)["corpus_fingerprint"] == corpus.fingerprint()
+        and stamp.get("vocab_size") == vocab_size
+        and stamp.get("special_tokens", []) == specials
+    )
     if tok_path.exists() and same:
         tok = Tokenizer.load(tok_path)
         if tok.fingerprint() == stamp.get("tokenizer_fingerprint"):
@@ -215,8 +224,13 @@ def _tokenizer_stage(corpus: sources.RunCorpus, run_dir: Path, vocab_size: int, 
             return tok, "reused", None
     say(f"tokenizer: training BPE on {corpus.spec.describe()} (vocab {vocab_size})")
     tok = fit_tokenizer(corpus, vocab_size, quiet=quiet)
-    new_stamp = {"corpus": {"inputs": list(corpus.spec.inputs), **corpus.spec.reading()}, "corpus_fingerprint": corpus.fingerprint(),
-                 "vocab_size": vocab_size, "special_tokens": specials, "tokenizer_fingerprint": tok.fingerprint()}
+    new_stamp = {
+        "corpus": {"inputs": list(corpus.spec.inputs), **corpus.spec.reading()},
+        "corpus_fingerprint": corpus.fingerprint(),
+        "vocab_size": vocab_size,
+        "special_tokens": specials,
+        "tokenizer_fingerprint": tok.fingerprint(),
+    }
     return tok, "trained", new_stamp
 
 
@@ -270,21 +284,38 @@ def run_pipeline(
             corpus.val_fingerprint()  # a malformed --val stops the run here, before any training
             tok, stages["tokenizer"], stamp = _tokenizer_stage(corpus, run_dir, vocab_size, quiet, say)
             if stamp is not None and not overwrite:
-                rundir.refuse_conflicts(run_dir, rd.present([checkpoint.TOKENIZER_FILE]), what="a tokenizer trained on another corpus or vocabulary size")
+                rundir.refuse_conflicts(
+                    run_dir,
+                    rd.present([checkpoint.TOKENIZER_FILE]),
+                    what="a tokenizer trained on another corpus or vocabulary size",
+                )
             tokens = data.prepare_tokens(corpus, tok, run_dir, quiet=quiet, commit=False)
         finally:
             corpus.discard()  # copies of streams are still the corpus's only when this failed (the tokens took them)
         stages["encode"] = "reused" if tokens.reused else "encoded"
         try:
-            stages["train"], result = _train_stage(corpus, rd, tok, tokens, stamp, config, overwrite, ranks, device, quiet, say)
+            stages["train"], result = _train_stage(
+                corpus, rd, tok, tokens, stamp, config, overwrite, ranks, device, quiet, say
+            )
         finally:
             tokens.discard()  # still pending only when the run did not start
         _, val = tokens.split(config.val_fraction, config.context_length)
         return PipelineResult(run_dir=run_dir, stages=stages, train=result, prompt=sample_prompt(val, tok))
 
 
-def _train_stage(corpus, rd: rundir.RunDir, tok, tokens: data.TokenData, stamp, config: TrainConfig, overwrite: bool,
-                 ranks: Ranks | None, device: str, quiet, say):
+def _train_stage(
+    corpus,
+    rd: rundir.RunDir,
+    tok,
+    tokens: data.TokenData,
+    stamp,
+    config: TrainConfig,
+    overwrite: bool,
+    ranks: Ranks | None,
+    device: str,
+    quiet,
+    say,
+):
     run_dir = rd.path
     state_path = run_dir / checkpoint.STATE_FILE
     why = None
@@ -311,7 +342,11 @@ def _train_stage(corpus, rd: rundir.RunDir, tok, tokens: data.TokenData, stamp, 
             data.commit_tokens(tokens, run_dir)
             say(encode_note(tokens, run_dir))
             return "resumed", resume_training(run_dir, corpus=corpus, ranks=ranks, device=device, quiet=quiet, say=say)
-        why = "the corpus, --val, --eot or tokenizer changed" if not (stamp is None and same_data) else "the training settings changed"
+        why = (
+            "the corpus, --val, --eot or tokenizer changed"
+            if not (stamp is None and same_data)
+            else "the training settings changed"
+        )
     elif (run_dir / checkpoint.MODEL_FILE).exists():
         why = f"{checkpoint.MODEL_FILE} has no {checkpoint.STATE_FILE} beside it to check it against"
     if why is not None and not overwrite:
@@ -326,8 +361,19 @@ def _train_stage(corpus, rd: rundir.RunDir, tok, tokens: data.TokenData, stamp, 
         if stamp is not None:
             _save_tokenizer(run_dir, tok, stamp, say)
 
-    result = train_model(corpus, run_dir, tok, config, overwrite=True, tokens=tokens, on_start=start, ranks=ranks, device=device,
-                         quiet=quiet, say=say)
+    result = train_model(
+        corpus,
+        run_dir,
+        tok,
+        config,
+        overwrite=True,
+        tokens=tokens,
+        on_start=start,
+        ranks=ranks,
+        device=device,
+        quiet=quiet,
+        say=say,
+    )
     return "trained", result
 
 

@@ -99,7 +99,9 @@ class RunDir:
             except OSError as err:
                 self._undo_create()
                 if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-                    raise PipelineError(f"run directory {self.path} is not writable ({err.strerror}); choose another -o") from None
+                    raise PipelineError(
+                        f"run directory {self.path} is not writable ({err.strerror}); choose another -o"
+                    ) from None
                 raise PipelineError(f"cannot lock run directory {self.path} ({err.strerror})") from None
             if fcntl is None:
                 return fd

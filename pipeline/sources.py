@@ -37,6 +37,7 @@ from tokenkit.common import atomic
 from tokenkit.pipeline import checkpoint
 from tokenkit.pipeline.errors import PipelineError
 
+
 @dataclass(frozen=True)
 class CorpusSpec:
     """A run's corpus as the user gave it: inputs, how to read them, the separator, validation.
@@ -73,8 +74,14 @@ class CorpusSpec:
         return cls(tuple(os.fspath(p) for p in corpus))
 
     def to_dict(self) -> dict[str, Any]:
-        record = {"inputs": list(self.inputs), "glob": self.glob, "text_field": self.text_field, "binary": self.binary,
-                  "eot": self.eot, "val": list(self.val)}
+        record = {
+            "inputs": list(self.inputs),
+            "glob": self.glob,
+            "text_field": self.text_field,
+            "binary": self.binary,
+            "eot": self.eot,
+            "val": list(self.val),
+        }
         streams = self._streams()
         if streams:
             record["streams"] = streams
@@ -90,11 +97,26 @@ class CorpusSpec:
         value = record.get("corpus")
         if isinstance(value, str):  # v1: one file
             return cls((value,))
-        ok = (isinstance(value, dict) and isinstance(value.get("inputs"), list) and isinstance(value.get("val", []), list)
-              and isinstance(value.get("streams", {}), dict))
+        ok = (
+            isinstance(value, dict)
+            and isinstance(value.get("inputs"), list)
+            and isinstance(value.get("val", []), list)
+            and isinstance(value.get("streams", {}), dict)
+        )
         try:
-            spec = cls(tuple(value["inputs"]), value.get("glob"), value.get("text_field"), bool(value.get("binary", False)),
-                       value.get("eot"), tuple(value.get("val", [])), tuple(value.get("streams", {}).items())) if ok else None
+            spec = (
+                cls(
+                    tuple(value["inputs"]),
+                    value.get("glob"),
+                    value.get("text_field"),
+                    bool(value.get("binary", False)),
+                    value.get("eot"),
+                    tuple(value.get("val", [])),
+                    tuple(value.get("streams", {}).items()),
+                )
+                if ok
+                else None
+            )
         except (TypeError, KeyError):
             spec = None
         names = spec.inputs + spec.val + tuple(x for pair in spec.streams for x in pair) if spec is not None else ()
@@ -123,9 +145,12 @@ class CorpusSpec:
         moved = {path: str(Path(run_dir) / Path(path).name) for path in self._streams()}
         if not moved:
             return self
-        return dataclasses.replace(self, inputs=tuple(moved.get(p, p) for p in self.inputs),
-                                   val=tuple(moved.get(p, p) for p in self.val),
-                                   streams=tuple((moved[p], origin) for p, origin in self._streams().items()))
+        return dataclasses.replace(
+            self,
+            inputs=tuple(moved.get(p, p) for p in self.inputs),
+            val=tuple(moved.get(p, p) for p in self.val),
+            streams=tuple((moved[p], origin) for p, origin in self._streams().items()),
+        )
 
     def open(self, warn: Callable[[str], None] | None = None, names: Mapping[str, str] | None = None) -> RunCorpus:
         """The inputs opened for reading (one-line PipelineError for a missing input, stdin given
@@ -166,7 +191,9 @@ class RunCorpus:
             try:
                 self._fingerprints["val"] = self.val.fingerprint()
             except TokenizerError as err:  # read with the corpus's options: say so
-                also = f" (--text-field {self.spec.text_field} reads it as JSON lines too)" if self.spec.text_field else ""
+                also = (
+                    f" (--text-field {self.spec.text_field} reads it as JSON lines too)" if self.spec.text_field else ""
+                )
                 raise PipelineError(f"--val: {err}{also}") from None
         return self._fingerprints["val"]
 
@@ -182,8 +209,14 @@ def open_corpus(corpus, warn: Callable[[str], None] | None = None) -> RunCorpus:
 
 def _open(inputs: tuple[str, ...], spec: CorpusSpec, warn, what: str, names: Mapping[str, str] | None = None) -> Corpus:
     try:
-        corpus = Corpus([Path(p) for p in inputs], glob=spec.glob, text_field=spec.text_field, binary=spec.binary, warn=warn,
-                        names=names)
+        corpus = Corpus(
+            [Path(p) for p in inputs],
+            glob=spec.glob,
+            text_field=spec.text_field,
+            binary=spec.binary,
+            warn=warn,
+            names=names,
+        )
     except TokenizerError as err:
         raise PipelineError(f"--val: {err}" if what != "corpus" else str(err)) from None
     if corpus.size == 0:
@@ -207,11 +240,15 @@ def _check_streams(names: tuple[str, ...]) -> None:
         if name != "-" and _is_pipe(name):
             st = os.stat(name)
             if (st.st_dev, st.st_ino) in seen:
-                raise PipelineError(f"the pipe {name} is given twice; it can be read only once: give the other input as a file")
+                raise PipelineError(
+                    f"the pipe {name} is given twice; it can be read only once: give the other input as a file"
+                )
             seen[(st.st_dev, st.st_ino)] = name
 
 
-def store_streams(corpus: RunCorpus, run_dir: str | os.PathLike, say: Callable[[str], None] = lambda msg: None) -> RunCorpus:
+def store_streams(
+    corpus: RunCorpus, run_dir: str | os.PathLike, say: Callable[[str], None] = lambda msg: None
+) -> RunCorpus:
     """`corpus` with each of its streams (stdin, pipes) copied into `run_dir` and read from there.
 
     Each stream's bytes are copied once, in blocks, as they come (a compressed or JSONL stream
@@ -232,7 +269,10 @@ def store_streams(corpus: RunCorpus, run_dir: str | os.PathLike, say: Callable[[
     streams = dict(spec.streams)
     fields: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # field -> (recorded inputs, inputs read)
     try:
-        for key, base, what in (("inputs", checkpoint.CORPUS_STREAM_FILE, "corpus"), ("val", checkpoint.VAL_STREAM_FILE, "validation corpus")):
+        for key, base, what in (
+            ("inputs", checkpoint.CORPUS_STREAM_FILE, "corpus"),
+            ("val", checkpoint.VAL_STREAM_FILE, "validation corpus"),
+        ):
             recorded, read = [], []
             for name in getattr(spec, key):
                 if name != "-" and not _is_pipe(name):
@@ -251,7 +291,9 @@ def store_streams(corpus: RunCorpus, run_dir: str | os.PathLike, say: Callable[[
                 recorded.append(str(kept))
                 read.append(str(path))
             fields[key] = (tuple(recorded), tuple(read))
-        kept_spec = dataclasses.replace(spec, inputs=fields["inputs"][0], val=fields["val"][0], streams=tuple(streams.items()))
+        kept_spec = dataclasses.replace(
+            spec, inputs=fields["inputs"][0], val=fields["val"][0], streams=tuple(streams.items())
+        )
         opened = dataclasses.replace(spec, inputs=fields["inputs"][1], val=fields["val"][1]).open(corpus.warn, names)
     except BaseException:
         remove_pending(pending)

@@ -34,13 +34,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
+from tokenkit import __version__
 from tokenkit.bpe import Tokenizer
 from tokenkit.common.processes import note_interrupt
 from tokenkit.pipeline import checkpoint, data, rundir, sources
@@ -52,7 +52,6 @@ from tokenkit.transformer.backends import get_backend
 from tokenkit.transformer.memory import check_memory
 from tokenkit.transformer.parallel import DataParallel, MPIDataParallel, shard_rows
 from tokenkit.transformer.runtime import available_cores
-
 
 # --- the run ---------------------------------------------------------------------------------
 
@@ -73,13 +72,6 @@ class TrainResult:
     seconds: float
     tokens_per_s: float
     steps_run: int  # in this session; 0 when a finished run was resumed
-
-
-def _tokenkit_version() -> str:
-    try:
-        return version("tokenkit")
-    except PackageNotFoundError:
-        return "0+unknown"
 
 
 @contextlib.contextmanager
@@ -127,8 +119,10 @@ class _Run:
     ) -> None:
 
         if device != "cpu" and ranks is not None:
-            raise PipelineError(f"--device {device} under mpirun is not built yet (one rank per GPU); "
-                                "train on one GPU without mpirun, or on CPU ranks")
+            raise PipelineError(
+                f"--device {device} under mpirun is not built yet (one rank per GPU); "
+                "train on one GPU without mpirun, or on CPU ranks"
+            )
         if config.workers == 0:  # recorded as the count used, so a resume elsewhere is the same run
             config = dataclasses.replace(config, workers=_default_shards(ranks))
         self.run_dir = run_dir
@@ -176,7 +170,9 @@ class _Run:
             self.val_ids, config.eval_batches, config.batch_size, config.context_length, config.seed, rows=self.rows
         )
         # a statistic for the summary and the files, which only rank 0 writes
-        self.baseline = data.unigram_baseline(self.train_ids, self.val_ids, tokenizer.vocab_size) if self.leader else math.nan
+        self.baseline = (
+            data.unigram_baseline(self.train_ids, self.val_ids, tokenizer.vocab_size) if self.leader else math.nan
+        )
         self.last_val_loss: float | None = None
         self.last_val_step: int | None = None
 
@@ -193,7 +189,7 @@ class _Run:
 
     def provenance(self) -> dict[str, Any]:
         return {
-            "tokenkit": _tokenkit_version(),
+            "tokenkit": __version__,
             "corpus": self.tokens.spec.to_dict(),
             "corpus_fingerprint": self.tokens.corpus_fingerprint,
             **({"val_fingerprint": self.tokens.val_fingerprint} if self.tokens.val_ids is not None else {}),
@@ -257,9 +253,14 @@ class _Run:
         ranks = self.ranks
         if ranks.leader:
             val_ids = self.tokens.val_ids
-            spec = {"run_dir": str(self.run_dir.resolve()), "config": self.config.to_dict(), "n_tokens": int(len(self.tokens.ids)),
-                    "n_val_tokens": None if val_ids is None else int(len(val_ids)),
-                    "corpus": self.tokens.spec.to_dict(), "key": self.tokens.key()}
+            spec = {
+                "run_dir": str(self.run_dir.resolve()),
+                "config": self.config.to_dict(),
+                "n_tokens": int(len(self.tokens.ids)),
+                "n_val_tokens": None if val_ids is None else int(len(val_ids)),
+                "corpus": self.tokens.spec.to_dict(),
+                "key": self.tokens.key(),
+            }
             ranks.start(spec, self.tokenizer)
         arrays = self._state_arrays()
         ranks.share_state(arrays)
@@ -279,8 +280,10 @@ class _Run:
         shards = shard_rows(B, m.shards)
         per_rank = [sum(s.stop - s.start for s in shards[r * m.workers : (r + 1) * m.workers]) for r in range(m.size)]
         rows = ", ".join(f"rank {r}: {n}" for r, n in enumerate(per_rank))
-        return (f"mpi: {m.size} ranks x {m.workers} worker{'s' * (m.workers != 1)} = {m.shards} shards of each "
-                f"{B}-row batch (rows {rows}); rank 0 writes")
+        return (
+            f"mpi: {m.size} ranks x {m.workers} worker{'s' * (m.workers != 1)} = {m.shards} shards of each "
+            f"{B}-row batch (rows {rows}); rank 0 writes"
+        )
 
     def run(self) -> TrainResult:
         cfg = self.config
@@ -291,8 +294,13 @@ class _Run:
             checkpoint.truncate_log(log_path, self.step)  # drop records past the checkpoint we continue from
         log = checkpoint.JsonlLog(log_path) if self.leader else _NoLog()
         # wall-clock times live here, never in the weight files (identical runs, identical files)
-        session = {"type": "session", "step": self.step, "utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                   "workers": self.config.workers, "tokenkit": _tokenkit_version()}
+        session = {
+            "type": "session",
+            "step": self.step,
+            "utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "workers": self.config.workers,
+            "tokenkit": __version__,
+        }
         if self.ranks is not None:
             session["ranks"] = self.ranks.size
         log.write(session)
@@ -318,7 +326,11 @@ class _Run:
                         break
                     t0 = time.perf_counter()
                     lr = cosine_schedule(
-                        self.step, max_lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps
+                        self.step,
+                        max_lr=cfg.lr,
+                        min_lr=cfg.min_lr,
+                        warmup_steps=cfg.warmup_steps,
+                        total_steps=cfg.steps,
                     )
                     x, y = data.get_batch(self.train_ids, cfg.batch_size, cfg.context_length, self.rng, rows=self.rows)
                     loss, grads = self.model.loss_and_grads(x, y, batch_rows=cfg.batch_size)
@@ -345,7 +357,10 @@ class _Run:
                     if self.step % cfg.eval_interval == 0 or self.step == cfg.steps:
                         self.checkpoint(log)
                     bar.update(1)
-                    bar.set_postfix(self._postfix(smooth, lr, steps_done * tokens_per_step / max(train_seconds, 1e-9)), refresh=False)
+                    bar.set_postfix(
+                        self._postfix(smooth, lr, steps_done * tokens_per_step / max(train_seconds, 1e-9)),
+                        refresh=False,
+                    )
                 if interrupted:
                     self.save_on_interrupt(log)
         finally:
@@ -434,7 +449,9 @@ def _default_shards(ranks: Ranks | None) -> int:
     return available_cores() if ranks is None else ranks.size * ranks.default_workers()
 
 
-def check_training_memory(config: TrainConfig, vocab_size: int, ranks: Ranks | None = None, device: str = "cpu") -> None:
+def check_training_memory(
+    config: TrainConfig, vocab_size: int, ranks: Ranks | None = None, device: str = "cpu"
+) -> None:
     """One line, before any work, when the run's model cannot train in this machine's memory
     (`vocab_size`: the tokenizer's, or an upper bound of the one still to be trained; under MPI,
     this rank's share of the workers), or on `device` (a missing CuPy or GPU)."""
@@ -528,7 +545,9 @@ def train_model(
             raise PipelineError(f"the given tokenizer is not the one in {init.path}; drop -t to use the model's own")
         tokenizer = init.tokenizer
         if GPTConfig.from_dict(config.model_config(tokenizer.vocab_size)) != init.model_config:
-            raise PipelineError(f"the run's model settings differ from the shape of {init.path}; take them from it (StartFrom.settings)")
+            raise PipelineError(
+                f"the run's model settings differ from the shape of {init.path}; take them from it (StartFrom.settings)"
+            )
     if tokenizer is not None:
         sources.check_eot(tokenizer, corpus.spec)
     check_training_memory(config, tokenizer.vocab_size if tokenizer is not None else DEFAULT_VOCAB_SIZE, ranks, device)
@@ -544,7 +563,9 @@ def train_model(
             corpus.val_fingerprint()  # a malformed --val stops the run here, before any training
             if tokenizer is None:
                 eot = f" and the special token {corpus.spec.eot!r}" if corpus.spec.eot is not None else ""
-                say(f"no tokenizer given (-t): training one on {corpus.spec.describe()} with the defaults (vocab {DEFAULT_VOCAB_SIZE}){eot}")
+                say(
+                    f"no tokenizer given (-t): training one on {corpus.spec.describe()} with the defaults (vocab {DEFAULT_VOCAB_SIZE}){eot}"
+                )
                 tokenizer = fit_tokenizer(corpus, quiet=quiet)
             if tokens is None:
                 tokens = data.prepare_tokens(corpus, tokenizer, run_dir, quiet=quiet, commit=False)
@@ -640,7 +661,9 @@ def resume_training(
     with rundir.RunDir(run_dir):
         state_path = run_dir / checkpoint.STATE_FILE
         if not state_path.exists():
-            raise PipelineError(f"nothing to resume in {run_dir}: no {checkpoint.STATE_FILE}; start a run with `tk train-model`")
+            raise PipelineError(
+                f"nothing to resume in {run_dir}: no {checkpoint.STATE_FILE}; start a run with `tk train-model`"
+            )
         state = checkpoint.load_train_state(state_path)
         config = TrainConfig.from_dict(state.train_config)
         for key, value in (overrides or {}).items():
@@ -654,7 +677,9 @@ def resume_training(
                     "or start a new run with another -o"
                 )
         if tokenizer is not None and tokenizer.fingerprint() != state.tokenizer.fingerprint():
-            raise PipelineError(f"the given tokenizer is not the one {run_dir} was trained with; drop -t to use the run's own")
+            raise PipelineError(
+                f"the given tokenizer is not the one {run_dir} was trained with; drop -t to use the run's own"
+            )
         rc = _resumed_corpus(run_dir, state, corpus, corpus_overrides, ranks, say)
         try:
             tokens = data.prepare_tokens(rc, state.tokenizer, run_dir, quiet=quiet, commit=False)
@@ -698,7 +723,9 @@ def _resumed_corpus(run_dir: Path, state: checkpoint.TrainState, corpus, overrid
                 f"({shown.get(key['eot'], repr(key['eot']))}); drop the flag to resume"
             )
         if spec.val and key["val_fingerprint"] is None:
-            raise PipelineError(f"{run_dir} was validated on a held-out part of its corpus, not on --val; drop --val to resume")
+            raise PipelineError(
+                f"{run_dir} was validated on a held-out part of its corpus, not on --val; drop --val to resume"
+            )
         _check_kept_streams(spec, run_dir)
         rc = spec.open(warn=lambda msg: say(f"warning: {msg}"))
     refuse_streams_under_mpi(rc.spec, ranks)
@@ -738,6 +765,8 @@ def follow(ranks: Ranks, *, quiet: bool = True) -> TrainResult | None:
         return None
     spec, tokenizer = started
     run_dir = Path(spec["run_dir"])
-    tokens = data.open_tokens(run_dir, tokenizer, spec["corpus"], spec["key"], spec["n_tokens"], spec.get("n_val_tokens"))
+    tokens = data.open_tokens(
+        run_dir, tokenizer, spec["corpus"], spec["key"], spec["n_tokens"], spec.get("n_val_tokens")
+    )
     config = TrainConfig.from_dict(spec["config"])
     return _Run(run_dir, tokens, tokenizer, config, quiet=quiet, ranks=ranks).run()

@@ -165,8 +165,12 @@ def test_cuda_launchers_match_their_twins_and_every_kernel_is_launched():
     parameters, and each kernel of the source is launched by name."""
     text = (ROOT / "transformer/backends/cuda.py").read_text(encoding="utf-8")
     launched = _methods(ast.parse(text), "CudaKernels")
-    twins = {name: params for name, params in _methods(
-        ast.parse((ROOT / "transformer/backends/cuda_twins.py").read_text(encoding="utf-8")), "TwinKernels").items()}
+    twins = {
+        name: params
+        for name, params in _methods(
+            ast.parse((ROOT / "transformer/backends/cuda_twins.py").read_text(encoding="utf-8")), "TwinKernels"
+        ).items()
+    }
     assert launched == twins
     for kernel in cuda_source.KERNELS:
         assert f'self._fn("{kernel}"' in text, f"kernel {kernel} is never launched"
@@ -449,6 +453,19 @@ def test_cuda_source_compiles(tmp_path):
     source = tmp_path / "kernels.cu"
     source.write_text(cuda_source.SOURCE + f"\nvoid* tk_all_kernels[] = {{{taken}}};\n", encoding="utf-8")
     for arch in ("sm_80", "sm_90"):
-        done = subprocess.run(["nvcc", "-c", f"-arch={arch}", *cuda_source.OPTIONS, "-Werror", "all-warnings",
-                               "-o", str(tmp_path / f"{arch}.o"), str(source)], capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                "nvcc",
+                "-c",
+                f"-arch={arch}",
+                *cuda_source.OPTIONS,
+                "-Werror",
+                "all-warnings",
+                "-o",
+                str(tmp_path / f"{arch}.o"),
+                str(source),
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert done.returncode == 0, done.stderr

@@ -36,9 +36,9 @@ def _random_words_text(n_words: int, seed: int) -> str:
     lengths = rng.integers(2, 10, size=50_000)
     letters = rng.integers(ord("a"), ord("z") + 1, size=int(lengths.sum()), dtype=np.uint8).tobytes().decode()
     ends = np.cumsum(lengths).tolist()
-    words = [letters[e - n:e] for e, n in zip(ends, lengths.tolist())]
+    words = [letters[e - n : e] for e, n in zip(ends, lengths.tolist())]
     picks = rng.integers(0, len(words), size=n_words).tolist()
-    return "".join(" ".join(words[i] for i in picks[k:k + 12]) + ".\n" for k in range(0, n_words, 12))
+    return "".join(" ".join(words[i] for i in picks[k : k + 12]) + ".\n" for k in range(0, n_words, 12))
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +75,14 @@ def _stop_while_busy(tmp_path: Path, args: list, sig: int, ready=lambda: True) -
     err_path = tmp_path / "stderr.txt"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(err_path, "wb") as err:  # a file, not a pipe: an orphan holding a pipe would block its reading
-        proc = subprocess.Popen([sys.executable, "-m", "tokenkit.cli.main", *map(str, args)], cwd=REPO, env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tokenkit.cli.main", *map(str, args)],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     kids: set[int] = set()
     try:
         deadline = time.monotonic() + 60
@@ -125,7 +131,17 @@ def test_encode_file(files, tmp_path, sig):
 def test_bpe_train(files, tmp_path, sig):
     out = tmp_path / "out"
     out.mkdir()
-    args = ["bpe-train", files["big"], "--vocab-size", "400", "--workers", "2", "-o", out / "tok.safetensors", "--quiet"]
+    args = [
+        "bpe-train",
+        files["big"],
+        "--vocab-size",
+        "400",
+        "--workers",
+        "2",
+        "-o",
+        out / "tok.safetensors",
+        "--quiet",
+    ]
     code, _, err = _stop_while_busy(tmp_path, args, sig)
     if sig == signal.SIGTERM:
         _assert_terminated(code, err, out)
@@ -135,8 +151,20 @@ def test_bpe_train(files, tmp_path, sig):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_train_model_while_encoding(files, tmp_path, sig):
     run = tmp_path / "run"
-    args = ["train-model", files["big"], "-t", files["tok"], "-o", run, "--workers", "2", "--steps", "1000",
-            *TINY_MODEL, "--quiet"]
+    args = [
+        "train-model",
+        files["big"],
+        "-t",
+        files["tok"],
+        "-o",
+        run,
+        "--workers",
+        "2",
+        "--steps",
+        "1000",
+        *TINY_MODEL,
+        "--quiet",
+    ]
     code, _, err = _stop_while_busy(tmp_path, args, sig)  # the first children are the encoding pool's
     assert not (run / "tokens.npy").exists()  # stopped while encoding
     if sig == signal.SIGTERM:
@@ -146,8 +174,22 @@ def test_train_model_while_encoding(files, tmp_path, sig):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_train_model_while_training(files, tmp_path, sig):
     run = tmp_path / "run"
-    args = ["train-model", files["small"], "-t", files["tok"], "-o", run, "--workers", "2", "--steps", "1000",
-            "--eval-interval", "50", *TINY_MODEL, "--quiet"]
+    args = [
+        "train-model",
+        files["small"],
+        "-t",
+        files["tok"],
+        "-o",
+        run,
+        "--workers",
+        "2",
+        "--steps",
+        "1000",
+        "--eval-interval",
+        "50",
+        *TINY_MODEL,
+        "--quiet",
+    ]
     code, _, err = _stop_while_busy(tmp_path, args, sig, ready=lambda: (run / "tokens.npy").exists())
     if sig == signal.SIGTERM:  # like Ctrl-C: the state is saved at the step boundary, with a resume hint
         _assert_terminated(code, err, run)

@@ -53,8 +53,26 @@ def corpus(tmp_path_factory) -> Path:
 def run(corpus, tmp_path_factory) -> Path:
     """A model trained through the CLI (tokenizer trained by train-model itself, no -t)."""
     run_dir = tmp_path_factory.mktemp("runs") / "counting"
-    code = main(["train-model", str(corpus), "-o", str(run_dir), *SMALL, "--batch-size", "32", "--steps", "400", "--lr", "5e-3",
-                 "--warmup-steps", "20", "--eval-interval", "100", "--quiet"])
+    code = main(
+        [
+            "train-model",
+            str(corpus),
+            "-o",
+            str(run_dir),
+            *SMALL,
+            "--batch-size",
+            "32",
+            "--steps",
+            "400",
+            "--lr",
+            "5e-3",
+            "--warmup-steps",
+            "20",
+            "--eval-interval",
+            "100",
+            "--quiet",
+        ]
+    )
     assert code == 0
     return run_dir
 
@@ -120,10 +138,40 @@ def test_generate_streams_the_rule(run, capsys):
     code, out, _ = cli(capsys, "generate", "-m", str(run), "down 57", "-n", "7", "--temperature", "0")
     assert code == 0
     assert out.startswith("down 57 56 55 54 53 52 51 50")
-    code, again, _ = cli(capsys, "generate", "-m", str(run / "model.safetensors"), "up 3", "-n", "12",
-                         "--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--seed", "3")
-    code2, same, _ = cli(capsys, "generate", "-m", str(run), "up 3", "-n", "12",
-                         "--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--seed", "3")
+    code, again, _ = cli(
+        capsys,
+        "generate",
+        "-m",
+        str(run / "model.safetensors"),
+        "up 3",
+        "-n",
+        "12",
+        "--temperature",
+        "0.7",
+        "--top-k",
+        "5",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "3",
+    )
+    code2, same, _ = cli(
+        capsys,
+        "generate",
+        "-m",
+        str(run),
+        "up 3",
+        "-n",
+        "12",
+        "--temperature",
+        "0.7",
+        "--top-k",
+        "5",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "3",
+    )
     assert code == code2 == 0 and again == same and again.startswith("up 3")
 
 
@@ -140,7 +188,7 @@ def test_generate_holds_partial_utf8_until_the_character_completes():
             context_length = 8
 
         def generate(self, ids, max_new_tokens, **kwargs):
-            yield from "é€!".encode("utf-8")[:max_new_tokens]
+            yield from "é€!".encode()[:max_new_tokens]
 
     assert list(generate(Bytes(), tok, "a", max_new_tokens=6)) == ["é", "€", "!"]
     assert list(generate(Bytes(), tok, "a", max_new_tokens=4)) == ["é", "\ufffd"]  # cut mid-character
@@ -230,9 +278,13 @@ def test_resume_flags_contradicting_the_checkpoint(run, corpus, tmp_path, capsys
 def test_other_bad_training_input(corpus, tmp_path, capsys):
     code, _, err = cli(capsys, "train-model", str(tmp_path / "missing.txt"), "-o", str(tmp_path / "r"))
     assert_one_line_error(code, err, "not found")
-    code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(tmp_path / "r"), "-t", str(tmp_path / "t.safetensors"))
+    code, _, err = cli(
+        capsys, "train-model", str(corpus), "-o", str(tmp_path / "r"), "-t", str(tmp_path / "t.safetensors")
+    )
     assert_one_line_error(code, err, "tokenizer file not found")
-    code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(tmp_path / "r"), "--d-model", "30", "--n-heads", "4")
+    code, _, err = cli(
+        capsys, "train-model", str(corpus), "-o", str(tmp_path / "r"), "--d-model", "30", "--n-heads", "4"
+    )
     assert_one_line_error(code, err, "divisible")
     code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(tmp_path / "r"), "--workers", "-1")
     assert_one_line_error(code, err, "--workers must not be negative")
@@ -256,8 +308,11 @@ def _tensors(path: Path) -> dict[str, np.ndarray]:
 
 
 def _losses(run_dir: Path) -> list[tuple]:
-    return [(r["type"], r["step"], r.get("loss"), r.get("val_loss")) for r in checkpoint.read_log(run_dir / "log.jsonl")
-            if r["type"] in ("step", "eval")]
+    return [
+        (r["type"], r["step"], r.get("loss"), r.get("val_loss"))
+        for r in checkpoint.read_log(run_dir / "log.jsonl")
+        if r["type"] in ("step", "eval")
+    ]
 
 
 def test_ctrl_c_then_resume_equals_uninterrupted(corpus, run, tmp_path, monkeypatch, capsys):
@@ -296,9 +351,27 @@ def test_ctrl_c_then_resume_equals_uninterrupted(corpus, run, tmp_path, monkeypa
 def test_sigkill_at_any_moment_leaves_loadable_checkpoints(corpus, run, tmp_path):
     """Kill a training process (saving every step) at several moments; every time the files load."""
     run_dir = tmp_path / "killed"
-    args = [sys.executable, "-m", "tokenkit.cli.main", "train-model", str(corpus), "-o", str(run_dir),
-            "-t", str(run / "tokenizer.safetensors"), *SMALL, "--batch-size", "8", "--steps", "150", "--eval-interval", "1",
-            "--eval-batches", "1", "--quiet"]
+    args = [
+        sys.executable,
+        "-m",
+        "tokenkit.cli.main",
+        "train-model",
+        str(corpus),
+        "-o",
+        str(run_dir),
+        "-t",
+        str(run / "tokenizer.safetensors"),
+        *SMALL,
+        "--batch-size",
+        "8",
+        "--steps",
+        "150",
+        "--eval-interval",
+        "1",
+        "--eval-batches",
+        "1",
+        "--quiet",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     steps_seen = []
     for attempt, delay in enumerate((0.05, 0.17)):
@@ -335,8 +408,9 @@ def test_nan_loss_stops_with_the_last_good_checkpoint(corpus, run, tmp_path, mon
 
     monkeypatch.setattr(DataParallel, "loss_and_grads", diverge_at_step_8)
     run_dir = tmp_path / "nan"
-    code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(run_dir), "-t", str(run / "tokenizer.safetensors"),
-                       *RESUME_FLAGS)
+    code, _, err = cli(
+        capsys, "train-model", str(corpus), "-o", str(run_dir), "-t", str(run / "tokenizer.safetensors"), *RESUME_FLAGS
+    )
     assert_one_line_error(code, err, "training diverged: loss nan")
     assert "at step 8" in err and "last good checkpoint (step 5)" in err
     model, _, meta = load_model(run_dir)
@@ -350,7 +424,21 @@ def test_nan_loss_stops_with_the_last_good_checkpoint(corpus, run, tmp_path, mon
 
 def test_pipeline_runs_stages_and_skips_what_is_up_to_date(corpus, tmp_path, capsys):
     run_dir = tmp_path / "pipe"
-    flags = [*SMALL, "--batch-size", "8", "--warmup-steps", "5", "--steps", "30", "--eval-interval", "10", "--vocab-size", "300", "-n", "8"]
+    flags = [
+        *SMALL,
+        "--batch-size",
+        "8",
+        "--warmup-steps",
+        "5",
+        "--steps",
+        "30",
+        "--eval-interval",
+        "10",
+        "--vocab-size",
+        "300",
+        "-n",
+        "8",
+    ]
     code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *flags)
     assert code == 0, err
     assert "tokenizer: training BPE" in err and "encode: encoded" in err
@@ -378,15 +466,58 @@ def test_pipeline_runs_stages_and_skips_what_is_up_to_date(corpus, tmp_path, cap
 
 def test_every_model_flag_reaches_the_checkpoint(corpus, run, tmp_path, capsys):
     run_dir = tmp_path / "variant"
-    code, out, _ = cli(capsys, "train-model", str(corpus), "-o", str(run_dir), "-t", str(run / "tokenizer.safetensors"),
-                       "--n-layers", "1", "--n-heads", "4", "--d-model", "32", "--context-length", "12",
-                       "--positional", "sinusoidal", "--activation", "relu", "--norm", "post", "--no-bias",
-                       "--batch-size", "4", "--steps", "6", "--warmup-steps", "2", "--eval-interval", "3",
-                       "--eval-batches", "2", "--seed", "7", "--workers", "1", "--quiet")
+    code, out, _ = cli(
+        capsys,
+        "train-model",
+        str(corpus),
+        "-o",
+        str(run_dir),
+        "-t",
+        str(run / "tokenizer.safetensors"),
+        "--n-layers",
+        "1",
+        "--n-heads",
+        "4",
+        "--d-model",
+        "32",
+        "--context-length",
+        "12",
+        "--positional",
+        "sinusoidal",
+        "--activation",
+        "relu",
+        "--norm",
+        "post",
+        "--no-bias",
+        "--batch-size",
+        "4",
+        "--steps",
+        "6",
+        "--warmup-steps",
+        "2",
+        "--eval-interval",
+        "3",
+        "--eval-batches",
+        "2",
+        "--seed",
+        "7",
+        "--workers",
+        "1",
+        "--quiet",
+    )
     assert code == 0 and "step 6/6" in out
     model, tok, meta = load_model(run_dir)
-    expected = {"n_layers": 1, "n_heads": 4, "d_model": 32, "context_length": 12, "positional": "sinusoidal",
-                "activation": "relu", "norm": "post", "bias": False, "vocab_size": tok.vocab_size}
+    expected = {
+        "n_layers": 1,
+        "n_heads": 4,
+        "d_model": 32,
+        "context_length": 12,
+        "positional": "sinusoidal",
+        "activation": "relu",
+        "norm": "post",
+        "bias": False,
+        "vocab_size": tok.vocab_size,
+    }
     assert {k: model.config.to_dict()[k] for k in expected} == expected
     assert not any(name.endswith(".bias") for name in model.params) and "wpe.weight" not in model.params
     assert meta["provenance"]["train_config"]["seed"] == 7 and meta["provenance"]["train_config"]["workers"] == 1
@@ -394,11 +525,26 @@ def test_every_model_flag_reaches_the_checkpoint(corpus, run, tmp_path, capsys):
 
 def test_config_file_and_flags(corpus, run, tmp_path, capsys):
     config = tmp_path / "small.toml"
-    config.write_text('n_layers = 1\nd_model = 32\nn_heads = 2\ncontext_length = 12\nbatch_size = 4\n'
-                      'steps = 4\nwarmup_steps = 1\neval_interval = 2\nlr = 0.01\n', encoding="utf-8")
+    config.write_text(
+        "n_layers = 1\nd_model = 32\nn_heads = 2\ncontext_length = 12\nbatch_size = 4\n"
+        "steps = 4\nwarmup_steps = 1\neval_interval = 2\nlr = 0.01\n",
+        encoding="utf-8",
+    )
     run_dir = tmp_path / "fromfile"
-    code, _, _ = cli(capsys, "train-model", str(corpus), "-o", str(run_dir), "-t", str(run / "tokenizer.safetensors"),
-                     "--config", str(config), "--lr", "0.02", "--quiet")
+    code, _, _ = cli(
+        capsys,
+        "train-model",
+        str(corpus),
+        "-o",
+        str(run_dir),
+        "-t",
+        str(run / "tokenizer.safetensors"),
+        "--config",
+        str(config),
+        "--lr",
+        "0.02",
+        "--quiet",
+    )
     assert code == 0
     state = load_train_state(run_dir / "train_state.safetensors")
     assert state.train_config["d_model"] == 32 and state.train_config["lr"] == 0.02  # the flag wins over the file
@@ -419,8 +565,21 @@ def test_pipeline_after_ctrl_c_resumes_training(corpus, tmp_path, monkeypatch, c
         return real(self, x, y, **kw)
 
     run_dir = tmp_path / "pipe"
-    flags = [*SMALL, "--batch-size", "4", "--warmup-steps", "2", "--steps", "12", "--eval-interval", "6",
-             "--vocab-size", "280", "-n", "4"]
+    flags = [
+        *SMALL,
+        "--batch-size",
+        "4",
+        "--warmup-steps",
+        "2",
+        "--steps",
+        "12",
+        "--eval-interval",
+        "6",
+        "--vocab-size",
+        "280",
+        "-n",
+        "4",
+    ]
     monkeypatch.setattr(DataParallel, "loss_and_grads", ctrl_c_at_step_4)
     code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *flags)
     assert code == 130 and "interrupted at step 4/12" in err and "predict-next" not in out
@@ -431,14 +590,28 @@ def test_pipeline_after_ctrl_c_resumes_training(corpus, tmp_path, monkeypatch, c
 
 def test_short_run_gets_a_warmup_that_fits_and_a_finished_run_says_so(corpus, run, tmp_path, capsys):
     run_dir = tmp_path / "short"
-    code, _, _ = cli(capsys, "train-model", str(corpus), "-o", str(run_dir), "-t", str(run / "tokenizer.safetensors"),
-                     *SMALL, "--batch-size", "4", "--steps", "20", "--quiet")
+    code, _, _ = cli(
+        capsys,
+        "train-model",
+        str(corpus),
+        "-o",
+        str(run_dir),
+        "-t",
+        str(run / "tokenizer.safetensors"),
+        *SMALL,
+        "--batch-size",
+        "4",
+        "--steps",
+        "20",
+        "--quiet",
+    )
     assert code == 0
     assert load_train_state(run_dir / "train_state.safetensors").train_config["warmup_steps"] == 2
     code, out, _ = cli(capsys, "train-model", "--resume", str(run_dir), "--steps", "20")
     assert code == 0 and out.startswith("step 20/20: nothing left to train")
-    code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(tmp_path / "x"), "--steps", "20",
-                       "--warmup-steps", "30")
+    code, _, err = cli(
+        capsys, "train-model", str(corpus), "-o", str(tmp_path / "x"), "--steps", "20", "--warmup-steps", "30"
+    )
     assert_one_line_error(code, err, "--warmup-steps (30) must not exceed --steps (20)")
 
 
@@ -459,8 +632,13 @@ def test_device_cuda_trains_resumes_on_cpu_and_predicts_on_either(capsys, tmp_pa
     tokenizer = run / "tokenizer.safetensors"
     flags = [*SMALL, "--batch-size", "4", "--steps", "12", "--eval-interval", "6", "--warmup-steps", "2", "--quiet"]
     cpu_run, gpu_run = tmp_path / "cpu", tmp_path / "gpu"
-    assert cli(capsys, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(cpu_run), "--workers", "1", *flags)[0] == 0
-    code, out, err = cli(capsys, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(gpu_run), "--device", "cuda", *flags)
+    assert (
+        cli(capsys, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(cpu_run), "--workers", "1", *flags)[0]
+        == 0
+    )
+    code, out, err = cli(
+        capsys, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(gpu_run), "--device", "cuda", *flags
+    )
     assert code == 0, err
     cpu_state = load_train_state(cpu_run / "train_state.safetensors")
     gpu_state = load_train_state(gpu_run / "train_state.safetensors")
@@ -482,8 +660,20 @@ def test_device_cuda_trains_resumes_on_cpu_and_predicts_on_either(capsys, tmp_pa
 
 def test_device_cuda_refuses_workers_in_one_line(capsys, tmp_path, corpus, run, cuda_as_twins):
     tokenizer = run / "tokenizer.safetensors"
-    code, _, err = cli(capsys, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(tmp_path / "r"),
-                       "--device", "cuda", "--workers", "2", *SMALL)
+    code, _, err = cli(
+        capsys,
+        "train-model",
+        str(corpus),
+        "-t",
+        str(tokenizer),
+        "-o",
+        str(tmp_path / "r"),
+        "--device",
+        "cuda",
+        "--workers",
+        "2",
+        *SMALL,
+    )
     assert code != 0 and "drop --workers" in err and "Traceback" not in err
     assert not (tmp_path / "r").exists()
 

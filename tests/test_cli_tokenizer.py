@@ -47,13 +47,43 @@ def corpus(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def tok_path(corpus, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tok") / "tok.safetensors"
-    assert main(["bpe-train", str(corpus), "--vocab-size", "300", "--special", "<|endoftext|>", "--workers", "1", "-q", "-o", str(path)]) == 0
+    assert (
+        main(
+            [
+                "bpe-train",
+                str(corpus),
+                "--vocab-size",
+                "300",
+                "--special",
+                "<|endoftext|>",
+                "--workers",
+                "1",
+                "-q",
+                "-o",
+                str(path),
+            ]
+        )
+        == 0
+    )
     return path
 
 
 def test_bpe_train_summary(corpus, tmp_path, capsys):
     out_path = tmp_path / "t.safetensors"
-    code, out, _ = run(capsys, "bpe-train", corpus, "--vocab-size", 290, "--special", "<|endoftext|>", "--workers", 1, "-q", "-o", out_path)
+    code, out, _ = run(
+        capsys,
+        "bpe-train",
+        corpus,
+        "--vocab-size",
+        290,
+        "--special",
+        "<|endoftext|>",
+        "--workers",
+        1,
+        "-q",
+        "-o",
+        out_path,
+    )
     assert code == 0
     tok = Tokenizer.load(out_path)
     assert tok.vocab_size == 290
@@ -66,7 +96,9 @@ def test_bpe_train_summary(corpus, tmp_path, capsys):
 
 def test_bpe_train_min_frequency_and_verbose(corpus, tmp_path, capsys):
     out_path = tmp_path / "t.safetensors"
-    code, out, _ = run(capsys, "bpe-train", corpus, "--min-frequency", 500, "--verbose", "--workers", 1, "-q", "-o", out_path)
+    code, out, _ = run(
+        capsys, "bpe-train", corpus, "--min-frequency", 500, "--verbose", "--workers", 1, "-q", "-o", out_path
+    )
     assert code == 0
     tok = Tokenizer.load(out_path)
     merge_lines = [line for line in out.splitlines() if line.startswith("merge ")]
@@ -74,7 +106,9 @@ def test_bpe_train_min_frequency_and_verbose(corpus, tmp_path, capsys):
     assert "fewer than --min-frequency" in out
     # each line shows the pair as text: check the first one against the tokenizer
     a, b = tok.merges[0]
-    first = f"merge 0: {tok.vocab[a].decode()!r} + {tok.vocab[b].decode()!r} -> {(tok.vocab[a] + tok.vocab[b]).decode()!r}"
+    first = (
+        f"merge 0: {tok.vocab[a].decode()!r} + {tok.vocab[b].decode()!r} -> {(tok.vocab[a] + tok.vocab[b]).decode()!r}"
+    )
     assert merge_lines[0].startswith(first)
     count = int(re.search(r"count (\d+)", merge_lines[0]).group(1))
     assert count >= 500
@@ -96,8 +130,13 @@ def test_bpe_train_min_frequency_and_verbose(corpus, tmp_path, capsys):
 )
 def test_bpe_train_errors(corpus, tmp_path, capsys, args):
     (tmp_path / "empty.txt").write_bytes(b"")
-    subst = {"MISSING": tmp_path / "missing.txt", "DIR": tmp_path, "EMPTY": tmp_path / "empty.txt", "CORPUS": corpus,
-             "NODIR/tok.safetensors": tmp_path / "no" / "tok.safetensors"}
+    subst = {
+        "MISSING": tmp_path / "missing.txt",
+        "DIR": tmp_path,
+        "EMPTY": tmp_path / "empty.txt",
+        "CORPUS": corpus,
+        "NODIR/tok.safetensors": tmp_path / "no" / "tok.safetensors",
+    }
     args = [str(subst.get(a, a)) for a in args]
     if "-o" not in args:
         args += ["-o", str(tmp_path / "t.safetensors")]
@@ -197,7 +236,9 @@ def test_bpe_import_both_pairs(tmp_path, capsys):
         code, out, _ = run(capsys, "encode", "-t", out_path, "hello world")
         assert out.split() == ["31373", "995"]
     assert_one_line_error(run(capsys, "bpe-import", GPT2 / "vocab.bpe", GPT2 / "encoder.json", "-o", tmp_path / "x"))
-    assert_one_line_error(run(capsys, "bpe-import", GPT2 / "encoder.json", tmp_path / "missing.bpe", "-o", tmp_path / "x"))
+    assert_one_line_error(
+        run(capsys, "bpe-import", GPT2 / "encoder.json", tmp_path / "missing.bpe", "-o", tmp_path / "x")
+    )
     assert_one_line_error(run(capsys, "bpe-import", GPT2 / "encoder.json", GPT2 / "vocab.bpe"))  # no -o
 
 

@@ -48,7 +48,9 @@ def tok(request) -> Tokenizer:
 @given(chunks=st.lists(st.text(alphabet="aab c'\n", min_size=1, max_size=70), min_size=1, max_size=40))
 def test_merge_batch_equals_plain_merge(tok, chunks):
     raw = [c.encode() for c in chunks]
-    ids, lengths = merge_batch(np.frombuffer(b"".join(raw), np.uint8), np.array([len(r) for r in raw]), PairTable(tok.merges))
+    ids, lengths = merge_batch(
+        np.frombuffer(b"".join(raw), np.uint8), np.array([len(r) for r in raw]), PairTable(tok.merges)
+    )
     expected = [tok._chunk_ids(c) for c in chunks]  # the rescanning loop (a heap from 64 bytes on)
     assert lengths.tolist() == [len(e) for e in expected]
     assert ids.tolist() == [i for e in expected for i in e]
@@ -133,7 +135,10 @@ ASCII = "".join(map(chr, range(128)))
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=st.text(alphabet=st.sampled_from("aZ09 '\n\t\r\x0b\x0c\x1c\x1f.,!-_sdtmlvre"), max_size=200) | st.text(alphabet=ASCII, max_size=200))
+@given(
+    text=st.text(alphabet=st.sampled_from("aZ09 '\n\t\r\x0b\x0c\x1c\x1f.,!-_sdtmlvre"), max_size=200)
+    | st.text(alphabet=ASCII, max_size=200)
+)
 def test_ascii_split_is_gpt2_split(text):
     assert GPT2_ASCII.findall(text) == split_text(text, GPT2_PATTERN)
 
@@ -153,7 +158,6 @@ def test_ascii_and_other_new_words_in_one_batch():
     assert Tokenizer(tok.merges).encode(text) == plain_ids(tok, text)
 
 
-
 @functools.cache
 def _piece_tokenizer() -> Tokenizer:
     return random_tokenizer(4)
@@ -163,7 +167,12 @@ PROSE = "aab cd'sl t0.,!?-   \n\n\n\t\r\xa0\u2003é日😀"
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(text=st.text(alphabet=PROSE, max_size=300) | st.lists(st.sampled_from(["ab", "a", " ", "  ", "\n", " \n", "\n ", "\t", "c.", "'s", "é"]), max_size=60).map("".join))
+@given(
+    text=st.text(alphabet=PROSE, max_size=300)
+    | st.lists(st.sampled_from(["ab", "a", " ", "  ", "\n", " \n", "\n ", "\t", "c.", "'s", "é"]), max_size=60).map(
+        "".join
+    )
+)
 def test_pieces_equal_plain_merge(monkeypatch, text):
     # the piece level (bpe.encoder.PieceCache) alone: never handing the text to the word level
     from tokenkit.bpe import encoder

@@ -163,7 +163,9 @@ def saved(tmp_path_factory):
     config = GPTConfig(vocab_size=tok.vocab_size, context_length=64, d_model=24, n_layers=2, n_heads=3)
     model = GPT(config, seed=3)
     path = tmp_path_factory.mktemp("explain") / "model.safetensors"
-    save_model(path, model.params, tok, config=config.to_dict(), step=0, val_loss=None, best_val_loss=None, provenance={})
+    save_model(
+        path, model.params, tok, config=config.to_dict(), step=0, val_loss=None, best_val_loss=None, provenance={}
+    )
     return path, model, tok
 
 

@@ -35,7 +35,9 @@ def tiktoken_gpt2():
     from tiktoken.load import load_tiktoken_bpe
 
     ranks = load_tiktoken_bpe(str(GPT2 / "gpt2.tiktoken"))
-    return tiktoken.Encoding("gpt2-local", pat_str=GPT2_SPLIT, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256})
+    return tiktoken.Encoding(
+        "gpt2-local", pat_str=GPT2_SPLIT, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256}
+    )
 
 
 def test_both_file_pairs_give_the_same_tokenizer(gpt2):
@@ -84,7 +86,9 @@ def test_endoftext_is_not_special_unless_allowed(gpt2):
     assert 50256 not in gpt2.encode("a<|endoftext|>", disallowed_special=())
 
 
-@pytest.mark.parametrize("value", ["hello", "hello ", "hello  ", " hello", " hello ", " hello  ", "hello world", "请考试我的软件！12345"])
+@pytest.mark.parametrize(
+    "value", ["hello", "hello ", "hello  ", " hello", " hello ", " hello  ", "hello world", "请考试我的软件！12345"]
+)
 def test_basic_roundtrip(gpt2, value):
     assert gpt2.decode(gpt2.encode(value)) == value
 
@@ -107,7 +111,10 @@ def test_export_reimport(gpt2, tmp_path):
     # byte-identical to the published vocab.json/merges.txt apart from JSON spacing and the header
     back = Tokenizer.from_gpt2(vocab_file, merges_file)
     assert back.fingerprint() == gpt2.fingerprint()
-    assert merges_file.read_text(encoding="utf-8").splitlines()[1:] == (GPT2 / "merges.txt").read_text(encoding="utf-8").splitlines()[1:]
+    assert (
+        merges_file.read_text(encoding="utf-8").splitlines()[1:]
+        == (GPT2 / "merges.txt").read_text(encoding="utf-8").splitlines()[1:]
+    )
 
 
 def test_wikitext_bytes_per_token(gpt2):
@@ -144,7 +151,11 @@ def test_equals_tiktoken_on_random_text(gpt2, tiktoken_gpt2, text):
 
 
 @HYP
-@given(text=st.text(alphabet=st.sampled_from(list(" \n\t'sdmtllvere0123456789abcXYZéü日本😀.,!?-\u00a0\u2003")), max_size=200))
+@given(
+    text=st.text(
+        alphabet=st.sampled_from(list(" \n\t'sdmtllvere0123456789abcXYZéü日本😀.,!?-\u00a0\u2003")), max_size=200
+    )
+)
 def test_equals_tiktoken_on_tricky_text(gpt2, tiktoken_gpt2, text):
     assert gpt2.encode(text) == tiktoken_gpt2.encode_ordinary(text)
 

@@ -41,7 +41,9 @@ def make_model(path: Path, tok: Tokenizer, seed: int = 0, **variant) -> GPT:
     rng = np.random.default_rng(seed)
     for value in model.params.values():
         value[...] = rng.normal(0.0, 0.3, value.shape)
-    checkpoint.save_model(path, model.params, tok, config=config.to_dict(), step=0, val_loss=None, best_val_loss=None, provenance={})
+    checkpoint.save_model(
+        path, model.params, tok, config=config.to_dict(), step=0, val_loss=None, best_val_loss=None, provenance={}
+    )
     return model
 
 
@@ -68,17 +70,30 @@ def probs(model: GPT, ids: list[int]) -> np.ndarray:
 
 def gpt2_layout(n_layer: int, C: int, V: int, T: int) -> dict[str, tuple[int, ...]]:
     """GPT2LMHeadModel's saved tensors, as transformers documents them (Conv1D: (in, out))."""
-    names = {"transformer.wte.weight": (V, C), "transformer.wpe.weight": (T, C),
-             "transformer.ln_f.weight": (C,), "transformer.ln_f.bias": (C,)}
+    names = {
+        "transformer.wte.weight": (V, C),
+        "transformer.wpe.weight": (T, C),
+        "transformer.ln_f.weight": (C,),
+        "transformer.ln_f.bias": (C,),
+    }
     for i in range(n_layer):
         h = f"transformer.h.{i}."
-        names.update({
-            h + "ln_1.weight": (C,), h + "ln_1.bias": (C,), h + "ln_2.weight": (C,), h + "ln_2.bias": (C,),
-            h + "attn.c_attn.weight": (C, 3 * C), h + "attn.c_attn.bias": (3 * C,),
-            h + "attn.c_proj.weight": (C, C), h + "attn.c_proj.bias": (C,),
-            h + "mlp.c_fc.weight": (C, 4 * C), h + "mlp.c_fc.bias": (4 * C,),
-            h + "mlp.c_proj.weight": (4 * C, C), h + "mlp.c_proj.bias": (C,),
-        })
+        names.update(
+            {
+                h + "ln_1.weight": (C,),
+                h + "ln_1.bias": (C,),
+                h + "ln_2.weight": (C,),
+                h + "ln_2.bias": (C,),
+                h + "attn.c_attn.weight": (C, 3 * C),
+                h + "attn.c_attn.bias": (3 * C,),
+                h + "attn.c_proj.weight": (C, C),
+                h + "attn.c_proj.bias": (C,),
+                h + "mlp.c_fc.weight": (C, 4 * C),
+                h + "mlp.c_fc.bias": (4 * C,),
+                h + "mlp.c_proj.weight": (4 * C, C),
+                h + "mlp.c_proj.bias": (C,),
+            }
+        )
     return names
 
 
@@ -92,8 +107,14 @@ def test_export_writes_gpt2s_config_and_tensor_layout(tok, tmp_path, capsys):
     config = json.loads((hf / "config.json").read_text(encoding="utf-8"))
     eot = tok.special_tokens["<|endoftext|>"]
     assert config["architectures"] == ["GPT2LMHeadModel"] and config["model_type"] == "gpt2"
-    assert (config["vocab_size"], config["n_positions"], config["n_ctx"], config["n_embd"], config["n_layer"], config["n_head"]) == (
-        tok.vocab_size, 32, 32, 32, 2, 4)
+    assert (
+        config["vocab_size"],
+        config["n_positions"],
+        config["n_ctx"],
+        config["n_embd"],
+        config["n_layer"],
+        config["n_head"],
+    ) == (tok.vocab_size, 32, 32, 32, 2, 4)
     assert config["activation_function"] == "gelu_new" and config["layer_norm_epsilon"] == 1e-5
     assert config["tie_word_embeddings"] is True and config["scale_attn_weights"] is True
     assert config["bos_token_id"] == config["eos_token_id"] == eot
@@ -116,10 +137,14 @@ def test_relu_and_bias_free_models_export_as_relu_with_zero_biases(tok, tmp_path
     assert all(not tensors[n].any() for n in tensors if n.endswith(".bias"))
 
 
-@pytest.mark.parametrize("variant, named", [
-    ({"norm": "post"}, "post-norm"), ({"positional": "sinusoidal"}, "sinusoidal positions"),
-    ({"causal": False}, "bidirectional attention"),
-])
+@pytest.mark.parametrize(
+    "variant, named",
+    [
+        ({"norm": "post"}, "post-norm"),
+        ({"positional": "sinusoidal"}, "sinusoidal positions"),
+        ({"causal": False}, "bidirectional attention"),
+    ],
+)
 def test_variants_gpt2_cannot_express_are_refused_by_name(tok, tmp_path, capsys, variant, named):
     make_model(tmp_path / "m.safetensors", tok, **variant)
     code, _, err = cli(capsys, "export-hf", tmp_path / "m.safetensors", "-o", tmp_path / "hf")
@@ -155,7 +180,9 @@ def test_export_import_round_trip_is_identical(tok, tmp_path, capsys):
     assert back.config == model.config
     for name, value in model.params.items():
         np.testing.assert_array_equal(back.params[name], value)
-    assert back_tok.vocab == tok.vocab and back_tok.merges == tok.merges and back_tok.special_tokens == tok.special_tokens
+    assert (
+        back_tok.vocab == tok.vocab and back_tok.merges == tok.merges and back_tok.special_tokens == tok.special_tokens
+    )
     assert back_tok.encode(TEXT) == tok.encode(TEXT)
     ids = tok.encode(PROMPT)
     np.testing.assert_array_equal(probs(back, ids), probs(model, ids))
@@ -210,12 +237,19 @@ def test_import_reads_f16_bf16_and_sharded_checkpoints(tok, tmp_path, capsys):
     _write_checkpoint(hf, {n: ("F16", a.astype(np.float16)) for n, a in tensors.items()})
     assert cli(capsys, "import-hf", hf, "-o", tmp_path / "f16.safetensors")[0] == 0
     back = checkpoint.load_model(tmp_path / "f16.safetensors").model
-    np.testing.assert_array_equal(back.params["wte.weight"], model.params["wte.weight"].astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(
+        back.params["wte.weight"], model.params["wte.weight"].astype(np.float16).astype(np.float32)
+    )
     # GPT2Model's unprefixed names with the old causal-mask buffers and a tied lm_head beside them
     mask = np.tril(np.ones((1, 1, 32, 32), np.float32))
-    _write_checkpoint(hf, {**{n[len("transformer."):]: ("F32", a) for n, a in tensors.items()},
-                           **{f"h.{i}.attn.bias": ("F32", mask) for i in range(2)},
-                           "lm_head.weight": ("F32", tensors["transformer.wte.weight"])})
+    _write_checkpoint(
+        hf,
+        {
+            **{n[len("transformer.") :]: ("F32", a) for n, a in tensors.items()},
+            **{f"h.{i}.attn.bias": ("F32", mask) for i in range(2)},
+            "lm_head.weight": ("F32", tensors["transformer.wte.weight"]),
+        },
+    )
     assert cli(capsys, "import-hf", hf, "-o", tmp_path / "plain.safetensors")[0] == 0
     back = checkpoint.load_model(tmp_path / "plain.safetensors").model
     for name, value in model.params.items():
@@ -223,12 +257,14 @@ def test_import_reads_f16_bf16_and_sharded_checkpoints(tok, tmp_path, capsys):
     # sharded: two files and an index, as save_pretrained writes them
     names = sorted(tensors)
     weight_map = {}
-    for k, part in enumerate((names[: len(names) // 2], names[len(names) // 2:]), 1):
+    for k, part in enumerate((names[: len(names) // 2], names[len(names) // 2 :]), 1):
         shard = f"model-0000{k}-of-00002.safetensors"
         (hf / shard).write_bytes(safetensors_file.serialize({n: tensors[n] for n in part}, {"format": "pt"}))
         weight_map.update({n: shard for n in part})
     (hf / "model.safetensors").unlink()
-    (hf / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}), encoding="utf-8")
+    (hf / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map}), encoding="utf-8"
+    )
     code, out, err = cli(capsys, "import-hf", hf, "-o", tmp_path / "sharded.safetensors")
     assert code == 0 and "in 2 shards" in out, err
     back = checkpoint.load_model(tmp_path / "sharded.safetensors").model
@@ -263,14 +299,25 @@ def test_import_refuses_what_tk_cannot_read_in_one_line(tok, tmp_path, capsys):
     # an untied lm_head is refused, a tied copy is accepted
     tensors, _ = safetensors_file.read(hf / "model.safetensors")
     _edit_config(hf, tie_word_embeddings=False)
-    _write_checkpoint(hf, {**{n: ("F32", a) for n, a in tensors.items()}, "lm_head.weight": ("F32", tensors["transformer.wte.weight"] + 1)})
+    _write_checkpoint(
+        hf,
+        {
+            **{n: ("F32", a) for n, a in tensors.items()},
+            "lm_head.weight": ("F32", tensors["transformer.wte.weight"] + 1),
+        },
+    )
     one_line_error(*cli(capsys, "import-hf", hf, "-o", tmp_path / "y.safetensors")[::2], "lm_head.weight differs")
-    _write_checkpoint(hf, {**{n: ("F32", a) for n, a in tensors.items()}, "lm_head.weight": ("F32", tensors["transformer.wte.weight"])})
+    _write_checkpoint(
+        hf,
+        {**{n: ("F32", a) for n, a in tensors.items()}, "lm_head.weight": ("F32", tensors["transformer.wte.weight"])},
+    )
     assert cli(capsys, "import-hf", hf, "-o", tmp_path / "y.safetensors")[0] == 0
     # a pickle is refused; a shard outside the directory is refused
     (hf / "model.safetensors").rename(hf / "pytorch_model.bin")
     one_line_error(*cli(capsys, "import-hf", hf, "-o", tmp_path / "z.safetensors")[::2], "pickle")
-    (hf / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "../m.safetensors"}}), encoding="utf-8")
+    (hf / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "../m.safetensors"}}), encoding="utf-8"
+    )
     one_line_error(*cli(capsys, "import-hf", hf, "-o", tmp_path / "z.safetensors")[::2], "shards must be")
     (hf / "config.json").unlink()
     one_line_error(*cli(capsys, "import-hf", hf, "-o", tmp_path / "z.safetensors")[::2], "no config.json")
@@ -281,8 +328,27 @@ def test_train_model_init_from_starts_from_the_weights_and_tokenizer(tok, tmp_pa
     model = make_model(tmp_path / "m.safetensors", tok)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(TEXT * 5, encoding="utf-8")
-    args = ["train-model", corpus, "--init-from", tmp_path / "m.safetensors", "--steps", "1", "--lr", "1e-12", "--min-lr", "0",
-            "--eval-interval", "1", "--eval-batches", "1", "--batch-size", "2", "--workers", "1", "-q"]
+    args = [
+        "train-model",
+        corpus,
+        "--init-from",
+        tmp_path / "m.safetensors",
+        "--steps",
+        "1",
+        "--lr",
+        "1e-12",
+        "--min-lr",
+        "0",
+        "--eval-interval",
+        "1",
+        "--eval-batches",
+        "1",
+        "--batch-size",
+        "2",
+        "--workers",
+        "1",
+        "-q",
+    ]
     code, _, err = cli(capsys, *args, "-o", tmp_path / "run")
     assert code == 0, err
     run_model, run_tok, meta = checkpoint.load_model(tmp_path / "run")
@@ -291,15 +357,21 @@ def test_train_model_init_from_starts_from_the_weights_and_tokenizer(tok, tmp_pa
     for name, value in model.params.items():  # one step at lr 1e-12 leaves the weights where they started
         np.testing.assert_allclose(run_model.params[name], value, atol=1e-6)
     assert not (tmp_path / "run" / "tokenizer.safetensors").exists()
-    one_line_error(*cli(capsys, *args, "-o", tmp_path / "r2", "--d-model", "64")[::2], "--d-model 64 contradicts the model")
-    assert cli(capsys, *args, "-o", tmp_path / "r3", "--d-model", "32", "--n-layers", "2")[0] == 0  # agreeing flags are fine
+    one_line_error(
+        *cli(capsys, *args, "-o", tmp_path / "r2", "--d-model", "64")[::2], "--d-model 64 contradicts the model"
+    )
+    assert (
+        cli(capsys, *args, "-o", tmp_path / "r3", "--d-model", "32", "--n-layers", "2")[0] == 0
+    )  # agreeing flags are fine
     other = Tokenizer.train([TEXT.encode()], vocab_size=280)
     other.save(tmp_path / "other.safetensors")
     one_line_error(*cli(capsys, *args, "-o", tmp_path / "r4", "-t", tmp_path / "other.safetensors")[::2], "drop -t")
     code, _, err = cli(capsys, "train-model", "--resume", tmp_path / "run", "--init-from", tmp_path / "m.safetensors")
     one_line_error(code, err, "--init-from starts a new run")
     make_model(tmp_path / "encoder.safetensors", tok, causal=False)
-    code, _, err = cli(capsys, "train-model", corpus, "--init-from", tmp_path / "encoder.safetensors", "-o", tmp_path / "r5")
+    code, _, err = cli(
+        capsys, "train-model", corpus, "--init-from", tmp_path / "encoder.safetensors", "-o", tmp_path / "r5"
+    )
     one_line_error(code, err, "bidirectional")
 
 
@@ -336,8 +408,9 @@ def test_import_of_what_transformers_saves_gives_its_probabilities(transformers,
     import torch
 
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=tok.vocab_size, n_positions=32, n_embd=32, n_layer=2, n_head=4,
-                                     bos_token_id=None, eos_token_id=None)
+    config = transformers.GPT2Config(
+        vocab_size=tok.vocab_size, n_positions=32, n_embd=32, n_layer=2, n_head=4, bos_token_id=None, eos_token_id=None
+    )
     hf_model = transformers.GPT2LMHeadModel(config).eval()
     with torch.no_grad():
         for p in hf_model.parameters():

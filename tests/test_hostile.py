@@ -163,7 +163,9 @@ def _config_value(r: random.Random, config: dict) -> str:
 
 
 def _pattern_values(r: random.Random) -> str:
-    return r.choice(["gpt2", "gpt4", "cl100k", "none", "", GPT2_PATTERN, GPT4_PATTERN, BOMB, "(", r"\w+|\W+", "x" * 5000])
+    return r.choice(
+        ["gpt2", "gpt4", "cl100k", "none", "", GPT2_PATTERN, GPT4_PATTERN, BOMB, "(", r"\w+|\W+", "x" * 5000]
+    )
 
 
 def safetensors_mutants(data: bytes, rng: random.Random, n: int, kind: str):
@@ -187,7 +189,9 @@ def safetensors_mutants(data: bytes, rng: random.Random, n: int, kind: str):
                 spots.append(pos)
             yield f"flip bytes {spots}", bytes(b)
         elif op == 2:
-            length = rng.choice([0, 1, 7, n_header - 8, n_header + 8, len(data), 2**32, 2**63, 2**64 - 1, rng.randrange(2**40)])
+            length = rng.choice(
+                [0, 1, 7, n_header - 8, n_header + 8, len(data), 2**32, 2**63, 2**64 - 1, rng.randrange(2**40)]
+            )
             yield f"header length {length}", struct.pack("<Q", length) + data[8:]
         elif op == 3:  # one tensor entry changed
             name = rng.choice(names)
@@ -196,19 +200,69 @@ def safetensors_mutants(data: bytes, rng: random.Random, n: int, kind: str):
             field = rng.choice(["dtype", "shape", "shape", "data_offsets", "data_offsets", "drop", "extra"])
             value = None
             if field == "dtype":
-                value = rng.choice(["F32", "F64", "F16", "BF16", "I8", "I32", "I64", "U8", "U16", "U64", "BOOL", "F8_E4M3", "X", "", 7, None])
+                value = rng.choice(
+                    [
+                        "F32",
+                        "F64",
+                        "F16",
+                        "BF16",
+                        "I8",
+                        "I32",
+                        "I64",
+                        "U8",
+                        "U16",
+                        "U64",
+                        "BOOL",
+                        "F8_E4M3",
+                        "X",
+                        "",
+                        7,
+                        None,
+                    ]
+                )
                 h[name]["dtype"] = value
             elif field == "shape":
                 dims = list(h[name]["shape"])
-                value = rng.choice([
-                    [], [0], [-1], [2**63], [2**64], [10**30], [1.5], ["3"], [3, 2**40], [2**31, 2**31], [1] * 9,
-                    [d + rng.choice([-1, 1]) for d in dims] or [1], dims[::-1], dims + [1], [10**11], None, "shape",
-                ])
+                value = rng.choice(
+                    [
+                        [],
+                        [0],
+                        [-1],
+                        [2**63],
+                        [2**64],
+                        [10**30],
+                        [1.5],
+                        ["3"],
+                        [3, 2**40],
+                        [2**31, 2**31],
+                        [1] * 9,
+                        [d + rng.choice([-1, 1]) for d in dims] or [1],
+                        dims[::-1],
+                        dims + [1],
+                        [10**11],
+                        None,
+                        "shape",
+                    ]
+                )
                 h[name]["shape"] = value
             elif field == "data_offsets":
                 a, b = h[name]["data_offsets"]
-                value = rng.choice([[0, 2**63], [2**64, 2**64 + 4], [-4, 0], [b, a], [a], [a, b, b], [float(a), float(b)],
-                                    None, [a + 1, b + 1], [a, b + 8], [0, len(body) + 1], [a, a]])
+                value = rng.choice(
+                    [
+                        [0, 2**63],
+                        [2**64, 2**64 + 4],
+                        [-4, 0],
+                        [b, a],
+                        [a],
+                        [a, b, b],
+                        [float(a), float(b)],
+                        None,
+                        [a + 1, b + 1],
+                        [a, b + 8],
+                        [0, len(body) + 1],
+                        [a, a],
+                    ]
+                )
                 h[name]["data_offsets"] = value
             elif field == "drop":
                 del h[name]
@@ -264,10 +318,42 @@ def npy_mutants(data: bytes, rng: random.Random, n: int):
     header_len = struct.unpack("<H", data[8:10])[0]
     body = data[10 + header_len :]
     count = len(body) // 2
-    shapes = [(), (0,), (1,), (count,), (count + 1,), (count - 1,), (count // 2, 2), (10**11,), (2**62,), (2**63,),
-              (-1,), (-count, -1), (3, 2**40), (1,) * 40, (2**31, 2**31, 2**31), (10**30,)]
-    descrs = ["'<u2'", "'<u4'", "'>u2'", "'<i8'", "'|u1'", "'<f8'", "'|O'", "'|b1'", "'<U3'", "'|V4'", "[('a', '<u2')]",
-              "'<m8[s]'", "'<c16'", "'u2'", "'xyz'", "7"]
+    shapes = [
+        (),
+        (0,),
+        (1,),
+        (count,),
+        (count + 1,),
+        (count - 1,),
+        (count // 2, 2),
+        (10**11,),
+        (2**62,),
+        (2**63,),
+        (-1,),
+        (-count, -1),
+        (3, 2**40),
+        (1,) * 40,
+        (2**31, 2**31, 2**31),
+        (10**30,),
+    ]
+    descrs = [
+        "'<u2'",
+        "'<u4'",
+        "'>u2'",
+        "'<i8'",
+        "'|u1'",
+        "'<f8'",
+        "'|O'",
+        "'|b1'",
+        "'<U3'",
+        "'|V4'",
+        "[('a', '<u2')]",
+        "'<m8[s]'",
+        "'<c16'",
+        "'u2'",
+        "'xyz'",
+        "7",
+    ]
     for i in range(n):
         op = i % 6
         if op == 0:
@@ -275,7 +361,10 @@ def npy_mutants(data: bytes, rng: random.Random, n: int):
             yield f"truncate at {k}", data[:k]
         elif op == 1:
             b = bytearray(data)
-            spots = [rng.randrange(len(b)) if rng.random() < 0.3 else rng.randrange(10 + header_len) for _ in range(rng.randint(1, 6))]
+            spots = [
+                rng.randrange(len(b)) if rng.random() < 0.3 else rng.randrange(10 + header_len)
+                for _ in range(rng.randint(1, 6))
+            ]
             for pos in spots:
                 b[pos] ^= rng.randrange(1, 256)
             yield f"flip bytes {spots}", bytes(b)
@@ -286,18 +375,20 @@ def npy_mutants(data: bytes, rng: random.Random, n: int):
             text = "{'descr': %s, 'fortran_order': %s, 'shape': %r, }" % (descr, fortran, shape)
             yield f"v{version} shape {shape} descr {descr} fortran {fortran}", _npy(text, body, version)
         elif op == 4:
-            text = rng.choice([
-                "{'descr': '<u2', 'fortran_order': False, 'shape': " + "(" * 5000 + ")" * 5000 + ", }",
-                "{'descr': '<u2', 'fortran_order': False, 'shape': (%d,), 'extra': 1}" % count,
-                "{'descr': '<u2', 'shape': (%d,)}" % count,
-                "__import__('os').system('echo pwned')",
-                "[1, 2, 3]",
-                "{'descr': '<u2', 'fortran_order': False, 'shape': [%d], }" % count,
-                "{'descr': '<u2', 'fortran_order': 0, 'shape': (%d,), }" % count,
-                "{'descr': '<u2', 'fortran_order': False, 'shape': (%d.0,), }" % count,
-                "".join(chr(rng.randrange(32, 127)) for _ in range(rng.randrange(1, 200))),
-                "{'descr': '<u2', 'fortran_order': False, 'shape': (%s,), }" % ("9" * 5000),
-            ])
+            text = rng.choice(
+                [
+                    "{'descr': '<u2', 'fortran_order': False, 'shape': " + "(" * 5000 + ")" * 5000 + ", }",
+                    "{'descr': '<u2', 'fortran_order': False, 'shape': (%d,), 'extra': 1}" % count,
+                    "{'descr': '<u2', 'shape': (%d,)}" % count,
+                    "__import__('os').system('echo pwned')",
+                    "[1, 2, 3]",
+                    "{'descr': '<u2', 'fortran_order': False, 'shape': [%d], }" % count,
+                    "{'descr': '<u2', 'fortran_order': 0, 'shape': (%d,), }" % count,
+                    "{'descr': '<u2', 'fortran_order': False, 'shape': (%d.0,), }" % count,
+                    "".join(chr(rng.randrange(32, 127)) for _ in range(rng.randrange(1, 200))),
+                    "{'descr': '<u2', 'fortran_order': False, 'shape': (%s,), }" % ("9" * 5000),
+                ]
+            )
             yield f"header text {text[:60]!r}", _npy(text, body, rng.choice([1, 2]))
         else:
             version = rng.choice([(1, 0), (2, 0), (3, 0), (1, 5), (0, 0), (255, 255)])
@@ -381,8 +472,12 @@ def fuzz(kind: str, source: Path, seed: int, n: int) -> dict:
 
 def run_fuzz(kind: str, source: Path, seed: int, n: int, timeout: float = 60) -> dict:
     try:
-        proc = subprocess.run([sys.executable, str(HERE), kind, str(source), str(seed), str(n)],
-                              capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            [sys.executable, str(HERE), kind, str(source), str(seed), str(n)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"fuzzing {kind} files hung for {timeout} s (replay: python {HERE} {kind} {source} {seed} {n})")
     assert proc.returncode == 0, f"the fuzzing child died ({proc.returncode}): {proc.stderr[-2000:]}"
@@ -403,13 +498,29 @@ def files(tmp_path_factory) -> dict[str, Path]:
     corpus.write_bytes(TEXT)
     tok = Tokenizer.train([TEXT], vocab_size=290, special_tokens=["<|endoftext|>"], workers=1, quiet=True)
     tok.save(root / "tok.safetensors")
-    config = TrainConfig(n_layers=1, n_heads=2, d_model=8, context_length=8, batch_size=2, steps=2,
-                         eval_interval=1, eval_batches=1, warmup_steps=1, workers=1)
+    config = TrainConfig(
+        n_layers=1,
+        n_heads=2,
+        d_model=8,
+        context_length=8,
+        batch_size=2,
+        steps=2,
+        eval_interval=1,
+        eval_batches=1,
+        warmup_steps=1,
+        workers=1,
+    )
     train_model(corpus, root / "run", tok, config, quiet=True)
     ids = root / "ids.npy"
     np.save(ids, np.asarray(tok.encode("once upon a time there was a fox"), dtype=np.uint16))
-    return {"tokenizer": root / "tok.safetensors", "model": root / "run" / checkpoint.MODEL_FILE, "ids": ids,
-            "corpus": corpus, "run": root / "run", "root": root}
+    return {
+        "tokenizer": root / "tok.safetensors",
+        "model": root / "run" / checkpoint.MODEL_FILE,
+        "ids": ids,
+        "corpus": corpus,
+        "run": root / "run",
+        "root": root,
+    }
 
 
 def tk(*args, timeout: float = 30) -> tuple[int, str, str, float]:
@@ -417,8 +528,15 @@ def tk(*args, timeout: float = 30) -> tuple[int, str, str, float]:
     start = time.perf_counter()
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", "import sys; from tokenkit.cli.main import main; sys.exit(main(sys.argv[1:]))", *map(str, args)],
-            capture_output=True, text=True, timeout=timeout,
+            [
+                sys.executable,
+                "-c",
+                "import sys; from tokenkit.cli.main import main; sys.exit(main(sys.argv[1:]))",
+                *map(str, args),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired:
         pytest.fail(f"tk {' '.join(map(str, args))[:100]} hung for {timeout} s")
@@ -510,11 +628,29 @@ def test_regex_bomb_under_a_builtin_name_is_refused_on_load(files, tmp_path):
     one_line_error(code, stderr, "pattern_regex")
 
 
-@pytest.mark.parametrize("pattern, regex", [
-    ("gpt2", GPT4_PATTERN), ("gpt4", GPT2_PATTERN), ("cl100k", ""), ("none", r"\w+"), ("", r"\w+"),
-    (r"\w+|\W+", r"\w+|\s+"), (r"\w+|\W+", ""), (r"\w+|\W+", GPT2_PATTERN),
-], ids=["gpt2-with-gpt4-regex", "gpt4-with-gpt2-regex", "cl100k-without-regex", "none-with-regex", "empty-with-regex",
-        "custom-with-other-regex", "custom-without-regex", "custom-with-gpt2-regex"])
+@pytest.mark.parametrize(
+    "pattern, regex",
+    [
+        ("gpt2", GPT4_PATTERN),
+        ("gpt4", GPT2_PATTERN),
+        ("cl100k", ""),
+        ("none", r"\w+"),
+        ("", r"\w+"),
+        (r"\w+|\W+", r"\w+|\s+"),
+        (r"\w+|\W+", ""),
+        (r"\w+|\W+", GPT2_PATTERN),
+    ],
+    ids=[
+        "gpt2-with-gpt4-regex",
+        "gpt4-with-gpt2-regex",
+        "cl100k-without-regex",
+        "none-with-regex",
+        "empty-with-regex",
+        "custom-with-other-regex",
+        "custom-without-regex",
+        "custom-with-gpt2-regex",
+    ],
+)
 def test_pattern_regex_must_be_what_the_pattern_names(files, tmp_path, pattern, regex):
     path = tmp_path / "t.safetensors"
     path.write_bytes(_tokenizer_bytes_with(files, pattern=pattern, pattern_regex=regex))
@@ -522,9 +658,17 @@ def test_pattern_regex_must_be_what_the_pattern_names(files, tmp_path, pattern, 
         Tokenizer.load(path)
 
 
-@pytest.mark.parametrize("pattern, regex", [
-    ("gpt2", GPT2_PATTERN), ("gpt4", GPT4_PATTERN), ("cl100k", GPT4_PATTERN), ("none", ""), (r"\w+|\W+", r"\w+|\W+"),
-], ids=["gpt2", "gpt4", "cl100k", "none", "custom"])
+@pytest.mark.parametrize(
+    "pattern, regex",
+    [
+        ("gpt2", GPT2_PATTERN),
+        ("gpt4", GPT4_PATTERN),
+        ("cl100k", GPT4_PATTERN),
+        ("none", ""),
+        (r"\w+|\W+", r"\w+|\W+"),
+    ],
+    ids=["gpt2", "gpt4", "cl100k", "none", "custom"],
+)
 def test_consistent_patterns_load_and_split_as_named(files, tmp_path, pattern, regex):
     path = tmp_path / "t.safetensors"
     path.write_bytes(_tokenizer_bytes_with(files, pattern=pattern, pattern_regex=regex))
@@ -540,8 +684,12 @@ def test_model_embedding_a_regex_bomb_is_refused(files, tmp_path):
     """The fingerprint is made to match, so only the pattern check can refuse it."""
     from tokenkit.pipeline.checkpoint import load_model
 
-    model_bytes = st_with_metadata(files["model"].read_bytes(), tokenizer__pattern="gpt2", tokenizer__pattern_regex=BOMB)
-    model_bytes = st_with_metadata(model_bytes, tokenizer_fingerprint=tokenizer_fingerprint(embedded_tokenizer_file(model_bytes)))
+    model_bytes = st_with_metadata(
+        files["model"].read_bytes(), tokenizer__pattern="gpt2", tokenizer__pattern_regex=BOMB
+    )
+    model_bytes = st_with_metadata(
+        model_bytes, tokenizer_fingerprint=tokenizer_fingerprint(embedded_tokenizer_file(model_bytes))
+    )
     path = tmp_path / "bomb-model.safetensors"
     path.write_bytes(model_bytes)
     with within(1.0), pytest.raises(USER_ERRORS) as err:
@@ -561,7 +709,9 @@ def test_custom_pattern_that_backtracks_is_stopped_with_one_line(files, tmp_path
     """A custom regex is allowed (it is data, given on purpose), but runs under a time limit."""
     text = tmp_path / "a.txt"
     text.write_text("a" * 40 + "\n")
-    code, _, stderr, seconds = tk("bpe-train", text, "--pattern", BOMB, "--workers", "1", "-q", "-o", tmp_path / "t.safetensors")
+    code, _, stderr, seconds = tk(
+        "bpe-train", text, "--pattern", BOMB, "--workers", "1", "-q", "-o", tmp_path / "t.safetensors"
+    )
     one_line_error(code, stderr, "takes too long")
     assert "catastrophic backtracking" in stderr and seconds < 10
     # the same pattern stored consistently in a file loads, and fails on the text that triggers it
@@ -590,12 +740,20 @@ def test_custom_pattern_timeout_scales_with_the_text():
 def test_config_bounds():
     from tokenkit.transformer.config import MAX_CONTEXT_LENGTH
 
-    for field, value in [("context_length", MAX_CONTEXT_LENGTH + 1), ("context_length", 10**30), ("vocab_size", 2**40),
-                         ("d_model", 2**20), ("n_layers", 10**6), ("d_model", 10**5000)]:
+    for field, value in [
+        ("context_length", MAX_CONTEXT_LENGTH + 1),
+        ("context_length", 10**30),
+        ("vocab_size", 2**40),
+        ("d_model", 2**20),
+        ("n_layers", 10**6),
+        ("d_model", 10**5000),
+    ]:
         with pytest.raises(ModelError, match=field) as err:
             GPTConfig(**{field: value, **({"n_heads": 1} if field == "d_model" else {})})
         assert "\n" not in str(err.value) and len(str(err.value)) < 200
-    GPTConfig(positional="sinusoidal", context_length=MAX_CONTEXT_LENGTH, d_model=8, n_heads=1, n_layers=1, vocab_size=300)
+    GPTConfig(
+        positional="sinusoidal", context_length=MAX_CONTEXT_LENGTH, d_model=8, n_heads=1, n_layers=1, vocab_size=300
+    )
 
 
 def test_memory_estimate():
@@ -641,8 +799,11 @@ def test_sinusoidal_model_with_huge_context_is_refused(files, tmp_path, context)
     from tokenkit.pipeline.checkpoint import load_model
 
     path = tmp_path / "huge-context.safetensors"
-    path.write_bytes(_rewrite_model(files["model"].read_bytes(), {"positional": "sinusoidal", "context_length": context},
-                                    drop=("wpe.weight",)))
+    path.write_bytes(
+        _rewrite_model(
+            files["model"].read_bytes(), {"positional": "sinusoidal", "context_length": context}, drop=("wpe.weight",)
+        )
+    )
     with capped_memory(), within(1.0), pytest.raises(USER_ERRORS, match="context_length") as err:
         load_model(path)
     assert "\n" not in str(err.value)
@@ -654,8 +815,11 @@ def test_sinusoidal_model_within_bounds_still_loads(files, tmp_path):
     from tokenkit.pipeline.checkpoint import load_model
 
     path = tmp_path / "sinusoidal.safetensors"
-    path.write_bytes(_rewrite_model(files["model"].read_bytes(), {"positional": "sinusoidal", "context_length": 64},
-                                    drop=("wpe.weight",)))
+    path.write_bytes(
+        _rewrite_model(
+            files["model"].read_bytes(), {"positional": "sinusoidal", "context_length": 64}, drop=("wpe.weight",)
+        )
+    )
     model, tok, _ = load_model(path)
     assert model.config.positional == "sinusoidal" and model.config.context_length == 64
     assert model.forward(np.asarray(tok.encode("once upon a time"))[None, :]).shape[-1] == tok.vocab_size
@@ -730,7 +894,11 @@ def test_deep_json_in_model_metadata_is_one_line(files, tmp_path, capsys):
     for key in ("config", "provenance", "tokenizer.special_tokens", "tokenizer.training"):
         path = tmp_path / f"deep-{key}.safetensors"
         path.write_bytes(st_with_metadata(data, **{key.replace(".", "__"): DEEP}))
-        for command in (["info", path], ["predict-next", "-m", path, "once"], ["generate", "-m", path, "once", "-n", "1"]):
+        for command in (
+            ["info", path],
+            ["predict-next", "-m", path, "once"],
+            ["generate", "-m", path, "once", "-n", "1"],
+        ):
             code, out, err = cli(capsys, *command)
             if key == "provenance" and code == 0:  # provenance is only shown: `info` may show it raw
                 continue
@@ -740,10 +908,14 @@ def test_deep_json_in_model_metadata_is_one_line(files, tmp_path, capsys):
 def test_deep_gpt2_vocab_json_is_one_line(tmp_path, capsys):
     (tmp_path / "vocab.json").write_text(DEEP)
     (tmp_path / "merges.txt").write_text("#version: 0.2\n")
-    code, _, err = cli(capsys, "bpe-import", tmp_path / "vocab.json", tmp_path / "merges.txt", "-o", tmp_path / "t.safetensors")
+    code, _, err = cli(
+        capsys, "bpe-import", tmp_path / "vocab.json", tmp_path / "merges.txt", "-o", tmp_path / "t.safetensors"
+    )
     one_line_error(code, err, "nested deeper")
     (tmp_path / "vocab.json").write_bytes(b"\xff\xfe{}")
-    code, _, err = cli(capsys, "bpe-import", tmp_path / "vocab.json", tmp_path / "merges.txt", "-o", tmp_path / "t.safetensors")
+    code, _, err = cli(
+        capsys, "bpe-import", tmp_path / "vocab.json", tmp_path / "merges.txt", "-o", tmp_path / "t.safetensors"
+    )
     one_line_error(code, err)
 
 
@@ -784,7 +956,10 @@ def test_other_out_of_range_flags(files, capsys, tmp_path, monkeypatch):
         (["explain", "-m", run, "once", "--top-k", "0"], "top-k"),
         (["bpe-train", files["corpus"], "--workers", "0", "-o", tmp_path / "t.safetensors", "-q"], "workers"),
         (["bpe-train", files["corpus"], "--vocab-size", "-5", "-o", tmp_path / "t.safetensors", "-q"], "vocab size"),
-        (["bpe-train", files["corpus"], "--min-frequency", "0", "-o", tmp_path / "t.safetensors", "-q"], "min-frequency"),
+        (
+            ["bpe-train", files["corpus"], "--min-frequency", "0", "-o", tmp_path / "t.safetensors", "-q"],
+            "min-frequency",
+        ),
         (["bpe-train", files["corpus"], "--pattern", "(", "-o", tmp_path / "t.safetensors", "-q"], "pattern"),
     ]:
         one_line_error(*cli(capsys, *command)[::2], fragment)
@@ -803,16 +978,40 @@ def test_other_out_of_range_flags(files, capsys, tmp_path, monkeypatch):
         return real(pieces, pattern, workers, total, quiet)
 
     monkeypatch.setattr(tokenkit.bpe.pretokenize, "_count_in_workers", guarded)
-    code, _, err = cli(capsys, "bpe-train", files["corpus"], "--workers", str(10**6), "--vocab-size", str(10**30),
-                       "-o", tmp_path / "t.safetensors", "-q")
+    code, _, err = cli(
+        capsys,
+        "bpe-train",
+        files["corpus"],
+        "--workers",
+        str(10**6),
+        "--vocab-size",
+        str(10**30),
+        "-o",
+        tmp_path / "t.safetensors",
+        "-q",
+    )
     assert code == 0, err
     assert Tokenizer.load(tmp_path / "t.safetensors").vocab_size > 256
 
 
 def test_train_model_too_big_for_memory_is_one_line(files, tmp_path, capsys):
     with capped_memory(), within(5.0):
-        code, _, err = cli(capsys, "train-model", files["corpus"], "-t", files["tokenizer"], "-o", tmp_path / "big",
-                           "--d-model", "65536", "--n-heads", "1", "--steps", "1", "-q")
+        code, _, err = cli(
+            capsys,
+            "train-model",
+            files["corpus"],
+            "-t",
+            files["tokenizer"],
+            "-o",
+            tmp_path / "big",
+            "--d-model",
+            "65536",
+            "--n-heads",
+            "1",
+            "--steps",
+            "1",
+            "-q",
+        )
     one_line_error(code, err, "GB")
 
 

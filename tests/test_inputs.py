@@ -30,16 +30,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tokenkit.bpe import Tokenizer, TokenizerError
+from tokenkit.bpe import Tokenizer, TokenizerError, pretokenize
 from tokenkit.bpe import encode_corpus as encode_module
-from tokenkit.bpe import pretokenize
 from tokenkit.bpe.corpus import Corpus, zstd_available
 from tokenkit.bpe.pretokenize import count_chunks, find_cut, split_text
 from tokenkit.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 
 
 def make_text(seed: int, n_words: int) -> str:
@@ -89,7 +90,9 @@ def naive_counts(docs: list[bytes], pattern: str) -> dict[bytes, int]:
     """Each document split whole, on its own."""
     total: Counter = Counter()
     for doc in docs:
-        total.update(c.encode("utf-8", "surrogateescape") for c in split_text(doc.decode("utf-8", "surrogateescape"), pattern))
+        total.update(
+            c.encode("utf-8", "surrogateescape") for c in split_text(doc.decode("utf-8", "surrogateescape"), pattern)
+        )
     return dict(total)
 
 
@@ -136,7 +139,9 @@ def test_cli_trains_the_same_file_from_gzip(plain, tmp_path, capsys):
     gz = tmp_path / "corpus.txt.gz"
     gz.write_bytes(gzip.compress(plain.read_bytes()))
     for src, out in ((plain, "a.safetensors"), (gz, "b.safetensors")):
-        code, stdout, err = run(capsys, "bpe-train", src, "--vocab-size", 300, "--workers", 1, "-q", "-o", tmp_path / out)
+        code, stdout, err = run(
+            capsys, "bpe-train", src, "--vocab-size", 300, "--workers", 1, "-q", "-o", tmp_path / out
+        )
         assert code == 0 and err == ""
     assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
     assert f"({plain.stat().st_size:,} bytes ->" in stdout  # the text's bytes, not the compressed ones
@@ -154,7 +159,9 @@ def write_jsonl(path: Path, docs: list[str], field: str = "text") -> None:
         else:
             record[field] = doc
         lines.append(json.dumps(record, ensure_ascii=k % 2 == 0))
-    path.write_text("\n".join(lines[:3]) + "\n\n" + "\n".join(lines[3:]) + "\n", encoding="utf-8")  # a blank line is skipped
+    path.write_text(
+        "\n".join(lines[:3]) + "\n\n" + "\n".join(lines[3:]) + "\n", encoding="utf-8"
+    )  # a blank line is skipped
 
 
 def write_files(directory: Path, docs: list[str]) -> list[Path]:
@@ -186,8 +193,22 @@ def test_jsonl_gz_encodes_each_record_with_eot_between(tok, tmp_path, capsys):
     gz.write_bytes(gzip.compress((tmp_path / "docs.jsonl").read_bytes()))
     eot = tok.special_tokens[EOT]
     expected = naive_ids(tok, [d.encode() for d in docs], eot)
-    code, out, err = run(capsys, "encode", "-t", tok_file(tok, tmp_path), "-f", gz, "--text-field", "text", "--eot", EOT,
-                         "--specials-as-text", "-q", "-o", tmp_path / "ids.npy")
+    code, out, err = run(
+        capsys,
+        "encode",
+        "-t",
+        tok_file(tok, tmp_path),
+        "-f",
+        gz,
+        "--text-field",
+        "text",
+        "--eot",
+        EOT,
+        "--specials-as-text",
+        "-q",
+        "-o",
+        tmp_path / "ids.npy",
+    )
     assert code == 0, err
     assert np.load(tmp_path / "ids.npy").tolist() == expected
     assert f"wrote {len(expected):,} tokens" in out
@@ -205,7 +226,10 @@ def test_directory_is_its_files_in_sorted_order(tok, tmp_path, monkeypatch):
     root = tmp_path / "tree"
     (root / "b" / "deep").mkdir(parents=True)
     (root / ".hidden_dir").mkdir()
-    texts = {name: make_text(k, 50 + 40 * k) for k, name in enumerate(["a.txt", "a-z.txt", "b/deep/x.txt", "b/y.md", "c.txt"])}
+    texts = {
+        name: make_text(k, 50 + 40 * k)
+        for k, name in enumerate(["a.txt", "a-z.txt", "b/deep/x.txt", "b/y.md", "c.txt"])
+    }
     for name, text in texts.items():
         (root / name).write_text(text, encoding="utf-8")
     (root / ".hidden.txt").write_text("secret", encoding="utf-8")
@@ -228,7 +252,12 @@ def test_directory_is_its_files_in_sorted_order(tok, tmp_path, monkeypatch):
 
 @SETTINGS
 @given(
-    docs=st.lists(st.lists(st.sampled_from(["a", "b", " ", "  ", "\n", "é", "中", "'s", ".", "\xa0", "1", EOT]), max_size=40).map("".join), max_size=8),
+    docs=st.lists(
+        st.lists(st.sampled_from(["a", "b", " ", "  ", "\n", "é", "中", "'s", ".", "\xa0", "1", EOT]), max_size=40).map(
+            "".join
+        ),
+        max_size=8,
+    ),
     pattern=st.sampled_from(["gpt2", "gpt4", "none"]),
     piece_bytes=st.integers(1, 16),
 )
@@ -241,7 +270,9 @@ def test_documents_count_and_encode_each_on_their_own(docs, pattern, piece_bytes
     pretokenize._PIECE_BYTES = encode_module._PIECE_BYTES = piece_bytes
     try:
         if any(raw):
-            assert count_chunks(Corpus(path, text_field="text"), pattern, workers=1, quiet=True) == naive_counts(raw, pattern)
+            assert count_chunks(Corpus(path, text_field="text"), pattern, workers=1, quiet=True) == naive_counts(
+                raw, pattern
+            )
         ids = tok.encode_file(Corpus(path, text_field="text"), workers=1, quiet=True, allowed_special="all", eot=EOT)
     finally:
         pretokenize._PIECE_BYTES, encode_module._PIECE_BYTES = saved
@@ -256,7 +287,30 @@ def test_documents_count_and_encode_each_on_their_own(docs, pattern, piece_bytes
 
 @settings(max_examples=150, deadline=None)
 @given(
-    parts=st.lists(st.sampled_from(["a", "Zq", "é", "中文", "1", " ", "  ", "\n", "\n\n", "\r\n", "\t", "'s", ".", "!?", "\xa0", "\u3000", "\x85"]), max_size=40),
+    parts=st.lists(
+        st.sampled_from(
+            [
+                "a",
+                "Zq",
+                "é",
+                "中文",
+                "1",
+                " ",
+                "  ",
+                "\n",
+                "\n\n",
+                "\r\n",
+                "\t",
+                "'s",
+                ".",
+                "!?",
+                "\xa0",
+                "\u3000",
+                "\x85",
+            ]
+        ),
+        max_size=40,
+    ),
 )
 def test_every_cut_the_rule_allows_keeps_the_split(parts):
     buf = "".join(parts).encode()
@@ -283,7 +337,14 @@ def tk(command: str, cwd: Path) -> subprocess.CompletedProcess:
     """`tk` through bash, so that `<(...)` and `<` work as in a terminal."""
     cli = f"{sys.executable} -m tokenkit.cli.main"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(["bash", "-c", command.replace("tk ", cli + " ", 1)], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["bash", "-c", command.replace("tk ", cli + " ", 1)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_stdin_and_a_pipe_give_what_the_file_gives(plain, tok, tmp_path):
@@ -292,7 +353,11 @@ def test_stdin_and_a_pipe_give_what_the_file_gives(plain, tok, tmp_path):
     for name, source in (("file", str(plain)), ("stdin", f"- < {plain}"), ("pipe", f"<(cat {plain})")):
         proc = tk(f"tk bpe-train {source} {train_args} -o {name}.safetensors", tmp_path)
         assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-    assert (tmp_path / "file.safetensors").read_bytes() == (tmp_path / "stdin.safetensors").read_bytes() == (tmp_path / "pipe.safetensors").read_bytes()
+    assert (
+        (tmp_path / "file.safetensors").read_bytes()
+        == (tmp_path / "stdin.safetensors").read_bytes()
+        == (tmp_path / "pipe.safetensors").read_bytes()
+    )
     proc = tk(f"tk encode -t {tok_path} -f <(gzip -c {plain}) --specials-as-text -q -o ids.npy", tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert np.load(tmp_path / "ids.npy").tolist() == tok.encode(plain.read_bytes(), disallowed_special=())
@@ -327,9 +392,13 @@ def damaged_gzip(tmp_path: Path, plain: Path) -> dict[str, Path]:
 
 def test_damaged_compressed_files_are_one_line_naming_the_file(plain, tok, tmp_path, capsys):
     files = damaged_gzip(tmp_path, plain)
-    line = one_line_error(run(capsys, "bpe-train", files["truncated"], "--vocab-size", 300, "-q", "-o", tmp_path / "t.safetensors"))
+    line = one_line_error(
+        run(capsys, "bpe-train", files["truncated"], "--vocab-size", 300, "-q", "-o", tmp_path / "t.safetensors")
+    )
     assert "truncated.gz" in line and "ends early" in line and "gzip -t" in line
-    line = one_line_error(run(capsys, "encode", "-t", tok_file(tok, tmp_path), "-f", files["corrupt"], "-q", "-o", tmp_path / "ids.npy"))
+    line = one_line_error(
+        run(capsys, "encode", "-t", tok_file(tok, tmp_path), "-f", files["corrupt"], "-q", "-o", tmp_path / "ids.npy")
+    )
     assert "corrupt.gz" in line and "corrupt gzip data" in line and "gzip -t" in line
     assert not (tmp_path / "t.safetensors").exists() and not (tmp_path / "ids.npy").exists()
     bad_xz = tmp_path / "bad.xz"
@@ -340,7 +409,10 @@ def test_damaged_compressed_files_are_one_line_naming_the_file(plain, tok, tmp_p
 @pytest.mark.parametrize(
     "lines, message",
     [
-        ([b'{"text": "fine"}', b'{"text": "ok"}', b'{"text": "broken'], r"docs.jsonl:3: not valid JSON \(Unterminated string starting at, column 10\)"),
+        (
+            [b'{"text": "fine"}', b'{"text": "ok"}', b'{"text": "broken'],
+            r"docs.jsonl:3: not valid JSON \(Unterminated string starting at, column 10\)",
+        ),
         ([b'{"text": "fine"}', b'{"text": "caf\xe9"}'], r"docs.jsonl:2: not valid UTF-8 \(byte 0xe9 at column 14\)"),
         ([b'{"body": "no text field"}'], r"docs.jsonl:1: no field 'text' \(its fields: 'body'\)"),
         ([b'{"text": 42}'], r"docs.jsonl:1: field 'text' is a JSON number, not a string"),
@@ -352,7 +424,9 @@ def test_damaged_compressed_files_are_one_line_naming_the_file(plain, tok, tmp_p
 def test_bad_jsonl_lines_are_one_line_with_their_number(lines, message, tmp_path, capsys):
     path = tmp_path / "docs.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
-    line = one_line_error(run(capsys, "bpe-train", path, "--text-field", "text", "-q", "-o", tmp_path / "t.safetensors"))
+    line = one_line_error(
+        run(capsys, "bpe-train", path, "--text-field", "text", "-q", "-o", tmp_path / "t.safetensors")
+    )
     assert __import__("re").search(message, line), line
 
 
@@ -360,15 +434,23 @@ def test_other_mistakes_are_one_line(tok, tmp_path, capsys):
     tok_path = tok_file(tok, tmp_path)
     out = tmp_path / "t.safetensors"
     assert "'/dev/zero' is a device" in one_line_error(run(capsys, "bpe-train", "/dev/zero", "-o", out))
-    assert "'/dev/zero' is a device" in one_line_error(run(capsys, "encode", "-t", tok_path, "-f", "/dev/zero", "-o", tmp_path / "i.npy"))
+    assert "'/dev/zero' is a device" in one_line_error(
+        run(capsys, "encode", "-t", tok_path, "-f", "/dev/zero", "-o", tmp_path / "i.npy")
+    )
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / ".hidden").write_text("x", encoding="utf-8")
     assert "holds no files" in one_line_error(run(capsys, "bpe-train", tmp_path / "empty", "-o", out))
     (tmp_path / "empty" / "a.md").write_text("x", encoding="utf-8")
-    assert "matching --glob '*.txt'" in one_line_error(run(capsys, "bpe-train", tmp_path / "empty", "--glob", "*.txt", "-o", out))
-    line = one_line_error(run(capsys, "encode", "-t", tok_path, "-f", tmp_path / "empty", "--eot", "<|nope|>", "-o", tmp_path / "i.npy"))
+    assert "matching --glob '*.txt'" in one_line_error(
+        run(capsys, "bpe-train", tmp_path / "empty", "--glob", "*.txt", "-o", out)
+    )
+    line = one_line_error(
+        run(capsys, "encode", "-t", tok_path, "-f", tmp_path / "empty", "--eot", "<|nope|>", "-o", tmp_path / "i.npy")
+    )
     assert "--eot '<|nope|>' is not a special token of this tokenizer (it has: <|endoftext|>)" in line
-    assert "exclude each other" in one_line_error(run(capsys, "bpe-train", tok_path, "--binary", "--text-field", "t", "-o", out))
+    assert "exclude each other" in one_line_error(
+        run(capsys, "bpe-train", tok_path, "--binary", "--text-field", "t", "-o", out)
+    )
     assert "for -f FILE" in one_line_error(run(capsys, "encode", "-t", tok_path, "hi", "--eot", EOT))
     assert "stdin (-) is given twice" in one_line_error(run(capsys, "bpe-train", "-", "-", "-o", out))
 
@@ -398,7 +480,9 @@ def test_an_archive_after_decompression_is_warned_about(plain, tmp_path, capsys)
     tar_gz = tmp_path / "corpus.tar.gz"
     with tarfile.open(tar_gz, "w:gz") as tar:
         tar.add(plain, arcname="corpus.txt")
-    code, _, err = run(capsys, "bpe-train", tar_gz, "--vocab-size", 260, "--workers", 1, "-q", "-o", tmp_path / "t.safetensors")
+    code, _, err = run(
+        capsys, "bpe-train", tar_gz, "--vocab-size", 260, "--workers", 1, "-q", "-o", tmp_path / "t.safetensors"
+    )
     assert code == 0
     assert err.splitlines() == [
         f"warning: {str(tar_gz)!r} looks like a tar archive after gzip decompression, not text; reading its bytes as "
@@ -407,7 +491,9 @@ def test_an_archive_after_decompression_is_warned_about(plain, tmp_path, capsys)
     zipped = tmp_path / "corpus.zip"
     with zipfile.ZipFile(zipped, "w") as z:
         z.write(plain, "corpus.txt")
-    _, _, err = run(capsys, "bpe-train", zipped, "--vocab-size", 260, "--workers", 1, "-q", "-o", tmp_path / "z.safetensors")
+    _, _, err = run(
+        capsys, "bpe-train", zipped, "--vocab-size", 260, "--workers", 1, "-q", "-o", tmp_path / "z.safetensors"
+    )
     assert "looks like a zip archive, not text" in err
     warned = []
     Corpus(gzip_twice(tmp_path, plain), warn=warned.append)  # a .gz of a .gz: one layer is undone
@@ -423,7 +509,19 @@ def gzip_twice(tmp_path: Path, plain: Path) -> Path:
 def test_binary_reads_a_gz_raw_without_warning(plain, tmp_path, capsys):
     gz = tmp_path / "corpus.txt.gz"
     gz.write_bytes(gzip.compress(plain.read_bytes(), mtime=0))
-    code, _, err = run(capsys, "bpe-train", gz, "--binary", "--vocab-size", 300, "--workers", 1, "-q", "-o", tmp_path / "raw.safetensors")
+    code, _, err = run(
+        capsys,
+        "bpe-train",
+        gz,
+        "--binary",
+        "--vocab-size",
+        300,
+        "--workers",
+        1,
+        "-q",
+        "-o",
+        tmp_path / "raw.safetensors",
+    )
     assert code == 0 and err == ""
     raw = train([gz.read_bytes()], vocab_size=300, special_tokens=[])
     assert Tokenizer.load(tmp_path / "raw.safetensors").fingerprint() == raw.fingerprint()
@@ -436,7 +534,11 @@ def test_fingerprint_follows_the_documents(plain, tmp_path):
     files = write_files(tmp_path / "d", docs)
     joined = tmp_path / "joined.txt"
     joined.write_text("".join(docs), encoding="utf-8")
-    assert Corpus(tmp_path / "d.jsonl", text_field="text").fingerprint() == Corpus(files).fingerprint() == Corpus(tmp_path / "d").fingerprint()
+    assert (
+        Corpus(tmp_path / "d.jsonl", text_field="text").fingerprint()
+        == Corpus(files).fingerprint()
+        == Corpus(tmp_path / "d").fingerprint()
+    )
     assert Corpus(joined).fingerprint() != Corpus(files).fingerprint()
     import hashlib
 

@@ -17,8 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tokenkit.bpe import Tokenizer, TokenizerError
-from tokenkit.bpe import interop
+from tokenkit.bpe import Tokenizer, TokenizerError, interop
 from tokenkit.bpe.io import bytes_to_unicode
 from tokenkit.bpe.pretokenize import GPT2_PATTERN, GPT4_PATTERN
 from tokenkit.cli.main import main
@@ -35,19 +34,23 @@ PIECES = st.one_of(
     st.text(" \t\n\r\x0b\x0c\u00a0\u3000", min_size=1, max_size=6),  # whitespace runs
     st.from_regex(r"[0-9]{1,9}", fullmatch=True),
     st.sampled_from(SPECIALS),
-    st.sampled_from(["Once upon a time", " there", " was", "it's", "don't", "I'll", "café", "日本語", " the fox", "!!", "\n\n"]),
+    st.sampled_from(
+        ["Once upon a time", " there", " was", "it's", "don't", "I'll", "café", "日本語", " the fox", "!!", "\n\n"]
+    ),
 )
 TEXTS = st.lists(PIECES, max_size=12).map("".join)
 
 
 def corpus() -> bytes:
     text = (ROOT / "corpora" / "tiny_tales.txt").read_bytes()[:60_000]
-    return text + "naïve café 日本語 12345 67890 it's  \n\n\t x ÿÿ €€ 😀😀".encode("utf-8") * 20
+    return text + "naïve café 日本語 12345 67890 it's  \n\n\t x ÿÿ €€ 😀😀".encode() * 20
 
 
 @pytest.fixture(scope="module", params=PATTERNS, ids=["gpt2", "gpt4", "none", "custom"])
 def tok(request) -> Tokenizer:
-    return Tokenizer.train([corpus()], vocab_size=400, pattern=request.param, special_tokens=SPECIALS, quiet=True, workers=1)
+    return Tokenizer.train(
+        [corpus()], vocab_size=400, pattern=request.param, special_tokens=SPECIALS, quiet=True, workers=1
+    )
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +108,12 @@ def test_tokenizer_json_follows_hf_format(tok, tmp_path):
     assert config["clean_up_tokenization_spaces"] is False and config["eos_token"] == "<|endoftext|>"
     assert json.loads(paths[2].read_text(encoding="utf-8"))["additional_special_tokens"] == SPECIALS
     back = Tokenizer.from_hf(tmp_path / "hf")
-    assert (back.merges, back.vocab, back.special_tokens, back.pattern) == (tok.merges, tok.vocab, tok.special_tokens, tok.pattern)
+    assert (back.merges, back.vocab, back.special_tokens, back.pattern) == (
+        tok.merges,
+        tok.vocab,
+        tok.special_tokens,
+        tok.pattern,
+    )
 
 
 def test_tiktoken_files_follow_tiktoken_format(tok, tmp_path):
@@ -117,9 +125,16 @@ def test_tiktoken_files_follow_tiktoken_format(tok, tmp_path):
     )
     meta = json.loads(meta_file.read_text(encoding="utf-8"))
     assert meta["special_tokens"] == tok.special_tokens and meta["pattern"] == tok.pattern
-    assert meta["pat_str"] == {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN, "none": r"(?s:.+)"}.get(tok.pattern, interop.tiktoken_pat_str(CUSTOM))
+    assert meta["pat_str"] == {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN, "none": r"(?s:.+)"}.get(
+        tok.pattern, interop.tiktoken_pat_str(CUSTOM)
+    )
     back = Tokenizer.from_tiktoken(ranks_file)
-    assert (back.merges, back.vocab, back.special_tokens, back.pattern) == (tok.merges, tok.vocab, tok.special_tokens, tok.pattern)
+    assert (back.merges, back.vocab, back.special_tokens, back.pattern) == (
+        tok.merges,
+        tok.vocab,
+        tok.special_tokens,
+        tok.pattern,
+    )
 
 
 @pytest.mark.parametrize("fmt", ["hf", "tiktoken"])
@@ -136,9 +151,15 @@ def test_gpt2_round_trips_through_both_formats(gpt2, tmp_path):
     ranks_file, _ = gpt2.export_tiktoken(tmp_path / "tt")
     assert ranks_file.read_bytes() == (GPT2 / "gpt2.tiktoken").read_bytes()  # byte for byte OpenAI's file
     from_tiktoken = Tokenizer.from_tiktoken(GPT2 / "gpt2.tiktoken", pattern="gpt2", special_tokens=["<|endoftext|>"])
-    for back in (Tokenizer.from_hf(tmp_path / "hf"), Tokenizer.from_tiktoken(tmp_path / "tt" / "tokenizer.tiktoken"), from_tiktoken):
+    for back in (
+        Tokenizer.from_hf(tmp_path / "hf"),
+        Tokenizer.from_tiktoken(tmp_path / "tt" / "tokenizer.tiktoken"),
+        from_tiktoken,
+    ):
         assert back.to_tensors()[0].keys() == gpt2.to_tensors()[0].keys()
-        assert back.vocab == gpt2.vocab and back.merges == gpt2.merges and back.special_tokens == {"<|endoftext|>": 50256}
+        assert (
+            back.vocab == gpt2.vocab and back.merges == gpt2.merges and back.special_tokens == {"<|endoftext|>": 50256}
+        )
         assert back.encode("hello world") == [31373, 995]
 
 
@@ -189,7 +210,18 @@ def hf_dict(**changes) -> dict:
         ({"added_tokens": [{"id": 300, "content": "<x>", "special": True}]}, "consecutive"),
         ({"added_tokens": [{"id": 259, "content": "<x>", "special": False}]}, "not special"),
         ({"model__vocab": {"a": 1}}, "byte token"),
-        ({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": r"\b"}, "behavior": "Isolated"}, {"type": "ByteLevel", "use_regex": False}]}}, "empty string"),
+        (
+            {
+                "pre_tokenizer": {
+                    "type": "Sequence",
+                    "pretokenizers": [
+                        {"type": "Split", "pattern": {"Regex": r"\b"}, "behavior": "Isolated"},
+                        {"type": "ByteLevel", "use_regex": False},
+                    ],
+                }
+            },
+            "empty string",
+        ),
     ],
 )
 def test_unsupported_tokenizer_json_is_one_line(changes, words, tmp_path, capsys):
@@ -206,9 +238,18 @@ def test_unsupported_tokenizer_json_is_one_line(changes, words, tmp_path, capsys
     "content, words",
     [
         (b"YQ== 0\nnot base64!! 1\n", "expected 'base64-bytes rank'"),
-        (b"".join(base64.b64encode(bytes([b])) + b" %d\n" % (b if b < 255 else 300) for b in range(256)), "without gaps"),
-        (b"".join(base64.b64encode(bytes([b])) + b" %d\n" % b for b in range(256)) + b"YWI= 256\nYWI= 257\n", "two ranks"),
-        (b"".join(base64.b64encode(bytes([b])) + b" %d\n" % b for b in range(256)) + b"YWJj 256\n", "not the merge of two"),
+        (
+            b"".join(base64.b64encode(bytes([b])) + b" %d\n" % (b if b < 255 else 300) for b in range(256)),
+            "without gaps",
+        ),
+        (
+            b"".join(base64.b64encode(bytes([b])) + b" %d\n" % b for b in range(256)) + b"YWI= 256\nYWI= 257\n",
+            "two ranks",
+        ),
+        (
+            b"".join(base64.b64encode(bytes([b])) + b" %d\n" % b for b in range(256)) + b"YWJj 256\n",
+            "not the merge of two",
+        ),
     ],
 )
 def test_bad_tiktoken_files_are_one_line(content, words, tmp_path, capsys):
@@ -231,10 +272,19 @@ def test_cli_export_and_import_every_format(tmp_path, capsys):
     for fmt, line in expected.items():
         assert main(["bpe-export", str(tok_path), "--format", fmt, "-o", str(tmp_path / fmt)]) == 0
         assert capsys.readouterr().out == line + "\n"
-    for source in (["gpt2"], ["gpt2/vocab.json", "gpt2/merges.txt"], ["hf"], ["hf/tokenizer.json"], ["tiktoken/tokenizer.tiktoken"]):
+    for source in (
+        ["gpt2"],
+        ["gpt2/vocab.json", "gpt2/merges.txt"],
+        ["hf"],
+        ["hf/tokenizer.json"],
+        ["tiktoken/tokenizer.tiktoken"],
+    ):
         out = tmp_path / "back.safetensors"
         assert main(["bpe-import", *[str(tmp_path / s) for s in source], "-o", str(out)]) == 0
-        assert capsys.readouterr().out == f"wrote {out}: 256 bytes + 3 merges, specials: <|endoftext|>=259; vocab size 260\n"
+        assert (
+            capsys.readouterr().out
+            == f"wrote {out}: 256 bytes + 3 merges, specials: <|endoftext|>=259; vocab size 260\n"
+        )
         assert Tokenizer.load(out).vocab == permuted().vocab
     (tmp_path / "afile").write_text("mine", encoding="utf-8")
     for args in (
@@ -300,7 +350,9 @@ def test_tiktoken_gives_tk_ids(tok, tmp_path_factory, text):
         ranks_file, meta_file = tok.export_tiktoken(tmp_path_factory.mktemp("tt"))
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
         ranks = load_tiktoken_bpe(str(ranks_file))
-        enc = tiktoken.Encoding("tk", pat_str=meta["pat_str"], mergeable_ranks=ranks, special_tokens=meta["special_tokens"])
+        enc = tiktoken.Encoding(
+            "tk", pat_str=meta["pat_str"], mergeable_ranks=ranks, special_tokens=meta["special_tokens"]
+        )
         _hf_cache[("tiktoken", id(tok))] = enc
     ids = ids_of(tok, text)
     assert enc.encode(text, allowed_special="all") == ids
@@ -317,8 +369,15 @@ def test_gpt2_export_equals_gpt2_in_both_libraries(gpt2, tmp_path):
     ranks_file, meta_file = gpt2.export_tiktoken(tmp_path / "tt")
     meta = json.loads(meta_file.read_text(encoding="utf-8"))
     assert load_tiktoken_bpe(str(ranks_file)) == load_tiktoken_bpe(str(GPT2 / "gpt2.tiktoken"))  # OpenAI's own file
-    enc = tiktoken.Encoding("gpt2-tk", pat_str=meta["pat_str"], mergeable_ranks=load_tiktoken_bpe(str(ranks_file)), special_tokens=meta["special_tokens"])
-    text = (ROOT / "corpora" / "tiny_tales.txt").read_text(encoding="utf-8")[:100_000] + " naïve 日本語 12345<|endoftext|>  \n"
+    enc = tiktoken.Encoding(
+        "gpt2-tk",
+        pat_str=meta["pat_str"],
+        mergeable_ranks=load_tiktoken_bpe(str(ranks_file)),
+        special_tokens=meta["special_tokens"],
+    )
+    text = (ROOT / "corpora" / "tiny_tales.txt").read_text(encoding="utf-8")[
+        :100_000
+    ] + " naïve 日本語 12345<|endoftext|>  \n"
     ids = ids_of(gpt2, text)
     assert hf.encode(text).ids == ids == enc.encode(text, allowed_special="all")
 
@@ -330,7 +389,9 @@ def test_import_a_tokenizer_trained_by_hf_tokenizers(tmp_path):
     hf = tokenizers.Tokenizer(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     hf.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
     hf.train_from_iterator([corpus().decode("utf-8")], trainer)
     hf.add_special_tokens(["<|endoftext|>"])
     hf.save(str(tmp_path / "tokenizer.json"))
@@ -387,5 +448,7 @@ def test_import_gpt2_tokenizer_json_as_hf_builds_it(gpt2, tmp_path):
     hf.save(str(tmp_path / "tokenizer.json"))
     tok = Tokenizer.from_hf(tmp_path)
     assert tok.vocab == gpt2.vocab and tok.merges == gpt2.merges and tok.special_tokens == gpt2.special_tokens
-    text = (ROOT / "corpora" / "tiny_tales.txt").read_text(encoding="utf-8")[:20_000] + " naïve 12345<|endoftext|>\n\n  x"
+    text = (ROOT / "corpora" / "tiny_tales.txt").read_text(encoding="utf-8")[
+        :20_000
+    ] + " naïve 12345<|endoftext|>\n\n  x"
     assert hf.encode(text).ids == ids_of(tok, text)

@@ -12,8 +12,8 @@ import safetensors.numpy
 
 from tokenkit.transformer import GPT, AdamW, GPTConfig, ModelError
 from tokenkit.transformer.io import read_metadata
-from tokenkit.transformer.parallel import DataParallel
 from tokenkit.transformer.model import SINUSOIDAL_WTE_STD
+from tokenkit.transformer.parallel import DataParallel
 
 TINY = dict(vocab_size=7, context_length=6, d_model=8, n_layers=2, n_heads=2)
 VARIANTS = {
@@ -143,7 +143,9 @@ def test_trace_records_the_forward(norm):
     # residuals are snapshots, not views of a buffer updated later
     if norm == "pre":
         np.testing.assert_allclose(trace["h.0.resid_1"], trace["x0"] + trace["h.0.attn.out"], rtol=1e-5, atol=1e-7)
-        np.testing.assert_allclose(trace["h.0.resid_2"], trace["h.0.resid_1"] + trace["h.0.mlp.out"], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(
+            trace["h.0.resid_2"], trace["h.0.resid_1"] + trace["h.0.mlp.out"], rtol=1e-5, atol=1e-7
+        )
     else:
         ln = trace["h.0.ln_1"]
         np.testing.assert_allclose(ln.mean(-1), 0, atol=1e-5)
@@ -196,8 +198,9 @@ def _arithmetic_loss(positional: str, steps: int = 200) -> float:
     """Training loss after `steps` on sequences that count by a random stride mod V: predicting
     the next token needs the current token's identity."""
     V, T = 64, 32
-    model = GPT(GPTConfig(vocab_size=V, context_length=T, d_model=32, n_layers=1, n_heads=2, positional=positional),
-                seed=0)
+    model = GPT(
+        GPTConfig(vocab_size=V, context_length=T, d_model=32, n_layers=1, n_heads=2, positional=positional), seed=0
+    )
     opt = AdamW(model.params, lr=3e-3)
     rng = np.random.default_rng(0)
     for _ in range(steps):
@@ -344,6 +347,12 @@ def test_docstring_examples():
     import tokenkit.transformer.optim
     import tokenkit.transformer.sampling
 
-    for module in (tokenkit.transformer.config, tokenkit.transformer.model, tokenkit.transformer.ops, tokenkit.transformer.optim, tokenkit.transformer.sampling):
+    for module in (
+        tokenkit.transformer.config,
+        tokenkit.transformer.model,
+        tokenkit.transformer.ops,
+        tokenkit.transformer.optim,
+        tokenkit.transformer.sampling,
+    ):
         result = doctest.testmod(module)
         assert result.failed == 0 and result.attempted > 0, module.__name__

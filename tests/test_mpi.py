@@ -45,8 +45,29 @@ def corpus(tmp_path_factory) -> list[Path]:
     """Three files, ~3 MB: English-like words and punctuation, accents, a stretch of CJK without
     spaces (no safe cut for a while), CRLF lines, and an empty file."""
     rng = np.random.default_rng(10)
-    words = ["the", "fox", "Once", "upon", "a", "time", "naïve", "café", "1984", "it's", "don't", "über",
-             "—", "(quoted)", "x=y+1;", "Ελλάδα", "ok!", "\t", "end.\n", "\n\n", "  "]
+    words = [
+        "the",
+        "fox",
+        "Once",
+        "upon",
+        "a",
+        "time",
+        "naïve",
+        "café",
+        "1984",
+        "it's",
+        "don't",
+        "über",
+        "—",
+        "(quoted)",
+        "x=y+1;",
+        "Ελλάδα",
+        "ok!",
+        "\t",
+        "end.\n",
+        "\n\n",
+        "  ",
+    ]
     root = tmp_path_factory.mktemp("mpi_corpus")
     files = []
     for i, n_words in enumerate((260_000, 120_000, 0, 90_000)):
@@ -106,14 +127,50 @@ def test_encode_blocks_are_contiguous_and_balanced():
 @pytest.mark.parametrize("command", ["bpe-train", "train-model"])
 def test_a_plain_run_never_imports_mpi4py(corpus, tmp_path, command):
     args = {
-        "bpe-train": ["bpe-train", str(corpus[3]), "--vocab-size", "260", "-q", "--workers", "1", "-o", str(tmp_path / "t.safetensors")],
-        "train-model": ["train-model", str(corpus[3]), "-o", str(tmp_path / "run"), "--steps", "2", "--d-model", "16",
-                        "--n-heads", "2", "--n-layers", "1", "--context-length", "8", "--batch-size", "2", "-q"],
+        "bpe-train": [
+            "bpe-train",
+            str(corpus[3]),
+            "--vocab-size",
+            "260",
+            "-q",
+            "--workers",
+            "1",
+            "-o",
+            str(tmp_path / "t.safetensors"),
+        ],
+        "train-model": [
+            "train-model",
+            str(corpus[3]),
+            "-o",
+            str(tmp_path / "run"),
+            "--steps",
+            "2",
+            "--d-model",
+            "16",
+            "--n-heads",
+            "2",
+            "--n-layers",
+            "1",
+            "--context-length",
+            "8",
+            "--batch-size",
+            "2",
+            "-q",
+        ],
     }[command]
     code = subprocess.run(
-        [sys.executable, "-c", "import sys; from tokenkit.cli.main import main; assert main(sys.argv[1:]) == 0; "
-         "assert 'mpi4py' not in sys.modules", *args],
-        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "import sys; from tokenkit.cli.main import main; assert main(sys.argv[1:]) == 0; "
+            "assert 'mpi4py' not in sys.modules",
+            *args,
+        ],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert code.returncode == 0, code.stderr
 
@@ -149,10 +206,16 @@ def test_reduce_to_root_sums_every_ranks_counts_on_rank_0():
         "else:\n"
         "    print(sorted(total.items()))\n"
     )
-    proc = subprocess.run([_mpirun(), "-n", "3", sys.executable, "-c", script], cwd=REPO, env=ENV,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [_mpirun(), "-n", "3", sys.executable, "-c", script],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
-    expected = [(b"\x00", 1), (b"\x01\x01", 10), (b"\x02\x02\x02", 100), (b"all", 3), (b"big", 3 * 2 ** 40)]
+    expected = [(b"\x00", 1), (b"\x01\x01", 10), (b"\x02\x02\x02", 100), (b"all", 3), (b"big", 3 * 2**40)]
     assert proc.stdout.strip() == str(expected)
 
 
@@ -187,8 +250,24 @@ def test_bpe_train_on_ranks_with_no_split_pattern_shares_whole_files(corpus, tmp
 @pytest.fixture(scope="module")
 def tokenizer(corpus, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("mpi_tok") / "tok.safetensors"
-    assert main(["bpe-train", *map(str, corpus), "--vocab-size", "500", "--special", "<|endoftext|>", "-q",
-                 "--workers", "1", "-o", str(path)]) == 0
+    assert (
+        main(
+            [
+                "bpe-train",
+                *map(str, corpus),
+                "--vocab-size",
+                "500",
+                "--special",
+                "<|endoftext|>",
+                "-q",
+                "--workers",
+                "1",
+                "-o",
+                str(path),
+            ]
+        )
+        == 0
+    )
     return path
 
 
@@ -196,7 +275,10 @@ def tokenizer(corpus, tmp_path_factory) -> Path:
 def test_encode_on_ranks_writes_the_one_process_ids(corpus, tokenizer, tmp_path, n):
     big = tmp_path / "big.txt"
     big.write_bytes(b"".join(p.read_bytes() for p in corpus))
-    assert main(["encode", "-t", str(tokenizer), "-f", str(big), "-o", str(tmp_path / "one.npy"), "-q", "--workers", "1"]) == 0
+    assert (
+        main(["encode", "-t", str(tokenizer), "-f", str(big), "-o", str(tmp_path / "one.npy"), "-q", "--workers", "1"])
+        == 0
+    )
     proc = _tk_on_ranks(n, "encode", "-t", str(tokenizer), "-f", str(big), "-o", str(tmp_path / "many.npy"), "-q")
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "many.npy").read_bytes() == (tmp_path / "one.npy").read_bytes()
@@ -210,7 +292,9 @@ def test_an_error_on_one_rank_ends_the_job_in_one_line(corpus, tokenizer, tmp_pa
     text = tmp_path / "special.txt"
     text.write_bytes(corpus[0].read_bytes() + b" The end.<|endoftext|>")
     start = time.monotonic()
-    proc = _tk_on_ranks(2, "encode", "-t", str(tokenizer), "-f", str(text), "-o", str(tmp_path / "ids.npy"), "-q", timeout=30)
+    proc = _tk_on_ranks(
+        2, "encode", "-t", str(tokenizer), "-f", str(text), "-o", str(tmp_path / "ids.npy"), "-q", timeout=30
+    )
     assert time.monotonic() - start < 15
     assert proc.returncode != 0
     ours = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
@@ -221,7 +305,9 @@ def test_an_error_on_one_rank_ends_the_job_in_one_line(corpus, tokenizer, tmp_pa
 def test_a_mistake_every_rank_makes_is_one_message_led_by_rank_0(tmp_path):
     """Rank 0 reports at once and the others a second later, so the job usually shows one line;
     on a loaded machine another rank may also get to say it (the same message, with its rank)."""
-    proc = _tk_on_ranks(3, "bpe-train", str(tmp_path / "missing.txt"), "-o", str(tmp_path / "t.safetensors"), timeout=30)
+    proc = _tk_on_ranks(
+        3, "bpe-train", str(tmp_path / "missing.txt"), "-o", str(tmp_path / "t.safetensors"), timeout=30
+    )
     assert proc.returncode != 0
     expected = "error: corpus file not found: '" + str(tmp_path / "missing.txt") + "'"
     ours = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
@@ -272,7 +358,7 @@ if model.rank == 0:
 def test_mpi_executor_is_bit_identical_to_data_parallel_in_one_process(tmp_path, ranks, workers, rows):
     """mpirun -n N with MPIDataParallel(workers=W) trains to the same bits as DataParallel(workers=N*W),
     uneven shards included; 3 ranks of 3 workers over 5 rows leave the last rank without a shard."""
-    from tokenkit.transformer import AdamW, GPT, GPTConfig
+    from tokenkit.transformer import GPT, AdamW, GPTConfig
     from tokenkit.transformer.parallel import DataParallel
 
     out = tmp_path / "ranks.npz"

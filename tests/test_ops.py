@@ -76,7 +76,12 @@ def test_positional(B, T, C, seed):
     np.testing.assert_array_equal(pos, table[:T])
     r = rng.standard_normal((B, T, C))
     dtable = ops.positional_backward(r, cache)
-    check("positional dtable", dtable, lambda: project(np.broadcast_to(ops.positional_forward(table, T)[0], r.shape), r), table)
+    check(
+        "positional dtable",
+        dtable,
+        lambda: project(np.broadcast_to(ops.positional_forward(table, T)[0], r.shape), r),
+        table,
+    )
 
 
 def test_sinusoidal_table_matches_formula():
@@ -161,8 +166,10 @@ def test_attention(B, T, H, hd, causal, seed):
     out, _ = ops.attention_forward(qkv, H, causal, trace)
     np.testing.assert_allclose(out, ref.attention(qkv, H, causal), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(trace["weights"].sum(-1), 1.0)
-    np.testing.assert_allclose(trace["scores"][np.isfinite(trace["scores"])],
-                               (trace["scores_raw"] / math.sqrt(hd))[np.isfinite(trace["scores"])])
+    np.testing.assert_allclose(
+        trace["scores"][np.isfinite(trace["scores"])],
+        (trace["scores_raw"] / math.sqrt(hd))[np.isfinite(trace["scores"])],
+    )
     if causal:
         assert np.all(trace["weights"][..., np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] == 0)
     r = rng.standard_normal(out.shape)
@@ -198,7 +205,7 @@ def test_attention_with_extreme_scores(causal):
     T, C = 5, 2
     big = rng.standard_normal((1, T, 3 * C)) * 40
     low = rng.standard_normal((1, T, 3 * C)) * 0.1
-    low[0, :, C:2 * C] = 1.0  # every key is (1, 1)
+    low[0, :, C : 2 * C] = 1.0  # every key is (1, 1)
     low[0, -1, :C] = -300.0  # so the last query scores -424 against all of them
     for qkv in (big, low):
         out, _ = ops.attention_forward(qkv, 1, causal)
@@ -289,7 +296,9 @@ def test_softmax_xent_blocks_with_extreme_rows(monkeypatch, dtype):
     assert loss == pytest.approx(ref.softmax_xent(logits, targets), rel=1e-12 if dtype == np.float64 else 1e-5)
     dlogits = ops.softmax_xent_backward(cache)
     assert dlogits.dtype == dtype and np.all(np.isfinite(dlogits))
-    np.testing.assert_allclose(dlogits, ref.softmax_xent_grad(logits, targets), atol=1e-15 if dtype == np.float64 else 2e-8)
+    np.testing.assert_allclose(
+        dlogits, ref.softmax_xent_grad(logits, targets), atol=1e-15 if dtype == np.float64 else 2e-8
+    )
 
 
 def test_float32_stays_float32():

@@ -34,17 +34,23 @@ def reference_adamw(params, grads_per_step, lrs, betas, eps, weight_decay):
                     flat[i] = flat[i] - lr * weight_decay * flat[i]
                 m[i] = beta1 * m[i] + (1 - beta1) * gi
                 v[i] = beta2 * v[i] + (1 - beta2) * gi * gi
-                m_hat = m[i] / (1 - beta1 ** t)
-                v_hat = v[i] / (1 - beta2 ** t)
+                m_hat = m[i] / (1 - beta1**t)
+                v_hat = v[i] / (1 - beta2**t)
                 flat[i] = flat[i] - lr * m_hat / (math.sqrt(v_hat) + eps)
         out[name] = np.array(flat).reshape(p0.shape)
     return out
 
 
 @settings(max_examples=20, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), n_steps=st.integers(1, 6), dtype=st.sampled_from([np.float32, np.float64]),
-       beta1=st.sampled_from([0.0, 0.9]), beta2=st.sampled_from([0.95, 0.999]),
-       weight_decay=st.sampled_from([0.0, 0.1, 0.5]), eps=st.sampled_from([1e-8, 1e-3]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n_steps=st.integers(1, 6),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    beta1=st.sampled_from([0.0, 0.9]),
+    beta2=st.sampled_from([0.95, 0.999]),
+    weight_decay=st.sampled_from([0.0, 0.1, 0.5]),
+    eps=st.sampled_from([1e-8, 1e-3]),
+)
 def test_adamw_matches_plain_reference(seed, n_steps, dtype, beta1, beta2, weight_decay, eps):
     rng = np.random.default_rng(seed)
     params = random_tensors(rng, dtype)
@@ -65,7 +71,7 @@ def test_weight_decay_only_on_2d():
     rng = np.random.default_rng(0)
     params = random_tensors(rng, np.float32)
     start = {k: v.copy() for k, v in params.items()}
-    zero = {k: np.zeros_like(v) for k, v in params.items()}   # zero gradient: Adam moves nothing
+    zero = {k: np.zeros_like(v) for k, v in params.items()}  # zero gradient: Adam moves nothing
     opt = AdamW(params, lr=0.1, weight_decay=0.5)
     opt.step(zero)
     for name, p in params.items():
@@ -185,8 +191,8 @@ def test_cosine_schedule_key_points():
     assert cosine_schedule(110, **kw) == pytest.approx(6e-5)
     assert cosine_schedule(10_000, **kw) == 6e-5
     lrs = [cosine_schedule(s, **kw) for s in range(130)]
-    assert all(a <= b for a, b in zip(lrs[:10], lrs[1:11]))          # warmup rises
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))           # then never rises again
+    assert all(a <= b for a, b in zip(lrs[:10], lrs[1:11]))  # warmup rises
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # then never rises again
     assert cosine_schedule(0, max_lr=1.0, min_lr=0.0, warmup_steps=0, total_steps=4) == 1.0
     for bad in (dict(kw, warmup_steps=200), dict(kw, min_lr=1.0), dict(kw, warmup_steps=-1)):
         with pytest.raises(ModelError):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -105,7 +105,11 @@ def test_one_plain_files_fingerprint_is_its_sha256(tmp_path):
 def test_rng_state_round_trip(seed, draws, kind):
     rng = np.random.default_rng(seed)
     for _ in range(draws):  # leave the generator in any state, including a buffered uint32
-        {"random": rng.random, "integers": lambda: rng.integers(0, 10, 3), "uint32": lambda: rng.integers(0, 2**32, dtype=np.uint32)}[kind]()
+        {
+            "random": rng.random,
+            "integers": lambda: rng.integers(0, 10, 3),
+            "uint32": lambda: rng.integers(0, 2**32, dtype=np.uint32),
+        }[kind]()
     words = data.rng_to_array(rng)
     assert words.dtype == np.uint64 and words.shape == (6,)
     copy = data.rng_from_array(words)
@@ -188,7 +192,7 @@ def test_config_from_json_and_toml(tmp_path):
     assert (cfg.d_model, cfg.lr, cfg.bias, cfg.eval_interval) == (64, 1.0, False, 7)
     assert isinstance(cfg.lr, float)
     toml = tmp_path / "c.toml"
-    toml.write_text('d_model = 64\nlr = 1.0\nbias = false\neval-interval = 7\n', encoding="utf-8")
+    toml.write_text("d_model = 64\nlr = 1.0\nbias = false\neval-interval = 7\n", encoding="utf-8")
     assert TrainConfig.from_file(toml) == cfg
 
 
@@ -223,7 +227,6 @@ def test_config_round_trip_through_dict():
     cfg = TrainConfig(d_model=32, n_heads=2, steps=5, warmup_steps=2)
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
     assert TrainConfig.from_dict({"steps": 9}, base=cfg).d_model == 32
-
 
 
 # --- the token cache -------------------------------------------------------------------------
@@ -262,7 +265,10 @@ def test_token_cache_reused_and_invalidated(tmp_path):
     rebuilt = data.prepare_tokens(corpus, merged, run, quiet=True)
     assert not rebuilt.reused and rebuilt.ids.tolist() == merged.encode(corpus.read_text(encoding="utf-8"))
     meta = json.loads((run / checkpoint.TOKENS_META_FILE).read_text(encoding="utf-8"))[checkpoint.TOKENS_FILE]
-    assert meta["corpus_fingerprint"] == hashlib.sha256(corpus.read_bytes()).hexdigest() and meta["tokenizer_fingerprint"] == merged.fingerprint()
+    assert (
+        meta["corpus_fingerprint"] == hashlib.sha256(corpus.read_bytes()).hexdigest()
+        and meta["tokenizer_fingerprint"] == merged.fingerprint()
+    )
 
 
 def test_split_views_are_last_fraction(tmp_path):
@@ -315,8 +321,9 @@ def test_load_model_rejects_inconsistent_files(tmp_path):
 
     model, tok = _tiny_model(), _byte_tokenizer()
     path = tmp_path / "m.safetensors"
-    checkpoint.save_model(path, model.params, tok, config=model.config.to_dict(), step=1, val_loss=None,
-                          best_val_loss=None, provenance={})
+    checkpoint.save_model(
+        path, model.params, tok, config=model.config.to_dict(), step=1, val_loss=None, best_val_loss=None, provenance={}
+    )
     meta = checkpoint.read_header(path)
     tensors = load_file(str(path))
     broken = tmp_path / "broken.safetensors"
@@ -344,14 +351,25 @@ def test_train_state_round_trip_restores_generator_and_optimizer(tmp_path):
     opt.step(grads)
     rng = np.random.default_rng(5)
     rng.random()
-    state = checkpoint.TrainState(step=1, params=model.params, optimizer=opt.state_dict(), rng=data.rng_to_array(rng),
-                                  best_val_loss=None, best_step=None, train_config={"steps": 3},
-                                  model_config=model.config.to_dict(), data={"corpus": "c"}, tokenizer=tok)
+    state = checkpoint.TrainState(
+        step=1,
+        params=model.params,
+        optimizer=opt.state_dict(),
+        rng=data.rng_to_array(rng),
+        best_val_loss=None,
+        best_step=None,
+        train_config={"steps": 3},
+        model_config=model.config.to_dict(),
+        data={"corpus": "c"},
+        tokenizer=tok,
+    )
     checkpoint.save_train_state(tmp_path / "s.safetensors", state)
     back = checkpoint.load_train_state(tmp_path / "s.safetensors")
     assert back.step == 1 and back.train_config == {"steps": 3} and back.best_val_loss is None
     assert back.optimizer.keys() == opt.state_dict().keys()
-    assert all(np.array_equal(back.optimizer[k], v) and back.optimizer[k].shape == v.shape for k, v in opt.state_dict().items())
+    assert all(
+        np.array_equal(back.optimizer[k], v) and back.optimizer[k].shape == v.shape for k, v in opt.state_dict().items()
+    )
     assert data.rng_from_array(back.rng).random() == rng.random()
 
 

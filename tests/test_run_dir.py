@@ -28,8 +28,23 @@ from tokenkit.transformer.parallel import DataParallel
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
-TINY = ["--n-layers", "1", "--n-heads", "2", "--d-model", "32", "--context-length", "16", "--batch-size", "8",
-        "--warmup-steps", "2", "--eval-batches", "2", "--quiet"]
+TINY = [
+    "--n-layers",
+    "1",
+    "--n-heads",
+    "2",
+    "--d-model",
+    "32",
+    "--context-length",
+    "16",
+    "--batch-size",
+    "8",
+    "--warmup-steps",
+    "2",
+    "--eval-batches",
+    "2",
+    "--quiet",
+]
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +66,11 @@ def tok_path(corpus, tmp_path_factory) -> Path:
 
 def snapshot(directory: Path) -> dict[str, tuple[bytes, int]]:
     """Every file under `directory`: its bytes and mode."""
-    return {str(p.relative_to(directory)): (p.read_bytes(), p.stat().st_mode) for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(directory)): (p.read_bytes(), p.stat().st_mode)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
 def one_line_error(code: int, err: str, fragment: str) -> None:
@@ -62,8 +81,15 @@ def one_line_error(code: int, err: str, fragment: str) -> None:
 
 def tk(*argv: str, cwd: Path = REPO, umask: int | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     pre = (lambda: os.umask(umask)) if umask is not None else None
-    return subprocess.run([sys.executable, "-m", "tokenkit.cli.main", *argv], cwd=cwd, env=ENV, capture_output=True, text=True,
-                          timeout=timeout, preexec_fn=pre)
+    return subprocess.run(
+        [sys.executable, "-m", "tokenkit.cli.main", *argv],
+        cwd=cwd,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=pre,
+    )
 
 
 def other_runs_files(d: Path, model_from: Path) -> None:
@@ -79,8 +105,24 @@ def other_runs_files(d: Path, model_from: Path) -> None:
 @pytest.fixture(scope="module")
 def trained(corpus, tok_path, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("runs") / "trained"
-    assert main(["train-model", str(corpus), "-o", str(run_dir), "-t", str(tok_path), *TINY, "--steps", "6",
-                 "--eval-interval", "3"]) == 0
+    assert (
+        main(
+            [
+                "train-model",
+                str(corpus),
+                "-o",
+                str(run_dir),
+                "-t",
+                str(tok_path),
+                *TINY,
+                "--steps",
+                "6",
+                "--eval-interval",
+                "3",
+            ]
+        )
+        == 0
+    )
     return run_dir
 
 
@@ -93,12 +135,18 @@ def test_failed_fresh_run_keeps_every_file(trained, tmp_path, capsys):
     tiny = tmp_path / "one.txt"
     tiny.write_text("x", encoding="utf-8")
     before = snapshot(d)
-    one_line_error(main(["train-model", str(tiny), "-o", str(d)]), capsys.readouterr().err, "already holds files of another run")
+    one_line_error(
+        main(["train-model", str(tiny), "-o", str(d)]), capsys.readouterr().err, "already holds files of another run"
+    )
     assert snapshot(d) == before
     # even when asked to overwrite, a run that cannot start (corpus too small) replaces nothing
-    one_line_error(main(["train-model", str(tiny), "-o", str(d), "--overwrite", "-q"]), capsys.readouterr().err, "corpus too small")
+    one_line_error(
+        main(["train-model", str(tiny), "-o", str(d), "--overwrite", "-q"]), capsys.readouterr().err, "corpus too small"
+    )
     assert snapshot(d) == before
-    one_line_error(main(["pipeline", str(tiny), "-o", str(d), "-q"]), capsys.readouterr().err, "not made by `tk pipeline`")
+    one_line_error(
+        main(["pipeline", str(tiny), "-o", str(d), "-q"]), capsys.readouterr().err, "not made by `tk pipeline`"
+    )
     assert snapshot(d) == before
 
 
@@ -115,19 +163,26 @@ def test_failed_fresh_run_into_the_current_directory_keeps_every_file(trained, t
 def test_overwrite_replaces_another_runs_files_and_leaves_the_users_own(corpus, tok_path, trained, tmp_path, capsys):
     d = tmp_path / "d"
     other_runs_files(d, trained / "model.safetensors")
-    code = main(["train-model", str(corpus), "-o", str(d), "--overwrite", *TINY, "--steps", "4", "--eval-interval", "2"])
+    code = main(
+        ["train-model", str(corpus), "-o", str(d), "--overwrite", *TINY, "--steps", "4", "--eval-interval", "2"]
+    )
     assert code == 0, capsys.readouterr().err
     assert load_model(d).metadata["step"] == 4 and load_train_state(d / "train_state.safetensors").step == 4
     assert Tokenizer.load(d / "tokenizer.safetensors").vocab_size > 256  # trained by this run, replacing the other
-    assert (d / ".draft.tmp").read_bytes() == b"the user's temp file" and (d / "notes.txt").read_text(encoding="utf-8") == "mine"
+    assert (d / ".draft.tmp").read_bytes() == b"the user's temp file" and (d / "notes.txt").read_text(
+        encoding="utf-8"
+    ) == "mine"
     assert not (d / ".tk.lock").exists()
 
 
 def test_a_failed_first_run_leaves_no_directory_behind(tmp_path, capsys):
     tiny = tmp_path / "one.txt"
     tiny.write_text("x", encoding="utf-8")
-    one_line_error(main(["train-model", str(tiny), "-o", str(tmp_path / "new" / "run"), "-q"]), capsys.readouterr().err,
-                   "corpus too small")
+    one_line_error(
+        main(["train-model", str(tiny), "-o", str(tmp_path / "new" / "run"), "-q"]),
+        capsys.readouterr().err,
+        "corpus too small",
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new", "one.txt"]  # only what did not exist goes: the run dir
     assert list((tmp_path / "new").iterdir()) == []
 
@@ -144,9 +199,11 @@ def test_second_run_is_refused_while_the_first_holds_the_lock(corpus, tok_path, 
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(d)], env=ENV, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        for argv in (["train-model", str(corpus), "-o", str(d), "-t", str(tok_path), "--overwrite", *TINY],
-                     ["train-model", "--resume", str(d), "-q"],
-                     ["pipeline", str(corpus), "-o", str(d), "--overwrite", "-q"]):
+        for argv in (
+            ["train-model", str(corpus), "-o", str(d), "-t", str(tok_path), "--overwrite", *TINY],
+            ["train-model", "--resume", str(d), "-q"],
+            ["pipeline", str(corpus), "-o", str(d), "--overwrite", "-q"],
+        ):
             before = snapshot(d)
             one_line_error(main(argv), capsys.readouterr().err, f"is in use by process {holder.pid}")
             assert snapshot(d) == before
@@ -159,9 +216,30 @@ def test_second_run_is_refused_while_the_first_holds_the_lock(corpus, tok_path, 
 
 def test_two_real_runs_started_together_one_wins(corpus, tok_path, tmp_path):
     d = tmp_path / "race"
-    args = ["train-model", str(corpus), "-o", str(d), "-t", str(tok_path), *TINY, "--steps", "40", "--eval-interval", "10"]
-    procs = [subprocess.Popen([sys.executable, "-m", "tokenkit.cli.main", *args, "--seed", str(seed)], cwd=REPO, env=ENV,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
+    args = [
+        "train-model",
+        str(corpus),
+        "-o",
+        str(d),
+        "-t",
+        str(tok_path),
+        *TINY,
+        "--steps",
+        "40",
+        "--eval-interval",
+        "10",
+    ]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tokenkit.cli.main", *args, "--seed", str(seed)],
+            cwd=REPO,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed in (1, 2)
+    ]
     results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
     codes = sorted(code for code, _ in results)
     assert codes == [0, 1], results
@@ -176,10 +254,30 @@ def test_two_real_runs_started_together_one_wins(corpus, tok_path, tmp_path):
 
 def test_sigkill_during_saves_then_resume_leaves_no_temp(corpus, tok_path, tmp_path):
     d = tmp_path / "killed"
-    args = ["train-model", str(corpus), "-o", str(d), "-t", str(tok_path), *TINY, "--d-model", "128", "--steps", "400",
-            "--eval-interval", "1", "--eval-batches", "1"]
-    proc = subprocess.Popen([sys.executable, "-m", "tokenkit.cli.main", *args], cwd=REPO, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = [
+        "train-model",
+        str(corpus),
+        "-o",
+        str(d),
+        "-t",
+        str(tok_path),
+        *TINY,
+        "--d-model",
+        "128",
+        "--steps",
+        "400",
+        "--eval-interval",
+        "1",
+        "--eval-batches",
+        "1",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tokenkit.cli.main", *args],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     temps: list[Path] = []
     while time.monotonic() < deadline and not temps:  # kill it while a checkpoint is being written
@@ -202,8 +300,13 @@ def test_sigkill_during_saves_then_resume_leaves_no_temp(corpus, tok_path, tmp_p
 @contextlib.contextmanager
 def tmpfs(path: Path, size: str):
     path.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                                           capture_output=True).returncode != 0:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
         yield path
@@ -232,8 +335,21 @@ def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(corpus, tok_path, t
         shutil.copy(trained / "train_state.safetensors", full / "train_state.safetensors")  # as a run that resumes
         state_before = (full / "train_state.safetensors").read_bytes()
         (full / "filler").write_bytes(b"\0" * (1024 * 1024 - len(state_before) - 64 * 1024))
-        result = tk("train-model", str(corpus), "-o", str(full / "run"), "-t", str(tok_path), *TINY,
-                    "--d-model", "128", "--steps", "4", "--eval-interval", "2")
+        result = tk(
+            "train-model",
+            str(corpus),
+            "-o",
+            str(full / "run"),
+            "-t",
+            str(tok_path),
+            *TINY,
+            "--d-model",
+            "128",
+            "--steps",
+            "4",
+            "--eval-interval",
+            "2",
+        )
         assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
         assert len(result.stderr.splitlines()) == 1 and "disk is full" in result.stderr, result.stderr
         assert (full / "train_state.safetensors").read_bytes() == state_before
@@ -244,14 +360,34 @@ def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(corpus, tok_path, t
 
 
 def test_outputs_respect_the_umask(corpus, tok_path, tmp_path):
-    run = tk("train-model", str(corpus), "-o", str(tmp_path / "run"), *TINY, "--steps", "3", "--eval-interval", "3",
-             umask=0o077)
+    run = tk(
+        "train-model",
+        str(corpus),
+        "-o",
+        str(tmp_path / "run"),
+        *TINY,
+        "--steps",
+        "3",
+        "--eval-interval",
+        "3",
+        umask=0o077,
+    )
     enc = tk("encode", "-t", str(tok_path), "-f", str(corpus), "-o", str(tmp_path / "ids.npy"), "-q", umask=0o077)
-    bpe = tk("bpe-train", str(corpus), "--vocab-size", "280", "-q", "-o", str(tmp_path / "tok.safetensors"), umask=0o077)
+    bpe = tk(
+        "bpe-train", str(corpus), "--vocab-size", "280", "-q", "-o", str(tmp_path / "tok.safetensors"), umask=0o077
+    )
     assert run.returncode == enc.returncode == bpe.returncode == 0, (run.stderr, enc.stderr, bpe.stderr)
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert {p.name for p in files} >= {"model.safetensors", "train_state.safetensors", "tokens.npy", "tokenizer.safetensors",
-                                       "log.jsonl", "tokens.json", "ids.npy", "tok.safetensors"}
+    assert {p.name for p in files} >= {
+        "model.safetensors",
+        "train_state.safetensors",
+        "tokens.npy",
+        "tokenizer.safetensors",
+        "log.jsonl",
+        "tokens.json",
+        "ids.npy",
+        "tok.safetensors",
+    }
     for path in files:
         assert path.stat().st_mode & 0o077 == 0, f"{path.name} is {oct(path.stat().st_mode)} under umask 077"
     default = tk("encode", "-t", str(tok_path), "-f", str(corpus), "-o", str(tmp_path / "ids2.npy"), "-q", umask=0o022)
@@ -260,8 +396,24 @@ def test_outputs_respect_the_umask(corpus, tok_path, tmp_path):
 
 def test_identical_runs_write_identical_files(corpus, tmp_path):
     for name in ("a", "b"):
-        assert main(["train-model", str(corpus), "-o", str(tmp_path / name), *TINY, "--steps", "6", "--eval-interval", "3",
-                     "--workers", "2"]) == 0
+        assert (
+            main(
+                [
+                    "train-model",
+                    str(corpus),
+                    "-o",
+                    str(tmp_path / name),
+                    *TINY,
+                    "--steps",
+                    "6",
+                    "--eval-interval",
+                    "3",
+                    "--workers",
+                    "2",
+                ]
+            )
+            == 0
+        )
     for name in ("model.safetensors", "train_state.safetensors", "tokenizer.safetensors", "tokens.npy", "tokens.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
 
@@ -302,7 +454,9 @@ def test_gpt_save_files_are_read_by_every_command(tok_path, tmp_path, capsys):
     model.save(path)
     assert main(["info", str(path)]) == 0
     assert "tokenkit.model" in capsys.readouterr().out
-    one_line_error(main(["predict-next", "-m", str(path), "the fox"]), capsys.readouterr().err, "give the tokenizer with -t")
+    one_line_error(
+        main(["predict-next", "-m", str(path), "the fox"]), capsys.readouterr().err, "give the tokenizer with -t"
+    )
     assert main(["predict-next", "-m", str(path), "-t", str(tok_path), "the fox", "--top-k", "3"]) == 0
     out = capsys.readouterr().out
     logits = model.forward(np.array(tok.encode("the fox")))[0, -1].astype(np.float64)
@@ -310,8 +464,16 @@ def test_gpt_save_files_are_read_by_every_command(tok_path, tmp_path, capsys):
     assert f"(id {best}," in out
     assert main(["generate", "-m", str(path), "-t", str(tok_path), "the fox", "-n", "3", "--temperature", "0"]) == 0
     # and the pipeline's model files are GPT.load's
-    checkpoint.save_model(tmp_path / "m.safetensors", model.params, tok, config=model.config.to_dict(), step=1,
-                          val_loss=None, best_val_loss=None, provenance={})
+    checkpoint.save_model(
+        tmp_path / "m.safetensors",
+        model.params,
+        tok,
+        config=model.config.to_dict(),
+        step=1,
+        val_loss=None,
+        best_val_loss=None,
+        provenance={},
+    )
     assert GPT.load(tmp_path / "m.safetensors").config == model.config
 
 

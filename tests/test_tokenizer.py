@@ -21,8 +21,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from tokenkit.bpe import Tokenizer, TokenizerError
-from tokenkit.bpe import encode_corpus
+from tokenkit.bpe import Tokenizer, TokenizerError, encode_corpus
 from tokenkit.bpe import io as bpe_io
 from tokenkit.bpe.corpus import find_file_cut
 from tokenkit.bpe.pretokenize import split_text
@@ -33,7 +32,27 @@ FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthChe
 def make_corpus(seed: int = 0, n_words: int = 3000) -> str:
     """Mixed text: ASCII words, accents, CJK, emoji, digits, punctuation, odd whitespace."""
     rng = random.Random(seed)
-    syllables = ["th", "e", "ca", "t", "sa", "on", "ma", "ï", "ve", "fé", "日本", "語", "😀", "n't", "12", "34", "x", "--", "'ll"]
+    syllables = [
+        "th",
+        "e",
+        "ca",
+        "t",
+        "sa",
+        "on",
+        "ma",
+        "ï",
+        "ve",
+        "fé",
+        "日本",
+        "語",
+        "😀",
+        "n't",
+        "12",
+        "34",
+        "x",
+        "--",
+        "'ll",
+    ]
     words = ["".join(random.Random(k).choices(syllables, k=1 + k % 4)) for k in range(300)]
     seps = [" ", " ", " ", ", ", ".\n", "\n\n", "  ", "\t"]
     return "".join(rng.choice(words) + rng.choice(seps) for _ in range(n_words))
@@ -75,7 +94,9 @@ def naive_specials(text: str, specials: list[str]) -> list[tuple[str, bool]]:
 
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
-    return Tokenizer.train([make_corpus().encode()], vocab_size=420, special_tokens=["<|endoftext|>", "<| pad |>"], workers=1, quiet=True)
+    return Tokenizer.train(
+        [make_corpus().encode()], vocab_size=420, special_tokens=["<|endoftext|>", "<| pad |>"], workers=1, quiet=True
+    )
 
 
 @pytest.fixture(scope="module")
@@ -269,8 +290,15 @@ def test_train_bad_corpus(tmp_path):
 
 def test_train_verbose_hook_sees_every_merge():
     seen = []
-    tok = Tokenizer.train([b"aaabdaaabac"], vocab_size=259, min_frequency=1, pattern="none", workers=1, quiet=True,
-                          on_merge=lambda r, p, c: seen.append((r, p, c)))
+    tok = Tokenizer.train(
+        [b"aaabdaaabac"],
+        vocab_size=259,
+        min_frequency=1,
+        pattern="none",
+        workers=1,
+        quiet=True,
+        on_merge=lambda r, p, c: seen.append((r, p, c)),
+    )
     assert seen == [(0, (97, 97), 4), (1, (97, 98), 2), (2, (256, 257), 2)]
     assert [p for _, p, _ in seen] == tok.merges
 
@@ -313,12 +341,12 @@ def test_same_corpus_same_bytes(tmp_path):
     Tokenizer.train([corpus], **args).save(tmp_path / "a.safetensors")
     Tokenizer.train([corpus], **args).save(tmp_path / "b.safetensors")
     # another process: dict/set ordering (hash seeds) must not leak into the file
-    code = (
-        "import sys; from bpe import Tokenizer; "
-        f"Tokenizer.train([sys.argv[1]], **{args!r}).save(sys.argv[2])"
+    code = f"import sys; from bpe import Tokenizer; Tokenizer.train([sys.argv[1]], **{args!r}).save(sys.argv[2])"
+    subprocess.run(
+        [sys.executable, "-c", code, str(corpus), str(tmp_path / "c.safetensors")],
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "123"},
     )
-    subprocess.run([sys.executable, "-c", code, str(corpus), str(tmp_path / "c.safetensors")], check=True,
-                   env={**os.environ, "PYTHONHASHSEED": "123"})
     a, b, c = [(tmp_path / n).read_bytes() for n in ("a.safetensors", "b.safetensors", "c.safetensors")]
     assert a == b == c
 
@@ -401,7 +429,9 @@ def test_encode_file_equals_encode(tok, tmp_path, small_pieces):
     assert ids.dtype == np.uint16 and ids.tolist() == expected
     assert isinstance(ids, np.memmap)  # streamed to the file, not held in memory
     assert np.load(tmp_path / "ids.npy").tolist() == expected
-    assert tok.encode_file(path, tmp_path / "one.npy", workers=1, quiet=True, allowed_special="all").tolist() == expected
+    assert (
+        tok.encode_file(path, tmp_path / "one.npy", workers=1, quiet=True, allowed_special="all").tolist() == expected
+    )
     assert tok.encode_file(path, workers=1, quiet=True, allowed_special="all").tolist() == expected
     with pytest.raises(TokenizerError, match="special token"):
         tok.encode_file(path, workers=2, quiet=True)
@@ -466,7 +496,11 @@ def test_ids_streamed_to_npy_equal_np_save(tmp_path):
         assert bpe_io.load_ids(path).tolist() == back.tolist()
     bpe_io.save_ids_stream(tmp_path / "empty.npy", np.uint16, iter([]))
     assert np.load(tmp_path / "empty.npy").shape == (0,)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.npy", "ids-uint16.npy", "ids-uint32.npy"]  # no temp files
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "empty.npy",
+        "ids-uint16.npy",
+        "ids-uint32.npy",
+    ]  # no temp files
 
 
 def test_docstring_examples():

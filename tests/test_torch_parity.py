@@ -103,8 +103,9 @@ def diff_report(ours: dict, theirs: dict, rtol: float, atol: float) -> tuple[boo
     return ok, "\n".join(lines)
 
 
-@pytest.mark.parametrize("dtype, rtol, atol", [(np.float64, 1e-9, 1e-11), (np.float32, 2e-4, 2e-5)],
-                         ids=["float64", "float32"])
+@pytest.mark.parametrize(
+    "dtype, rtol, atol", [(np.float64, 1e-9, 1e-11), (np.float32, 2e-4, 2e-5)], ids=["float64", "float32"]
+)
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_loss_logits_and_every_gradient_match_autograd(variant, dtype, rtol, atol):
     cfg = GPTConfig(vocab_size=13, context_length=9, d_model=12, n_layers=2, n_heads=3, **VARIANTS[variant])
@@ -123,24 +124,37 @@ def test_loss_logits_and_every_gradient_match_autograd(variant, dtype, rtol, ato
     loss, grads = model.loss_and_grads(ids, targets)
     assert logits.dtype == dtype and all(g.dtype == dtype for g in grads.values())
     assert grads.keys() == model.params.keys()
-    ok, report = diff_report({"loss": np.array(loss), "logits": logits, **grads},
-                             {"loss": t_loss.detach().numpy(), "logits": t_logits.detach().numpy(),
-                              **{n: t.grad.numpy() for n, t in tp.items()}},
-                             rtol, atol)
+    ok, report = diff_report(
+        {"loss": np.array(loss), "logits": logits, **grads},
+        {
+            "loss": t_loss.detach().numpy(),
+            "logits": t_logits.detach().numpy(),
+            **{n: t.grad.numpy() for n, t in tp.items()},
+        },
+        rtol,
+        atol,
+    )
     assert ok, f"{variant} {np.dtype(dtype).name}, max differences to autograd:\n{report}"
 
 
-@pytest.mark.parametrize("dtype, rtol, atol", [(np.float64, 1e-12, 1e-14), (np.float32, 1e-5, 1e-6)],
-                         ids=["float64", "float32"])
+@pytest.mark.parametrize(
+    "dtype, rtol, atol", [(np.float64, 1e-12, 1e-14), (np.float32, 1e-5, 1e-6)], ids=["float64", "float32"]
+)
 def test_adamw_and_clipping_match_torch(dtype, rtol, atol):
     rng = np.random.default_rng(3)
-    shapes = {"wte.weight": (7, 4), "h.0.attn.c_attn.weight": (4, 12), "h.0.attn.c_attn.bias": (12,),
-              "ln_f.weight": (4,)}
+    shapes = {
+        "wte.weight": (7, 4),
+        "h.0.attn.c_attn.weight": (4, 12),
+        "h.0.attn.c_attn.bias": (12,),
+        "ln_f.weight": (4,),
+    }
     params = {n: rng.standard_normal(s).astype(dtype) for n, s in shapes.items()}
     tdtype = torch.float64 if dtype == np.float64 else torch.float32
     tparams = {n: torch.nn.Parameter(torch.tensor(v, dtype=tdtype)) for n, v in params.items()}
-    groups = [{"params": [t for t in tparams.values() if t.dim() >= 2], "weight_decay": 0.1},
-              {"params": [t for t in tparams.values() if t.dim() < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [t for t in tparams.values() if t.dim() >= 2], "weight_decay": 0.1},
+        {"params": [t for t in tparams.values() if t.dim() < 2], "weight_decay": 0.0},
+    ]
     t_opt = torch.optim.AdamW(groups, lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
     opt = AdamW(params, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     for step in range(6):
@@ -150,7 +164,7 @@ def test_adamw_and_clipping_match_torch(dtype, rtol, atol):
         t_norm = float(torch.nn.utils.clip_grad_norm_(list(tparams.values()), max_norm=4.0))
         norm = clip_grad_norm(grads, 4.0)
         assert norm == pytest.approx(t_norm, rel=1e-6)
-        lr = 1e-2 * (0.7 ** step)
+        lr = 1e-2 * (0.7**step)
         for group in t_opt.param_groups:
             group["lr"] = lr
         t_opt.step()

@@ -25,8 +25,29 @@ from tokenkit.pipeline.checkpoint import load_model, load_train_state
 
 REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"
-TINY = ["--n-layers", "1", "--n-heads", "2", "--d-model", "16", "--context-length", "8", "--batch-size", "4",
-        "--steps", "4", "--warmup-steps", "1", "--eval-interval", "2", "--eval-batches", "2", "--workers", "1", "-q"]
+TINY = [
+    "--n-layers",
+    "1",
+    "--n-heads",
+    "2",
+    "--d-model",
+    "16",
+    "--context-length",
+    "8",
+    "--batch-size",
+    "4",
+    "--steps",
+    "4",
+    "--warmup-steps",
+    "1",
+    "--eval-interval",
+    "2",
+    "--eval-batches",
+    "2",
+    "--workers",
+    "1",
+    "-q",
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +71,14 @@ def files(docs, tmp_path_factory) -> dict[str, Path]:
         (folder / f"{i}.txt").write_text(doc, encoding="utf-8")
     (folder / ".hidden").write_text("never read", encoding="utf-8")
     jsonl = root / "stories.jsonl"
-    jsonl.write_text("".join(json.dumps({"meta": {"id": i}, "text": d}) + "\n" for i, d in enumerate(docs)), encoding="utf-8")
+    jsonl.write_text(
+        "".join(json.dumps({"meta": {"id": i}, "text": d}) + "\n" for i, d in enumerate(docs)), encoding="utf-8"
+    )
     val = root / "val.txt"
-    val.write_text("\n\n".join((REPO / "corpora" / "tiny_tales.txt").read_text(encoding="utf-8").split("\n\n")[40:44]),
-                   encoding="utf-8")
+    val.write_text(
+        "\n\n".join((REPO / "corpora" / "tiny_tales.txt").read_text(encoding="utf-8").split("\n\n")[40:44]),
+        encoding="utf-8",
+    )
     tok = root / "tok.safetensors"
     Tokenizer.train(folder, vocab_size=300, special_tokens=[EOT], quiet=True).save(tok)
     return {"plain": plain, "gz": packed, "dir": folder, "jsonl": jsonl, "val": val, "tok": tok, "root": root}
@@ -82,9 +107,14 @@ def same_training(a: Path, b: Path) -> None:
     for name in ("model.safetensors", "train_state.safetensors"):
         wa, wb = weights(a / name), weights(b / name)
         assert wa.keys() == wb.keys() and all(np.array_equal(wa[k], wb[k]) for k in wa), name
-    steps = [[(r["step"], r.get("loss"), r.get("val_loss")) for r in checkpoint.read_log(d / "log.jsonl")
-              if r["type"] in ("step", "eval")]
-             for d in (a, b)]
+    steps = [
+        [
+            (r["step"], r.get("loss"), r.get("val_loss"))
+            for r in checkpoint.read_log(d / "log.jsonl")
+            if r["type"] in ("step", "eval")
+        ]
+        for d in (a, b)
+    ]
     assert steps[0] == steps[1]
 
 
@@ -99,7 +129,11 @@ def test_gzip_trains_the_plain_files_bit_for_bit(files, tmp_path, capsys):
         assert code == 0, err
     same_training(runs["plain"], runs["gz"])
     recorded = [load_train_state(runs[k] / checkpoint.STATE_FILE).data for k in ("plain", "gz")]
-    assert recorded[0]["corpus_fingerprint"] == recorded[1]["corpus_fingerprint"] == hashlib.sha256(files["plain"].read_bytes()).hexdigest()
+    assert (
+        recorded[0]["corpus_fingerprint"]
+        == recorded[1]["corpus_fingerprint"]
+        == hashlib.sha256(files["plain"].read_bytes()).hexdigest()
+    )
     assert recorded[1]["corpus"]["inputs"] == [str(files["gz"])]
 
 
@@ -118,8 +152,20 @@ def test_directory_and_jsonl_train_the_same_with_eot_between_documents(files, do
         start = i + 1
     assert pieces == docs  # each document encoded on its own, the separator between them
 
-    code, _, err = cli(capsys, "train-model", files["jsonl"], "--text-field", "text", "-t", d / "tokenizer.safetensors",
-                       "-o", j, "--eot", EOT, *TINY)
+    code, _, err = cli(
+        capsys,
+        "train-model",
+        files["jsonl"],
+        "--text-field",
+        "text",
+        "-t",
+        d / "tokenizer.safetensors",
+        "-o",
+        j,
+        "--eot",
+        EOT,
+        *TINY,
+    )
     assert code == 0, err
     same_training(d, j)
     spec = load_train_state(j / checkpoint.STATE_FILE).data["corpus"]
@@ -135,7 +181,11 @@ def test_several_inputs_are_read_in_order(files, tmp_path, capsys):
     code, _, err = cli(capsys, "train-model", names[2], names[0], "-t", files["tok"], "-o", run, "--eot", EOT, *TINY)
     assert code == 0, err
     tok = Tokenizer.load(files["tok"])
-    expected = tok.encode(names[2].read_text(encoding="utf-8")) + [tok.special_tokens[EOT]] + tok.encode(names[0].read_text(encoding="utf-8"))
+    expected = (
+        tok.encode(names[2].read_text(encoding="utf-8"))
+        + [tok.special_tokens[EOT]]
+        + tok.encode(names[0].read_text(encoding="utf-8"))
+    )
     assert np.load(run / "tokens.npy").tolist() == expected
 
 
@@ -151,9 +201,14 @@ def test_val_corpus_is_used_recorded_and_checked_on_resume(files, tmp_path, caps
     assert val_ids.tolist() == tok.encode(files["val"].read_text(encoding="utf-8"))
     state = load_train_state(run / checkpoint.STATE_FILE)
     assert state.data["n_train"] == state.data["n_tokens"] == len(np.load(run / "tokens.npy"))  # nothing held out
-    assert state.data["n_val"] == len(val_ids) and state.data["val_fingerprint"] == hashlib.sha256(files["val"].read_bytes()).hexdigest()
+    assert (
+        state.data["n_val"] == len(val_ids)
+        and state.data["val_fingerprint"] == hashlib.sha256(files["val"].read_bytes()).hexdigest()
+    )
     cache = json.loads((run / "tokens.json").read_text(encoding="utf-8"))
-    assert cache["val_tokens.npy"]["inputs"] == [str(files["val"])] and cache["val_tokens.npy"]["n_tokens"] == len(val_ids)
+    assert cache["val_tokens.npy"]["inputs"] == [str(files["val"])] and cache["val_tokens.npy"]["n_tokens"] == len(
+        val_ids
+    )
 
     # the model's validation loss is the loss on windows of the --val corpus
     model, _, meta = load_model(run)
@@ -172,7 +227,9 @@ def test_val_corpus_is_used_recorded_and_checked_on_resume(files, tmp_path, caps
     one_line_error(code, err, "is not the one")
     code, _, err = cli(capsys, "train-model", "--resume", run, "--eot", EOT)
     one_line_error(code, err, "--eot '<|endoftext|>' contradicts the checkpoint")
-    code, _, err = cli(capsys, "train-model", files["dir"], "-o", tmp_path / "x", "--val", files["val"], "--val-fraction", "0.2")
+    code, _, err = cli(
+        capsys, "train-model", files["dir"], "-o", tmp_path / "x", "--val", files["val"], "--val-fraction", "0.2"
+    )
     one_line_error(code, err, "--val and --val-fraction exclude each other")
 
 
@@ -202,19 +259,42 @@ def _to_v1(run: Path, corpus: Path) -> None:
     """Rewrite a run's records as tokenkit wrote them before corpus specs (one path + sha256)."""
     state = load_train_state(run / checkpoint.STATE_FILE)
     d = state.data
-    state.data = {"corpus": str(corpus), "corpus_sha256": d["corpus_fingerprint"], "tokenizer_fingerprint": d["tokenizer_fingerprint"],
-                  "n_tokens": d["n_tokens"], "n_train": d["n_train"], "n_val": d["n_val"]}
+    state.data = {
+        "corpus": str(corpus),
+        "corpus_sha256": d["corpus_fingerprint"],
+        "tokenizer_fingerprint": d["tokenizer_fingerprint"],
+        "n_tokens": d["n_tokens"],
+        "n_train": d["n_train"],
+        "n_val": d["n_val"],
+    }
     checkpoint.save_train_state(run / checkpoint.STATE_FILE, state)
     entry = json.loads((run / "tokens.json").read_text(encoding="utf-8"))["tokens.npy"]
-    (run / "tokens.json").write_text(json.dumps({"corpus": str(corpus), "corpus_sha256": entry["corpus_fingerprint"],
-                                                 "tokenizer_fingerprint": entry["tokenizer_fingerprint"],
-                                                 "n_tokens": entry["n_tokens"], "dtype": entry["dtype"]}), encoding="utf-8")
+    (run / "tokens.json").write_text(
+        json.dumps(
+            {
+                "corpus": str(corpus),
+                "corpus_sha256": entry["corpus_fingerprint"],
+                "tokenizer_fingerprint": entry["tokenizer_fingerprint"],
+                "n_tokens": entry["n_tokens"],
+                "dtype": entry["dtype"],
+            }
+        ),
+        encoding="utf-8",
+    )
     stamp_path = run / checkpoint.PIPELINE_FILE
     if stamp_path.exists():
         stamp = json.loads(stamp_path.read_text(encoding="utf-8"))
-        stamp_path.write_text(json.dumps({"corpus": str(corpus), "corpus_sha256": stamp["corpus_fingerprint"],
-                                          "vocab_size": stamp["vocab_size"], "tokenizer_fingerprint": stamp["tokenizer_fingerprint"]}),
-                              encoding="utf-8")
+        stamp_path.write_text(
+            json.dumps(
+                {
+                    "corpus": str(corpus),
+                    "corpus_sha256": stamp["corpus_fingerprint"],
+                    "vocab_size": stamp["vocab_size"],
+                    "tokenizer_fingerprint": stamp["tokenizer_fingerprint"],
+                }
+            ),
+            encoding="utf-8",
+        )
 
 
 def test_v1_run_directory_resumes_bit_for_bit(files, tmp_path, monkeypatch, capsys):
@@ -277,11 +357,17 @@ def test_bad_inputs_are_one_line_and_write_nothing(files, tmp_path, capsys):
         (["train-model", files["dir"], "--glob", "*.md"], "holds no files matching --glob"),
         (["train-model", bad, "--text-field", "text"], "bad.jsonl:2: not valid JSON"),
         # a JSONL corpus's --val is read as JSON lines too: a plain text one is refused before any training
-        (["train-model", files["jsonl"], "--text-field", "text", "--val", files["plain"]], "(--text-field text reads it as JSON lines too)"),
+        (
+            ["train-model", files["jsonl"], "--text-field", "text", "--val", files["plain"]],
+            "(--text-field text reads it as JSON lines too)",
+        ),
         (["pipeline", files["jsonl"], "--text-field", "text", "--val", files["plain"]], "--val: "),
         (["train-model", files["plain"], "-t", no_eot, "--eot", EOT], "not a special token of this tokenizer"),
         (["train-model", files["plain"], "--val", tmp_path / "nope.txt"], "--val: corpus file not found"),
-        (["pipeline", files["plain"], "--binary", "--text-field", "text"], "--binary and --text-field exclude each other"),
+        (
+            ["pipeline", files["plain"], "--binary", "--text-field", "text"],
+            "--binary and --text-field exclude each other",
+        ),
     ]
     for argv, fragment in cases:
         code, _, err = cli(capsys, *argv, "-o", run, *TINY)

@@ -21,8 +21,24 @@ from test_mpi import _mpirun  # mpirun's path, or a skip without mpi4py or mpiru
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
-SMALL = ["--d-model", "32", "--n-heads", "2", "--n-layers", "1", "--context-length", "16", "--batch-size", "6",
-         "--eval-interval", "10", "--eval-batches", "2", "--seed", "3"]
+SMALL = [
+    "--d-model",
+    "32",
+    "--n-heads",
+    "2",
+    "--n-layers",
+    "1",
+    "--context-length",
+    "16",
+    "--batch-size",
+    "6",
+    "--eval-interval",
+    "10",
+    "--eval-batches",
+    "2",
+    "--seed",
+    "3",
+]
 SAME_FILES = ("model.safetensors", "train_state.safetensors", "tokens.npy")
 
 
@@ -69,18 +85,45 @@ def one_process_runs(corpus, tokenizer, tmp_path_factory) -> dict[int, Path]:
     runs = {}
     for workers in (2, 4):
         run = tmp_path_factory.mktemp(f"one{workers}") / "run"
-        proc = _tk(1, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(run), "--steps", "40",
-                   "--workers", str(workers), "-q", *SMALL)
+        proc = _tk(
+            1,
+            "train-model",
+            str(corpus),
+            "-t",
+            str(tokenizer),
+            "-o",
+            str(run),
+            "--steps",
+            "40",
+            "--workers",
+            str(workers),
+            "-q",
+            *SMALL,
+        )
         assert proc.returncode == 0, proc.stderr
         runs[workers] = run
     return runs
 
 
 @pytest.mark.parametrize("ranks, workers", [(2, 1), (2, 2)])
-def test_train_model_on_ranks_writes_the_one_process_files(corpus, tokenizer, one_process_runs, tmp_path, ranks, workers):
+def test_train_model_on_ranks_writes_the_one_process_files(
+    corpus, tokenizer, one_process_runs, tmp_path, ranks, workers
+):
     run = tmp_path / "run"
-    proc = _tk(ranks, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(run), "--steps", "40",
-               "--workers", str(workers), *SMALL)
+    proc = _tk(
+        ranks,
+        "train-model",
+        str(corpus),
+        "-t",
+        str(tokenizer),
+        "-o",
+        str(run),
+        "--steps",
+        "40",
+        "--workers",
+        str(workers),
+        *SMALL,
+    )
     assert proc.returncode == 0, proc.stderr
     _assert_same_run(run, one_process_runs[ranks * workers])
     assert proc.stdout.count("step 40/40") == 1  # rank 0 alone prints
@@ -105,8 +148,9 @@ def _sigterm_midway(cmd: list[str], run: Path, after_step: int) -> subprocess.Co
 
 
 @pytest.mark.parametrize("first, then", [(2, 1), (1, 2)])
-def test_sigterm_saves_once_and_resume_crosses_between_mpi_and_one_process(corpus, tokenizer, one_process_runs, tmp_path,
-                                                                           first, then):
+def test_sigterm_saves_once_and_resume_crosses_between_mpi_and_one_process(
+    corpus, tokenizer, one_process_runs, tmp_path, first, then
+):
     """Stopped on `first` ranks (--workers 2 in all), resumed on `then`: the uninterrupted run's files."""
     run = tmp_path / "run"
     long = ["--steps", "40", *SMALL]
@@ -125,7 +169,9 @@ def test_sigterm_saves_once_and_resume_crosses_between_mpi_and_one_process(corpu
 
 def test_resume_on_a_rank_count_that_cannot_share_the_shards_is_one_line(corpus, tokenizer, tmp_path):
     run = tmp_path / "run"
-    cmd = _cmd(1, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(run), "--workers", "2", "--steps", "40", *SMALL)
+    cmd = _cmd(
+        1, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(run), "--workers", "2", "--steps", "40", *SMALL
+    )
     assert _sigterm_midway(cmd, run, after_step=3).returncode == 143
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     proc = _tk(3, "train-model", "--resume", str(run))
@@ -139,12 +185,16 @@ def test_resume_on_a_rank_count_that_cannot_share_the_shards_is_one_line(corpus,
 def test_a_killed_rank_ends_the_job_and_leaves_the_last_checkpoint(corpus, tokenizer, tmp_path):
     """The launcher ends every rank when one dies: nothing waits forever, and the checkpoint stays whole."""
     run = tmp_path / "run"
-    cmd = _cmd(2, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(run), "--workers", "1", "--steps", "2000", *SMALL)
+    cmd = _cmd(
+        2, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(run), "--workers", "1", "--steps", "2000", *SMALL
+    )
     proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (run / "train_state.safetensors").exists():
         time.sleep(0.005)
-    found = subprocess.run(["pgrep", "-f", "--", f"tokenkit.cli.main train-model .* -o {run} "], capture_output=True, text=True)
+    found = subprocess.run(
+        ["pgrep", "-f", "--", f"tokenkit.cli.main train-model .* -o {run} "], capture_output=True, text=True
+    )
     ranks = [pid for pid in found.stdout.split() if int(pid) != proc.pid]  # not mpirun itself
     assert len(ranks) == 2, ranks
     os.kill(int(max(ranks, key=int)), signal.SIGKILL)
@@ -152,7 +202,9 @@ def test_a_killed_rank_ends_the_job_and_leaves_the_last_checkpoint(corpus, token
     proc.communicate(timeout=30)
     assert proc.returncode != 0 and time.monotonic() - t0 < 10
     info = _tk(1, "info", str(run / "train_state.safetensors"))
-    assert info.returncode == 0 and re.search(r"training step: +[1-9]\d*0 of 2000", info.stdout), info.stdout + info.stderr
+    assert info.returncode == 0 and re.search(r"training step: +[1-9]\d*0 of 2000", info.stdout), (
+        info.stdout + info.stderr
+    )
 
 
 def test_pipeline_on_ranks_is_the_one_process_pipeline(corpus, tmp_path):
@@ -165,7 +217,7 @@ def test_pipeline_on_ranks_is_the_one_process_pipeline(corpus, tmp_path):
         assert (one / name).read_bytes() == (two / name).read_bytes(), name
 
     def sample(stdout: str) -> str:  # what the model says, without the timing line
-        return stdout[stdout.index("predict-next"):]
+        return stdout[stdout.index("predict-next") :]
 
     assert sample(a.stdout) == sample(b.stdout)
     again = _tk(2, "pipeline", str(corpus), "-o", str(two), "--workers", "1", *flags)  # up to date: nothing to train

@@ -25,12 +25,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
+from test_inputs import tk
+from test_train_inputs import EOT, REPO, TINY, cli, one_line_error
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.pipeline import checkpoint
 from tokenkit.pipeline.checkpoint import load_train_state
-from test_inputs import tk
-from test_train_inputs import EOT, REPO, TINY, cli, one_line_error
 
 STREAM = checkpoint.CORPUS_STREAM_FILE
 
@@ -39,8 +39,11 @@ STREAM = checkpoint.CORPUS_STREAM_FILE
 def texts() -> dict[str, bytes]:
     """A corpus (six stories of the default corpus), a validation text, and another corpus."""
     stories = (REPO / "corpora" / "tiny_tales.txt").read_text(encoding="utf-8").split("\n\n")
-    return {"corpus": "\n\n".join(stories[:6]).encode(), "val": "\n\n".join(stories[40:43]).encode(),
-            "other": "\n\n".join(stories[20:26]).encode()}
+    return {
+        "corpus": "\n\n".join(stories[:6]).encode(),
+        "val": "\n\n".join(stories[40:43]).encode(),
+        "other": "\n\n".join(stories[20:26]).encode(),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +99,14 @@ def same_run(a: Path, b: Path) -> None:
         for key in ta:
             assert ta[key].dtype == tb[key].dtype and ta[key].tobytes() == tb[key].tobytes(), (name, key)
         assert _meta(a / name) == _meta(b / name), name
-    steps = [[(r["step"], r.get("loss"), r.get("val_loss")) for r in checkpoint.read_log(d / "log.jsonl")
-              if r["type"] in ("step", "eval")] for d in (a, b)]
+    steps = [
+        [
+            (r["step"], r.get("loss"), r.get("val_loss"))
+            for r in checkpoint.read_log(d / "log.jsonl")
+            if r["type"] in ("step", "eval")
+        ]
+        for d in (a, b)
+    ]
     assert steps[0] == steps[1] and steps[0]
 
 
@@ -125,7 +134,9 @@ def test_stdin_and_a_fifo_train_what_the_file_trains(texts, tmp_path, capsys, mo
     plain = tmp_path / "tales.txt"
     plain.write_bytes(texts["corpus"])
     runs = {kind: tmp_path / kind for kind in ("file", "stdin", "fifo")}
-    code, _, err = cli(capsys, "train-model", plain, "-o", runs["file"], *TINY)  # no -t: a tokenizer trained on the corpus
+    code, _, err = cli(
+        capsys, "train-model", plain, "-o", runs["file"], *TINY
+    )  # no -t: a tokenizer trained on the corpus
     assert code == 0, err
     piped(monkeypatch, texts["corpus"])
     code, _, err = cli(capsys, "train-model", "-", "-o", runs["stdin"], *TINY)
@@ -191,7 +202,9 @@ def test_resume_reads_the_kept_copy_or_the_same_stream_again_bit_exactly(texts, 
     raw = piped(monkeypatch, texts["other"])
     code, _, err = cli(capsys, "train-model", "--resume", "again", "-", "-q")
     one_line_error(code, err, "is not the one")
-    assert raw.tell() == len(texts["other"]) and files_of(tmp_path / "again") == before and temps(tmp_path / "again") == []
+    assert (
+        raw.tell() == len(texts["other"]) and files_of(tmp_path / "again") == before and temps(tmp_path / "again") == []
+    )
     piped(monkeypatch, texts["corpus"])
     code, out, err = cli(capsys, "train-model", "--resume", "again", "-")
     assert code == 0 and "step 6/6" in out, err
@@ -232,7 +245,9 @@ def test_an_empty_or_broken_stream_is_one_line_and_leaves_nothing(texts, tok, tm
     piped(monkeypatch, b"")
     one_line_error(*cli(capsys, "train-model", "-", "-t", tok, "-o", run, "--overwrite", *TINY)[::2], "is empty")
     raw = piped(monkeypatch, texts["other"])
-    one_line_error(*cli(capsys, "train-model", "-", "-t", tok, "-o", run, *TINY)[::2], "already holds files of another run")
+    one_line_error(
+        *cli(capsys, "train-model", "-", "-t", tok, "-o", run, *TINY)[::2], "already holds files of another run"
+    )
     assert raw.tell() == 0  # refused before the stream was read
 
     class CutShort(io.RawIOBase):  # a stream that gives a block, then Ctrl-C arrives
@@ -263,8 +278,11 @@ def test_stdin_twice_a_terminal_and_a_locked_run_are_one_line_before_reading(tex
 
     terminal = types.SimpleNamespace(buffer=io.BytesIO(b"typed"), isatty=lambda: True)
     monkeypatch.setattr(sys, "stdin", terminal)
-    for argv in (["train-model", "-", "-o", run, *TINY], ["pipeline", "-", "-o", run, *TINY],
-                 ["bpe-train", "-", "-o", tmp_path / "tok.safetensors"]):  # bpe-train says the same
+    for argv in (
+        ["train-model", "-", "-o", run, *TINY],
+        ["pipeline", "-", "-o", run, *TINY],
+        ["bpe-train", "-", "-o", tmp_path / "tok.safetensors"],
+    ):  # bpe-train says the same
         one_line_error(*cli(capsys, *argv)[::2], "stdin (-) is a terminal")
     assert terminal.buffer.tell() == 0 and not run.exists()
 
@@ -286,7 +304,21 @@ def test_under_mpirun_a_stream_is_refused_in_one_line(texts, tok, tmp_path):
     from test_mpi import ENV, _mpirun  # mpirun's path, or a skip without mpi4py or mpirun
 
     run = tmp_path / "run"
-    cmd = [_mpirun(), "-n", "2", sys.executable, "-m", "tokenkit.cli.main", "train-model", "-", "-t", str(tok), "-o", str(run), *TINY]
+    cmd = [
+        _mpirun(),
+        "-n",
+        "2",
+        sys.executable,
+        "-m",
+        "tokenkit.cli.main",
+        "train-model",
+        "-",
+        "-t",
+        str(tok),
+        "-o",
+        str(run),
+        *TINY,
+    ]
     proc = subprocess.run(cmd, input=texts["corpus"], cwd=tmp_path, env=ENV, capture_output=True, timeout=60)
     stderr = proc.stderr.decode()
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
@@ -304,13 +336,17 @@ def test_pipeline_on_stdin_is_up_to_date_for_the_same_text_and_refuses_another(t
     piped(monkeypatch, texts["corpus"])
     code, _, err = cli(capsys, "pipeline", "-", "-o", run, *flags)
     assert code == 0, err
-    assert f"corpus: read {len(texts['corpus']):,} bytes from stdin, to keep as {run / STREAM} when the run starts" in err
+    assert (
+        f"corpus: read {len(texts['corpus']):,} bytes from stdin, to keep as {run / STREAM} when the run starts" in err
+    )
     assert (run / STREAM).read_bytes() == texts["corpus"]
     kept = (run / STREAM).stat()
 
     piped(monkeypatch, texts["corpus"])
     code, _, err = cli(capsys, "pipeline", "-", "-o", run, *flags)
-    assert code == 0 and "tokenizer: up to date" in err and "encode: up to date" in err and "train: up to date" in err, err
+    assert (
+        code == 0 and "tokenizer: up to date" in err and "encode: up to date" in err and "train: up to date" in err
+    ), err
     assert (run / STREAM).stat().st_ino == kept.st_ino and temps(run) == []  # the same copy, not written again
     plain = tmp_path / "tales.txt"
     plain.write_bytes(texts["corpus"])

@@ -91,8 +91,29 @@ def stop_rules(draw):
 # kinds, CR/LF runs, contractions, punctuation before newlines, digits, letters from several
 # scripts, and bytes that are not valid UTF-8.
 TEXT_PARTS = [
-    "a", "b", "Zq", "é", "中文", "1", "23", " ", "  ", "\n", "\n\n", "\r\n", "\t", "'s", "'", ".",
-    ",", "!?", "\xa0", "\u3000", "\x85", "\x1c", "\u2028",
+    "a",
+    "b",
+    "Zq",
+    "é",
+    "中文",
+    "1",
+    "23",
+    " ",
+    "  ",
+    "\n",
+    "\n\n",
+    "\r\n",
+    "\t",
+    "'s",
+    "'",
+    ".",
+    ",",
+    "!?",
+    "\xa0",
+    "\u3000",
+    "\x85",
+    "\x1c",
+    "\u2028",
 ]
 BYTE_PARTS = [p.encode() for p in TEXT_PARTS] + [b"\xff", b"\xc3", b"\xe4\xb8", b"\xed\xb2\x80"]
 texts = st.lists(st.sampled_from(BYTE_PARTS), max_size=60).map(b"".join)

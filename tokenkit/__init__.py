@@ -17,12 +17,12 @@ The repository keeps these subpackages as top-level folders (`bpe/`, `transforme
 build maps them under this one name (pyproject.toml's `package-dir`).
 """
 
+__version__ = "0.1.0"  # the one place: pyproject.toml reads it, `tk --version` and files record it
+
 from tokenkit.bpe import Corpus, Tokenizer, TokenizerError
 from tokenkit.common import FileError
 from tokenkit.pipeline import PipelineError
 from tokenkit.transformer import GPT, AdamW, DataParallel, GPTConfig, ModelError, clip_grad_norm, cosine_schedule
-
-__version__ = "0.1.0"
 
 __all__ = [
     "GPT",

@@ -182,12 +182,16 @@ def explain_model(
     if not 0 <= layer < cfg.n_layers:
         raise ModelError(f"layer {layer} does not exist: the model has {cfg.n_layers} layer(s), 0..{cfg.n_layers - 1}")
     if not 0 <= head < cfg.n_heads:
-        raise ModelError(f"head {head} does not exist: the model has {cfg.n_heads} head(s) per layer, 0..{cfg.n_heads - 1}")
+        raise ModelError(
+            f"head {head} does not exist: the model has {cfg.n_heads} head(s) per layer, 0..{cfg.n_heads - 1}"
+        )
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ModelError(f"top-k must be a positive integer, got {top_k!r}")
     ids = np.asarray(ids)
     if ids.ndim != 1 or len(shown) != ids.size:
-        raise ModelError(f"explain takes one sequence of ids (T,) and one label per id; got shape {ids.shape}, {len(shown)} labels")
+        raise ModelError(
+            f"explain takes one sequence of ids (T,) and one label per id; got shape {ids.shape}, {len(shown)} labels"
+        )
 
     trace: dict[str, np.ndarray] = {}
     logits = as_host(model.forward(ids[None, :], trace=trace)[0])  # (T, V)
@@ -205,7 +209,9 @@ def explain_model(
             f"positional encodings ({cfg.positional})",
             trace["pos_emb"],
             _dims(C),
-            "wpe[position]" if cfg.positional == "learned" else "PE[p, 2i] = sin(p / 10000^(2i/C)), PE[p, 2i+1] = cos(...)",
+            "wpe[position]"
+            if cfg.positional == "learned"
+            else "PE[p, 2i] = sin(p / 10000^(2i/C)), PE[p, 2i+1] = cos(...)",
         ),
         row("x0", "input x0 = token embedding + positional encoding", trace["x0"][0], _dims(C), ""),
     ]
@@ -216,10 +222,22 @@ def explain_model(
     scale = 1.0 / math.sqrt(hd)
     mask = "; positions after the query are masked (-inf)" if cfg.causal else " (bidirectional: no mask)"
     attention_steps = [
-        row(f"{h}attn.q", f"Q, head {head}", trace[h + "attn.q"][0, head], _dims(hd), f"rows of x W_Q for head {head} (c_attn's first third)."),
+        row(
+            f"{h}attn.q",
+            f"Q, head {head}",
+            trace[h + "attn.q"][0, head],
+            _dims(hd),
+            f"rows of x W_Q for head {head} (c_attn's first third).",
+        ),
         row(f"{h}attn.k", f"K, head {head}", trace[h + "attn.k"][0, head], _dims(hd), ""),
         row(f"{h}attn.v", f"V, head {head}", trace[h + "attn.v"][0, head], _dims(hd), ""),
-        row(f"{h}attn.scores_raw", "raw scores Q K^T", trace[h + "attn.scores_raw"][0, head], toks, "row = query token, column = key token."),
+        row(
+            f"{h}attn.scores_raw",
+            "raw scores Q K^T",
+            trace[h + "attn.scores_raw"][0, head],
+            toks,
+            "row = query token, column = key token.",
+        ),
         row(
             f"{h}attn.scores",
             f"scaled scores Q K^T / sqrt({hd})",
@@ -227,12 +245,21 @@ def explain_model(
             toks,
             f"times 1/sqrt(d_head) = {scale:.6g}{mask}.",
         ),
-        row(f"{h}attn.weights", "attention weights softmax(scores)", trace[h + "attn.weights"][0, head], toks, "each row sums to 1."),
-        row(f"{h}attn.mix", f"weighted sum of V, head {head}", trace[h + "attn.mix"][0, head], _dims(hd), "weights @ V."),
+        row(
+            f"{h}attn.weights",
+            "attention weights softmax(scores)",
+            trace[h + "attn.weights"][0, head],
+            toks,
+            "each row sums to 1.",
+        ),
+        row(
+            f"{h}attn.mix", f"weighted sum of V, head {head}", trace[h + "attn.mix"][0, head], _dims(hd), "weights @ V."
+        ),
         row(
             f"{h}attn.head_out",
             f"head {head}'s share of the output projection",
-            f64(trace[h + "attn.mix"][0, head]) @ f64(model.params[h + "attn.c_proj.weight"][head * hd : (head + 1) * hd]),
+            f64(trace[h + "attn.mix"][0, head])
+            @ f64(model.params[h + "attn.c_proj.weight"][head * hd : (head + 1) * hd]),
             _dims(C),
             f"weighted sum @ rows {head * hd}..{(head + 1) * hd - 1} of attn.c_proj: what this head writes into the"
             " residual stream (the heads' shares plus the bias make the next step).",
@@ -254,14 +281,25 @@ def explain_model(
     resid_2 = row(f"{h}resid_2", "residual: + MLP output", trace[h + "resid_2"][0], _dims(C), "")
     ln = lambda n, what: row(f"{h}ln_{n}", f"LayerNorm ln_{n} {what}", trace[f"{h}ln_{n}"][0], _dims(C), "")  # noqa: E731
     if cfg.norm == "pre":  # GPT-2: x + attn(ln_1(x)), then x + mlp(ln_2(x))
-        steps += [ln(1, "(the attention's input)"), *attention_steps, resid_1, ln(2, "(the MLP's input)"), *mlp, resid_2]
+        steps += [
+            ln(1, "(the attention's input)"),
+            *attention_steps,
+            resid_1,
+            ln(2, "(the MLP's input)"),
+            *mlp,
+            resid_2,
+        ]
     else:  # the original encoder: ln_1(x + attn(x)), then ln_2(x + mlp(x))
         steps += [*attention_steps, resid_1, ln(1, "of the residual"), *mlp, resid_2, ln(2, "of the residual")]
 
     last = f64(logits[-1])
     steps.append(row("ln_f", "final LayerNorm ln_f (all layers done)", trace["ln_f"][0], _dims(C), ""))
     vocab = [label(i) for i in range(last.size)]
-    steps.append(Step("logits", f"logits of the last position {toks[-1]}", last, None, vocab, "ln_f(x) @ wte^T (tied embedding)."))
+    steps.append(
+        Step(
+            "logits", f"logits of the last position {toks[-1]}", last, None, vocab, "ln_f(x) @ wte^T (tied embedding)."
+        )
+    )
     probs = np.exp(last - last.max())
     probs /= probs.sum()
     best = np.argsort(-probs, kind="stable")[:top_k]
@@ -309,11 +347,39 @@ def example_attention_lookup() -> Explanation:
         Step("keys", "keys", keys, kl, dims, "the table's keys (one per row)"),
         Step("values", "values", values, kl, dims, "the value stored under each key"),
         Step("queries", "queries", queries, ql, dims, "the three queries of the seed"),
-        Step("scores_raw", "raw scores q . k", t["scores_raw"][:3], ql, kl, "a query 'matches' a key when their dot product is large."),
-        Step("scores", "scaled scores q . k / sqrt(3)", t["scores"][:3], ql, kl, "the 1/sqrt(d_k) scale; the seed's answers hold with or without it."),
-        Step("weights", "attention weights softmax(scores)", t["weights"][:3], ql, kl, "near one-hot: each query picks the key(s) it matches, equally."),
+        Step(
+            "scores_raw",
+            "raw scores q . k",
+            t["scores_raw"][:3],
+            ql,
+            kl,
+            "a query 'matches' a key when their dot product is large.",
+        ),
+        Step(
+            "scores",
+            "scaled scores q . k / sqrt(3)",
+            t["scores"][:3],
+            ql,
+            kl,
+            "the 1/sqrt(d_k) scale; the seed's answers hold with or without it.",
+        ),
+        Step(
+            "weights",
+            "attention weights softmax(scores)",
+            t["weights"][:3],
+            ql,
+            kl,
+            "near one-hot: each query picks the key(s) it matches, equally.",
+        ),
         _seeded(
-            Step("output", "output = weights @ values", out[:3], ql, dims, "the looked-up value; a blend where two keys match."),
+            Step(
+                "output",
+                "output = weights @ values",
+                out[:3],
+                ql,
+                dims,
+                "the looked-up value; a blend where two keys match.",
+            ),
             {0: "[10, 0, 2]", 1: "[550, 5.5, 0]", 2: "[5.5, 0, 1.5]"},
         ),
     ]
@@ -336,8 +402,18 @@ def example_sitting() -> Explanation:
     out, t = _attention(np.concatenate([X, X, X], axis=1), causal=False)
     toks, dims = token_labels([repr(w) for w in words]), _dims(4)
     steps = [
-        Step("x", "input embeddings X (= Q = K = V)", X, toks, dims, "no projections: every token is its own query, key and value."),
-        _seeded(Step("scores_raw", "raw scores X X^T", t["scores_raw"], toks, toks, "dot products."), {0: "[1.30, 1.08, 0.65, 0.27]"}),
+        Step(
+            "x",
+            "input embeddings X (= Q = K = V)",
+            X,
+            toks,
+            dims,
+            "no projections: every token is its own query, key and value.",
+        ),
+        _seeded(
+            Step("scores_raw", "raw scores X X^T", t["scores_raw"], toks, toks, "dot products."),
+            {0: "[1.30, 1.08, 0.65, 0.27]"},
+        ),
         _seeded(
             Step("scores", "scaled scores / sqrt(4)", t["scores"], toks, toks, "divided by sqrt(d_k) = 2."),
             {0: "[0.65, 0.54, 0.325, 0.135]"},
@@ -356,7 +432,7 @@ def example_sitting() -> Explanation:
         steps,
         [repr(w) for w in words],
         attention=t["weights"][None],
-        notes=["One head, d_k = 4, bidirectional (no mask). The seed works only row 1 (\"The\"); all rows are shown."],
+        notes=['One head, d_k = 4, bidirectional (no mask). The seed works only row 1 ("The"); all rows are shown.'],
     )
 
 
@@ -396,22 +472,103 @@ def example_chai() -> Explanation:
     h8 = _dims(8, "h")
     steps = [
         Step("tok_emb", "word embeddings e", E, toks, d4, "given by the seed."),
-        _seeded(Step("pos_emb", "sinusoidal positional encodings PE (d_model = 4)", pe, toks, d4, "PE[p, 2i] = sin(p / 10000^(2i/4)), PE[p, 2i+1] = cos(p / 10000^(2i/4))."), dict(enumerate(PE_PRINTED))),  # fmt: skip
+        _seeded(
+            Step(
+                "pos_emb",
+                "sinusoidal positional encodings PE (d_model = 4)",
+                pe,
+                toks,
+                d4,
+                "PE[p, 2i] = sin(p / 10000^(2i/4)), PE[p, 2i+1] = cos(p / 10000^(2i/4)).",
+            ),
+            dict(enumerate(PE_PRINTED)),
+        ),  # fmt: skip
         Step("x_exact", "X = e + PE (exact)", x_exact, toks, d4, ""),
-        _seeded(Step("x", "X rounded to 3 decimals, as the seed carries it on", X, toks, d4, "the seed's later numbers (and ERRATA's) are computed from this rounded X."), dict(enumerate(X_PRINTED))),  # fmt: skip
+        _seeded(
+            Step(
+                "x",
+                "X rounded to 3 decimals, as the seed carries it on",
+                X,
+                toks,
+                d4,
+                "the seed's later numbers (and ERRATA's) are computed from this rounded X.",
+            ),
+            dict(enumerate(X_PRINTED)),
+        ),  # fmt: skip
         Step("W_Q", "W^Q", W_Q, d4, d2, "given by the seed"),
         Step("W_K", "W^K", W_K, d4, d2, ""),
         Step("W_V", "W^V", W_V, d4, d2, ""),
-        _seeded(Step("q", "Q = X W^Q", t["q"], toks, d2, ""), {0: "[1.000, 1.000]", 1: "[1.041, 1.540]", 2: "[1.409, −0.116]", 3: "[0.241, −0.490]"}),  # fmt: skip
-        _seeded(Step("k", "K = X W^K", t["k"], toks, d2, ""), {0: "[1.000, 1.000]", 1: "[1.540, 1.041]", 2: "[−0.116, 1.409]", 3: "[−0.490, 0.241]"}),  # fmt: skip
-        _seeded(Step("v", "V = X W^V", t["v"], toks, d2, ""), {0: "[1.500, 2.200]", 1: "[1.851, 2.141]", 2: "[2.429, 2.409]", 3: "[0.571, 2.241]"}),  # fmt: skip
-        _seeded(Step("scores_raw", "raw scores Q K^T", t["scores_raw"], toks, toks, "row = query, column = key."), {0: "[2.000, 2.581, 1.293, −0.249]", 1: "[2.581, 3.210, 2.046, 0.258]", 2: "[1.293, 2.049, −0.332, −0.717]", 3: "[−0.249, 0.260, −0.719, −0.236]"}),  # fmt: skip
-        _seeded(Step("scores", "scaled scores Q K^T / sqrt(2)", t["scores"], toks, toks, "d_k = 2; no mask (an encoder sees both directions)."), {0: "[1.414, 1.826, 0.914, −0.176]", 1: "[1.826, 2.270, 1.447, 0.182]", 2: "[0.914, 1.449, −0.235, −0.507]", 3: "[−0.176, 0.184, −0.509, −0.167]"}),  # fmt: skip
-        _seeded(Step("weights", "attention weights A = softmax(scaled scores)", t["weights"], toks, toks, "each row sums to 1."), {0: "[0.330, 0.506, 0.199, 0.065]", 1: "[0.291, 0.454, 0.199, 0.056]", 2: "[0.296, 0.503, 0.095, 0.106]", 3: "[0.218, 0.314, 0.153, 0.215]"}),  # fmt: skip
-        _seeded(Step("z", "Z = A V", z, toks, d2, "the seed works out row \"chai\" only."), {1: "[1.792, 2.216]"}),
-        Step("W_O", "W_O (assumed: the seed leaves it undefined)", W_O, d2, d4, "puts Z into dimensions 0-1 of the residual stream (the seed's \"[1.792, 2.216, ?, ?]\")."),  # fmt: skip
+        _seeded(
+            Step("q", "Q = X W^Q", t["q"], toks, d2, ""),
+            {0: "[1.000, 1.000]", 1: "[1.041, 1.540]", 2: "[1.409, −0.116]", 3: "[0.241, −0.490]"},
+        ),  # fmt: skip
+        _seeded(
+            Step("k", "K = X W^K", t["k"], toks, d2, ""),
+            {0: "[1.000, 1.000]", 1: "[1.540, 1.041]", 2: "[−0.116, 1.409]", 3: "[−0.490, 0.241]"},
+        ),  # fmt: skip
+        _seeded(
+            Step("v", "V = X W^V", t["v"], toks, d2, ""),
+            {0: "[1.500, 2.200]", 1: "[1.851, 2.141]", 2: "[2.429, 2.409]", 3: "[0.571, 2.241]"},
+        ),  # fmt: skip
+        _seeded(
+            Step("scores_raw", "raw scores Q K^T", t["scores_raw"], toks, toks, "row = query, column = key."),
+            {
+                0: "[2.000, 2.581, 1.293, −0.249]",
+                1: "[2.581, 3.210, 2.046, 0.258]",
+                2: "[1.293, 2.049, −0.332, −0.717]",
+                3: "[−0.249, 0.260, −0.719, −0.236]",
+            },
+        ),  # fmt: skip
+        _seeded(
+            Step(
+                "scores",
+                "scaled scores Q K^T / sqrt(2)",
+                t["scores"],
+                toks,
+                toks,
+                "d_k = 2; no mask (an encoder sees both directions).",
+            ),
+            {
+                0: "[1.414, 1.826, 0.914, −0.176]",
+                1: "[1.826, 2.270, 1.447, 0.182]",
+                2: "[0.914, 1.449, −0.235, −0.507]",
+                3: "[−0.176, 0.184, −0.509, −0.167]",
+            },
+        ),  # fmt: skip
+        _seeded(
+            Step(
+                "weights",
+                "attention weights A = softmax(scaled scores)",
+                t["weights"],
+                toks,
+                toks,
+                "each row sums to 1.",
+            ),
+            {
+                0: "[0.330, 0.506, 0.199, 0.065]",
+                1: "[0.291, 0.454, 0.199, 0.056]",
+                2: "[0.296, 0.503, 0.095, 0.106]",
+                3: "[0.218, 0.314, 0.153, 0.215]",
+            },
+        ),  # fmt: skip
+        _seeded(Step("z", "Z = A V", z, toks, d2, 'the seed works out row "chai" only.'), {1: "[1.792, 2.216]"}),
+        Step(
+            "W_O",
+            "W_O (assumed: the seed leaves it undefined)",
+            W_O,
+            d2,
+            d4,
+            'puts Z into dimensions 0-1 of the residual stream (the seed\'s "[1.792, 2.216, ?, ?]").',
+        ),  # fmt: skip
         Step("resid_1", "residual X + Z W_O", r1, toks, d4, ""),
-        Step("ln_1", "X' = LayerNorm(X + Z W_O)", x1, toks, d4, "mean 0, variance 1 per row (eps 1e-5); gain 1 and bias 0 assumed (the seed names learned gamma, beta without values)."),  # fmt: skip
+        Step(
+            "ln_1",
+            "X' = LayerNorm(X + Z W_O)",
+            x1,
+            toks,
+            d4,
+            "mean 0, variance 1 per row (eps 1e-5); gain 1 and bias 0 assumed (the seed names learned gamma, beta without values).",
+        ),  # fmt: skip
         Step("W_1", "W_1 (illustrative: the seed gives no FFN weights)", W1, d4, h8, "[I | -I], d_ff = 8, b_1 = 0."),
         Step("mlp.pre", "x' W_1 + b_1", pre, toks, h8, ""),
         Step("mlp.act", "max(0, x' W_1 + b_1)  (ReLU)", act, toks, h8, "ReLU zeroes the negative entries."),
@@ -421,7 +578,7 @@ def example_chai() -> Explanation:
         Step("ln_2", "layer output LayerNorm(X' + FFN(X'))", x2, toks, d4, "gain 1, bias 0 assumed."),
     ]
     return Explanation(
-        "seed 001: one encoder layer on \"The chai is hot\"",
+        'seed 001: one encoder layer on "The chai is hot"',
         steps,
         [repr(w) for w in words],
         attention=t["weights"][None],
@@ -454,19 +611,58 @@ def example_one_layer() -> Explanation:
     x1 = x + o
     d5, d2 = _dims(5), _dims(2)
     steps = [
-        Step("W_E", "embedding matrix W_E (d_model x d_vocab)", W_E, d5, _dims(10, "v"), "column convention: x_i = W_E t_i."),
-        _seeded(Step("x", "x(0) = W_E t (tokens 0, 1, 2 one-hot)", x, toks, d5, ""), {0: "[1, -1, 0, 1, -1]", 1: "[-1, 0, 1, 0, 1]", 2: "[0, 1, -1, -1, 0]"}),  # fmt: skip
+        Step(
+            "W_E",
+            "embedding matrix W_E (d_model x d_vocab)",
+            W_E,
+            d5,
+            _dims(10, "v"),
+            "column convention: x_i = W_E t_i.",
+        ),
+        _seeded(
+            Step("x", "x(0) = W_E t (tokens 0, 1, 2 one-hot)", x, toks, d5, ""),
+            {0: "[1, -1, 0, 1, -1]", 1: "[-1, 0, 1, 0, 1]", 2: "[0, 1, -1, -1, 0]"},
+        ),  # fmt: skip
         Step("W_V", "W_V = W_K = W_Q (d_head x d_model)", W, d2, d5, ""),
-        _seeded(Step("v", "v_i = W_V x_i", t["v"], toks, d2, "the seed writes v as [0.1, 0.2] . x (W_V's first column) and its results are not W_V x; the exact products are these."), {0: "[-0.1, -0.1]", 1: "[0.1, 0.4]", 2: "[-0.1, -0.2]"}),  # fmt: skip
-        _seeded(Step("k", "k_i = W_K x_i", t["k"], toks, d2, "equal to v (same matrix)."), {0: "[-0.1, -0.1]", 1: "[0.1, 0.4]", 2: "[-0.1, -0.2]"}),  # fmt: skip
+        _seeded(
+            Step(
+                "v",
+                "v_i = W_V x_i",
+                t["v"],
+                toks,
+                d2,
+                "the seed writes v as [0.1, 0.2] . x (W_V's first column) and its results are not W_V x; the exact products are these.",
+            ),
+            {0: "[-0.1, -0.1]", 1: "[0.1, 0.4]", 2: "[-0.1, -0.2]"},
+        ),  # fmt: skip
+        _seeded(
+            Step("k", "k_i = W_K x_i", t["k"], toks, d2, "equal to v (same matrix)."),
+            {0: "[-0.1, -0.1]", 1: "[0.1, 0.4]", 2: "[-0.1, -0.2]"},
+        ),  # fmt: skip
         _seeded(Step("q", "q_i = W_Q x_i", t["q"], toks, d2, "the seed uses q_3 only."), {2: "[-0.1, -0.2]"}),
         Step("scores_raw", "raw scores q_i . k_j", t["scores_raw"], toks, toks, ""),
-        _seeded(Step("scores", "scaled scores a = q . k / sqrt(2), causal", t["scores"], toks, toks, "causal: -inf where the key comes after the query. Row t3 is the seed's a_1..a_3."), {2: "[0.021, -0.064, 0.035]"}),  # fmt: skip
-        _seeded(Step("weights", "attention weights w = softmax(a)", t["weights"], toks, toks, "each row sums to 1."), {2: "[0.34, 0.31, 0.35]"}),  # fmt: skip
+        _seeded(
+            Step(
+                "scores",
+                "scaled scores a = q . k / sqrt(2), causal",
+                t["scores"],
+                toks,
+                toks,
+                "causal: -inf where the key comes after the query. Row t3 is the seed's a_1..a_3.",
+            ),
+            {2: "[0.021, -0.064, 0.035]"},
+        ),  # fmt: skip
+        _seeded(
+            Step("weights", "attention weights w = softmax(a)", t["weights"], toks, toks, "each row sums to 1."),
+            {2: "[0.34, 0.31, 0.35]"},
+        ),  # fmt: skip
         _seeded(Step("r", "r = sum_j w_j v_j", r, toks, d2, ""), {2: "[-0.038, 0.02]"}),
         Step("W_O", "W_O (d_model x d_head)", W_O, d5, d2, ""),
         _seeded(Step("o", "o = W_O r", o, toks, d5, ""), {2: "[-0.0038, -0.0056, -0.0074, -0.0092, -0.011]"}),
-        _seeded(Step("x1", "x(1) = x(0) + o  (residual)", x1, toks, d5, ""), {2: "[-0.0038, 0.9944, -1.0074, -1.0092, -0.011]"}),  # fmt: skip
+        _seeded(
+            Step("x1", "x(1) = x(0) + o  (residual)", x1, toks, d5, ""),
+            {2: "[-0.0038, 0.9944, -1.0074, -1.0092, -0.011]"},
+        ),  # fmt: skip
     ]
     return Explanation(
         "seed 000: one-layer toy (column convention, d_head = 2)",
@@ -484,7 +680,7 @@ def example_one_layer() -> Explanation:
 EXAMPLES: dict[str, tuple[str, Callable[[], Explanation]]] = {
     "attention-lookup": ("seed 004: attention as a fuzzy key/value lookup", example_attention_lookup),
     "sitting": ("seed 003: Q = K = V = X, scaled by sqrt(4)", example_sitting),
-    "chai": ("seed 001: one encoder layer on \"The chai is hot\"", example_chai),
+    "chai": ('seed 001: one encoder layer on "The chai is hot"', example_chai),
     "one-layer": ("seed 000: one-layer toy with d_head = 2 and W_O", example_one_layer),
 }
 

@@ -114,7 +114,9 @@ def _infer_gpt2_config(path: Path, shapes: dict[str, tuple[int, ...]]) -> GPTCon
     )
 
 
-def params_from(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> tuple[GPTConfig, dict[str, np.ndarray]]:
+def params_from(
+    path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str]
+) -> tuple[GPTConfig, dict[str, np.ndarray]]:
     """(config, float32 params keyed by GPT-2 names) from a file's tensors and metadata.
 
     Every parameter the config needs must be present with its exact shape: the config alone
@@ -123,7 +125,7 @@ def params_from(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadat
     path = Path(path)
     names: dict[str, str] = {}  # our name -> key in the file
     for key in tensors:
-        names.setdefault(key[len(_PREFIX):] if key.startswith(_PREFIX) else key, key)
+        names.setdefault(key[len(_PREFIX) :] if key.startswith(_PREFIX) else key, key)
     shapes = {name: tuple(tensors[key].shape) for name, key in names.items()}
     config = parse_config(path, metadata) or _infer_gpt2_config(path, shapes)
     expected = param_shapes(config)

@@ -189,8 +189,9 @@ class GPT:
         model = cls.__new__(cls)
         model.config = config
         model._use(get_backend(device))
-        model.params = model._on_device({name: np.ascontiguousarray(as_host(params[name]), dtype=np.float32)
-                                         for name in expected})
+        model.params = model._on_device(
+            {name: np.ascontiguousarray(as_host(params[name]), dtype=np.float32) for name in expected}
+        )
         model._scratch = {}
         return model
 
@@ -265,8 +266,16 @@ class GPT:
         m, ln_2 = self.ops.layernorm_forward(x, *p["ln_2"])
         mo, mlp, (pre, act) = self._mlp_half(p, m, grad)
         x, _ = self.ops.residual_forward(x, mo, inplace=True)
-        seen = {"ln_1": a, "attn.out": ao, "resid_1": resid_1, "ln_2": m, "mlp.pre": pre, "mlp.act": act,
-                "mlp.out": mo, "resid_2": x.copy() if record else None}
+        seen = {
+            "ln_1": a,
+            "attn.out": ao,
+            "resid_1": resid_1,
+            "ln_2": m,
+            "mlp.pre": pre,
+            "mlp.act": act,
+            "mlp.out": mo,
+            "resid_2": x.copy() if record else None,
+        }
         return x, (ln_1, *attn, ln_2, *mlp), seen
 
     def _post_norm_block(self, p, x, attend, grad: bool, record: bool):
@@ -277,8 +286,16 @@ class GPT:
         mo, mlp, (pre, act) = self._mlp_half(p, x1, grad)
         r2, _ = self.ops.residual_forward(x1, mo)
         x2, ln_2 = self.ops.layernorm_forward(r2, *p["ln_2"])
-        seen = {"attn.out": ao, "resid_1": r1, "ln_1": x1, "mlp.pre": pre, "mlp.act": act, "mlp.out": mo,
-                "resid_2": r2, "ln_2": x2}
+        seen = {
+            "attn.out": ao,
+            "resid_1": r1,
+            "ln_1": x1,
+            "mlp.pre": pre,
+            "mlp.act": act,
+            "mlp.out": mo,
+            "resid_2": r2,
+            "ln_2": x2,
+        }
         return x2, (ln_1, *attn, ln_2, *mlp), seen
 
     def _attention_half(self, p, a: np.ndarray, attend):

@@ -521,8 +521,18 @@ def softmax_xent_backward(cache, n_total: int | None = None) -> np.ndarray:
 # ----------------------------------------------------------------------------- optimizer
 
 
-def adamw_update(p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, beta1: float, beta2: float,
-                 scale: float, eps: float, decay: float, scratch: np.ndarray | None = None) -> None:
+def adamw_update(
+    p: np.ndarray,
+    g: np.ndarray,
+    m: np.ndarray,
+    v: np.ndarray,
+    beta1: float,
+    beta2: float,
+    scale: float,
+    eps: float,
+    decay: float,
+    scratch: np.ndarray | None = None,
+) -> None:
     """One AdamW step in place on flat arrays p, g, m, v (n,), with the constants that
     `transformer.optim.AdamW.step` folds (M, V are its running sums):
 

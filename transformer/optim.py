@@ -51,8 +51,16 @@ class AdamW:
     (0.85, 0.9)
     """
 
-    def __init__(self, params: dict[str, np.ndarray], lr: float, betas: tuple[float, float] = (0.9, 0.95),
-                 eps: float = 1e-8, weight_decay: float = 0.1, *, threads: int | None = None):
+    def __init__(
+        self,
+        params: dict[str, np.ndarray],
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.1,
+        *,
+        threads: int | None = None,
+    ):
         beta1, beta2 = (float(b) for b in betas)
         if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
             raise ModelError(f"AdamW betas must lie in [0, 1), got {betas}; use e.g. (0.9, 0.95)")
@@ -71,13 +79,17 @@ class AdamW:
         for name in self.names:
             p = params[name]
             if not (p.dtype.kind == "f" and p.flags.c_contiguous):
-                raise ModelError(f"AdamW needs C-contiguous float arrays; parameter {name!r} is "
-                                 f"{p.dtype}, contiguous={p.flags.c_contiguous}")
+                raise ModelError(
+                    f"AdamW needs C-contiguous float arrays; parameter {name!r} is "
+                    f"{p.dtype}, contiguous={p.flags.c_contiguous}"
+                )
         self.backend = backend_of(params[self.names[0]]) if self.names else get_backend("cpu")
         for name in self.names:
             if backend_of(params[name]) is not self.backend:
-                raise ModelError(f"AdamW's parameters must all be on one device; {name!r} is on "
-                                 f"{backend_of(params[name]).name}, {self.names[0]!r} on {self.backend.name}")
+                raise ModelError(
+                    f"AdamW's parameters must all be on one device; {name!r} is on "
+                    f"{backend_of(params[name]).name}, {self.names[0]!r} on {self.backend.name}"
+                )
         xp = self.backend.xp
         self.m = {name: xp.zeros_like(params[name]) for name in self.names}
         self.v = {name: xp.zeros_like(params[name]) for name in self.names}
@@ -85,9 +97,9 @@ class AdamW:
         if n_threads < 1:
             raise ModelError(f"AdamW threads must be >= 1, got {threads}")
         if xp is not np:
-            n_threads = 1                           # a GPU kernel covers a whole parameter
+            n_threads = 1  # a GPU kernel covers a whole parameter
         self._plan = _split(self.names, [params[n].size for n in self.names], n_threads)
-        self._scratch = []                          # per worker: dtype -> buffer as long as its longest range
+        self._scratch = []  # per worker: dtype -> buffer as long as its longest range
         for plan in self._plan:
             longest: dict[np.dtype, int] = {}
             for name, a, b in plan:
@@ -101,22 +113,28 @@ class AdamW:
         if grads.keys() != self.params.keys():
             missing = sorted(self.params.keys() - grads.keys())[:3]
             extra = sorted(grads.keys() - self.params.keys())[:3]
-            raise ModelError(f"gradients do not match the parameters (missing {missing}, unexpected {extra}); "
-                             "pass the dict returned by loss_and_grads")
+            raise ModelError(
+                f"gradients do not match the parameters (missing {missing}, unexpected {extra}); "
+                "pass the dict returned by loss_and_grads"
+            )
         for name in self.names:
             p, g = self.params[name], grads[name]
             if type(g) is not type(p):
-                raise ModelError(f"gradient {name!r} is a {type(g).__module__.split('.')[0]} array but the parameters "
-                                 f"are on {self.backend.name}; compute them with the model on the same device")
+                raise ModelError(
+                    f"gradient {name!r} is a {type(g).__module__.split('.')[0]} array but the parameters "
+                    f"are on {self.backend.name}; compute them with the model on the same device"
+                )
             if g.shape != p.shape or g.dtype != p.dtype or not p.flags.c_contiguous:
-                raise ModelError(f"gradient {name!r} is {g.dtype}{g.shape} but the parameter is "
-                                 f"{p.dtype}{p.shape} (C-contiguous: {p.flags.c_contiguous}); they must match")
+                raise ModelError(
+                    f"gradient {name!r} is {g.dtype}{g.shape} but the parameter is "
+                    f"{p.dtype}{p.shape} (C-contiguous: {p.flags.c_contiguous}); they must match"
+                )
         lr = self.lr if lr is None else float(lr)
         self.step_count += 1
         t = self.step_count
         beta1, beta2 = self.betas
-        bc1 = 1.0 - beta1 ** t
-        bc2 = 1.0 - beta2 ** t
+        bc1 = 1.0 - beta1**t
+        bc2 = 1.0 - beta2**t
         r = math.sqrt((1.0 - beta2) / bc2)
         consts = (lr * (1.0 - beta1) / (bc1 * r), self.eps / r, 1.0 - lr * self.weight_decay)
         if self._pool is None:
@@ -143,8 +161,7 @@ class AdamW:
     def state_dict(self) -> dict[str, np.ndarray]:
         """Copies of the state as arrays: `step` (int64 scalar), `betas` (2,) float64, and per
         parameter `m.{name}` / `v.{name}`, the running sums described in the class docstring."""
-        state = {"step": np.array(self.step_count, dtype=np.int64),
-                 "betas": np.array(self.betas, dtype=np.float64)}
+        state = {"step": np.array(self.step_count, dtype=np.int64), "betas": np.array(self.betas, dtype=np.float64)}
         for name in self.names:
             state[f"m.{name}"] = _host_copy(self.m[name])
             state[f"v.{name}"] = _host_copy(self.v[name])
@@ -156,15 +173,21 @@ class AdamW:
         if state.keys() != expected:
             missing = sorted(expected - state.keys())[:3]
             extra = sorted(state.keys() - expected)[:3]
-            raise ModelError(f"optimizer state does not match the model (missing {missing}, unexpected {extra}); "
-                             "resume with the model it was saved with")
+            raise ModelError(
+                f"optimizer state does not match the model (missing {missing}, unexpected {extra}); "
+                "resume with the model it was saved with"
+            )
         step = np.asarray(state["step"])
         if step.shape != () or step.dtype.kind not in "iu" or int(step) < 0:
-            raise ModelError(f"optimizer state 'step' must be a non-negative integer scalar, got {step.dtype}{step.shape}")
+            raise ModelError(
+                f"optimizer state 'step' must be a non-negative integer scalar, got {step.dtype}{step.shape}"
+            )
         betas = np.asarray(state["betas"])
         if betas.shape != (2,) or tuple(float(b) for b in betas) != self.betas:
-            raise ModelError(f"optimizer state was saved with betas {betas.tolist()} but this AdamW has "
-                             f"{list(self.betas)}; resume with the same betas")
+            raise ModelError(
+                f"optimizer state was saved with betas {betas.tolist()} but this AdamW has "
+                f"{list(self.betas)}; resume with the same betas"
+            )
         for key in expected - {"step", "betas"}:
             arr = as_host(state[key])
             ref = self.m[key[2:]]

@@ -88,8 +88,10 @@ class DataParallel(_Wrapper):
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ModelError(f"workers must be a positive integer or None, got {workers!r}")
         if workers > 1 and model.device != "cpu":
-            raise ModelError(f"DataParallel splits batches over CPU processes, and this model is on {model.device}; "
-                             "use workers=1 (or no wrapper) to train it in this process")
+            raise ModelError(
+                f"DataParallel splits batches over CPU processes, and this model is on {model.device}; "
+                "use workers=1 (or no wrapper) to train it in this process"
+            )
         self.workers = workers
         self._pool = self._new_pool(model.params) if workers > 1 and fork_available() else None
         if self._pool is not None:
@@ -112,8 +114,9 @@ class DataParallel(_Wrapper):
         """The rows of a batch this process needs: all of them (the workers get theirs from it)."""
         return slice(0, batch_rows)
 
-    def shard_results(self, op: int, ids: np.ndarray, targets: np.ndarray, shards: list[slice], batch_rows: int,
-                      batch_tokens: int) -> list:
+    def shard_results(
+        self, op: int, ids: np.ndarray, targets: np.ndarray, shards: list[slice], batch_rows: int, batch_tokens: int
+    ) -> list:
         """[(loss share, grads or None)] of each of `shards` (row slices of `ids`), in order, each
         scaled for a whole batch of `batch_rows` rows / `batch_tokens` tokens. This process
         computes the first shard while the workers compute the others (or every shard, one after
@@ -142,7 +145,9 @@ class DataParallel(_Wrapper):
 
     def _check_rows(self, ids, batch_rows: int | None) -> None:
         if batch_rows is not None and np.shape(ids)[0] != batch_rows:
-            raise ModelError(f"this process computes all {batch_rows} rows of the batch (local_rows), got {np.shape(ids)[0]}")
+            raise ModelError(
+                f"this process computes all {batch_rows} rows of the batch (local_rows), got {np.shape(ids)[0]}"
+            )
 
     def loss(self, ids, targets, batch_rows: int | None = None) -> float:
         """Mean cross-entropy over the whole batch (forward only), as `GPT.loss`. `batch_rows`,
@@ -157,8 +162,9 @@ class DataParallel(_Wrapper):
         summed in shard order. The arrays are valid until the next call. `batch_rows`: as `loss`."""
         self._check_rows(ids, batch_rows)
         ids, targets = self.model.check_pair(ids, targets)
-        shards = self.shard_results(LOSS_AND_GRADS, ids, targets, shard_rows(ids.shape[0], self.workers),
-                                    ids.shape[0], ids.size)
+        shards = self.shard_results(
+            LOSS_AND_GRADS, ids, targets, shard_rows(ids.shape[0], self.workers), ids.shape[0], ids.size
+        )
         grads = {name: shards[0][1][name] for name in self.params}  # drops the absent biases' None
         for _, more in shards[1:]:
             for name, g in grads.items():
@@ -199,8 +205,10 @@ class MPIDataParallel(_Wrapper):
     def __init__(self, model: GPT, comm, workers: int = 1):
         super().__init__(model)
         if model.device != "cpu":
-            raise ModelError(f"MPIDataParallel trains CPU models; this one is on {model.device} "
-                             "(one GPU per rank is not supported yet)")
+            raise ModelError(
+                f"MPIDataParallel trains CPU models; this one is on {model.device} "
+                "(one GPU per rank is not supported yet)"
+            )
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self._local = DataParallel(model, workers=workers)  # validates `workers`; shares the model's params
@@ -233,8 +241,10 @@ class MPIDataParallel(_Wrapper):
         else:
             rows = self.local_rows(batch_rows)
             if np.shape(ids)[0] != rows.stop - rows.start:
-                raise ModelError(f"rank {self.rank} computes rows {rows.start}..{rows.stop} of a {batch_rows}-row batch "
-                                 f"(local_rows), got {np.shape(ids)[0]} rows")
+                raise ModelError(
+                    f"rank {self.rank} computes rows {rows.start}..{rows.stop} of a {batch_rows}-row batch "
+                    f"(local_rows), got {np.shape(ids)[0]} rows"
+                )
             if rows.stop > rows.start:
                 ids, targets = self.model.check_pair(ids, targets)
         n, mine = self._my_shards(batch_rows)
@@ -273,7 +283,9 @@ class MPIDataParallel(_Wrapper):
             total = ordered_allreduce(self.comm, flat, n)
         loss = float(sum(self._gather(shares)[:n].tolist()))
         offsets = np.cumsum([0, *sizes])
-        return loss, {name: total[offsets[i] : offsets[i + 1]].reshape(self.params[name].shape) for i, name in enumerate(names)}
+        return loss, {
+            name: total[offsets[i] : offsets[i + 1]].reshape(self.params[name].shape) for i, name in enumerate(names)
+        }
 
     def close(self) -> None:
         """Stop this rank's local workers."""
@@ -302,8 +314,10 @@ def ordered_allreduce(comm, flat: np.ndarray, n: int) -> np.ndarray:
     mine = int(lengths[rank])
     received = np.empty((size * W, mine), dtype=flat.dtype)  # row = global shard index
     recv_counts = np.full(size, W * mine, dtype=np.int64)
-    comm.Alltoallv([send, (send_counts, np.cumsum(send_counts) - send_counts)],
-                   [received, (recv_counts, np.arange(size, dtype=np.int64) * W * mine)])
+    comm.Alltoallv(
+        [send, (send_counts, np.cumsum(send_counts) - send_counts)],
+        [received, (recv_counts, np.arange(size, dtype=np.int64) * W * mine)],
+    )
     segment = received[0].copy()
     for k in range(1, n):  # in shard order, as DataParallel sums
         segment += received[k]

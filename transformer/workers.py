@@ -101,8 +101,11 @@ class WorkerPool:
         """Whether this process owns the pool (a process forked from the owner, by the user, must
         not talk to the owner's workers) and `params` have the names, shapes and dtypes of the
         shared copies."""
-        return os.getpid() == self._owner and params.keys() == self.params.keys() and all(
-            params[k].shape == v.shape and params[k].dtype == v.dtype for k, v in self.params.items())
+        return (
+            os.getpid() == self._owner
+            and params.keys() == self.params.keys()
+            and all(params[k].shape == v.shape and params[k].dtype == v.dtype for k, v in self.params.items())
+        )
 
     def sync(self, params: dict[str, np.ndarray]) -> None:
         """Copy into shared memory every parameter that is not already the shared array (only
@@ -154,8 +157,11 @@ class WorkerPool:
         for k, (ids, targets) in enumerate(shards):
             rows, T = ids.shape
             try:
-                self._conns[k].send_bytes(_REQUEST.pack(op, rows, T, n_total, batch) + ids.astype(np.int64).tobytes()
-                                          + targets.astype(np.int64).tobytes())
+                self._conns[k].send_bytes(
+                    _REQUEST.pack(op, rows, T, n_total, batch)
+                    + ids.astype(np.int64).tobytes()
+                    + targets.astype(np.int64).tobytes()
+                )
             except OSError:  # gone: if it said goodbye first, the shard is merely undone
                 self._replies[k] = self._receive(k)
 
@@ -175,7 +181,7 @@ class WorkerPool:
             reply = self._replies[k] if self._replies[k] is not None else self._receive(k)
             status, loss = _REPLY.unpack_from(reply)
             if status == _ERROR:
-                failures.append(reply[_REPLY.size:].decode("utf-8", "replace"))
+                failures.append(reply[_REPLY.size :].decode("utf-8", "replace"))
             out.append(None if status == _BYE else (loss, self._grads[k] if op == LOSS_AND_GRADS else None))
         if failures:
             raise ModelError(f"a worker process failed: {failures[0]}")

@@ -25,9 +25,10 @@ user (the default is always "cpu"), or move data between processes or GPUs (tran
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

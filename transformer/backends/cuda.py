@@ -69,7 +69,8 @@ class CudaKernels:
         t = x.dtype.type
         grid = -(-N // src.ROWS_PER_BLOCK)
         self._fn("layernorm_forward", x.dtype)(
-            (grid,), (src.ROWS_PER_BLOCK * src.WARP,),
+            (grid,),
+            (src.ROWS_PER_BLOCK * src.WARP,),
             (x, w, w if b is None else b, np.int32(b is not None), out, xhat, rstd, np.int64(N), np.int32(C), t(eps)),
         )
         return out, xhat, rstd
@@ -93,7 +94,8 @@ class CudaKernels:
         n_chunks = max(1, -(-N // rows))
         out = cupy.empty((n_chunks, C), dtype=a.dtype)
         self._fn("column_sums", a.dtype)(
-            (-(-C // src.COLUMN_THREADS), n_chunks), (src.COLUMN_THREADS,),
+            (-(-C // src.COLUMN_THREADS), n_chunks),
+            (src.COLUMN_THREADS,),
             (a, a if b is None else b, np.int32(b is not None), out, np.int64(N), np.int64(C), np.int64(rows)),
         )
         return out
@@ -134,7 +136,8 @@ class CudaKernels:
         *_, Tq, keys = scores.shape
         n_rows = scores.size // keys
         self._fn("attention_softmax", scores.dtype)(
-            (-(-n_rows // src.ROWS_PER_BLOCK),), (src.ROWS_PER_BLOCK * src.WARP,),
+            (-(-n_rows // src.ROWS_PER_BLOCK),),
+            (src.ROWS_PER_BLOCK * src.WARP,),
             (scores, np.int64(n_rows), np.int32(Tq), np.int32(keys), np.int32(q_offset), np.int32(causal)),
         )
 
@@ -142,7 +145,8 @@ class CudaKernels:
         keys = ds.shape[-1]
         n_rows = ds.size // keys
         self._fn("softmax_backward", ds.dtype)(
-            (-(-n_rows // src.ROWS_PER_BLOCK),), (src.ROWS_PER_BLOCK * src.WARP,),
+            (-(-n_rows // src.ROWS_PER_BLOCK),),
+            (src.ROWS_PER_BLOCK * src.WARP,),
             (ds, w, row_dot, np.int64(n_rows), np.int32(keys)),
         )
 
@@ -151,7 +155,8 @@ class CudaKernels:
         order, seg_start, seg_id = embedding_segments(cupy, ids)
         n_segments = seg_id.size
         self._fn("embedding_backward", dout.dtype)(
-            (n_segments, -(-C // src.COLUMN_THREADS)), (src.COLUMN_THREADS,),
+            (n_segments, -(-C // src.COLUMN_THREADS)),
+            (src.COLUMN_THREADS,),
             (dout, order, seg_start, seg_id, dweight, np.int32(C)),
         )
 
@@ -159,7 +164,8 @@ class CudaKernels:
         t = p.dtype.type
         n = p.size
         self._fn("adamw", p.dtype)(
-            (_blocks(n, src.ELEMENTWISE_THREADS),), (src.ELEMENTWISE_THREADS,),
+            (_blocks(n, src.ELEMENTWISE_THREADS),),
+            (src.ELEMENTWISE_THREADS,),
             (p, g, m, v, np.int64(n), t(beta1), t(beta2), t(scale), t(eps), t(decay)),
         )
 

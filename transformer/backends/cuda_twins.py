@@ -216,8 +216,9 @@ def embedding_segments(xp, ids):
     order = xp.argsort(ids, kind="stable") if xp is np else xp.argsort(ids)  # CuPy's sort is always stable
     ordered = ids[order]
     starts = xp.flatnonzero(ordered[1:] != ordered[:-1]) + 1
-    seg_start = xp.concatenate([xp.zeros(1, dtype=xp.int64), starts.astype(xp.int64),
-                                xp.full(1, ids.size, dtype=xp.int64)])
+    seg_start = xp.concatenate(
+        [xp.zeros(1, dtype=xp.int64), starts.astype(xp.int64), xp.full(1, ids.size, dtype=xp.int64)]
+    )
     return order.astype(xp.int64, copy=False), seg_start, ordered[seg_start[:-1]]
 
 
@@ -226,4 +227,3 @@ def twin_backend():
     from tokenkit.transformer.backends import Backend
 
     return Backend("cuda-twin", np, DeviceOps(np, TwinKernels()), np.asarray, np.asarray, lambda: None)
-

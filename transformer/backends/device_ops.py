@@ -254,7 +254,8 @@ class DeviceOps:
 
     # ------------------------------------------------------------------------- optimizer
 
-    def adamw_update(self, p, g, m, v, beta1: float, beta2: float, scale: float, eps: float, decay: float,
-                     scratch=None) -> None:
+    def adamw_update(
+        self, p, g, m, v, beta1: float, beta2: float, scale: float, eps: float, decay: float, scratch=None
+    ) -> None:
         """ops.adamw_update as one kernel over the flat arrays (`scratch` is not needed)."""
         self.kernels.adamw(p, g, m, v, beta1, beta2, scale, eps, decay)
