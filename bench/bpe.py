@@ -103,7 +103,7 @@ def child_train_naive(corpus: str, vocab: int) -> dict:
     for r in range(vocab - 256):
         stats: dict = {}
         for ids in chunks:
-            for pair in zip(ids, ids[1:]):
+            for pair in zip(ids, ids[1:], strict=False):  # consecutive pairs, as minbpe counts them
                 stats[pair] = stats.get(pair, 0) + 1
         if not stats:
             break
@@ -236,7 +236,7 @@ def measure_side_by_side(specs: list[tuple], repeats: int) -> list[dict]:
     that a burst of outside load on a shared machine hits all of them alike."""
     runs: list[list[dict]] = [[] for _ in specs]
     for _ in range(repeats):
-        for spec, out in zip(specs, runs):
+        for spec, out in zip(specs, runs, strict=True):
             if not out or "missing" not in out[0]:
                 out.append(run_child(*spec))
     return [summarize(r) for r in runs]
@@ -288,7 +288,8 @@ def main() -> None:
         "--large-mb",
         type=float,
         default=200.0,
-        help="also train at vocab 32000 on this many MB of distinct Python source against HF (bench/bpe_large.py; 0: skip)",
+        help="also train at vocab 32000 on this many MB of distinct Python source against HF "
+        "(bench/bpe_large.py; 0: skip)",
     )
     parser.add_argument("--skip-train", action="store_true")
     parser.add_argument("--skip-encode", action="store_true")
@@ -362,10 +363,11 @@ def main() -> None:
             print(row("ours encode_file (1 worker)", ours1, mb=mb))
             print(row("tiktoken (1 thread)", tt, ours["seconds"], mb=mb))
             if "missing" not in tt:
-                ratios = [t / o for t, o in zip(tt["all"], ours["all"])]
+                ratios = [t / o for t, o in zip(tt["all"], ours["all"], strict=True)]
                 print(
-                    f"  encode speed ours (default workers) / tiktoken (1 thread): {tt['seconds'] / ours['seconds']:.2f}x "
-                    f"(ratio of medians; run by run {min(ratios):.2f}-{max(ratios):.2f}x, median {statistics.median(ratios):.2f}x)"
+                    "  encode speed ours (default workers) / tiktoken (1 thread): "
+                    f"{tt['seconds'] / ours['seconds']:.2f}x (ratio of medians; "
+                    f"run by run {min(ratios):.2f}-{max(ratios):.2f}x, median {statistics.median(ratios):.2f}x)"
                 )
             ours2 = ours
             hf = measure("encode_hf", corpus, repeats=n)

@@ -176,7 +176,8 @@ def compare(corpus: Path, vocab: int, repeats: int) -> None:
         f"   runs {hf['all']} s, {hf['peaks']} MB"
     )
     print(
-        f"  HF / ours: time {hf['seconds'] / ours['seconds']:.2f}x, memory {hf['tree_peak_mb'] / ours['tree_peak_mb']:.2f}x (> 1: ours is lower)"
+        f"  HF / ours: time {hf['seconds'] / ours['seconds']:.2f}x, "
+        f"memory {hf['tree_peak_mb'] / ours['tree_peak_mb']:.2f}x (> 1: ours is lower)"
     )
 
 

@@ -85,7 +85,8 @@ def main() -> None:
         seconds = time.perf_counter() - t0
         peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # Linux: KiB
         print(
-            f"checkpoint {args.dtype}, {size / 2**20:,.0f} MiB; import {seconds:.1f} s, peak RSS {peak_kib / 2**10:,.0f} MiB"
+            f"checkpoint {args.dtype}, {size / 2**20:,.0f} MiB; "
+            f"import {seconds:.1f} s, peak RSS {peak_kib / 2**10:,.0f} MiB"
         )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -250,14 +250,14 @@ def time_training(runners: list, data, warmup: int) -> list[dict[str, float]]:
     before each call."""
     parts: list[dict[str, list[float]]] = [{} for _ in runners]
     for i, (ids, targets) in enumerate(data):
-        for runner, acc in zip(runners, parts):
+        for runner, acc in zip(runners, parts, strict=True):
             time.sleep(PAUSE_S)
             timing = runner.train_step(ids, targets)
             if i >= warmup:
                 for key, value in timing.items():
                     acc.setdefault(key, []).append(value)
     for ids, targets in data[warmup:]:
-        for runner, acc in zip(runners, parts):
+        for runner, acc in zip(runners, parts, strict=True):
             time.sleep(PAUSE_S)
             acc.setdefault("fwd_only", []).append(runner.forward(ids, targets))
     return [{key: median_ms(values) for key, values in acc.items()} for acc in parts]
@@ -404,7 +404,8 @@ def main(argv: list[str] | None = None) -> None:
         print()
         print(f"Generation on M (context {T}), one sequence from a 16-token prompt, tokens/s (cached runs: best of 3)")
         print(
-            f"{'new tokens':<34}{'ours+cache':>11}{'ours no cache':>14}{'speed-up':>9}{'PyTorch+cache':>14}{'ours/PyTorch':>13}"
+            f"{'new tokens':<34}{'ours+cache':>11}{'ours no cache':>14}{'speed-up':>9}"
+            f"{'PyTorch+cache':>14}{'ours/PyTorch':>13}"
         )
         # The second length stays inside the context; past it, all three shift the window to its
         # last half whenever it fills (GPT.generate's policy) and refill it.

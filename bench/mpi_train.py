@@ -77,7 +77,7 @@ def main() -> None:
                 *flags,
             ]
             pool, ranks = [], []
-            for k in range(args.repeats):
+            for _ in range(args.repeats):
                 run = Path(tmp) / "run"
                 pool.append(tokens_per_s([*tk, "train-model", *common, "-o", str(run), "--workers", "2"]))
                 ranks.append(
@@ -85,7 +85,8 @@ def main() -> None:
                 )
             p, r = statistics.median(pool), statistics.median(ranks)
             print(
-                f"{shape:>8}  ({steps} steps) --workers 2: {p:>9,.0f} tok/s   mpirun -n 2 --workers 1: {r:>9,.0f} tok/s   "
+                f"{shape:>8}  ({steps} steps) --workers 2: {p:>9,.0f} tok/s   "
+                f"mpirun -n 2 --workers 1: {r:>9,.0f} tok/s   "
                 f"ratio {r / p:.2f}x (goal >= 0.9x)"
             )
             print(f"{'':>8}  runs: pool {[round(x) for x in pool]}, mpi {[round(x) for x in ranks]}")

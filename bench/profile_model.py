@@ -240,19 +240,18 @@ def compare_ops(name: str, reps: int) -> None:
         )
     )
 
-    for c_in, c_out in ((C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)):
+    def linear_rows(c_in, c_out):
+        # A function per shape, so that the timed lambdas close over its own locals, not loop variables.
         xi, W, bias, do = rand(B, T, c_in), rand(c_in, c_out), rand(c_out), rand(B, T, c_out)
         _, lin_cache = ops.linear_forward(xi, W, bias)
         xit, Wt, bt2, dot = leaf(xi), leaf(W.T), leaf(bias), torch.from_numpy(do)
-        rows.append(
+        return [
             (
                 f"linear forward {c_in}x{c_out}",
                 L,
                 best_ms(lambda: ops.linear_forward(xi, W, bias), reps),
                 best_ms(lambda: F.linear(xit, Wt, bt2), reps),
-            )
-        )
-        rows.append(
+            ),
             (
                 f"linear backward {c_in}x{c_out}",
                 L,
@@ -260,8 +259,11 @@ def compare_ops(name: str, reps: int) -> None:
                 best_ms(
                     lambda y: torch.autograd.grad(y, (xit, Wt, bt2), dot), reps, setup=lambda: F.linear(xit, Wt, bt2)
                 ),
-            )
-        )
+            ),
+        ]
+
+    for c_in, c_out in ((C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)):
+        rows.extend(linear_rows(c_in, c_out))
 
     xf, wte, targets = rand(N, C), rand(V, C) * 0.02, rng.integers(0, V, N)
     xft, wtet, tgt = leaf(xf), leaf(wte), torch.from_numpy(targets)

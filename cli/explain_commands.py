@@ -1,4 +1,4 @@
-"""`tk explain`: a forward pass printed step by step, for a real model or a seed's toy example.
+"""`tk explain`: a forward pass printed step by step, for a real model or a worked example.
 
 A thin layer: the numbers come from transformer.explain, the text and heatmaps from
 cli.explain_render, the model from pipeline.checkpoint.load_model. Tables go to stdout.
@@ -22,7 +22,7 @@ _EXAMPLE_LIST = "; ".join(f"{name} ({what})" for name, (what, _) in EXAMPLES.ite
 @click.command("explain")
 @click.argument("text", required=False)
 @click.option("-m", "--model", "model_path", type=click.Path(path_type=Path), help="run directory or model.safetensors")
-@click.option("--example", "example", metavar="NAME", help=f"a seed's toy example instead of a model: {_EXAMPLE_LIST}")
+@click.option("--example", "example", metavar="NAME", help=f"a worked example instead of a model: {_EXAMPLE_LIST}")
 @click.option("--layer", default=0, show_default=True, type=int, help="layer to explain (0 = first)")
 @click.option("--head", default=0, show_default=True, type=int, help="attention head of that layer (0 = first)")
 @click.option("--top-k", default=5, show_default=True, type=int, help="next-token candidates listed at the end")
@@ -34,7 +34,7 @@ _EXAMPLE_LIST = "; ".join(f"{name} ({what})" for name, (what, _) in EXAMPLES.ite
               " needs pip install 'tokenkit[plot]'")  # fmt: skip
 @device_option
 def explain_command(text, model_path, example, layer, head, top_k, full, precision, as_json, plot_path, device) -> int:
-    """Print a forward pass the way the seed documents work it: tokens, embeddings, Q, K, V,
+    """Print a forward pass the way a textbook works an example: tokens, embeddings, Q, K, V,
     scores, attention weights, weighted sum, projection, residual, LayerNorm, MLP, logits.
 
     \b
@@ -44,23 +44,21 @@ def explain_command(text, model_path, example, layer, head, top_k, full, precisi
       tk explain -m runs/tales "The cat sat" --plot attention.png
       tk explain --example chai --precision 3
     \b
-    Examples (--example NAME), the seeds' numbers through the library's ops:
-      attention-lookup   seed 004: attention as a fuzzy key/value lookup
-      sitting            seed 003: Q = K = V = X, scaled by sqrt(4)
-      chai               seed 001: one encoder layer on "The chai is hot"
-      one-layer          seed 000: one-layer toy with d_head = 2 and W_O
+    Examples (--example NAME), their numbers through the library's ops:
+      attention-lookup   attention as a fuzzy key/value lookup
+      sitting            "The cat sat": Q = K = V = X, scaled by sqrt(4)
+      chai               one encoder layer on "The chai is hot"
+      one-layer          a one-layer toy with d_head = 2 and W_O
     """
     if example is not None:
         if model_path is not None or text is not None:
-            raise click.UsageError("--example runs a seed's toy example; give it without -m and TEXT")
+            raise click.UsageError("--example runs a worked example; give it without -m and TEXT")
         expl = explain_example(example)
         doc = {"kind": "example", "example": example, **expl.to_dict()}
         header = ""
     else:
         if model_path is None or text is None:
-            raise click.UsageError(
-                'give -m MODEL "TEXT" to explain a model, or --example NAME for a seed\'s toy example'
-            )
+            raise click.UsageError('give -m MODEL "TEXT" to explain a model, or --example NAME for a worked example')
         check_device(device)
         model, tok, _ = load_model(model_path, device=device)
         ids = tok.encode(text)
@@ -81,7 +79,7 @@ def explain_command(text, model_path, example, layer, head, top_k, full, precisi
             **expl.to_dict(),
             "tokens": [
                 {"position": t, "id": i, "text": b.decode("utf-8", errors="replace"), "bytes": b.hex()}
-                for t, (i, b) in enumerate(zip(ids, raw))
+                for t, (i, b) in enumerate(zip(ids, raw, strict=True))
             ],
         }
         for candidate in doc["top"]:  # plain text in JSON, like "tokens" (the tables show it quoted)

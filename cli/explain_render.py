@@ -2,8 +2,8 @@
 
 Tables are labelled with the actual tokens; a matrix larger than the corner limit prints as its
 shape plus its top-left corner unless `full` is asked. Attention-weight tables get a row-sum
-column (each row sums to 1). A seed example's row that the seed printed is followed by what it
-printed: "seed: same" when that is the exact value rounded, the seed's text otherwise.
+column (each row sums to 1). A worked example's row that the example printed is followed by what it
+printed: "example: same" when that is the exact value rounded, the example's text otherwise.
 
 What this module does not do: compute anything (transformer.explain does) or parse arguments.
 """
@@ -40,9 +40,9 @@ def _table(row_labels: list[str], col_labels: list[str], cells: list[list[str]],
     """Right-aligned columns under their labels; notes[i] is appended to row i."""
     lw = max((len(r) for r in row_labels), default=0)
     widths = [max([len(c)] + [len(row[j]) for row in cells]) for j, c in enumerate(col_labels)]
-    lines = [" " * lw + "  " + "  ".join(c.rjust(w) for c, w in zip(col_labels, widths))]
-    for label, row, note in zip(row_labels, cells, notes):
-        lines.append(label.ljust(lw) + "  " + "  ".join(c.rjust(w) for c, w in zip(row, widths)) + note)
+    lines = [" " * lw + "  " + "  ".join(c.rjust(w) for c, w in zip(col_labels, widths, strict=True))]
+    for label, row, note in zip(row_labels, cells, notes, strict=True):
+        lines.append(label.ljust(lw) + "  " + "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) + note)
     return lines
 
 
@@ -73,7 +73,9 @@ def render_step(step: Step, *, precision: int, full: bool) -> list[str]:
     for i in range(n_rows):
         p = step.seed.get(None if v.ndim == 1 else i)
         notes.append(
-            "" if p is None else ("   seed: same" if p.agrees else f"   seed printed {p.text} (differs; exact at left)")
+            ""
+            if p is None
+            else ("   example: same" if p.agrees else f"   example printed {p.text} (differs; exact at left)")
         )
     lines += _table(rows[:n_rows], col_labels, cells, notes)
     if n_rows < m.shape[0] or n_cols < m.shape[1]:
@@ -111,7 +113,7 @@ def show_token(raw: bytes) -> str:
 
 def render_tokens(ids: Sequence[int], shown: Sequence[str], raw: Sequence[bytes]) -> str:
     """The tokenization: position, id, text and bytes (hex) of each token."""
-    cells = [[str(i), p, b.hex(" ")] for i, p, b in zip(ids, shown, raw)]
+    cells = [[str(i), p, b.hex(" ")] for i, p, b in zip(ids, shown, raw, strict=True)]
     lines = [f"-- tokens  [{len(cells)}]"]
     lines += _table([str(t) for t in range(len(cells))], ["id", "text", "bytes"], cells, [""] * len(cells))
     return "\n".join(lines) + "\n"

@@ -34,17 +34,20 @@ def corpus_options(command):
             click.option(
                 "--glob",
                 metavar="PATTERN",
-                help="In directories, read only the files whose name or path below the directory matches (e.g. '*.txt').  [default: every file not hidden]",
+                help="In directories, read only the files whose name or path below the directory matches "
+                "(e.g. '*.txt').  [default: every file not hidden]",
             ),
             click.option(
                 "--text-field",
                 metavar="NAME",
-                help="Read the inputs as JSON Lines: each line is a document, its text at this field (dotted paths like meta.text reach inside).",
+                help="Read the inputs as JSON Lines: each line is a document, its text at this field "
+                "(dotted paths like meta.text reach inside).",
             ),
             click.option(
                 "--binary",
                 is_flag=True,
-                help="Read files as their exact bytes: no decompression, no warning for files that do not look like text.",
+                help="Read files as their exact bytes: no decompression, "
+                "no warning for files that do not look like text.",
             ),
         ]
     ):
@@ -307,7 +310,7 @@ def _encode(
             return 0  # a big file's ids stay on disk: never turned into a Python list
     ids = arr.tolist()
     if show:
-        for i, piece in zip(ids, tok.token_pieces(ids)):
+        for i, piece in zip(ids, tok.token_pieces(ids), strict=True):
             click.echo(f"{i:>7}  {piece!r}")
         click.echo(f"{len(ids)} tokens for {n_bytes} bytes")
     elif as_json:
@@ -369,7 +372,8 @@ def decode_command(tokenizer_path, ids, file) -> int:
 @click.option(
     "--pattern",
     default=None,
-    help="Split pattern: gpt2, gpt4, none or a regex. For GPT-2's pair (default gpt2) and a bare .tiktoken file (required); tokenizer.json holds its own.",
+    help="Split pattern: gpt2, gpt4, none or a regex. For GPT-2's pair (default gpt2) and a bare .tiktoken file "
+    "(required); tokenizer.json holds its own.",
 )
 @click.option(
     "--special",
@@ -427,7 +431,8 @@ def bpe_import_command(sources, output, pattern, specials) -> int:
     type=click.Choice(Tokenizer.EXPORT_FORMATS),
     default="gpt2",
     show_default=True,
-    help="gpt2: vocab.json + merges.txt; hf: tokenizer.json (+ tokenizer_config.json, special_tokens_map.json); tiktoken: tokenizer.tiktoken + tokenizer_tiktoken.json.",
+    help="gpt2: vocab.json + merges.txt; hf: tokenizer.json (+ tokenizer_config.json, special_tokens_map.json); "
+    "tiktoken: tokenizer.tiktoken + tokenizer_tiktoken.json.",
 )
 def bpe_export_command(tokenizer_path, output, fmt) -> int:
     """Write a tokenizer in GPT-2's, Hugging Face's or tiktoken's format.
@@ -452,7 +457,8 @@ def bpe_export_command(tokenizer_path, output, fmt) -> int:
     else:
         n_specials = len(tok.special_tokens)
         click.echo(
-            f"wrote {paths[0]} ({tok.vocab_size - n_specials} ranks) and {paths[1]} ({n_specials} special token{'s' * (n_specials != 1)})"
+            f"wrote {paths[0]} ({tok.vocab_size - n_specials} ranks) and "
+            f"{paths[1]} ({n_specials} special token{'s' * (n_specials != 1)})"
         )
     return 0
 

@@ -6,10 +6,11 @@ to bound (a file's length bounds its text).
 
 >>> loads('{"a": [1, 2]}')
 {'a': [1, 2]}
->>> loads("[" * 100 + "]" * 100, "config")
-Traceback (most recent call last):
-...
-common.errors.FileError: config is nested deeper than 64 levels (tokenkit never nests that deep; the file is damaged or hostile)
+>>> try:
+...     loads("[" * 100 + "]" * 100, "config")
+... except FileError as err:
+...     print(err)
+config is nested deeper than 64 levels (tokenkit never nests that deep; the file is damaged or hostile)
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def loads(text: str | bytes, what: str = "JSON text") -> Any:
             raise FileError(f"{what} is not UTF-8 text") from None
     if depth(text) > MAX_DEPTH:
         raise FileError(
-            f"{what} is nested deeper than {MAX_DEPTH} levels (tokenkit never nests that deep; the file is damaged or hostile)"
+            f"{what} is nested deeper than {MAX_DEPTH} levels "
+            "(tokenkit never nests that deep; the file is damaged or hostile)"
         )
     try:
         return json.loads(text)

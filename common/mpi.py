@@ -108,7 +108,7 @@ def recv_arrays(comm, source: int, dtypes: Sequence[Any], tag: int = 0) -> list[
     lengths = np.empty(len(dtypes), dtype=np.int64)
     comm.Recv(lengths, source=source, tag=tag)
     arrays = []
-    for n, dtype in zip(lengths.tolist(), dtypes):
+    for n, dtype in zip(lengths.tolist(), dtypes, strict=True):
         a = np.empty(n, dtype=dtype)
         if n:
             comm.Recv(a, source=source, tag=tag)

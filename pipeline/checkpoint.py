@@ -199,7 +199,8 @@ def _check_format(path: Path, meta: Mapping[str, str], expected: str, hint: str)
         raise PipelineError(f"{path} is not a {expected} file ({found}); {hint}")
     if meta.get("format_version") != FORMAT_VERSION:
         raise PipelineError(
-            f"{path} has {expected} version {meta.get('format_version')!r}; this tokenkit reads version {FORMAT_VERSION}"
+            f"{path} has {expected} version {meta.get('format_version')!r}; "
+            f"this tokenkit reads version {FORMAT_VERSION}"
         )
 
 

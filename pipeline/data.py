@@ -1,7 +1,8 @@
 """Corpus -> token-id files (memory-mapped) -> (B, T) training batches from a seeded generator.
 
 A run's corpus (`pipeline.sources`: a `CorpusSpec`, opened as a `RunCorpus`) is encoded once
-with the tokenizer into `tokens.npy` beside the run (the validation corpus into `val_tokens.npy`; uint16 when the vocabulary fits, else uint32) and opened with
+with the tokenizer into `tokens.npy` beside the run (the validation corpus into
+`val_tokens.npy`; uint16 when the vocabulary fits, else uint32) and opened with
 `np.load(mmap_mode="r")`, so a corpus larger than memory still trains: a batch reads only its
 windows. `tokens.json` records what each file was made from (the corpus fingerprint, the
 tokenizer's fingerprint, the eot token); while they still match, a file is reused instead of
@@ -81,7 +82,8 @@ class TokenData:
         if len(self.ids) < need or len(self.val_ids) < need:
             raise PipelineError(
                 f"corpus too small: {len(self.ids)} train / {len(self.val_ids)} validation (--val) tokens, but each "
-                f"needs at least {need} (context {context_length} + 1); use bigger corpora or a smaller --context-length"
+                f"needs at least {need} (context {context_length} + 1); "
+                "use bigger corpora or a smaller --context-length"
             )
         return self.ids, self.val_ids
 

@@ -332,7 +332,8 @@ def _headers(directory: Path) -> tuple[dict[str, _Source], int]:
         pickles = [n for n in PICKLE_FILES if (directory / n).exists()]
         if pickles:
             raise PipelineError(
-                f"{directory} holds {pickles[0]}, a pickle, which tk never loads (loading runs code); convert it first: "
+                f"{directory} holds {pickles[0]}, a pickle, which tk never loads (loading runs code); "
+                "convert it first: "
                 "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(NEW_DIR) writes model.safetensors"
             )
         raise PipelineError(f"{directory} has no {WEIGHTS_FILE} or {INDEX_FILE}; is it a transformers model directory?")

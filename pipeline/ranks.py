@@ -64,7 +64,8 @@ class Ranks:
         if shards % self.size:
             raise PipelineError(
                 f"the run splits each batch into {shards} shards (--workers {shards} in one process), which "
-                f"{self.size} ranks cannot share evenly; run it on a rank count that divides {shards}, or without mpirun"
+                f"{self.size} ranks cannot share evenly; "
+                f"run it on a rank count that divides {shards}, or without mpirun"
             )
         return shards // self.size
 

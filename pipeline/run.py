@@ -53,7 +53,8 @@ def load_tokenizer(path: str | Path):
         return checkpoint.load_model(path).tokenizer
     if not path.exists():
         raise PipelineError(
-            f"tokenizer file not found: {path}; give a tokenizer.safetensors (`tk bpe-train` makes one), a model file or a run directory"
+            f"tokenizer file not found: {path}; give a tokenizer.safetensors (`tk bpe-train` makes one), "
+            "a model file or a run directory"
         )
     return Tokenizer.load(path)
 
@@ -68,7 +69,8 @@ def load_model_and_tokenizer(model_path: str | Path, tokenizer_path: str | Path 
     tok = loaded.tokenizer if tokenizer_path is None else load_tokenizer(tokenizer_path)
     if tok.vocab_size != loaded.model.config.vocab_size:
         raise PipelineError(
-            f"tokenizer {tokenizer_path} has {tok.vocab_size} tokens but the model expects {loaded.model.config.vocab_size}; "
+            f"tokenizer {tokenizer_path} has {tok.vocab_size} tokens "
+            f"but the model expects {loaded.model.config.vocab_size}; "
             "give the tokenizer the model was trained with"
         )
     return loaded.model, tok
@@ -94,7 +96,8 @@ def encode_prompt(model, tokenizer, text: str, say: Callable[[str], None]) -> li
     limit = model.config.context_length
     if len(ids) > limit:
         say(
-            f"warning: the prompt is {len(ids)} tokens, longer than the model's context ({limit}); using its last {limit}"
+            f"warning: the prompt is {len(ids)} tokens, longer than the model's context ({limit}); "
+            f"using its last {limit}"
         )
         ids = ids[-limit:]
     return ids

@@ -1,12 +1,12 @@
 """A run directory belongs to one process at a time, and a run never takes another run's files.
 
-`RunDir(path)` is a context manager around the run: it creates the directory if needed, takes
-an exclusive advisory lock (`fcntl.flock` on `.tk.lock` inside it, removed again when the run
-ends) for the whole run, and only then removes the temp files of writers that died mid-write
-(`common.atomic`'s names; nothing else). A second process gets one line naming the holder's
-PID; the kernel drops the lock of a process that dies, so a stale lock file never blocks. Worker processes close their inherited copy
-of the lock at fork. Taking the lock again in the same process nests (the pipeline holds it
-while it calls `train_model`).
+`RunDir(path)` is a context manager around the run: it creates the directory if needed, takes an
+exclusive advisory lock (`fcntl.flock` on `.tk.lock` inside it, removed again when the run ends)
+for the whole run, and only then removes the temp files of writers that died mid-write
+(`common.atomic`'s names; nothing else). A second process gets one line naming the holder's PID;
+the kernel drops the lock of a process that dies, so a stale lock file never blocks. Worker
+processes close their inherited copy of the lock at fork. Taking the lock again in the same
+process nests (the pipeline holds it while it calls `train_model`).
 
 `conflicts(...)` lists the files of another run that a fresh run would replace: callers refuse
 to start unless the user asked to overwrite. When the run fails before it wrote anything, a
@@ -114,7 +114,8 @@ class RunDir:
                 os.close(fd)
                 who = f"process {holder}" if holder.isdigit() else "another process"
                 raise PipelineError(
-                    f"run directory {self.path} is in use by {who} (another tk run); wait for it to finish or choose another -o"
+                    f"run directory {self.path} is in use by {who} (another tk run); "
+                    "wait for it to finish or choose another -o"
                 ) from None
             # the holder before us unlinks the file when it is done: lock the file that is there now
             try:

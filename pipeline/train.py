@@ -520,22 +520,23 @@ def train_model(
 ) -> TrainResult:
     """Train a fresh model on `corpus` in `run_dir` (encoding the corpus first, or reusing the cache).
 
-    `corpus`: a path, a list of paths, a `sources.CorpusSpec` (directories, compressed files, JSONL,
-    an eot token, a validation corpus) or one already opened (`sources.RunCorpus`). Stdin ("-") and
-    pipes are copied into the run directory once it is locked (`sources.store_streams`; kept as
-    corpus.stream, val.stream when the run starts) and read from there. Without
-    `tokenizer`, one is trained on the corpus (vocab DEFAULT_VOCAB_SIZE, the eot token as a
-    special token) and saved in the run directory. Everything is validated first (corpus, settings, tokenizer, the encoded
-    corpus's size, the model's memory) and nothing in `run_dir` is replaced or removed before
-    the run starts. A directory holding another run's files is refused unless `overwrite`; use
-    `resume_training` to continue one. `run_dir` is locked for the whole run (`pipeline.rundir`).
-    `tokens` skips encoding when the caller has just prepared them (their pending file, if any,
-    is committed here); `on_start` is called once everything is validated, before the first
-    file is written (the pipeline commits its tokenizer there). `init` starts from its weights
-    and tokenizer instead of random ones (`config` must have its shape: `StartFrom.settings`).
-    `ranks`: this is rank 0 of an MPI job whose other ranks run `follow` (pipeline.ranks);
-    `config.workers` then counts every rank's shards. `device`: "cpu" or "cuda" (the whole batch
-    in this process on the GPU; the files are the same kind either way).
+    `corpus`: a path, a list of paths, a `sources.CorpusSpec` (directories, compressed files,
+    JSONL, an eot token, a validation corpus) or one already opened (`sources.RunCorpus`). Stdin
+    ("-") and pipes are copied into the run directory once it is locked
+    (`sources.store_streams`; kept as corpus.stream, val.stream when the run starts) and read
+    from there. Without `tokenizer`, one is trained on the corpus (vocab DEFAULT_VOCAB_SIZE, the
+    eot token as a special token) and saved in the run directory. Everything is validated first
+    (corpus, settings, tokenizer, the encoded corpus's size, the model's memory) and nothing in
+    `run_dir` is replaced or removed before the run starts. A directory holding another run's
+    files is refused unless `overwrite`; use `resume_training` to continue one. `run_dir` is
+    locked for the whole run (`pipeline.rundir`). `tokens` skips encoding when the caller has
+    just prepared them (their pending file, if any, is committed here); `on_start` is called
+    once everything is validated, before the first file is written (the pipeline commits its
+    tokenizer there). `init` starts from its weights and tokenizer instead of random ones
+    (`config` must have its shape: `StartFrom.settings`). `ranks`: this is rank 0 of an MPI job
+    whose other ranks run `follow` (pipeline.ranks); `config.workers` then counts every rank's
+    shards. `device`: "cpu" or "cuda" (the whole batch in this process on the GPU; the files are
+    the same kind either way).
     """
     config = config or TrainConfig()
     corpus = sources.open_corpus(corpus, warn=lambda msg: say(f"warning: {msg}"))
@@ -564,7 +565,8 @@ def train_model(
             if tokenizer is None:
                 eot = f" and the special token {corpus.spec.eot!r}" if corpus.spec.eot is not None else ""
                 say(
-                    f"no tokenizer given (-t): training one on {corpus.spec.describe()} with the defaults (vocab {DEFAULT_VOCAB_SIZE}){eot}"
+                    f"no tokenizer given (-t): training one on {corpus.spec.describe()} "
+                    f"with the defaults (vocab {DEFAULT_VOCAB_SIZE}){eot}"
                 )
                 tokenizer = fit_tokenizer(corpus, quiet=quiet)
             if tokens is None:
@@ -733,7 +735,8 @@ def _resumed_corpus(run_dir: Path, state: checkpoint.TrainState, corpus, overrid
     try:
         if rc.fingerprint() != key["corpus_fingerprint"]:
             raise PipelineError(
-                f"corpus {rc.spec.describe()} is not the one {run_dir} was trained on (its contents changed); resume needs the same corpus"
+                f"corpus {rc.spec.describe()} is not the one {run_dir} was trained on (its contents changed); "
+                "resume needs the same corpus"
             )
         if rc.val_fingerprint() != key["val_fingerprint"]:
             raise PipelineError(
@@ -753,7 +756,8 @@ def _check_kept_streams(spec: sources.CorpusSpec, run_dir: Path) -> None:
             flag = "--val " if path in spec.val else ""
             raise PipelineError(
                 f"{path} is missing: {run_dir} kept its {'validation ' if flag else ''}corpus ({origin}) there; "
-                f"give the same corpus again in its place: tk train-model --resume {run_dir} {flag}FILE (or {flag}- to pipe it in)"
+                "give the same corpus again in its place: "
+                f"tk train-model --resume {run_dir} {flag}FILE (or {flag}- to pipe it in)"
             )
 
 

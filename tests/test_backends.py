@@ -340,7 +340,7 @@ def test_adamw_twin_is_bit_identical(dtype, decay):
     ops.adamw_update(*want, *consts)
     got = [a.copy() for a in (p, g, m, v)]
     T_OPS.adamw_update(*got, *consts)
-    for name, a, b in zip("pgmv", got, want):
+    for name, a, b in zip("pgmv", got, want, strict=True):
         assert np.array_equal(a, b), name
 
 

@@ -36,7 +36,7 @@ def _random_words_text(n_words: int, seed: int) -> str:
     lengths = rng.integers(2, 10, size=50_000)
     letters = rng.integers(ord("a"), ord("z") + 1, size=int(lengths.sum()), dtype=np.uint8).tobytes().decode()
     ends = np.cumsum(lengths).tolist()
-    words = [letters[e - n : e] for e, n in zip(ends, lengths.tolist())]
+    words = [letters[e - n : e] for e, n in zip(ends, lengths.tolist(), strict=True)]
     picks = rng.integers(0, len(words), size=n_words).tolist()
     return "".join(" ".join(words[i] for i in picks[k : k + 12]) + ".\n" for k in range(0, n_words, 12))
 

@@ -111,12 +111,12 @@ def test_example_attention_rows_sum_to_one(capsys, name):
 
 def test_wrong_printed_values_are_annotated_with_the_seeds_text(capsys):
     _, text, _ = run(capsys, "--example", "chai", "--precision", "3")
-    assert "seed printed [0.291, 0.454, 0.199, 0.056] (differs; exact at left)" in text  # row "chai"
-    assert "seed printed [1.792, 2.216] (differs; exact at left)" in text  # Z, row "chai"
+    assert "example printed [0.291, 0.454, 0.199, 0.056] (differs; exact at left)" in text  # row "chai"
+    assert "example printed [1.792, 2.216] (differs; exact at left)" in text  # Z, row "chai"
     _, text, _ = run(capsys, "--example", "one-layer", "--precision", "6")
-    assert "seed printed [0.34, 0.31, 0.35] (differs; exact at left)" in text
+    assert "example printed [0.34, 0.31, 0.35] (differs; exact at left)" in text
     doc = json.loads(run(capsys, "--example", "one-layer", "--json")[1])
-    v = steps_of(doc)["v"]["seed_printed"]
+    v = steps_of(doc)["v"]["example_printed"]
     assert [p["text"] for p in v] == ["[-0.1, -0.1]", "[0.1, 0.4]", "[-0.1, -0.2]"]
     assert not any(p["agrees"] for p in v)
 
@@ -133,13 +133,13 @@ def test_seed_values_that_are_right_are_marked_as_agreeing():
 def test_parse_printed_reads_numbers_and_their_decimals(numbers):
     texts = [f"{n / 10**d:.{d}f}".replace("-", "−") for n, d in numbers]
     parsed = parse_printed("[" + ", ".join(texts) + "]")
-    assert parsed == [(float(t.replace("−", "-")), d) for t, (_, d) in zip(texts, numbers)]
+    assert parsed == [(float(t.replace("−", "-")), d) for t, (_, d) in zip(texts, numbers, strict=True)]
 
 
-def test_chai_states_what_the_seed_leaves_undefined(capsys):
+def test_chai_states_what_the_example_leaves_undefined(capsys):
     _, text, _ = run(capsys, "--example", "chai")
-    assert "W_O (assumed: the seed leaves it undefined)" in text
-    assert "W_1 (illustrative: the seed gives no FFN weights)" in text
+    assert "W_O (assumed: the worked example leaves it undefined)" in text
+    assert "W_1 (illustrative: the worked example gives no FFN weights)" in text
     assert "gamma" in text and "undefined" in text
 
 
@@ -177,7 +177,7 @@ def naive_attention_weights(q, k, causal):
         keys = range(i + 1) if causal else range(T)
         s = [sum(q[i, c] * k[j, c] for c in range(d)) / math.sqrt(d) for j in keys]
         e = [math.exp(x - max(s)) for x in s]
-        for j, x in zip(keys, e):
+        for j, x in zip(keys, e, strict=True):
             w[i, j] = x / sum(e)
     return w
 
@@ -245,7 +245,7 @@ def test_model_text_shows_tokens_tables_and_candidates(capsys, saved):
     ids = tok.encode(TEXT)
     code, text, _ = run(capsys, "-m", str(path), TEXT, "--precision", "2")
     assert code == 0
-    assert "-- tokens  [%d]" % len(ids) in text
+    assert f"-- tokens  [{len(ids)}]" in text
     for title in ("token embeddings", "positional encodings", "Q, head 0", "K, head 0", "V, head 0", "raw scores",
                   "scaled scores", "attention weights", "weighted sum", "output projection", "residual",
                   "LayerNorm", "MLP hidden", "MLP output", "top 5 next-token candidates"):  # fmt: skip
@@ -257,8 +257,14 @@ def test_model_text_shows_tokens_tables_and_candidates(capsys, saved):
     assert len(full) > len(text)
 
 
-@pytest.mark.parametrize("flag,value_,message", [("--layer", "2", "layer 2 does not exist"), ("--head", "3", "head 3 does not exist"),
-                                                  ("--layer", "-1", "layer -1 does not exist")])  # fmt: skip
+@pytest.mark.parametrize(
+    "flag,value_,message",
+    [
+        ("--layer", "2", "layer 2 does not exist"),
+        ("--head", "3", "head 3 does not exist"),
+        ("--layer", "-1", "layer -1 does not exist"),
+    ],
+)
 def test_bad_layer_or_head_is_one_line_exit_1(capsys, saved, flag, value_, message):
     code, out, err = run(capsys, "-m", str(saved[0]), TEXT, flag, value_)
     assert code == 1 and out == ""

@@ -60,7 +60,7 @@ def test_row_kernels_against_twins(shape, dtype):
     x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
     w, b = rng.standard_normal(shape[1]).astype(dtype), rng.standard_normal(shape[1]).astype(dtype)
     got = KERNELS.layernorm_forward(dev(x), dev(w), dev(b), 1e-5)
-    for name, g, t in zip(("out", "xhat", "rstd"), got, TWINS.layernorm_forward(x, w, b, 1e-5)):
+    for name, g, t in zip(("out", "xhat", "rstd"), got, TWINS.layernorm_forward(x, w, b, 1e-5), strict=True):
         close(g, t, tol_for(dtype), f"layernorm {name}")
     d = rng.standard_normal(shape).astype(dtype)
     xhat, rstd = cupy.asnumpy(got[1]), cupy.asnumpy(got[2])
@@ -81,7 +81,7 @@ def test_xent_kernels_against_twins(shape, dtype):
     t = rng.integers(0, shape[1], shape[0])
     got = KERNELS.xent_forward(dev(z), dev(t))
     want = TWINS.xent_forward(z, t)
-    for name, g, w in zip(("max", "sum", "losses"), got, want):
+    for name, g, w in zip(("max", "sum", "losses"), got, want, strict=True):
         close(g, w, tol_for(dtype), f"xent {name}")
     zd, zt = dev(z), z.copy()
     KERNELS.xent_backward(zd, dev(t), got[0], got[1], 3 * shape[0])
@@ -123,7 +123,7 @@ def test_embedding_and_adamw_kernels_are_bit_identical_to_the_cpu():
     ops.adamw_update(p, g, m, v, *consts)
     pd, gd, md, vd = (dev(a) for a in arrays)
     KERNELS.adamw(pd, gd, md, vd, *consts)
-    for name, a, b in zip("pmv", (pd, md, vd), (p, m, v)):
+    for name, a, b in zip("pmv", (pd, md, vd), (p, m, v), strict=True):
         assert np.array_equal(cupy.asnumpy(a), b), name
 
 
@@ -142,14 +142,14 @@ def test_ops_against_cpu_ops(dtype, causal):
     close(out, ref.layernorm(x.astype(np.float64), w, b), tol_for(dtype), "layernorm")
     d = rng.standard_normal(x.shape).astype(dtype)
     for name, g, c in zip(("dx", "dw", "db"), G.layernorm_backward(dev(d), cache),
-                          ops.layernorm_backward(d, ops.layernorm_forward(x, w, b)[1])):  # fmt: skip
+                          ops.layernorm_backward(d, ops.layernorm_forward(x, w, b)[1]), strict=True):  # fmt: skip
         close(g, c, tol_for(dtype), f"layernorm {name}")
     W, bias = rng.standard_normal((C, 3 * C)).astype(dtype), rng.standard_normal(3 * C).astype(dtype)
     qkv, lcache = G.linear_forward(dev(x), dev(W), dev(bias))
     close(qkv, ref.linear(x, W, bias), tol_for(dtype), "linear")
     dq = rng.standard_normal((B, T, 3 * C)).astype(dtype)
     for name, g, c in zip(("dx", "dW", "db"), G.linear_backward(dev(dq), lcache),
-                          ops.linear_backward(dq, ops.linear_forward(x, W, bias)[1])):  # fmt: skip
+                          ops.linear_backward(dq, ops.linear_forward(x, W, bias)[1]), strict=True):  # fmt: skip
         close(g, c, tol_for(dtype), f"linear {name}")
     qkv_h = cupy.asnumpy(qkv)
     att, acache = G.attention_forward(qkv, H, causal)

@@ -372,21 +372,21 @@ def npy_mutants(data: bytes, rng: random.Random, n: int):
             shape, descr = rng.choice(shapes), rng.choice(descrs) if op == 3 else "'<u2'"
             fortran = rng.choice(["False", "False", "True"])
             version = rng.choice([1, 1, 2])
-            text = "{'descr': %s, 'fortran_order': %s, 'shape': %r, }" % (descr, fortran, shape)
+            text = f"{{'descr': {descr}, 'fortran_order': {fortran}, 'shape': {shape!r}, }}"
             yield f"v{version} shape {shape} descr {descr} fortran {fortran}", _npy(text, body, version)
         elif op == 4:
             text = rng.choice(
                 [
                     "{'descr': '<u2', 'fortran_order': False, 'shape': " + "(" * 5000 + ")" * 5000 + ", }",
-                    "{'descr': '<u2', 'fortran_order': False, 'shape': (%d,), 'extra': 1}" % count,
-                    "{'descr': '<u2', 'shape': (%d,)}" % count,
+                    f"{{'descr': '<u2', 'fortran_order': False, 'shape': ({count},), 'extra': 1}}",
+                    f"{{'descr': '<u2', 'shape': ({count},)}}",
                     "__import__('os').system('echo pwned')",
                     "[1, 2, 3]",
-                    "{'descr': '<u2', 'fortran_order': False, 'shape': [%d], }" % count,
-                    "{'descr': '<u2', 'fortran_order': 0, 'shape': (%d,), }" % count,
-                    "{'descr': '<u2', 'fortran_order': False, 'shape': (%d.0,), }" % count,
+                    f"{{'descr': '<u2', 'fortran_order': False, 'shape': [{count}], }}",
+                    f"{{'descr': '<u2', 'fortran_order': 0, 'shape': ({count},), }}",
+                    f"{{'descr': '<u2', 'fortran_order': False, 'shape': ({count}.0,), }}",
                     "".join(chr(rng.randrange(32, 127)) for _ in range(rng.randrange(1, 200))),
-                    "{'descr': '<u2', 'fortran_order': False, 'shape': (%s,), }" % ("9" * 5000),
+                    f"{{'descr': '<u2', 'fortran_order': False, 'shape': ({'9' * 5000},), }}",
                 ]
             )
             yield f"header text {text[:60]!r}", _npy(text, body, rng.choice([1, 2]))
@@ -829,7 +829,7 @@ def test_sinusoidal_model_within_bounds_still_loads(files, tmp_path):
 
 
 def _npy_bomb(path: Path, n: int = 10**11) -> Path:
-    text = "{'descr': '<u2', 'fortran_order': False, 'shape': (%d,), }" % n
+    text = f"{{'descr': '<u2', 'fortran_order': False, 'shape': ({n},), }}"
     path.write_bytes(_npy(text, b"\x00" * 64, 1))
     return path
 
@@ -917,6 +917,15 @@ def test_deep_gpt2_vocab_json_is_one_line(tmp_path, capsys):
         capsys, "bpe-import", tmp_path / "vocab.json", tmp_path / "merges.txt", "-o", tmp_path / "t.safetensors"
     )
     one_line_error(code, err)
+
+
+def test_jsonsafe_docstring_examples():
+    import doctest
+
+    import tokenkit.common.jsonsafe
+
+    result = doctest.testmod(tokenkit.common.jsonsafe)
+    assert result.failed == 0 and result.attempted > 0
 
 
 # --------------------------------------------------------------------------- flags

@@ -100,7 +100,7 @@ def test_the_ranks_shares_count_as_the_whole_corpus(corpus, n, cuttable):
     shares = split_files(paths, sizes, n, cuttable)
     assert len(shares) == n
     flat = [r for share in shares for r in share]
-    for path, size in zip(paths, sizes):  # each file's ranges tile it, in order
+    for path, size in zip(paths, sizes, strict=True):  # each file's ranges tile it, in order
         mine = [(r.start, r.end) for r in flat if r.path == path]
         assert [a for a, _ in mine[1:]] == [b for _, b in mine[:-1]]
         assert (mine[0][0], mine[-1][1]) == (0, size) if size else mine == []

@@ -1,6 +1,7 @@
 """AdamW, gradient clipping and the learning-rate schedule against slow, plainly written references."""
 
 import math
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ def reference_adamw(params, grads_per_step, lrs, betas, eps, weight_decay):
         flat = [float(x) for x in p0.reshape(-1)]
         m = [0.0] * len(flat)
         v = [0.0] * len(flat)
-        for t, (grads, lr) in enumerate(zip(grads_per_step, lrs), start=1):
+        for t, (grads, lr) in enumerate(zip(grads_per_step, lrs, strict=True), start=1):
             g = grads[name].reshape(-1)
             for i in range(len(flat)):
                 gi = float(g[i])
@@ -58,7 +59,7 @@ def test_adamw_matches_plain_reference(seed, n_steps, dtype, beta1, beta2, weigh
     grads_per_step = [random_tensors(rng, dtype) for _ in range(n_steps)]
     lrs = [float(x) for x in rng.uniform(1e-3, 1e-1, n_steps)]
     opt = AdamW(params, lr=lrs[0], betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
-    for grads, lr in zip(grads_per_step, lrs):
+    for grads, lr in zip(grads_per_step, lrs, strict=True):
         opt.step(grads, lr=lr)
     expected = reference_adamw(start, grads_per_step, lrs, (beta1, beta2), eps, weight_decay)
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == np.float64 else dict(rtol=2e-6, atol=2e-6)
@@ -191,8 +192,8 @@ def test_cosine_schedule_key_points():
     assert cosine_schedule(110, **kw) == pytest.approx(6e-5)
     assert cosine_schedule(10_000, **kw) == 6e-5
     lrs = [cosine_schedule(s, **kw) for s in range(130)]
-    assert all(a <= b for a, b in zip(lrs[:10], lrs[1:11]))  # warmup rises
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # then never rises again
+    assert all(a <= b for a, b in pairwise(lrs[:11]))  # warmup rises
+    assert all(a >= b for a, b in pairwise(lrs[10:]))  # then never rises again
     assert cosine_schedule(0, max_lr=1.0, min_lr=0.0, warmup_steps=0, total_steps=4) == 1.0
     for bad in (dict(kw, warmup_steps=200), dict(kw, min_lr=1.0), dict(kw, warmup_steps=-1)):
         with pytest.raises(ModelError):

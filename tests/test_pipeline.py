@@ -127,7 +127,7 @@ def test_get_batch_windows_are_corpus_slices(n, batch, ctx, seed):
     assert np.array_equal(x[:, 1:], y[:, :-1])
     # the obvious reference: every row is some contiguous slice of the corpus, followed by its next token
     text = ids.tolist()
-    for row_x, row_y in zip(x.tolist(), y.tolist()):
+    for row_x, row_y in zip(x.tolist(), y.tolist(), strict=True):
         starts = [s for s in range(n - ctx) if text[s : s + ctx] == row_x and text[s + 1 : s + ctx + 1] == row_y]
         assert starts
 
@@ -147,7 +147,7 @@ def test_eval_batches_are_fixed_and_independent_of_training_generator():
     ids = np.arange(500, dtype=np.uint16)
     a = data.eval_batches(ids, 3, 4, 8, seed=1)
     b = data.eval_batches(ids, 3, 4, 8, seed=1)
-    assert all(np.array_equal(xa, xb) and np.array_equal(ya, yb) for (xa, ya), (xb, yb) in zip(a, b))
+    assert all(np.array_equal(xa, xb) and np.array_equal(ya, yb) for (xa, ya), (xb, yb) in zip(a, b, strict=True))
     assert not np.array_equal(a[0][0], data.eval_batches(ids, 3, 4, 8, seed=2)[0][0])
 
 

@@ -190,7 +190,12 @@ def test_a_failed_first_run_leaves_no_directory_behind(tmp_path, capsys):
 # --- one process per run directory --------------------------------------------------------------
 
 
-HOLD = "import sys, time; from pipeline.rundir import RunDir\nwith RunDir(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)"
+HOLD = (
+    "import sys, time\n"
+    "from tokenkit.pipeline.rundir import RunDir\n"
+    "with RunDir(sys.argv[1]):\n"
+    "    print('held', flush=True); time.sleep(60)\n"
+)
 
 
 def test_second_run_is_refused_while_the_first_holds_the_lock(corpus, tok_path, trained, tmp_path, capsys):

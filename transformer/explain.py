@@ -1,11 +1,11 @@
-"""Explain mode: a forward pass laid out step by step, the way the seed documents work.
+"""Explain mode: a forward pass laid out step by step, the way the worked example documents work.
 
 Two sources of steps, one shape of result (an `Explanation`: an ordered list of `Step`s):
 
 - `explain_model(model, ids, ...)` reads a real model's own `forward(ids, trace=...)`. Nothing is
   recomputed differently: every number shown (and the logits) is what the model produced.
-- `explain_example(name)` runs a seed document's toy example (`EXAMPLES`) through the library's
-  real ops with the seed's hand-set weights, in float64. Where the seed printed a value, the step
+- `explain_example(name)` runs a worked example (`EXAMPLES`) through the library's
+  real ops with the worked example's hand-set weights, in float64. Where the worked example printed a value, the step
   carries that text (`Printed`) and whether it is the exact value rounded to the printed digits;
   ../shared/seeds/ERRATA.md lists the ones that are not.
 
@@ -34,7 +34,7 @@ class Printed:
     """A value as a seed document printed it, e.g. "[0.291, 0.454, 0.199, 0.056]".
 
     `agrees` is True when every printed number is the exact value rounded to the digits printed
-    (half a unit of the last digit), i.e. the seed's arithmetic holds at its own precision.
+    (half a unit of the last digit), i.e. the worked example's arithmetic holds at its own precision.
     """
 
     text: str
@@ -60,7 +60,7 @@ def printed(text: str, exact: np.ndarray) -> Printed:
     if len(numbers) != exact.size:
         raise ValueError(f"printed {text!r} has {len(numbers)} numbers, the value has {exact.size}")
     # 1e-9 absorbs float64 noise on values that sit exactly on a rounding boundary
-    agrees = all(abs(p - x) <= 0.5 * 10.0**-d + 1e-9 for (p, d), x in zip(numbers, exact))
+    agrees = all(abs(p - x) <= 0.5 * 10.0**-d + 1e-9 for (p, d), x in zip(numbers, exact, strict=True))
     return Printed(text, agrees)
 
 
@@ -71,7 +71,7 @@ class Step:
     value: 0-, 1- or 2-D float64 array; -inf marks a masked attention score.
     rows / cols: labels of the axes (tokens, positions or dimension indices), None when unlabelled.
     note: what the step computes, in one or two sentences.
-    seed: for a seed example, what the seed printed: {row index: Printed} for a 2-D value (rows it
+    seed: for a seed example, what the worked example printed: {row index: Printed} for a 2-D value (rows it
       did not print are absent), {None: Printed} for a 1-D value.
     """
 
@@ -96,7 +96,7 @@ class Step:
             "value": _json_array(v),
         }
         if self.seed:
-            out["seed_printed"] = [
+            out["example_printed"] = [
                 {"row": row, "text": p.text, "agrees": p.agrees} for row, p in sorted(self.seed.items(), key=_row_key)
             ]
         return out
@@ -318,7 +318,7 @@ def explain_model(
 
 
 def _seeded(step: Step, texts: dict[int | None, str]) -> Step:
-    """Attach what the seed printed ({row: text}, or {None: text} for a vector) to a step."""
+    """Attach what the worked example printed ({row: text}, or {None: text} for a vector) to a step."""
     for r, text in texts.items():
         step.seed[r] = printed(text, step.value if r is None else step.value[r])
     return step
@@ -346,7 +346,7 @@ def example_attention_lookup() -> Explanation:
     steps = [
         Step("keys", "keys", keys, kl, dims, "the table's keys (one per row)"),
         Step("values", "values", values, kl, dims, "the value stored under each key"),
-        Step("queries", "queries", queries, ql, dims, "the three queries of the seed"),
+        Step("queries", "queries", queries, ql, dims, "the three queries of the worked example"),
         Step(
             "scores_raw",
             "raw scores q . k",
@@ -361,7 +361,7 @@ def example_attention_lookup() -> Explanation:
             t["scores"][:3],
             ql,
             kl,
-            "the 1/sqrt(d_k) scale; the seed's answers hold with or without it.",
+            "the 1/sqrt(d_k) scale; the worked example's answers hold with or without it.",
         ),
         Step(
             "weights",
@@ -384,13 +384,14 @@ def example_attention_lookup() -> Explanation:
         ),
     ]
     return Explanation(
-        "seed 004: attention as a fuzzy key/value lookup",
+        "attention as a fuzzy key/value lookup",
         steps,
         ["'q1'", "'q2'", "'q3'"],
         attention=t["weights"][None, :3],
         notes=[
             "Q, K and V are given directly (no projections); one head, d_k = 3, no mask.",
-            "The library's op attends a sequence to itself, so a 4th zero query pads the queries to the 4 keys; it is not shown.",
+            "The library's op attends a sequence to itself, so a 4th zero query pads the queries to the 4 keys; "
+            "it is not shown.",
         ],
     )
 
@@ -428,11 +429,11 @@ def example_sitting() -> Explanation:
         ),
     ]
     return Explanation(
-        "seed 003: a sitting example (Q = K = V = X)",
+        '"The cat sat": self-attention with Q = K = V = X',
         steps,
         [repr(w) for w in words],
         attention=t["weights"][None],
-        notes=['One head, d_k = 4, bidirectional (no mask). The seed works only row 1 ("The"); all rows are shown.'],
+        notes=['One head, d_k = 4, bidirectional (no mask). The example works only row 1 ("The"); all rows are shown.'],
     )
 
 
@@ -446,12 +447,12 @@ def example_chai() -> Explanation:
     W_V = np.array([[1, 1], [0, 0], [1, 0], [0, 1]], dtype=np.float64)
     pe = ops.sinusoidal_table(4, 4, np.float64)
     x_exact = E + pe
-    X = np.round(x_exact, 3)  # the seed carries on from X rounded to 3 decimals; so do we, to stay comparable
+    X = np.round(x_exact, 3)  # the worked example carries on from X rounded to 3 decimals; so do we, to stay comparable
     qkv, _ = ops.linear_forward(X, np.concatenate([W_Q, W_K, W_V], axis=1), None)
     z, t = _attention(qkv, causal=False)
     d4, d2 = _dims(4), _dims(2)
 
-    # Step 5 needs W_O (d_v = 2 -> d_model = 4), which the seed leaves as "?": we put Z into the
+    # Step 5 needs W_O (d_v = 2 -> d_model = 4), which the worked example leaves as "?": we put Z into the
     # first two dimensions, as its "[1.792, 2.216, ?, ?]" suggests, and LayerNorm with gain 1, bias 0.
     W_O = np.eye(2, 4)
     zo, _ = ops.linear_forward(z, W_O, None)
@@ -467,11 +468,21 @@ def example_chai() -> Explanation:
     r2 = x1 + ffn
     x2, _ = ops.layernorm_forward(r2, np.ones(4), np.zeros(4))
 
-    PE_PRINTED = ["[0.000, 1.000, 0.000, 1.000]", "[0.841, 0.540, 0.010, 1.000]", "[0.909, −0.416, 0.020, 1.000]", "[0.141, −0.990, 0.030, 1.000]"]  # fmt: skip
-    X_PRINTED = ["[1.000, 1.000, 0.500, 1.200]", "[1.041, 1.540, 0.810, 1.100]", "[1.409, −0.116, 1.020, 1.000]", "[0.241, −0.490, 0.330, 2.000]"]  # fmt: skip
+    PE_PRINTED = [
+        "[0.000, 1.000, 0.000, 1.000]",
+        "[0.841, 0.540, 0.010, 1.000]",
+        "[0.909, −0.416, 0.020, 1.000]",
+        "[0.141, −0.990, 0.030, 1.000]",
+    ]
+    X_PRINTED = [
+        "[1.000, 1.000, 0.500, 1.200]",
+        "[1.041, 1.540, 0.810, 1.100]",
+        "[1.409, −0.116, 1.020, 1.000]",
+        "[0.241, −0.490, 0.330, 2.000]",
+    ]
     h8 = _dims(8, "h")
     steps = [
-        Step("tok_emb", "word embeddings e", E, toks, d4, "given by the seed."),
+        Step("tok_emb", "word embeddings e", E, toks, d4, "given by the worked example."),
         _seeded(
             Step(
                 "pos_emb",
@@ -487,15 +498,15 @@ def example_chai() -> Explanation:
         _seeded(
             Step(
                 "x",
-                "X rounded to 3 decimals, as the seed carries it on",
+                "X rounded to 3 decimals, as the worked example carries it on",
                 X,
                 toks,
                 d4,
-                "the seed's later numbers (and ERRATA's) are computed from this rounded X.",
+                "the worked example's later numbers (and ERRATA's) are computed from this rounded X.",
             ),
             dict(enumerate(X_PRINTED)),
         ),  # fmt: skip
-        Step("W_Q", "W^Q", W_Q, d4, d2, "given by the seed"),
+        Step("W_Q", "W^Q", W_Q, d4, d2, "given by the worked example"),
         Step("W_K", "W^K", W_K, d4, d2, ""),
         Step("W_V", "W^V", W_V, d4, d2, ""),
         _seeded(
@@ -551,14 +562,16 @@ def example_chai() -> Explanation:
                 3: "[0.218, 0.314, 0.153, 0.215]",
             },
         ),  # fmt: skip
-        _seeded(Step("z", "Z = A V", z, toks, d2, 'the seed works out row "chai" only.'), {1: "[1.792, 2.216]"}),
+        _seeded(
+            Step("z", "Z = A V", z, toks, d2, 'the worked example works out row "chai" only.'), {1: "[1.792, 2.216]"}
+        ),
         Step(
             "W_O",
-            "W_O (assumed: the seed leaves it undefined)",
+            "W_O (assumed: the worked example leaves it undefined)",
             W_O,
             d2,
             d4,
-            'puts Z into dimensions 0-1 of the residual stream (the seed\'s "[1.792, 2.216, ?, ?]").',
+            'puts Z into dimensions 0-1 of the residual stream (the worked example\'s "[1.792, 2.216, ?, ?]").',
         ),  # fmt: skip
         Step("resid_1", "residual X + Z W_O", r1, toks, d4, ""),
         Step(
@@ -567,9 +580,17 @@ def example_chai() -> Explanation:
             x1,
             toks,
             d4,
-            "mean 0, variance 1 per row (eps 1e-5); gain 1 and bias 0 assumed (the seed names learned gamma, beta without values).",
+            "mean 0, variance 1 per row (eps 1e-5); "
+            "gain 1 and bias 0 assumed (the worked example names learned gamma, beta without values).",
         ),  # fmt: skip
-        Step("W_1", "W_1 (illustrative: the seed gives no FFN weights)", W1, d4, h8, "[I | -I], d_ff = 8, b_1 = 0."),
+        Step(
+            "W_1",
+            "W_1 (illustrative: the worked example gives no FFN weights)",
+            W1,
+            d4,
+            h8,
+            "[I | -I], d_ff = 8, b_1 = 0.",
+        ),
         Step("mlp.pre", "x' W_1 + b_1", pre, toks, h8, ""),
         Step("mlp.act", "max(0, x' W_1 + b_1)  (ReLU)", act, toks, h8, "ReLU zeroes the negative entries."),
         Step("W_2", "W_2 (illustrative)", W2, h8, d4, "[I; 0], b_2 = 0: keeps the positive part of x'."),
@@ -578,14 +599,17 @@ def example_chai() -> Explanation:
         Step("ln_2", "layer output LayerNorm(X' + FFN(X'))", x2, toks, d4, "gain 1, bias 0 assumed."),
     ]
     return Explanation(
-        'seed 001: one encoder layer on "The chai is hot"',
+        'one encoder layer on "The chai is hot"',
         steps,
         [repr(w) for w in words],
         attention=t["weights"][None],
         notes=[
-            "d_model = 4, one head with d_k = d_v = 2, bidirectional, post-norm, ReLU feed-forward; row convention Q = X W^Q.",
-            "Given by the seed: e, PE's formula, W^Q, W^K, W^V. It leaves W_O (\"?\"), LayerNorm's gamma and beta, and the FFN's W_1, b_1, W_2, b_2 undefined.",
-            "From W_O on, the weights are our stated assumptions (W_O, gamma = 1, beta = 0) or illustrative (W_1, W_2), marked in each step's title.",
+            "d_model = 4, one head with d_k = d_v = 2, bidirectional, post-norm, ReLU feed-forward; "
+            "row convention Q = X W^Q.",
+            "Given by the example: e, PE's formula, W^Q, W^K, W^V. It leaves W_O (\"?\"), LayerNorm's gamma and beta, "
+            "and the FFN's W_1, b_1, W_2, b_2 undefined.",
+            "From W_O on, the weights are our stated assumptions (W_O, gamma = 1, beta = 0) "
+            "or illustrative (W_1, W_2), marked in each step's title.",
         ],
     )
 
@@ -631,7 +655,8 @@ def example_one_layer() -> Explanation:
                 t["v"],
                 toks,
                 d2,
-                "the seed writes v as [0.1, 0.2] . x (W_V's first column) and its results are not W_V x; the exact products are these.",
+                "the worked example writes v as [0.1, 0.2] . x (W_V's first column) and its results are not W_V x; "
+                "the exact products are these.",
             ),
             {0: "[-0.1, -0.1]", 1: "[0.1, 0.4]", 2: "[-0.1, -0.2]"},
         ),  # fmt: skip
@@ -639,7 +664,7 @@ def example_one_layer() -> Explanation:
             Step("k", "k_i = W_K x_i", t["k"], toks, d2, "equal to v (same matrix)."),
             {0: "[-0.1, -0.1]", 1: "[0.1, 0.4]", 2: "[-0.1, -0.2]"},
         ),  # fmt: skip
-        _seeded(Step("q", "q_i = W_Q x_i", t["q"], toks, d2, "the seed uses q_3 only."), {2: "[-0.1, -0.2]"}),
+        _seeded(Step("q", "q_i = W_Q x_i", t["q"], toks, d2, "the worked example uses q_3 only."), {2: "[-0.1, -0.2]"}),
         Step("scores_raw", "raw scores q_i . k_j", t["scores_raw"], toks, toks, ""),
         _seeded(
             Step(
@@ -648,7 +673,7 @@ def example_one_layer() -> Explanation:
                 t["scores"],
                 toks,
                 toks,
-                "causal: -inf where the key comes after the query. Row t3 is the seed's a_1..a_3.",
+                "causal: -inf where the key comes after the query. Row t3 is the worked example's a_1..a_3.",
             ),
             {2: "[0.021, -0.064, 0.035]"},
         ),  # fmt: skip
@@ -665,28 +690,29 @@ def example_one_layer() -> Explanation:
         ),  # fmt: skip
     ]
     return Explanation(
-        "seed 000: one-layer toy (column convention, d_head = 2)",
+        "a one-layer toy (column convention, d_head = 2)",
         steps,
         [repr(w) for w in words],
         attention=t["weights"][None],
         notes=[
-            "n = 3, d_vocab = 10, d_model = 5, d_head = 2; causal; the seed follows token 3 (row t3).",
+            "n = 3, d_vocab = 10, d_model = 5, d_head = 2; causal; the worked example follows token 3 (row t3).",
             "Column convention v = W_V x is computed as the library's row convention x W_V^T: same numbers.",
-            "The seed's arithmetic goes wrong from v on (its v = [0.1, 0.2] . x is not W_V x) and carries through; ERRATA.md has the exact values.",
+            "The example's arithmetic goes wrong from v on (its v = [0.1, 0.2] . x is not W_V x) and carries through; "
+            "ERRATA.md has the exact values.",
         ],
     )
 
 
 EXAMPLES: dict[str, tuple[str, Callable[[], Explanation]]] = {
-    "attention-lookup": ("seed 004: attention as a fuzzy key/value lookup", example_attention_lookup),
-    "sitting": ("seed 003: Q = K = V = X, scaled by sqrt(4)", example_sitting),
-    "chai": ('seed 001: one encoder layer on "The chai is hot"', example_chai),
-    "one-layer": ("seed 000: one-layer toy with d_head = 2 and W_O", example_one_layer),
+    "attention-lookup": ("attention as a fuzzy key/value lookup", example_attention_lookup),
+    "sitting": ('"The cat sat": Q = K = V = X, scaled by sqrt(4)', example_sitting),
+    "chai": ('one encoder layer on "The chai is hot"', example_chai),
+    "one-layer": ("a one-layer toy with d_head = 2 and W_O", example_one_layer),
 }
 
 
 def explain_example(name: str) -> Explanation:
-    """A seed's toy example by name (see EXAMPLES)."""
+    """A worked example by name (see EXAMPLES)."""
     if name not in EXAMPLES:
         raise ModelError(f"unknown example {name!r}; choose one of: {', '.join(EXAMPLES)}")
     return EXAMPLES[name][1]()

@@ -301,7 +301,7 @@ def _query_tiles(T: int, causal: bool, pairs: int = 1) -> list[tuple[int, int, i
         return [(0, T, T)]
     n = max(2, min(8, -(-pairs * T * T // 2 // _TILE_SCORES)))
     cuts = np.linspace(0, T, n + 1).round().astype(int)
-    return [(int(lo), int(hi), int(hi)) for lo, hi in zip(cuts[:-1], cuts[1:])]
+    return [(int(lo), int(hi), int(hi)) for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)]
 
 
 def attention_forward(qkv: np.ndarray, n_heads: int, causal: bool, trace: dict | None = None):
@@ -359,7 +359,7 @@ def attention_backward(dout: np.ndarray, cache) -> np.ndarray:
     row_dot = _row_sums((dout * out).reshape(B, T, H, hd)).transpose(0, 2, 1)  # (B, H, T)
     dqkv = np.empty((B, T, 3 * H * hd), dtype=dout.dtype)
     dq, dk, dv = _split_heads(dqkv, H)
-    for (lo, hi, keys), w in reversed(list(zip(tiles, weights))):
+    for (lo, hi, keys), w in reversed(list(zip(tiles, weights, strict=True))):
         dm = dmix[:, :, lo:hi]
         ds = dm @ v[:, :, :keys].swapaxes(-1, -2)  # (B, H, hi - lo, keys) d weights
         ds -= row_dot[:, :, lo:hi, None]

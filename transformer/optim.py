@@ -219,7 +219,7 @@ def _split(names: list[str], sizes: list[int], n_threads: int) -> list[list[tupl
     bounds = [total * k // n for k in range(n + 1)]
     plan: list[list[tuple[str, int, int]]] = [[] for _ in range(n)]
     offset = 0
-    for name, size in zip(names, sizes):
+    for name, size in zip(names, sizes, strict=True):
         for k in range(n):
             a, b = max(bounds[k], offset), min(bounds[k + 1], offset + size)
             if a < b:

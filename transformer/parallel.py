@@ -141,7 +141,9 @@ class DataParallel(_Wrapper):
                 pool.close()
                 raise
             # a shard whose worker had just left idle is computed here (same arithmetic, same numbers)
-            return [r if r is not None else here(ids[rows], targets[rows]) for r, rows in zip(results, shards)]
+            return [
+                r if r is not None else here(ids[rows], targets[rows]) for r, rows in zip(results, shards, strict=True)
+            ]
 
     def _check_rows(self, ids, batch_rows: int | None) -> None:
         if batch_rows is not None and np.shape(ids)[0] != batch_rows:

@@ -81,7 +81,7 @@ def relu(x: np.ndarray) -> np.ndarray:
 def softmax_xent(logits: np.ndarray, targets: np.ndarray) -> float:
     """(N, V) logits, (N,) targets -> the mean of -log softmax(row)[target], one row at a time."""
     losses = []
-    for z, t in zip(logits, targets):
+    for z, t in zip(logits, targets, strict=True):
         m = z.max()
         losses.append(-(z[t] - m - math.log(np.exp(z - m).sum())))
     return float(np.mean(losses))

@@ -71,9 +71,10 @@ def keep_freed_memory() -> None:
     """Ask glibc's malloc to keep freed memory for reuse rather than hand it back to the OS.
 
     A training step allocates and frees the same activation-sized arrays every time; with
-    glibc's defaults many of them are returned to the OS (munmap, heap trim) and page-faulted
-    in again the next step (page faults cost a quarter of a small step: BENCHMARKS.md). Arrays
-    up to 32 MB (the most glibc allows) then come from its heaps, which are not trimmed below 1 GB. A no-op where there is no glibc.
+    glibc's defaults many of them are returned to the OS (munmap, heap trim) and page-faulted in
+    again the next step (page faults cost a quarter of a small step: BENCHMARKS.md). Arrays up
+    to 32 MB (the most glibc allows) then come from its heaps, which are not trimmed below 1 GB.
+    A no-op where there is no glibc.
     """
     try:
         mallopt = ctypes.CDLL(None).mallopt
