@@ -1,19 +1,28 @@
-"""Run every `$ tk ...` example of README.md in a scratch directory and show (or write) its real output.
+"""Run every `$ tk ...` example of README.md and docs/*.md in a scratch directory and show (or write) its real output.
 
     python bench/readme_examples.py            # print each command and its fresh output
-    python bench/readme_examples.py --write    # also rewrite README.md's example blocks with them
+    python bench/readme_examples.py --write    # also rewrite the example blocks of every page with them
+    python bench/readme_examples.py --keep     # leave the scratch directory (its path is printed) to look at
 
-Each fenced example block holds `$ command` lines, each followed by its output. The commands
-run in README order (the pipeline's block first, since the others use runs/demo), in a scratch
-directory with `corpora/` linked in and `../shared` beside it (blocks that need `../shared/data`
-are skipped when it is absent), stdout and stderr merged as a terminal shows them.
+Each fenced example block holds `$ command` lines, each followed by its output. All pages run in
+one scratch directory, with `corpora/` linked in and `../shared` beside it (blocks that need
+`../shared/data` are skipped when it is absent), stdout and stderr merged as a terminal shows them.
+The pages run in the order of PAGES (README.md first, then the docs pages in the order the manual
+lists them, then any other docs/*.md by name), and each page's blocks in their order on the page,
+except that the block holding FIRST (the pipeline, which writes runs/demo for the others) runs
+before everything; so an example may use any file that an earlier one wrote. A command that
+appears again (README.md's tour repeats examples of the manual's pages) runs once: every place
+shows that run's output, as a second training run into the same directory would be refused.
 
-Outputs the README shortens with `...` lines keep their shape: the part before the first `...`
+Outputs a page shortens with `...` lines keep their shape: the part before the first `...`
 is the new output's head, the part after the last one its tail, and a part between two `...`
 is found in the new output by its first line with the numbers masked. `# ...` after a command
 is a comment. The train-model example gets Ctrl-C (SIGINT) once its log reaches
-INTERRUPT_AT[command], as a user pressed it. The line of README.md that starts with MACHINE_LINE
-is rewritten to say what machine and versions the outputs came from.
+INTERRUPT_AT[command], as a user pressed it. The line of each page that starts with MACHINE_LINE
+is rewritten to say what machine and versions the outputs came from; every page with example
+outputs has one (a warning names a page without). An output with a Python traceback (tk's errors
+are one line, so the code is broken, or another edit is half done) makes the run fail, and
+`--write` then writes nothing.
 """
 
 from __future__ import annotations
@@ -32,7 +41,22 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-README = REPO / "README.md"
+# The pages, in the order their examples run: README.md's tour, then the manual in the order of
+# docs/README.md's list (tokenizer.md writes the tok.safetensors that corpora.md uses).
+PAGES = [
+    "README.md",
+    "docs/README.md",
+    "docs/tokenizer.md",
+    "docs/corpora.md",
+    "docs/models.md",
+    "docs/explain.md",
+    "docs/mpi.md",
+    "docs/gpu.md",
+    "docs/files.md",
+    "docs/python-api.md",
+    "docs/layout.md",
+    "docs/development.md",
+]
 SHARED = REPO.parent / "shared"
 MACHINE_LINE = "The example outputs below were produced by"
 INTERRUPT_AT = {
@@ -141,15 +165,28 @@ def machine() -> str:
     )
 
 
+def pages() -> list[Path]:
+    """PAGES that exist, then any other docs/*.md by name."""
+    listed = [REPO / name for name in PAGES]
+    others = sorted(path for path in (REPO / "docs").glob("*.md") if path not in listed)
+    return [path for path in listed if path.exists()] + others
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="rewrite README.md's example blocks")
+    parser.add_argument("--write", action="store_true", help="rewrite the example blocks of README.md and docs/*.md")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch directory and print its path")
     args = parser.parse_args()
-    lines = README.read_text(encoding="utf-8").splitlines()
-    found = blocks(lines)
-    order = sorted(
-        range(len(found)), key=lambda k: not any(line == "$ " + FIRST for line in lines[found[k][0] : found[k][1]])
-    )
+    texts = {path: path.read_text(encoding="utf-8").splitlines() for path in pages()}
+    found = [(path, k, a, b) for path, lines in texts.items() for k, (a, b) in enumerate(blocks(lines))]
+    for path, lines in texts.items():
+        if blocks(lines) and not any(line.startswith(MACHINE_LINE) for line in lines):
+            print(
+                f"warning: {path.relative_to(REPO)} has example outputs but no line starting with {MACHINE_LINE!r}",
+                file=sys.stderr,
+            )
+    first = next((i for i, (path, _, a, b) in enumerate(found) if "$ " + FIRST in texts[path][a:b]), 0)
+    order = [first] + [i for i in range(len(found)) if i != first] if found else []
     scratch = Path(tempfile.mkdtemp(prefix="tk-readme-"))
     work = scratch / "main"
     work.mkdir()
@@ -161,36 +198,58 @@ def main() -> int:
     (shim / "tk").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tokenkit.cli.main "$@"\n', encoding="utf-8")
     (shim / "tk").chmod(0o755)
     env = {**os.environ, "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
-    new_blocks: dict[int, list[str]] = {}
+    new_blocks: dict[tuple[Path, int], list[str]] = {}
+    ran: dict[str, list[str]] = {}  # bare command -> its output, for commands that appear again
+    broken: list[str] = []  # commands that printed a traceback: tk never does, so the tree is broken
     try:
-        for k in order:
-            a, b = found[k]
-            block = lines[a:b]
+        for i in order:
+            path, k, a, b = found[i]
+            block = texts[path][a:b]
+            name = path.relative_to(REPO)
             if "../shared/data" in "\n".join(block) and not SHARED.exists():
-                print(f"skipped (no ../shared/data): {block[0]}", file=sys.stderr)
+                print(f"skipped (no ../shared/data): {name}: {block[0]}", file=sys.stderr)
                 continue
+            print(f"--- {name}, line {a + 1}", flush=True)
             rebuilt = []
             for command, old in commands(block):
-                new = run(command, work, env)
-                shown = excerpt(old, new)
+                bare = command.split("  #")[0].strip()
+                again = bare in ran
+                if not again:
+                    ran[bare] = run(command, work, env)
+                    if any(line.startswith("Traceback (most recent call last)") for line in ran[bare]):
+                        broken.append(f"{name}: {command}")
+                shown = excerpt(old, ran[bare])
                 if old and old[-1] == "" and (not shown or shown[-1] != ""):
                     shown.append("")  # the blank line that separates it from the next command
-                print(f"$ {command}\n" + "\n".join(shown) + "\n", flush=True)
+                note = "    [ran above; the same output]" if again else ""
+                print(f"$ {command}{note}\n" + "\n".join(shown) + "\n", flush=True)
                 rebuilt += ["$ " + command, *shown]
-            new_blocks[k] = rebuilt
+            new_blocks[path, k] = rebuilt
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if args.keep:
+            print(f"kept the scratch directory {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+    if broken:
+        print("a traceback (tk prints one-line errors, so the code is broken or half edited) from:", file=sys.stderr)
+        print("\n".join("  " + where for where in broken), file=sys.stderr)
+        if args.write:
+            print("nothing written", file=sys.stderr)
+        return 1
     if args.write:
-        out: list[str] = []
-        pos = 0
-        for k, (a, b) in enumerate(found):
-            out += lines[pos:a]
-            out += new_blocks.get(k, lines[a:b])
-            pos = b
-        out += lines[pos:]
-        out = [machine() if line.startswith(MACHINE_LINE) else line for line in out]
-        README.write_text("\n".join(out) + "\n", encoding="utf-8")
-        print(f"wrote {README}", file=sys.stderr)
+        stamp = machine()
+        for path, lines in texts.items():
+            out: list[str] = []
+            pos = 0
+            for k, (a, b) in enumerate(blocks(lines)):
+                out += lines[pos:a]
+                out += new_blocks.get((path, k), lines[a:b])
+                pos = b
+            out += lines[pos:]
+            out = [stamp if text.startswith(MACHINE_LINE) else text for text in out]
+            if out != lines:
+                path.write_text("\n".join(out) + "\n", encoding="utf-8")
+                print(f"wrote {path.relative_to(REPO)}", file=sys.stderr)
     return 0
 
 
