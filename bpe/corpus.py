@@ -16,7 +16,7 @@ What it does:
   file that does not look like text is not warned about.
 - Documents: each file, text and JSONL record is one document (empty ones are skipped).
   `pieces()` yields them in pieces of about a megabyte, cut only where the split pattern always
-  splits (`bpe.pretokenize.find_cut`, the one cut rule), never across two documents: merges
+  splits (`bpe.cut.find_cut`, the one cut rule), never across two documents: merges
   never cross documents, and memory stays flat however large a file. `documents()` yields each
   document whole.
 - `plain_files()`: the files, when every input can be read at any offset (regular, not
@@ -46,10 +46,12 @@ import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from fnmatch import fnmatchcase
-from typing import BinaryIO, NamedTuple, Union
+from itertools import pairwise
+from typing import BinaryIO, NamedTuple
 
+from tokenkit.bpe import io
+from tokenkit.bpe.cut import CUT_CONTEXT, find_cut
 from tokenkit.bpe.errors import TokenizerError
-from tokenkit.bpe.pretokenize import CUT_CONTEXT, find_cut
 
 __all__ = ["Corpus", "FileRange", "Piece", "as_corpus", "file_ranges", "find_file_cut", "read_range", "zstd_available"]
 
@@ -75,7 +77,7 @@ class Piece(NamedTuple):
     starts_document: bool
 
 
-Source = Union[str, os.PathLike, bytes, bytearray, FileRange]
+Source = str | os.PathLike | bytes | bytearray | FileRange
 
 _CODECS = ((b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"))
 _NOT_TEXT = (
@@ -152,9 +154,7 @@ class _Input(NamedTuple):
 
 
 def _warn_stderr(message: str) -> None:
-    from tokenkit.bpe import io  # the terminal is io's
-
-    io.print_line(f"warning: {message}")
+    io.print_line(f"warning: {message}")  # the terminal is io's: a line that leaves a progress bar whole
 
 
 class Corpus:
@@ -308,7 +308,8 @@ class Corpus:
                     text = line.decode("utf-8")
                 except UnicodeDecodeError as err:
                     raise TokenizerError(
-                        f"{where}: not valid UTF-8 (byte 0x{line[err.start]:02x} at column {err.start + 1}); JSON lines must be UTF-8"
+                        f"{where}: not valid UTF-8 (byte 0x{line[err.start]:02x} at column {err.start + 1}); "
+                        "JSON lines must be UTF-8"
                     ) from None
                 try:
                     record = json.loads(text)
@@ -322,7 +323,8 @@ class Corpus:
                     yield value.encode("utf-8")
                 except UnicodeEncodeError as err:
                     raise TokenizerError(
-                        f"{where}: field {self.text_field!r} holds a lone surrogate (\\u{ord(value[err.start]):04x}), which is not Unicode text"
+                        f"{where}: field {self.text_field!r} holds a lone surrogate "
+                        f"(\\u{ord(value[err.start]):04x}), which is not Unicode text"
                     ) from None
 
     def _check_text(self, inp: _Input, head: bytes, codec: str | None) -> None:
@@ -494,7 +496,8 @@ class _Reader:
             msg = " ".join(str(err).split()) or type(err).__name__
             where = f" after {self.done:,} bytes of text" if self.done else ""
             raise TokenizerError(
-                f"{self.inp.name}: corrupt {self.codec} data{where} ({msg}); check it with {_TOOLS.get(self.codec, 'its tool')}"
+                f"{self.inp.name}: corrupt {self.codec} data{where} ({msg}); "
+                f"check it with {_TOOLS.get(self.codec, 'its tool')}"
             ) from None
 
 
@@ -515,7 +518,8 @@ def _decompressor(codec: str, source: BinaryIO, name: str) -> BinaryIO:
         import zstandard
     except ImportError:
         raise TokenizerError(
-            f"{name} is zstd-compressed; install zstandard (pip install 'tokenkit[zstd]') or decompress it first (zstd -d)"
+            f"{name} is zstd-compressed; install zstandard (pip install 'tokenkit[zstd]') "
+            "or decompress it first (zstd -d)"
         ) from None
     return _ZstdStream(source, zstandard)
 
@@ -625,7 +629,8 @@ def _lines(head: bytes, reader: _Reader, name: str) -> Iterator[bytes]:
             pending, pending_bytes = [rest], len(rest)
         if pending_bytes > MAX_LINE_BYTES:
             raise TokenizerError(
-                f"{name}, line {lineno + 1}: a line longer than {MAX_LINE_BYTES >> 30} GiB; JSON lines hold one document per line"
+                f"{name}, line {lineno + 1}: a line longer than {MAX_LINE_BYTES >> 30} GiB; "
+                "JSON lines hold one document per line"
             )
         block = reader.read(BLOCK_BYTES)
     if pending_bytes:
@@ -762,4 +767,4 @@ def file_ranges(path: str, size: int, piece_bytes: int, specials: Sequence[bytes
             break
         cuts.append(cut)
     cuts.append(size)
-    return list(zip(cuts, cuts[1:]))
+    return list(pairwise(cuts))

@@ -29,7 +29,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, pairwise
 
 import numpy as np
 from tqdm import tqdm
@@ -38,7 +38,8 @@ from tokenkit.bpe import io
 from tokenkit.bpe.corpus import Corpus, FileRange, find_file_cut
 from tokenkit.bpe.encode_corpus import encoded_tasks, eot_id, file_tasks
 from tokenkit.bpe.errors import TokenizerError
-from tokenkit.bpe.pretokenize import _BUILTIN, count_chunks, resolve_pattern
+from tokenkit.bpe.patterns import BUILTIN, resolve_pattern
+from tokenkit.bpe.pretokenize import count_chunks
 from tokenkit.bpe.tokenizer import Tokenizer
 from tokenkit.common.mpi import recv_arrays, reduce_to_root, send_arrays
 
@@ -82,9 +83,9 @@ def split_files(paths: list[str], sizes: list[int], n: int, cuttable: bool) -> l
         cuts.append(min(starts[i] + offset, total))
     cuts.append(total)
     shares = []
-    for a, b in zip(cuts, cuts[1:]):
+    for a, b in pairwise(cuts):
         share = []
-        for path, size, start in zip(paths, sizes, starts):
+        for path, size, start in zip(paths, sizes, starts[:-1], strict=True):  # starts also has the end
             lo, hi = max(a, start), min(b, start + size)
             if lo < hi:
                 share.append(FileRange(path, lo - start, hi - start))
@@ -113,7 +114,7 @@ def unpack_counts(arrays: list[np.ndarray]) -> dict[bytes, int]:
     data, offsets, counts = arrays
     raw = data.tobytes()
     bounds = offsets.tolist()
-    return {raw[a:b]: n for a, b, n in zip(bounds, bounds[1:], counts.tolist())}
+    return {raw[a:b]: n for (a, b), n in zip(pairwise(bounds), counts.tolist(), strict=True)}
 
 
 def _add_counts(mine: dict[bytes, int], theirs: dict[bytes, int]) -> dict[bytes, int]:
@@ -139,7 +140,7 @@ def train(
     paths = [str(p) for p, _ in files]
     sizes = [size for _, size in files]
     regex_ = resolve_pattern(pattern)
-    shares = split_files(paths, sizes, n, cuttable=regex_ in _BUILTIN)
+    shares = split_files(paths, sizes, n, cuttable=regex_ in BUILTIN)
     split = Split([sum(r.end - r.start for r in share) for share in shares])
 
     def count_share(sources, regex_, workers, quiet) -> dict[bytes, int]:

@@ -11,7 +11,9 @@ stays at a few tasks however large the corpus. `bpe.distributed` hands each MPI 
 of the same tasks.
 
 What it deliberately does not do: encode text itself (`Tokenizer.encode` does), read files
-other than through `bpe.corpus`, or write other than through `bpe.io`.
+other than through `bpe.corpus`, or write other than through `bpe.io`. It never imports
+bpe/tokenizer.py, which calls it: what it needs of a tokenizer is the `Encodes` protocol, and
+worker processes that cannot inherit the tokenizer rebuild it with its own class's `from_tensors`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from itertools import chain, islice
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 from tqdm import tqdm
@@ -32,13 +34,10 @@ from tqdm import tqdm
 from tokenkit.bpe import io
 from tokenkit.bpe.corpus import Corpus, file_ranges, read_range
 from tokenkit.bpe.errors import TokenizerError
-from tokenkit.bpe.pretokenize import _BUILTIN
+from tokenkit.bpe.patterns import BUILTIN
 from tokenkit.common.processes import die_with_parent
 
-if TYPE_CHECKING:
-    from tokenkit.bpe.tokenizer import Tokenizer
-
-__all__ = ["Encoded", "Part", "encode_corpus", "encoded_tasks", "eot_id", "file_tasks", "tasks_of"]
+__all__ = ["Encoded", "Encodes", "Part", "encode_corpus", "encoded_tasks", "eot_id", "file_tasks", "tasks_of"]
 
 _PIECE_BYTES = 1 << 20  # bytes per task handed to a worker process
 
@@ -54,6 +53,31 @@ class Part(NamedTuple):
 
 
 Task = tuple[Part, ...]
+Tensors = tuple[dict[str, np.ndarray], dict[str, str]]
+
+
+class Encodes(Protocol):
+    """What encoding a corpus uses of a tokenizer (`bpe.tokenizer.Tokenizer` is one)."""
+
+    _pattern: str | None  # the split regex: a built-in one may be cut into pieces
+
+    @property
+    def special_tokens(self) -> dict[str, int]: ...
+
+    @property
+    def ids_dtype(self) -> type: ...
+
+    @property
+    def _chunk_cache(self) -> object: ...
+
+    def _special_args(self, allowed_special, disallowed_special) -> tuple[list[str], list[str] | str]: ...
+
+    def _encode_bytes(self, text: str, allowed_special, disallowed_special) -> bytes: ...
+
+    def to_tensors(self) -> Tensors: ...
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> Encodes: ...
 
 
 @dataclass(frozen=True)
@@ -66,7 +90,7 @@ class Encoded:
     n_documents: int
 
 
-def eot_id(tok: Tokenizer, eot: str | None) -> int | None:
+def eot_id(tok: Encodes, eot: str | None) -> int | None:
     """The id of the special token `eot` (None: no separator); TokenizerError if it is none of tok's."""
     if eot is None:
         return None
@@ -80,7 +104,7 @@ def eot_id(tok: Tokenizer, eot: str | None) -> int | None:
 
 
 def encode_corpus(
-    tok: Tokenizer,
+    tok: Encodes,
     corpus: Corpus,
     out_path: str | os.PathLike | None = None,
     *,
@@ -120,7 +144,7 @@ def encode_corpus(
     return Encoded(ids, done["bytes"], n_documents)
 
 
-def tasks_of(tok: Tokenizer, corpus: Corpus) -> Iterator[Task]:
+def tasks_of(tok: Encodes, corpus: Corpus) -> Iterator[Task]:
     """The corpus as tasks: plain files as byte ranges, anything else as pieces read here.
 
     With a custom pattern or "none" no safe place to cut is known: each document is one part.
@@ -128,7 +152,7 @@ def tasks_of(tok: Tokenizer, corpus: Corpus) -> Iterator[Task]:
     files = corpus.plain_files()
     if files is not None:
         return iter(file_tasks(tok, files))
-    cuttable = tok._pattern in _BUILTIN
+    cuttable = tok._pattern in BUILTIN
     specials = [s.encode("utf-8") for s in tok.special_tokens]
     parts = (
         Part(p.data, 0, len(p.data), p.starts_document)
@@ -137,10 +161,10 @@ def tasks_of(tok: Tokenizer, corpus: Corpus) -> Iterator[Task]:
     return _grouped(_first_is_no_boundary(parts))
 
 
-def file_tasks(tok: Tokenizer, files: list[tuple[str, int]]) -> list[Task]:
+def file_tasks(tok: Encodes, files: list[tuple[str, int]]) -> list[Task]:
     """Tasks over plain files: each file in ranges of about a megabyte (whole with a custom
     pattern or "none"), small files grouped."""
-    cuttable = tok._pattern in _BUILTIN
+    cuttable = tok._pattern in BUILTIN
     specials = [s.encode("utf-8") for s in tok.special_tokens]
     parts = []
     for path, size in files:
@@ -172,7 +196,7 @@ def _grouped(parts: Iterable[Part]) -> Iterator[Task]:
 
 
 def encoded_tasks(
-    tok: Tokenizer,
+    tok: Encodes,
     tasks: Iterable[Task],
     workers: int,
     allowed: list[str],
@@ -194,9 +218,9 @@ def encoded_tasks(
     ctx = multiprocessing.get_context()
     if ctx.get_start_method() == "fork":  # workers inherit this tokenizer (and its warm cache)
         _worker_tok, packed = tok, None
-        tok._chunk_cache  # built once here, not in every worker
-    else:  # spawn/forkserver: each worker rebuilds it from the tensors
-        packed = tok.to_tensors()
+        _ = tok._chunk_cache  # built once here, not in every worker
+    else:  # spawn/forkserver: each worker rebuilds it from the tensors, with the tokenizer's own class
+        packed = type(tok).from_tensors, tok.to_tensors()
     n = min(workers, len(head))
     todo = chain(head, tasks)
     pending: deque = deque()  # (task, future) of the tasks in flight, in order
@@ -230,7 +254,7 @@ def encoded_tasks(
             _worker_tok = None
 
 
-def _encode_task(tok: Tokenizer, task: Task, allowed, disallowed, eot: int | None) -> bytes:
+def _encode_task(tok: Encodes, task: Task, allowed, disallowed, eot: int | None) -> bytes:
     """The ids of one task's parts as raw bytes of `tok.ids_dtype` (no per-id pickling on the way
     back from a worker), `eot` before each part that starts a new document."""
     out = []
@@ -247,18 +271,17 @@ def _encode_task(tok: Tokenizer, task: Task, allowed, disallowed, eot: int | Non
 
 # Worker processes of encode_corpus hold the tokenizer here: forked ones inherit it from the
 # parent, others build it once from the tensors; its chunk cache stays warm across tasks.
-_worker_tok: Tokenizer | None = None
+_worker_tok: Encodes | None = None
 
 
-def _worker_init(parent: int, packed: tuple[dict[str, np.ndarray], dict[str, str]] | None) -> None:
-    """First thing in an encoding worker: die with `parent`; rebuild the tokenizer from its
-    tensors unless it was inherited through fork (`packed` None)."""
+def _worker_init(parent: int, packed: tuple[Callable[..., Encodes], Tensors] | None) -> None:
+    """First thing in an encoding worker: die with `parent`; rebuild the tokenizer with
+    `from_tensors` (its class's, pickled by name) unless it was inherited through fork (`packed` None)."""
     global _worker_tok
     die_with_parent(parent)
     if packed is not None:
-        from tokenkit.bpe.tokenizer import Tokenizer
-
-        _worker_tok = Tokenizer.from_tensors(*packed)
+        from_tensors, tensors = packed
+        _worker_tok = from_tensors(*tensors)
 
 
 def _worker_encode(task: Task, allowed, disallowed, eot: int | None) -> bytes:

@@ -188,7 +188,7 @@ class _BatchCache:
         if None not in values:
             return values
         new = list(dict.fromkeys(compress(keys, map(is_, values, repeat(None)))))  # each missing key once
-        self._ids.update(zip(new, self._compute(new)))
+        self._ids.update(zip(new, self._compute(new), strict=True))
         values = list(map(self._ids.__getitem__, keys))  # a second pass at C speed, not a loop over the new
         self._forget_long(new)
         return values
@@ -262,7 +262,10 @@ class ChunkCache(_BatchCache):
 
 # Whitespace as the `regex` module's \s (Unicode White_Space), which GPT-2's split pattern uses;
 # tests check it against the module. The stdlib's \s also holds U+001C..U+001F.
-WHITESPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+WHITESPACE = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000"
+)
 _WS = re.escape(WHITESPACE)
 # A word: a run of whitespace, then a run of anything else; text ending in whitespace ends with a
 # word of whitespace alone. The stdlib's `re` runs this simple pattern faster than `regex`.
@@ -394,7 +397,7 @@ class PieceCache(_BatchCache):
         new = list(filterfalse(self._ids.__contains__, pieces))
         new = list(compress(new, map(not_, map(_OPEN_ENDS.__contains__, map(str.__getitem__, new, repeat(_LAST))))))
         if new:
-            self._keep(dict(zip(new, self._compute(new))))
+            self._keep(dict(zip(new, self._compute(new), strict=True)))
 
     def _fill(self, pieces: list[str], values: list) -> bool:
         """Fill in the None places of `values`: new closed pieces, and each unit's ids at its
@@ -415,11 +418,11 @@ class PieceCache(_BatchCache):
         keys = [" ".join(pieces[a:b]) for a, b in units]
         unit_values = list(map(self._ids.get, keys))
         new += dict.fromkeys(compress(keys, map(is_, unit_values, repeat(None))))
-        found = dict(zip(new, self._compute(new))) if new else {}
+        found = dict(zip(new, self._compute(new), strict=True)) if new else {}
         found.update(dict.fromkeys(open_pieces, b""))  # placeholders: their units fill them in
-        for i, value in zip(at, map(found.__getitem__, missing)):  # only the missing places
+        for i, value in zip(at, map(found.__getitem__, missing), strict=True):  # only the missing places
             values[i] = value
-        for (a, b), key, value in zip(units, keys, unit_values):
+        for (a, b), key, value in zip(units, keys, unit_values, strict=True):
             values[a:b] = [found[key] if value is None else value] + [b""] * (b - a - 1)
         if tail is not None:  # not kept: its key could be a piece's
             a, b = tail
@@ -437,7 +440,7 @@ def _runs(at: list[int], n: int) -> list[tuple[int, int]]:
     breaks = np.flatnonzero(np.diff(at) != 1)
     starts = at[np.concatenate([[0], breaks + 1])]
     stops = np.minimum(at[np.concatenate([breaks, [at.size - 1]])] + 2, n)
-    return list(zip(starts.tolist(), stops.tolist()))
+    return list(zip(starts.tolist(), stops.tolist(), strict=True))
 
 
 _LAST = slice(-1, None)

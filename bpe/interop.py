@@ -5,10 +5,13 @@ What it does, as pure functions on plain values (no files, no BPE):
   model: GPT-2's byte-to-character table, the vocabulary as token string -> id, the merges in rank
   order, special tokens as added tokens). The split pattern becomes HF's ByteLevel pre-tokenizer
   with its own regex (GPT-2's pattern, which is HF's), a Split pre-tokenizer with the regex followed
-  by ByteLevel without one (GPT-4's and custom patterns), or ByteLevel alone (no split).
+  by ByteLevel without one (GPT-4's and custom patterns), or ByteLevel alone (no split). HF's regex
+  engine is Oniguruma, which reads some constructs otherwise (GPT-4's `\\p{N}{1,3}+` among them):
+  the Split regex is written, and read back, in its dialect (bpe/regex_dialect.py).
 - `to_tiktoken` / `from_tiktoken`: parts <-> tiktoken's mergeable ranks (token bytes -> rank; our
   ranks are our ids), its `pat_str` and special tokens. tiktoken keeps only the regex's matches,
-  so a custom pattern is widened to keep the text between matches too, as we do.
+  so a custom pattern is widened to keep the text between matches too, as we do, and written in
+  the dialect of its engine, fancy-regex. The built-in patterns are tiktoken's own spellings.
 
 Every vocabulary that a format cannot express exactly is refused with one-line TokenizerError:
 two ids with the same bytes, a merge whose result is not the next id, a special token the other
@@ -20,8 +23,7 @@ give the same ids as the other library's algorithm where that needs encoding: ti
 with `ignore_merges`) looks a whole chunk up before merging, which equals merging only when every
 token's bytes merge back into that token. `Tokenizer` checks that (`_check_whole_tokens`).
 
->>> parts = {"merges": [(97, 98)], "byte_order": list(range(256)), "special_tokens": {"<|end|>": 257}, "pattern_regex": None}
->>> hf = to_hf(**parts)
+>>> hf = to_hf([(97, 98)], list(range(256)), {"<|end|>": 257}, pattern_regex=None)
 >>> hf["model"]["merges"], hf["added_tokens"][0]["id"], hf["pre_tokenizer"]["use_regex"]
 (['a b'], 257, False)
 >>> from_hf(hf)["merges"] == [(97, 98)]
@@ -35,20 +37,24 @@ import string
 
 import regex
 
+from tokenkit.bpe.bytelevel import bytes_to_unicode
 from tokenkit.bpe.errors import TokenizerError
-from tokenkit.bpe.pretokenize import GPT2_PATTERN, GPT4_PATTERN
+from tokenkit.bpe.patterns import GPT2_PATTERN, GPT4_PATTERN
+from tokenkit.bpe.regex_dialect import from_oniguruma, to_fancy_regex, to_oniguruma
 
 # tiktoken's own spellings of the built-in patterns (equivalent to ours; tested against tiktoken)
 TIKTOKEN_GPT2 = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 TIKTOKEN_GPT2_OLD = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 WHOLE_TEXT = r"(?s:.+)"  # the pat_str of "none": each stretch between special tokens is one piece
 _KNOWN = {GPT2_PATTERN: "gpt2", TIKTOKEN_GPT2: "gpt2", TIKTOKEN_GPT2_OLD: "gpt2", GPT4_PATTERN: "gpt4"}
-
-
-def _byte_table() -> dict[int, str]:
-    from tokenkit.bpe.io import bytes_to_unicode  # the one copy of GPT-2's table (bpe.io imports nothing of ours back)
-
-    return bytes_to_unicode()
+# Split regexes that Oniguruma reads as a built-in pattern: the ones tk writes, and tiktoken's
+# spellings of GPT-2's (`\s++$` ends only the text there too). GPT-4's own spelling is not one.
+_HF_BUILTIN = {
+    to_oniguruma(GPT4_PATTERN): GPT4_PATTERN,
+    GPT2_PATTERN: GPT2_PATTERN,
+    TIKTOKEN_GPT2: GPT2_PATTERN,
+    TIKTOKEN_GPT2_OLD: GPT2_PATTERN,
+}
 
 
 def token_bytes(merges: list[tuple[int, int]], byte_order: list[int]) -> list[bytes]:
@@ -125,7 +131,7 @@ def to_hf(
 ) -> dict:
     """The `tokenizer.json` dict of a tokenizer (ids, merges and specials exactly ours)."""
     check_custom_pattern(pattern_regex)
-    table = _byte_table()
+    table = bytes_to_unicode()
     names = ["".join(table[b] for b in token) for token in token_bytes(merges, byte_order)]
     vocab = {name: i for i, name in enumerate(names)}
     inverse = {c: b for b, c in table.items()}
@@ -148,7 +154,9 @@ def to_hf(
     elif pattern_regex == GPT2_PATTERN:  # HF's ByteLevel regex is GPT-2's
         pre = _byte_level(True)
     else:
-        split = {"type": "Split", "pattern": {"Regex": pattern_regex}, "behavior": "Isolated", "invert": False}
+        # Written for Oniguruma, HF's regex engine, so that it splits as tk does (`\p{N}{1,3}+`...).
+        onig = to_oniguruma(pattern_regex)
+        split = {"type": "Split", "pattern": {"Regex": onig}, "behavior": "Isolated", "invert": False}
         pre = {"type": "Sequence", "pretokenizers": [split, _byte_level(False)]}
     return {
         "version": "1.0",
@@ -179,7 +187,8 @@ def _check_hf_special(s: str, i: int, vocab: dict[str, int], inverse: dict[str, 
     token (HF gives it that token's id) or made of byte stand-ins that decode as other bytes."""
     if vocab.get(s, i) != i:
         raise TokenizerError(
-            f"special token {s!r} is spelled like token {vocab[s]} in the byte-level vocabulary, which would give it that id; {todo}"
+            f"special token {s!r} is spelled like token {vocab[s]} in the byte-level vocabulary, which would give "
+            f"it that id; {todo}"
         )
     if all(c in inverse for c in s) and bytes(inverse[c] for c in s) != s.encode("utf-8"):
         raise TokenizerError(
@@ -194,7 +203,8 @@ def _pattern_of_hf(pre, what: str) -> str | None:
     def byte_level(p) -> bool:  # a ByteLevel pre-tokenizer we can read; returns its use_regex
         if not isinstance(p, dict) or p.get("type") != "ByteLevel":
             raise TokenizerError(
-                f"{what}: pre-tokenizer {_type(p)} is not supported; tk reads byte-level BPE (ByteLevel, or Split + ByteLevel)"
+                f"{what}: pre-tokenizer {_type(p)} is not supported; tk reads byte-level BPE "
+                "(ByteLevel, or Split + ByteLevel)"
             )
         if p.get("add_prefix_space", False):
             raise TokenizerError(
@@ -217,11 +227,18 @@ def _pattern_of_hf(pre, what: str) -> str | None:
             raise TokenizerError(f"{what}: the Split pre-tokenizer has no pattern")
         if split.get("behavior") != "Isolated" or split.get("invert", False):
             raise TokenizerError(
-                f"{what}: Split behavior {split.get('behavior')!r} (invert {split.get('invert')}) is not supported; tk keeps matches and gaps as chunks (Isolated)"
+                f"{what}: Split behavior {split.get('behavior')!r} (invert {split.get('invert')}) is not supported; "
+                "tk keeps matches and gaps as chunks (Isolated)"
             )
         if byte_level(steps[1]):
             raise TokenizerError(f"{what}: ByteLevel after Split must not split again (use_regex false)")
-        found = pattern["Regex"] if "Regex" in pattern else regex.escape(pattern["String"])
+        if "Regex" not in pattern:
+            found = regex.escape(pattern["String"])
+        else:  # an Oniguruma regex, read with its meaning there
+            try:
+                found = _HF_BUILTIN.get(pattern["Regex"]) or from_oniguruma(pattern["Regex"])
+            except TokenizerError as err:
+                raise TokenizerError(f"{what}: {err}") from None
         try:
             check_custom_pattern(found, "imported")
         except regex.error as err:
@@ -268,7 +285,7 @@ def from_hf(data, what: str = "tokenizer.json") -> dict:
         or not isinstance(merges_in, list)
     ):
         raise TokenizerError(f"{what}: model vocab must map token strings to ids and merges must be a list")
-    byte_of = {c: b for b, c in _byte_table().items()}
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
     byte_order: list = [None] * 256
     for char, b in byte_of.items():
         i = vocab.get(char)
@@ -305,14 +322,16 @@ def from_hf(data, what: str = "tokenizer.json") -> dict:
             )
         if t.get("lstrip") or t.get("rstrip") or t.get("single_word") or t.get("normalized"):
             raise TokenizerError(
-                f"{what}: added token {t['content']!r} strips, matches single words or is normalized; tk matches it exactly"
+                f"{what}: added token {t['content']!r} strips, matches single words or is normalized; "
+                "tk matches it exactly"
             )
         _check_hf_special(t["content"], t["id"], vocab, byte_of, "tk would give it other ids or bytes")
         specials[t["content"]] = t["id"]
     extra = {s: i for s, i in vocab.items() if i >= n_tokens}
     if any(specials.get(s) != i for s, i in extra.items()) or len(vocab) != n_tokens + len(extra):
         raise TokenizerError(
-            f"{what}: the vocab has {len(vocab)} entries, expected 256 bytes + {len(merges)} merges (+ the special tokens)"
+            f"{what}: the vocab has {len(vocab)} entries, expected 256 bytes + {len(merges)} merges "
+            "(+ the special tokens)"
         )
     if sorted(specials.values()) != list(range(n_tokens, n_tokens + len(specials))):
         raise TokenizerError(f"{what}: special tokens must have consecutive ids right after the merges ({n_tokens}...)")
@@ -334,7 +353,9 @@ def tiktoken_pat_str(pattern_regex: str | None) -> str:
 
     tiktoken encodes only the regex's matches; the built-in patterns match every character, and a
     custom one is widened with a second branch that takes the text up to its next match, which we
-    keep as a chunk of its own. No split is one piece per stretch between special tokens.
+    keep as a chunk of its own. No split is one piece per stretch between special tokens. The
+    built-in patterns are tiktoken's own spellings, which its engine (fancy-regex) reads as tk
+    does; a custom one is written in that engine's dialect (`$` is only the very end there, ...).
 
     >>> tiktoken_pat_str(r"\\d+")
     '(?:\\\\d+)|(?:(?!(?:\\\\d+))(?s:.))+'
@@ -344,7 +365,8 @@ def tiktoken_pat_str(pattern_regex: str | None) -> str:
     if pattern_regex in (GPT2_PATTERN, GPT4_PATTERN):
         return pattern_regex
     check_custom_pattern(pattern_regex)
-    return f"(?:{pattern_regex})|(?:(?!(?:{pattern_regex}))(?s:.))+"
+    fancy = to_fancy_regex(pattern_regex)
+    return f"(?:{fancy})|(?:(?!(?:{fancy}))(?s:.))+"
 
 
 _WIDENED = re.compile(r"\(\?:(?P<p>.*)\)\|\(\?:\(\?!\(\?:(?P=p)\)\)\(\?s:\.\)\)\+", re.DOTALL)

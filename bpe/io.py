@@ -40,8 +40,9 @@ import numpy as np
 from tqdm import tqdm
 
 from tokenkit.bpe import interop
+from tokenkit.bpe.bytelevel import bytes_to_unicode  # also bpe.io's name for it, as before
 from tokenkit.bpe.errors import TokenizerError
-from tokenkit.bpe.pretokenize import PATTERNS, resolve_pattern
+from tokenkit.bpe.patterns import PATTERNS, resolve_pattern
 from tokenkit.common import FileError, atomic, jsonsafe, safetensors_file
 
 FORMAT = "tokenkit.bpe"
@@ -275,7 +276,7 @@ def _npy_header(dtype: np.dtype, n: int) -> bytes:
     >>> len(_npy_header(np.dtype(np.uint16), 0)) == len(_npy_header(np.dtype(np.uint16), 10**15)) == 128
     True
     """
-    text = "{'descr': %r, 'fortran_order': False, 'shape': (%d,), }" % (dtype.str, n)
+    text = f"{{'descr': {dtype.str!r}, 'fortran_order': False, 'shape': ({n},), }}"
     text = text.ljust(_NPY_HEADER_BYTES - 10 - 1) + "\n"  # magic (6) + version (2) + length (2) before it
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode("latin1")
 
@@ -386,28 +387,6 @@ def print_line(line: str) -> None:
 # GPT-2 formats
 
 
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's table from each byte to a printable character, in GPT-2's token-id order.
-
-    Printable Latin-1 bytes stand for themselves; the other 68 bytes (controls, space, and a
-    few others) are shifted to U+0100 onwards, so every token is a visible, space-free string.
-    The dict's order is the order of GPT-2's byte tokens: ids 0..255.
-
-    >>> table = bytes_to_unicode()
-    >>> table[ord("a")], table[ord(" ")], list(table)[:3]
-    ('a', 'Ġ', [33, 34, 35])
-    """
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
-
-
 def read_gpt2(vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> dict:
     """Parts of a tokenizer from GPT-2's files (encoder.json + vocab.bpe or vocab.json + merges.txt).
 
@@ -437,7 +416,8 @@ def read_gpt2(vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> 
         i = encoder.get(char)
         if i is None or not 0 <= i < 256:
             raise TokenizerError(
-                f"{vocab_path}: the byte token {char!r} must have an id in 0..255 (got {i}); is this a GPT-2 style vocabulary?"
+                f"{vocab_path}: the byte token {char!r} must have an id in 0..255 (got {i}); "
+                "is this a GPT-2 style vocabulary?"
             )
         byte_order[i] = b
     merges = []

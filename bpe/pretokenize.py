@@ -1,7 +1,7 @@
 """Pre-tokenization: split text into chunks, and count the distinct chunks of a whole corpus.
 
 A split pattern cuts text into chunks ("Hello", " world", "!"); BPE merges never cross a chunk
-boundary. Patterns, by name:
+boundary. Patterns, by name (bpe/patterns.py holds them; their names are re-exported here):
 
 - "gpt2": GPT-2's pattern (the default).
 - "gpt4": GPT-4's (tiktoken's cl100k_base) pattern; "cl100k" is an alias.
@@ -14,14 +14,15 @@ boundary. Patterns, by name:
 
 `count_chunks` reads the corpus through `bpe.corpus` in pieces of about a megabyte and counts
 them in worker processes. A piece ends only where the built-in patterns always end a chunk
-(`find_cut`: the one rule for where text may be cut, here and wherever a file is cut for
-parallel or MPI work), so the counts equal those of splitting each document at once (tested).
-Custom patterns and "none" cannot promise such places: there each document is one piece.
+(`find_cut` of bpe/cut.py: the one rule for where text may be cut, here and wherever a file is
+cut for parallel or MPI work), so the counts equal those of splitting each document at once
+(tested). Custom patterns and "none" cannot promise such places: there each document is one piece.
 
 Bytes, not text: input is decoded as UTF-8 with errors="surrogateescape" and every chunk is
 encoded back the same way, so invalid UTF-8 is split and counted as its exact bytes.
 
-What this module deliberately does not do: learn merges (bpe/trainer.py) or encode to ids.
+What this module deliberately does not do: learn merges (bpe/trainer.py), encode to ids, or
+read files other than through `bpe.corpus`.
 """
 
 from __future__ import annotations
@@ -30,54 +31,30 @@ import os
 import queue
 import sys
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from functools import lru_cache
+from collections.abc import Iterator
 from multiprocessing import get_context
 
-import regex
 from tqdm import tqdm
 
+from tokenkit.bpe.corpus import as_corpus
+from tokenkit.bpe.cut import find_cut
 from tokenkit.bpe.errors import TokenizerError
+from tokenkit.bpe.patterns import BUILTIN, GPT2_PATTERN, GPT4_PATTERN, PATTERNS, compile_pattern, resolve_pattern
 from tokenkit.common.processes import die_with_parent
 
-__all__ = ["GPT2_PATTERN", "GPT4_PATTERN", "PATTERNS", "count_chunks", "find_cut", "resolve_pattern", "split_text"]
-
-GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-GPT4_PATTERN = (
-    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
-    r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
-)
-PATTERNS: dict[str, str | None] = {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN, "cl100k": GPT4_PATTERN, "none": None}
-_BUILTIN = frozenset({GPT2_PATTERN, GPT4_PATTERN})
-
+# The pattern names and find_cut are re-exported: callers have always found them here.
+__all__ = [
+    "GPT2_PATTERN",
+    "GPT4_PATTERN",
+    "PATTERNS",
+    "count_chunks",
+    "custom_pattern_timeout",
+    "find_cut",
+    "resolve_pattern",
+    "split_text",
+]
 
 _PIECE_BYTES = 1 << 20  # ~1 MiB per piece: enough to amortise a worker round trip, small enough to balance
-
-
-def resolve_pattern(name_or_regex: str | None) -> str | None:
-    """The regex for a pattern name ("gpt2", "gpt4"/"cl100k"), None for "none", else the regex itself.
-
-    >>> resolve_pattern("none") is None
-    True
-    >>> resolve_pattern(r"\\w+|\\W+")
-    '\\\\w+|\\\\W+'
-    """
-    if name_or_regex is None:
-        return None
-    if name_or_regex in PATTERNS:
-        return PATTERNS[name_or_regex]
-    if not name_or_regex:
-        raise TokenizerError("the split pattern is empty; use gpt2, gpt4, none or a regex")
-    _compile(name_or_regex)
-    return name_or_regex
-
-
-@lru_cache(maxsize=16)
-def _compile(pattern: str) -> regex.Pattern:
-    try:
-        return regex.compile(pattern)
-    except regex.error as err:
-        raise TokenizerError(f"bad split pattern {pattern!r}: {err}; use gpt2, gpt4, none or a valid regex") from None
 
 
 def split_text(text: str, pattern: str | None) -> list[str]:
@@ -93,8 +70,8 @@ def split_text(text: str, pattern: str | None) -> list[str]:
     pattern = resolve_pattern(pattern)
     if pattern is None:
         return [text] if text else []
-    rx = _compile(pattern)
-    if pattern in _BUILTIN:  # they match every character, so the matches are the whole split
+    rx = compile_pattern(pattern)
+    if pattern in BUILTIN:  # they match every character, so the matches are the whole split
         return rx.findall(text)
     # A custom pattern is data (it may come from a tokenizer file): it runs with a time limit, so
     # that a catastrophically backtracking regex is an error instead of a hang.
@@ -157,8 +134,6 @@ def count_chunks(
     >>> count_chunks([b"to be or not to be"], "gpt2", workers=1)
     {b' be': 2, b' not': 1, b' or': 1, b' to': 1, b'to': 1}
     """
-    from tokenkit.bpe.corpus import as_corpus  # bpe.corpus reads with this module's cut rule
-
     corpus = as_corpus(sources)
     pattern = resolve_pattern(pattern)
     size = corpus.size  # None: not known before reading (streams, compressed files, JSONL)
@@ -167,7 +142,7 @@ def count_chunks(
     workers = _default_workers() if workers is None else workers
     if workers < 1:
         raise TokenizerError(f"workers must be at least 1, got {workers}")
-    piece_bytes = _PIECE_BYTES if pattern in _BUILTIN else None
+    piece_bytes = _PIECE_BYTES if pattern in BUILTIN else None
     if pattern is None:  # nothing to split: a worker would only copy each document twice
         workers = 1
     if size is not None:
@@ -316,69 +291,7 @@ def _count_into(totals: Counter, piece: bytes, pattern: str | None) -> None:
     text = piece.decode("utf-8", "surrogateescape")
     if pattern is None:
         totals[text] += 1
-    elif pattern in _BUILTIN:
-        totals.update(_compile(pattern).findall(text))  # a list: counted in C
+    elif pattern in BUILTIN:
+        totals.update(compile_pattern(pattern).findall(text))  # a list: counted in C
     else:
         totals.update(split_text(text, pattern))
-
-
-_ASCII_WS = frozenset(b" \t\n\r\x0b\x0c")
-_SPACE = regex.compile(r"\s")
-CUT_CONTEXT = 4  # bytes a cut needs on its right in the buffer (a newline's next character)
-
-
-def find_cut(buf: bytes, lo: int, hi: int | None = None, *, last: bool = True, specials: Sequence[bytes] = ()) -> int:
-    """A safe place to cut `buf` in [lo, hi): the last one (or the first, last=False), or -1.
-
-    The one rule for where text may be cut (streamed counting, parallel and MPI encoding all use
-    it). Safe means a boundary that both built-in patterns always have, and where the text before
-    it splits the same whether or not the rest follows:
-    1. right before an ASCII space that follows a printable non-space ASCII byte ("word| next");
-    2. where the stretch searched has none, right after a newline that sits between two
-       non-whitespace characters ("end.\\n|Next"), for text with few ASCII spaces (CJK, code, data).
-    No match of either pattern contains a non-space character followed by whitespace, except
-    GPT-4's punctuation run that swallows the newlines after it ("end.\\n"), which still ends
-    right after the newline. An ASCII byte is never part of a multi-byte UTF-8 character, so
-    each piece decodes exactly as its stretch of the whole text does. A cut inside an occurrence
-    of one of `specials` is not safe (encoding reads special tokens before splitting).
-
-    The caller gives the context: `buf` holds the byte before `lo` (unless the text starts
-    there) and at least CUT_CONTEXT (and each special's length) bytes after a cut, so cuts
-    closer than that to the end of `buf` are never returned.
-
-    >>> find_cut(b"one two three four", 0), find_cut(b"one two three four", 0, last=False)
-    (13, 3)
-    >>> find_cut(b"line\\nnext\\nmore", 0), find_cut(b"  \\t\\n\\t  x", 0)
-    (10, -1)
-    """
-    pad = max([CUT_CONTEXT] + [len(s) - 1 for s in specials])
-    hi = min(len(buf) if hi is None else hi, len(buf) - pad + 1)
-    lo = max(lo, 1)
-
-    def clear(i: int) -> bool:  # no special token spans the cut
-        return not any(s in buf[max(0, i - len(s) + 1) : i + len(s) - 1] for s in specials)
-
-    for i in _candidates(buf, b" ", lo, hi, last):
-        if 0x21 <= buf[i - 1] <= 0x7E and clear(i):
-            return i
-    for i in _candidates(buf, b"\n", lo - 1, hi - 1, last):
-        if i >= 1 and buf[i - 1] not in _ASCII_WS and buf[i + 1] not in _ASCII_WS and clear(i + 1):
-            before = buf[max(i - 4, 0) : i].decode("utf-8", "surrogateescape")[-1]
-            after = buf[i + 1 : i + 5].decode("utf-8", "surrogateescape")[0]
-            if not _SPACE.match(before) and not _SPACE.match(after):
-                return i + 1
-    return -1
-
-
-def _candidates(buf: bytes, byte: bytes, lo: int, hi: int, last: bool) -> Iterator[int]:
-    """Positions of `byte` in buf[lo:hi], from the right (last) or from the left."""
-    if last:
-        i = buf.rfind(byte, lo, hi)
-        while i >= 0:
-            yield i
-            i = buf.rfind(byte, lo, i)
-    else:
-        i = buf.find(byte, lo, hi)
-        while i >= 0:
-            yield i
-            i = buf.find(byte, i + 1, hi)

@@ -31,7 +31,7 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import repeat
+from itertools import pairwise, repeat
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +41,8 @@ from tokenkit.bpe import encode_corpus, interop, io
 from tokenkit.bpe.corpus import Corpus, as_corpus
 from tokenkit.bpe.encoder import ChunkCache, PairTable, PieceCache, WordCache
 from tokenkit.bpe.errors import TokenizerError
-from tokenkit.bpe.pretokenize import GPT2_PATTERN, PATTERNS, count_chunks, resolve_pattern, split_text
+from tokenkit.bpe.patterns import GPT2_PATTERN, PATTERNS, resolve_pattern
+from tokenkit.bpe.pretokenize import count_chunks, split_text
 from tokenkit.bpe.trainer import train_merges
 
 _NO_MERGE = 1 << 62  # "rank" of a pair that has no merge; larger than any id
@@ -88,7 +89,8 @@ def describe_merge(vocab: Sequence[bytes], rank: int, pair: tuple[int, int], cou
     """
     a, b = pair
     show = lambda bs: repr(bs.decode("utf-8", errors="backslashreplace"))  # noqa: E731
-    return f"merge {rank}: {show(vocab[a])} + {show(vocab[b])} -> {show(vocab[a] + vocab[b])}  (id {256 + rank}, count {count})"
+    merged = f"{show(vocab[a])} + {show(vocab[b])} -> {show(vocab[a] + vocab[b])}"
+    return f"merge {rank}: {merged}  (id {256 + rank}, count {count})"
 
 
 class Tokenizer:
@@ -180,7 +182,10 @@ class Tokenizer:
         return self._pattern_name
 
     def __repr__(self) -> str:
-        return f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self._merges)}, pattern={self._pattern_name!r}, specials={list(self._specials)})"
+        return (
+            f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self._merges)}, pattern={self._pattern_name!r}, "
+            f"specials={list(self._specials)})"
+        )
 
     # ------------------------------------------------------------------------------- training
 
@@ -255,7 +260,7 @@ class Tokenizer:
             # Encoding each distinct chunk once, weighted by its count, is encoding the corpus;
             # going through the chunk cache leaves it warm for encoding that corpus next.
             texts = [chunk.decode("utf-8", "surrogateescape") for chunk in counts]
-            return sum(len(ids) * n for ids, n in zip(tok._chunk_values(texts), counts.values()))
+            return sum(len(ids) * n for ids, n in zip(tok._chunk_values(texts), counts.values(), strict=True))
 
         tok.train_report = TrainReport(
             merges_learned=len(result.merges),
@@ -281,7 +286,7 @@ class Tokenizer:
         Example, merges (a,a)->256, (256,a)->257: aaab -> [256,a,b] -> [257,b].
         """
         get = self._pair_id.get
-        ranks = list(map(get, zip(ids, ids[1:]), repeat(_NO_MERGE)))
+        ranks = list(map(get, pairwise(ids), repeat(_NO_MERGE)))
         while True:
             new = min(ranks)
             if new == _NO_MERGE:
@@ -310,7 +315,7 @@ class Tokenizer:
         nxt = list(range(1, n + 1))
         nxt[-1] = -1
         prv = list(range(-1, n - 1))
-        heap = [(r, i) for i, r in enumerate(map(get, zip(ids, ids[1:]))) if r is not None]
+        heap = [(r, i) for i, r in enumerate(map(get, pairwise(ids))) if r is not None]
         heapq.heapify(heap)
         push, pop = heapq.heappush, heapq.heappop
         while heap:

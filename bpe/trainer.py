@@ -37,6 +37,7 @@ from array import array
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush, heapreplace
+from itertools import pairwise
 
 import numpy as np
 from tqdm import tqdm
@@ -138,7 +139,7 @@ def train_merges_naive(
             return TrainResult(merges, counts, "vocab_size")
         stats: dict[tuple[int, int], int] = {}
         for seq, n in words:
-            for pair in zip(seq, seq[1:]):
+            for pair in pairwise(seq):
                 stats[pair] = stats.get(pair, 0) + n
         if not stats:
             return TrainResult(merges, counts, "no_pairs")
@@ -394,4 +395,4 @@ def _groups(values: np.ndarray, weights: np.ndarray, keep_order: bool = True):
     first = np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
     sums = np.add.reduceat(weights, first, dtype=np.int64)
     bounds = first.tolist()
-    return zip(values[first].tolist(), sums.tolist(), bounds, bounds[1:] + [len(values)])
+    return zip(values[first].tolist(), sums.tolist(), bounds, bounds[1:] + [len(values)], strict=True)

@@ -208,7 +208,7 @@ def test_pair_table_is_a_dict_of_the_merges(n):
     plain = {pair: 256 + r for r, pair in enumerate(merges)}
     left = np.concatenate([np.array([a for a, _ in merges], dtype=np.int64), rng.integers(0, 256 + n, 20_000)])
     right = np.concatenate([np.array([b for _, b in merges], dtype=np.int64), rng.integers(0, 256 + n, 20_000)])
-    expected = [plain.get((a, b), NO_MERGE) for a, b in zip(left.tolist(), right.tolist())]
+    expected = [plain.get((a, b), NO_MERGE) for a, b in zip(left.tolist(), right.tolist(), strict=True)]
     assert table.lookup(left, right).tolist() == expected
     small = (left < 256) & (right < 256)
     assert table.lookup_bytes(left[small], right[small]).tolist() == list(compress(expected, small))

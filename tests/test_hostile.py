@@ -728,10 +728,8 @@ def test_custom_pattern_timeout_scales_with_the_text():
 
     assert custom_pattern_timeout(0) == 1.0
     assert custom_pattern_timeout(10_000_000) == pytest.approx(41.0)
-    text = "word, another; " * 70_000  # ~1 MB: a sane custom pattern is far inside the limit
-    start = time.perf_counter()
+    text = "word, another; " * 70_000  # ~1 MB: a sane custom pattern ends inside its limit (no TokenizerError)
     assert "".join(split_text(text, r"\w+|[^\w\s]+|\s+")) == text
-    assert time.perf_counter() - start < custom_pattern_timeout(len(text)) / 5
 
 
 # --------------------------------------------------------------------------- models

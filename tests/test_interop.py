@@ -14,12 +14,14 @@ import random
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+import regex
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tokenkit.bpe import Tokenizer, TokenizerError, interop
 from tokenkit.bpe.io import bytes_to_unicode
-from tokenkit.bpe.pretokenize import GPT2_PATTERN, GPT4_PATTERN
+from tokenkit.bpe.pretokenize import GPT2_PATTERN, GPT4_PATTERN, split_text
+from tokenkit.bpe.regex_dialect import from_oniguruma, to_fancy_regex, to_oniguruma
 from tokenkit.cli.main import main
 
 ROOT = Path(__file__).parents[1]
@@ -27,6 +29,12 @@ GPT2 = ROOT / ".." / "shared" / "data" / "gpt2"
 SPECIALS = ["<|endoftext|>", "<|pad|>"]
 CUSTOM = r"[a-zA-Z]+|[0-9]+"  # leaves spaces and punctuation between matches: those are chunks too
 PATTERNS = ["gpt2", "gpt4", "none", CUSTOM]
+# GPT-4's pattern as tokenizer.json holds it: Oniguruma reads `X{1,3}+` as "one or more X{1,3}",
+# so the possessive repeat is an atomic group, and Python's `$` is Oniguruma's `\Z`.
+HF_GPT4 = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|(?>\p{N}{1,3})| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+    r"""|\s++\Z|\s*[\r\n]|\s+(?!\S)|\s"""
+)
 HYP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 PIECES = st.one_of(
@@ -101,7 +109,7 @@ def test_tokenizer_json_follows_hf_format(tok, tmp_path):
         assert pre["type"] == "ByteLevel" and pre["use_regex"] is False
     else:
         split, byte_level = pre["pretokenizers"]
-        regex_ = GPT4_PATTERN if tok.pattern == "gpt4" else CUSTOM
+        regex_ = HF_GPT4 if tok.pattern == "gpt4" else CUSTOM
         assert split == {"type": "Split", "pattern": {"Regex": regex_}, "behavior": "Isolated", "invert": False}
         assert byte_level["use_regex"] is False and byte_level["add_prefix_space"] is False
     config = json.loads(paths[1].read_text(encoding="utf-8"))
@@ -121,7 +129,7 @@ def test_tiktoken_files_follow_tiktoken_format(tok, tmp_path):
     assert (ranks_file.name, meta_file.name) == ("tokenizer.tiktoken", "tokenizer_tiktoken.json")
     lines = ranks_file.read_bytes().splitlines()
     assert [(base64.b64decode(t, validate=True), int(r)) for t, r in (line.split(b" ") for line in lines)] == list(
-        zip(tok.vocab, range(len(tok.vocab)))
+        zip(tok.vocab, range(len(tok.vocab)), strict=True)
     )
     meta = json.loads(meta_file.read_text(encoding="utf-8"))
     assert meta["special_tokens"] == tok.special_tokens and meta["pattern"] == tok.pattern
@@ -266,8 +274,10 @@ def test_cli_export_and_import_every_format(tmp_path, capsys):
     permuted().save(tok_path)
     expected = {
         "gpt2": f"wrote {tmp_path}/gpt2/vocab.json (260 tokens) and {tmp_path}/gpt2/merges.txt (3 merges)",
-        "hf": f"wrote {tmp_path}/hf/tokenizer.json (260 tokens, 3 merges), tokenizer_config.json and special_tokens_map.json",
-        "tiktoken": f"wrote {tmp_path}/tiktoken/tokenizer.tiktoken (259 ranks) and {tmp_path}/tiktoken/tokenizer_tiktoken.json (1 special token)",
+        "hf": f"wrote {tmp_path}/hf/tokenizer.json (260 tokens, 3 merges), tokenizer_config.json and "
+        "special_tokens_map.json",
+        "tiktoken": f"wrote {tmp_path}/tiktoken/tokenizer.tiktoken (259 ranks) and "
+        f"{tmp_path}/tiktoken/tokenizer_tiktoken.json (1 special token)",
     }
     for fmt, line in expected.items():
         assert main(["bpe-export", str(tok_path), "--format", fmt, "-o", str(tmp_path / fmt)]) == 0
@@ -452,3 +462,339 @@ def test_import_gpt2_tokenizer_json_as_hf_builds_it(gpt2, tmp_path):
         :20_000
     ] + " naïve 12345<|endoftext|>\n\n  x"
     assert hf.encode(text).ids == ids_of(tok, text)
+
+
+# ---------------------------------------------------------------------------------------------
+# split regexes in the other engines' dialects (bpe/regex_dialect.py)
+
+# Split regexes of published tokenizer.json files (Llama 3's, GPT-4o's o200k as HF spells it).
+LLAMA3 = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
+    r"""|\s+(?!\S)|\s+"""
+)
+O200K = (
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+    r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+    r"""|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+# (Oniguruma regex, Python regex of the same meaning): the repeated item is an escape, a class, a
+# group, a dot or a character; `{n,m}+` and `{n}?` are two repeats there.
+FROM_ONIGURUMA = [
+    (r"\p{N}{1,3}+", r"(?:\p{N}{1,3})+"),
+    (r"\P{L}{2}+", r"(?:\P{L}{2})+"),
+    (r"\d{2,}+x", r"(?:\d{2,})+x"),
+    (r"ba{,3}+", r"b(?:a{0,3})+"),
+    (r"\x{41}{1,2}+", r"(?:\U00000041{1,2})+"),
+    (r"\x41{1,2}+", r"(?:\x41{1,2})+"),
+    (r"\u0041{1,2}+", r"(?:\u0041{1,2})+"),
+    (r"(?<n>a)\k<n>{2}+", r"(?P<n>a)(?:(?P=n){2})+"),
+    (r"[0-9]{1,3}+", r"(?:[0-9]{1,3})+"),
+    (r"[]{]{1,3}+", r"(?:[\]{]{1,3})+"),  # a leading ] is a character; so is a brace in a class
+    (r"[^]a]{2}+", r"(?:[^\]a]{2})+"),
+    (r"[\]\[{}]{2}+", r"(?:[\]\[{}]{2})+"),
+    (r"[[:alpha:]]{2}+", r"(?:[[:alpha:]]{2})+"),
+    (r"(?:ab|c){1,2}+", r"(?:(?:ab|c){1,2})+"),
+    (r"(a(b)c){2}+", r"(?:(a(b)c){2})+"),
+    (r".{2}+", r"(?:.{2})+"),
+    (r"é{2}+", r"(?:é{2})+"),
+    (r"a{2}", r"a{2}"),
+    (r"ba{2}?", r"b(?:a{2})?"),  # "a{2} or nothing" there; lazy exactly-2 in Python
+    (r"a{1,2}?", r"a{1,2}?"),
+    (r"a{1,2}+?", r"(?:a{1,2})+?"),
+    (r"x{2}{3}", r"(?:x{2}){3}"),
+    (r"a?+b*+c++", r"a?+b*+c++"),  # possessive in both
+    (r"a{}b{,}c{x}", r"a\{\}b\{,\}c\{x\}"),  # braces that are no repeat
+    (r"\s+$", r"\s+(?m:$)"),
+    (r"^\w", r"(?m:^)(?!\Z)\w"),
+    (r"x\Z|y\z|\Az", r"x$|y\Z|\Az"),
+    (r"(?m:.)+", r"(?s:.)+"),
+    (r"(?i)a|b", r"(?i)a|b"),
+    (r"a(?i)b|c", r"a(?i:b|c)"),  # to the end of the enclosing group, | included
+    (r"(?:a(?i)b)c", r"(?:a(?i:b))c"),
+    (r"\h+[\h_]\H", r"[0-9a-fA-F]+[0-9a-fA-F_][^0-9a-fA-F]"),
+    (r"(?#note)a", "a"),
+    (GPT2_PATTERN, GPT2_PATTERN),
+    (LLAMA3, LLAMA3),  # the Split regexes of published tokenizers read as they are
+    (O200K, O200K),
+]
+# (Python regex, as Oniguruma reads it the same, as fancy-regex reads it the same)
+TO_ENGINES = [
+    (GPT4_PATTERN, HF_GPT4, GPT4_PATTERN.replace(r"\s++$", r"\s++(?=\n?\z)")),
+    (r"\d{1,3}+", r"(?>\d{1,3})", r"\d{1,3}+"),
+    (r"(?:ab){2}+", r"(?>(?:ab){2})", r"(?:ab){2}+"),
+    (r"[a-z]{2,}+", r"(?>[a-z]{2,})", r"[a-z]{2,}+"),
+    (r"a{,2}+", r"(?>a{0,2})", r"a{0,2}+"),
+    (r"a{2}?|b{1,2}?", r"a{2}|b{1,2}?", r"a{2}?|b{1,2}?"),
+    (r"a?+b*+c++", r"a?+b*+c++", r"a?+b*+c++"),
+    (r"^a$|b\Z", r"\Aa\Z|b\z", r"^a(?=\n?\z)|b\z"),
+    (r"(?s:.)|(?i)", None, None),  # a flag group after the start: refused
+    (r"(?is)x.", r"(?im)x.", r"(?is)x."),
+    (r"[[a]|[a&&b]|[~~]", r"[\[a]|[a\&\&b]|[\~\~]", r"[\[a]|[a\&\&b]|[\~\~]"),
+    (r"\U0001F600|\N{DIGIT ONE}", r"\x{1F600}|\x{31}", r"\x{1F600}|\x{31}"),
+    (r"(?P<n>a)(?P=n)", r"(?<n>a)\k<n>", r"(?P<n>a)(?P=n)"),
+    (r"[[:alpha:]]+", r"[[:alpha:]]+", None),  # ASCII-only in fancy-regex
+    (r"(?m)^a", None, None),
+    (r"\h", None, None),
+    (r"(?|a)", None, None),
+]
+
+
+@pytest.mark.parametrize("onig, python", FROM_ONIGURUMA)
+def test_oniguruma_regex_is_read_with_its_meaning(onig, python):
+    assert from_oniguruma(onig) == python
+
+
+@pytest.mark.parametrize("onig", [r"[a[b]]", r"[a&&b]", r"(?x)a b", r"(?s:.)", r"a)", r"(a", r"[a", "a\\"])
+def test_oniguruma_regex_tk_cannot_read_is_refused(onig):
+    with pytest.raises(TokenizerError, match="tk cannot read"):
+        from_oniguruma(onig)
+
+
+@pytest.mark.parametrize("python, onig, fancy", TO_ENGINES)
+def test_pattern_is_written_in_each_engines_dialect(python, onig, fancy):
+    for translate, expected in ((to_oniguruma, onig), (to_fancy_regex, fancy)):
+        if expected is None:
+            with pytest.raises(TokenizerError, match="reads otherwise"):
+                translate(python)
+        else:
+            assert translate(python) == expected
+
+
+# Texts on which the engines' readings differ, or might: numbers of every length, contractions
+# in any case, whitespace at the end and before newlines, CRLF.
+DIGITS = "314159265358979323846"
+NUMBER_TEXTS = [
+    text
+    for n in range(1, 13)
+    for text in (DIGITS[:n], " " + DIGITS[:n], f"x{DIGITS[:n]}y", f"({DIGITS[:n]}, -{DIGITS[:n]}.5)\n")
+] + ["pi=3.14159265358, x12345", "3.14159", "1,234,567.89 and 2024-12-31T23:59:59"]
+TRICKY_TEXTS = [
+    " DON'T",
+    "we'LL",
+    "it's I'M they'Re you'VE 'ſ",
+    "end   ",
+    "end \n",
+    "a  \n\n",
+    "x\t\t",
+    "line\n\n  \n",
+    "  \n  x",
+    "a\r\nb\r\n",
+    "\r\n\r\n",
+    "x.\r\n\r\nY",
+    "tail:\n",
+    "naïve café 日本語 😀  \u00a0\u3000 ok\n",
+]
+CONSTRUCTS = [  # Python regexes whose reading the engines could differ on
+    GPT4_PATTERN,
+    GPT2_PATTERN,
+    r"\p{N}{1,3}+|\p{L}{2}+|.",
+    r"\d{2}?|[a-z]{1,2}?",
+    r"[^\r\n\p{L}\p{N}]?+\p{L}++|\s*+\S",
+    r"'(?i:[sdmt]|ll|ve|re)|\w+",
+    r"\w+$|\s++$|^\s",
+    r"\w+\Z|\n",
+    r"(?s:.)\n|(?i:x)|(?-i:y)",
+    r"[[\]&~]+|\w",
+    r"\N{DIGIT ONE}+|\U0001F600",
+]
+DIALECT_TEXT = "".join(NUMBER_TEXTS + TRICKY_TEXTS) + "[[a]]&&~~ 1x11 😀😀 Ñ"
+
+
+def tiktoken_pieces(pat_str: str, text: str) -> list[str]:
+    """The pieces tiktoken cuts a short `text` into: every substring is a token, which tiktoken
+    looks up whole, so each piece comes back as one token."""
+    tiktoken = pytest.importorskip("tiktoken")
+    data = text.encode()
+    ranks = {bytes([b]): b for b in range(256)}
+    for i in range(len(data)):
+        for j in range(i + 2, len(data) + 1):
+            ranks.setdefault(data[i:j], len(ranks))
+    enc = tiktoken.Encoding("pieces", pat_str=pat_str, mergeable_ranks=ranks, special_tokens={})
+    return [enc.decode_single_token_bytes(t).decode("utf-8", "surrogateescape") for t in enc.encode_ordinary(text)]
+
+
+@pytest.mark.parametrize("pattern", CONSTRUCTS)
+def test_engines_split_as_tk_does(pattern):
+    """tk's pattern, written for each engine, splits there exactly as tk splits."""
+    tokenizers = pytest.importorskip("tokenizers")
+    split = tokenizers.pre_tokenizers.Split(tokenizers.Regex(to_oniguruma(pattern)), "isolated")
+    for text in [DIALECT_TEXT, *NUMBER_TEXTS, *TRICKY_TEXTS]:
+        assert [piece for piece, _ in split.pre_tokenize_str(text)] == split_text(text, pattern), text
+    for text in [*NUMBER_TEXTS, *TRICKY_TEXTS, "[[a]]&&~~ 1x11 😀😀 Ñ"]:
+        assert tiktoken_pieces(interop.tiktoken_pat_str(pattern), text) == split_text(text, pattern), text
+
+
+@pytest.mark.parametrize("onig", [onig for onig, _ in FROM_ONIGURUMA] + [GPT4_PATTERN, interop.TIKTOKEN_GPT2])
+def test_oniguruma_regex_splits_in_tk_as_in_hf(onig):
+    tokenizers = pytest.importorskip("tokenizers")
+    split = tokenizers.pre_tokenizers.Split(tokenizers.Regex(onig), "isolated")
+    python = from_oniguruma(onig)
+    for text in [DIALECT_TEXT, "aaaaa", "ababab", "xxxxxxx", "A\naB\nab\n", *NUMBER_TEXTS, *TRICKY_TEXTS]:
+        ours = [chunk for chunk in split_text(text, python) if chunk]
+        assert [piece for piece, _ in split.pre_tokenize_str(text)] == ours, text
+
+
+@pytest.fixture(scope="module", params=["gpt4", "gpt2"])
+def numeric(request) -> Tokenizer:
+    """A tokenizer with many merges of digits, so that numbers split otherwise get other ids."""
+    rng = random.Random(0)
+    numbers = " ".join(str(rng.randrange(10 ** rng.randrange(1, 13))) for _ in range(3000))
+    text = corpus() + (numbers + " " + " ".join(NUMBER_TEXTS + TRICKY_TEXTS)).encode() * 3
+    return Tokenizer.train([text], vocab_size=700, pattern=request.param, special_tokens=SPECIALS, quiet=True)
+
+
+def test_numbers_get_tk_ids_in_every_library(numeric, tmp_path):
+    """GPT-4's `\\p{N}{1,3}+` read by Oniguruma as "any run of digits" gave other ids on numbers of
+    four digits and more: the export must give tk's ids in HF tokenizers, transformers and tiktoken,
+    and importing the export must give them again."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tiktoken = pytest.importorskip("tiktoken")
+    from tiktoken.load import load_tiktoken_bpe
+
+    numeric.export_hf(tmp_path / "hf")
+    hf = tokenizers.Tokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json"))
+    ranks_file, meta_file = numeric.export_tiktoken(tmp_path / "tt")
+    meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    ranks = load_tiktoken_bpe(str(ranks_file))
+    tt = tiktoken.Encoding("tk", pat_str=meta["pat_str"], mergeable_ranks=ranks, special_tokens=meta["special_tokens"])
+    back_hf, back_tt = Tokenizer.from_hf(tmp_path / "hf"), Tokenizer.from_tiktoken(ranks_file)
+    assert back_hf.pattern == back_tt.pattern == numeric.pattern
+    multi_digit = [i for i, t in enumerate(numeric.vocab) if len(t) >= 2 and t.strip().isdigit()]
+    assert len(multi_digit) > 20  # the ids would differ if the numbers split otherwise
+    for text in NUMBER_TEXTS + TRICKY_TEXTS:
+        ids = ids_of(numeric, text)
+        assert hf.encode(text, add_special_tokens=False).ids == ids, text
+        assert tt.encode(text, allowed_special="all") == ids, text
+        assert ids_of(back_hf, text) == ids_of(back_tt, text) == ids, text
+    transformers = pytest.importorskip("transformers")
+    auto = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    for text in NUMBER_TEXTS + TRICKY_TEXTS:
+        assert auto(text)["input_ids"] == ids_of(numeric, text), text
+
+
+def with_split_regex(tok: Tokenizer, regex_: str) -> dict:
+    """tok's tokenizer.json with this Split regex (as someone else might write one)."""
+    data = interop.to_hf(tok.merges, [t[0] for t in tok.vocab[:256]], tok.special_tokens, GPT4_PATTERN)
+    data["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = regex_
+    return data
+
+
+@pytest.mark.parametrize(
+    "regex_, pattern",
+    [
+        (r"\p{N}{1,3}+", r"(?:\p{N}{1,3})+"),  # one or more runs of 1-3 digits: any run of digits
+        (GPT4_PATTERN, GPT4_PATTERN.replace(r"\p{N}{1,3}+", r"(?:\p{N}{1,3})+").replace("$", "(?m:$)")),
+        (HF_GPT4, "gpt4"),  # tk's own export
+        (interop.TIKTOKEN_GPT2, "gpt2"),  # `\s++$` ends only the text in Oniguruma too
+    ],
+)
+def test_tokenizer_json_regex_is_read_as_hf_reads_it(numeric, regex_, pattern, tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(with_split_regex(numeric, regex_)), encoding="utf-8")
+    hf = tokenizers.Tokenizer.from_file(str(path))
+    tok = Tokenizer.from_hf(path)
+    assert tok.pattern == pattern
+    if regex_ == r"\p{N}{1,3}+":
+        assert split_text("1234567", tok.pattern) == ["1234567"]
+        assert [p for p, _ in hf.pre_tokenizer.pre_tokenize_str("1234567")] == ["1234567"]
+    for text in ["1234567", "x 1234567890 y", *NUMBER_TEXTS, *TRICKY_TEXTS]:
+        assert hf.encode(text, add_special_tokens=False).ids == ids_of(tok, text), text
+
+
+def test_tokenizer_json_regex_tk_cannot_read_is_one_line(numeric, tmp_path, capsys):
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(with_split_regex(numeric, r"[\p{L}&&[a-z]]+")), encoding="utf-8")
+    with pytest.raises(TokenizerError, match="tokenizer.json: the split regex .* class intersection"):
+        Tokenizer.from_hf(path)
+    with pytest.raises(TokenizerError, match="flag m, which Hugging Face tokenizers"):
+        Tokenizer([], pattern=r"(?m)^\w+").export_hf(tmp_path / "m")
+    assert not (tmp_path / "m").exists()
+
+
+ATOMS = st.sampled_from(
+    ["a", "b", "1", r"\d", r"\s", r"\S", ".", "[ab]", r"[^a\n]", r"\p{L}", r"\p{N}", "'", r"\n", " "]
+)
+REPEATS = st.sampled_from(["", "*", "+", "?", "{1,2}", "{2}", "{0,2}", "{2,}", "{,2}"])
+
+
+@st.composite
+def regexes(draw, depth: int = 2, top: bool = True) -> str:
+    """Small regexes of the constructs the engines may read otherwise: repeats with their lazy
+    and possessive forms, groups (plain, atomic, case-insensitive), alternation, anchors. Anchors
+    stay out of groups: a repeated group whose pass may be empty only because of an anchor, like
+    `(?:^\\s*|a){2}`, is repeated otherwise by Oniguruma (not a matter of spelling)."""
+    branches = []
+    for _ in range(draw(st.integers(1, 3))):
+        items = []
+        for _ in range(draw(st.integers(1, 3))):
+            if depth and draw(st.booleans()) and draw(st.booleans()):
+                item = draw(st.sampled_from(["(?:", "(?>", "(?i:", "("])) + draw(regexes(depth - 1, False)) + ")"
+            else:
+                item = draw(ATOMS)
+            repeat = draw(REPEATS)
+            items.append(item + repeat + (draw(st.sampled_from(["", "?", "+"])) if repeat else ""))
+        anchor = draw(st.sampled_from(["", "", "^", "$", r"\Z", r"\A"] if top else [""]))
+        branches.append(anchor + "".join(items) if anchor in ("^", r"\A") else "".join(items) + anchor)
+    return "|".join(branches)
+
+
+FUZZ_TEXTS = st.text(st.sampled_from("ab1 \n'xA.é"), min_size=1, max_size=10)
+
+
+def tk_pieces(pattern: str, text: str) -> list[str] | None:
+    """tk's chunks of `text`; None when the regex matches the empty string somewhere in it (HF
+    and tiktoken cut there, tk does not: such patterns are refused on export) or runs too long."""
+    try:
+        rx = regex.compile(pattern)
+        for i in range(len(text) + 1):
+            if (m := rx.match(text, i, timeout=1.0)) is not None and m.end() == i:
+                return None
+        return split_text(text, pattern)
+    except (regex.error, TokenizerError, TimeoutError):
+        return None
+
+
+def hf_pieces(onig: str, text: str) -> list[str] | None:
+    """How HF tokenizers' Split cuts `text` with this regex; None when Oniguruma gives up on it
+    (its backtracking limit, a Rust panic) or does not read it."""
+    tokenizers = pytest.importorskip("tokenizers")
+    try:
+        split = tokenizers.pre_tokenizers.Split(tokenizers.Regex(onig), "isolated")
+        return [piece for piece, _ in split.pre_tokenize_str(text)]
+    except BaseException as err:  # pyo3's PanicException is no Exception
+        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise
+        return None
+
+
+@settings(max_examples=400, deadline=None)
+@given(pattern=regexes(), text=FUZZ_TEXTS)
+def test_any_small_pattern_splits_alike_in_tk_and_hf(pattern, text):
+    ours = tk_pieces(pattern, text)
+    assume(ours is not None)
+    pieces = hf_pieces(to_oniguruma(pattern), text)
+    assume(pieces is not None)
+    assert pieces == ours
+
+
+@settings(max_examples=400, deadline=None)
+@given(onig=regexes(), text=FUZZ_TEXTS)
+def test_any_small_oniguruma_regex_splits_alike_in_hf_and_tk(onig, text):
+    pieces = hf_pieces(onig, text)
+    assume(pieces is not None)  # e.g. a repeat of an anchor, which Oniguruma refuses
+    ours = tk_pieces(from_oniguruma(onig), text)
+    assume(ours is not None)
+    assert pieces == ours
+
+
+@settings(max_examples=150, deadline=None)
+@given(pattern=regexes(), text=FUZZ_TEXTS)
+def test_any_small_pattern_splits_alike_in_tk_and_tiktoken(pattern, text):
+    ours = tk_pieces(pattern, text)
+    assume(ours is not None)
+    try:
+        pat_str = interop.tiktoken_pat_str(pattern)
+    except TokenizerError:  # over the time limit on the probe text
+        assume(False)
+    assert tiktoken_pieces(pat_str, text) == ours

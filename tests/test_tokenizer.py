@@ -8,6 +8,7 @@ long chunks) must give exactly its ids.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import random
 import struct
@@ -437,6 +438,16 @@ def test_encode_file_equals_encode(tok, tmp_path, small_pieces):
         tok.encode_file(path, workers=2, quiet=True)
 
 
+def test_encode_file_in_spawned_workers(tok, tmp_path, small_pieces, monkeypatch):
+    """Where workers cannot inherit the tokenizer (spawn: macOS, Windows), each rebuilds it with
+    its class's from_tensors, which bpe.encode_corpus is handed rather than imports."""
+    spawn = multiprocessing.get_context("spawn")
+    monkeypatch.setattr(encode_corpus.multiprocessing, "get_context", lambda *method: spawn)
+    path = tmp_path / "in.txt"
+    path.write_bytes(make_corpus(seed=9, n_words=1500).encode())
+    assert tok.encode_file(path, workers=2, quiet=True).tolist() == tok.encode(path.read_bytes())
+
+
 def test_encode_file_custom_pattern_is_exact(tmp_path, small_pieces):
     tok = Tokenizer.train([make_corpus().encode()], vocab_size=300, pattern=r"\w+|\W+", workers=1, quiet=True)
     path = tmp_path / "in.txt"
@@ -484,13 +495,14 @@ def test_ids_streamed_to_npy_equal_np_save(tmp_path):
         pieces = [rng.integers(0, 60000, size=n).astype(dtype) for n in (5, 0, 1, 1000, 37)]
         consumed = []
 
-        def lazily():
+        def lazily(pieces: list, consumed: list):
             for piece in pieces:
                 consumed.append(len(piece))
                 yield piece
 
         path = tmp_path / f"ids-{np.dtype(dtype).name}.npy"
-        assert bpe_io.save_ids_stream(path, dtype, lazily()) == 1043 and consumed == [5, 0, 1, 1000, 37]
+        assert bpe_io.save_ids_stream(path, dtype, lazily(pieces, consumed)) == 1043
+        assert consumed == [5, 0, 1, 1000, 37]
         back = np.load(path)
         assert back.dtype == dtype and np.array_equal(back, np.concatenate(pieces))
         assert bpe_io.load_ids(path).tolist() == back.tolist()
@@ -506,11 +518,26 @@ def test_ids_streamed_to_npy_equal_np_save(tmp_path):
 def test_docstring_examples():
     import doctest
 
+    import tokenkit.bpe.bytelevel
+    import tokenkit.bpe.cut
+    import tokenkit.bpe.interop
     import tokenkit.bpe.io
+    import tokenkit.bpe.patterns
     import tokenkit.bpe.pretokenize
+    import tokenkit.bpe.regex_dialect
     import tokenkit.bpe.tokenizer
     import tokenkit.bpe.trainer
 
-    for module in (tokenkit.bpe.io, tokenkit.bpe.pretokenize, tokenkit.bpe.tokenizer, tokenkit.bpe.trainer):
+    for module in (
+        tokenkit.bpe.bytelevel,
+        tokenkit.bpe.cut,
+        tokenkit.bpe.interop,
+        tokenkit.bpe.io,
+        tokenkit.bpe.patterns,
+        tokenkit.bpe.pretokenize,
+        tokenkit.bpe.regex_dialect,
+        tokenkit.bpe.tokenizer,
+        tokenkit.bpe.trainer,
+    ):
         result = doctest.testmod(module)
         assert result.failed == 0 and result.attempted > 0, module.__name__

@@ -183,7 +183,7 @@ def test_stop_rules():
 def test_on_merge_reports_every_merge():
     seen = []
     result = train_merges({b"abababab": 2}, min_frequency=1, quiet=True, on_merge=lambda *a: seen.append(a))
-    assert seen == [(r, pair, count) for r, (pair, count) in enumerate(zip(result.merges, result.counts))]
+    assert seen == [(r, pair, count) for r, (pair, count) in enumerate(zip(result.merges, result.counts, strict=True))]
 
 
 def test_trainer_errors():
