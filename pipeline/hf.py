@@ -14,8 +14,11 @@ tensors and translate the config; no weight is transposed or renamed beyond the 
 
 Reading never unpickles (`pytorch_model.bin` is refused), validates every safetensors header
 against its file before reading, and reads one tensor at a time, converting it to float32
-(F16, BF16 and F64 checkpoints included): the checkpoint is never held twice. Everything is
-checked before the first file is written; every failure is one PipelineError line.
+(F16, BF16 and F64 checkpoints included): the checkpoint is never held twice. A weight holding
+NaN or infinity is refused by name, and so is an `lm_head.weight` that differs from `wte`:
+transformers then predicts with that head, untied even under `tie_word_embeddings`, and tk's GPT
+cannot. Everything is checked before the first file is written; every failure is one
+PipelineError line.
 
 What it deliberately does not do: import transformers or torch (tests do, to check the round
 trip), or express variants GPT-2 has no field for (post-norm, sinusoidal positions,
@@ -373,6 +376,21 @@ def _read_tensor(name: str, src: _Source) -> np.ndarray:
     return a.astype(np.float32, copy=False).reshape(src.shape)
 
 
+def _read_weight(name: str, src: _Source) -> np.ndarray:
+    """`_read_tensor`, refused in one line when any value is NaN or infinite (a model computing
+    with it predicts NaN, or nothing useful)."""
+    a = _read_tensor(name, src)
+    n_bad = a.size - int(np.count_nonzero(np.isfinite(a)))
+    if n_bad:
+        n_nan = int(np.count_nonzero(np.isnan(a)))
+        kind = "NaN" if n_nan == n_bad else "infinite" if n_nan == 0 else "NaN or infinite"
+        raise PipelineError(
+            f"{src.file}: {name} has {n_bad:,} of its {a.size:,} values {kind}; "
+            "the checkpoint is damaged: download or save it again"
+        )
+    return a
+
+
 def _is_buffer(name: str) -> bool:
     """GPT-2's causal-mask buffers (`h.N.attn.bias`, `h.N.attn.masked_bias`): not weights."""
     parts = name.split(".")
@@ -408,13 +426,20 @@ def read_checkpoint(
             raise PipelineError(
                 f"{directory}: {name} has shape {sources[ours[name]].shape}; config.json implies {shape}"
             )
-    if not tied and (head is None or sources[head].shape != expected["wte.weight"]):
-        raise PipelineError(f"{directory}: tie_word_embeddings is false but there is no lm_head.weight of wte's shape")
-    params = {name: _read_tensor(name, sources[ours[name]]) for name in expected}
-    if not tied and not np.array_equal(_read_tensor("lm_head.weight", sources[head]), params["wte.weight"]):
+    ties = "tk's GPT ties its output head to the token embedding"
+    if head is None and not tied:
+        raise PipelineError(f"{directory}: tie_word_embeddings is false but there is no lm_head.weight; {ties}")
+    if head is not None and sources[head].shape != expected["wte.weight"]:
         raise PipelineError(
-            f"{directory}: lm_head.weight differs from wte.weight (tie_word_embeddings false); "
-            "tk's output layer is tied to the token embedding"
+            f"{directory}: lm_head.weight has shape {sources[head].shape} and wte.weight {expected['wte.weight']}; "
+            f"{ties}, so it cannot use this head"
+        )
+    params = {name: _read_weight(name, sources[ours[name]]) for name in expected}
+    if head is not None and not np.array_equal(_read_weight("lm_head.weight", sources[head]), params["wte.weight"]):
+        # transformers unties the two when both are stored and differ, whatever the config says
+        raise PipelineError(
+            f"{directory}: lm_head.weight differs from wte.weight, and transformers predicts with the stored head "
+            f"(untied, even when tie_word_embeddings is true); {ties}, so it would predict otherwise"
         )
     dtypes = sorted({sources[ours[name]].dtype for name in expected})
     return params, dtypes
