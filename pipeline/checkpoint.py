@@ -86,9 +86,14 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
+def json_bytes(obj: Any) -> bytes:
+    """`obj` as the indented, key-sorted JSON every JSON file of tk holds."""
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     """Write `obj` as indented JSON atomically."""
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    write_bytes(path, json_bytes(obj))
 
 
 def read_json(path: str | os.PathLike, limit: int = 1 << 20) -> Any:

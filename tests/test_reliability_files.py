@@ -13,8 +13,14 @@ Every model and corpus is tiny and made here; docs/files.md names these tests.
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
+import random
 import struct
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +28,7 @@ import pytest
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli.main import main
-from tokenkit.common import safetensors_file
+from tokenkit.common import FileError, atomic, safetensors_file
 from tokenkit.pipeline import checkpoint
 from tokenkit.transformer import GPT, GPTConfig
 
@@ -171,3 +177,242 @@ def test_transformers_unties_a_differing_head_and_tk_refuses_it(tok, tmp_path, c
         *cli(capsys, "import-hf", hf, "-o", tmp_path / "m.safetensors")[::2], "lm_head.weight differs", "transformers"
     )
     assert not (tmp_path / "m.safetensors").exists()
+
+
+# --- 2. export directories are replaced as a whole -----------------------------------------------
+
+EXPORT_FILES = (
+    "config.json",
+    "model.safetensors",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.tiktoken",
+    "tokenizer_tiktoken.json",
+)
+
+
+def export_state(d: Path) -> dict[str, str]:
+    """The export files of `d` and their sha256."""
+    return {name: hashlib.sha256((d / name).read_bytes()).hexdigest() for name in EXPORT_FILES if (d / name).exists()}
+
+
+def users_files(d: Path) -> None:
+    """What a user keeps beside an export (a clone of a model repository has both)."""
+    (d / "notes.txt").write_text("mine", encoding="utf-8")
+    (d / ".git").mkdir()
+    (d / ".git" / "HEAD").write_text("ref: refs/heads/main\n", encoding="utf-8")
+
+
+def assert_users_files(d: Path) -> None:
+    assert (d / "notes.txt").read_text(encoding="utf-8") == "mine"
+    assert (d / ".git" / "HEAD").read_text(encoding="utf-8") == "ref: refs/heads/main\n"
+
+
+def no_leftovers(d: Path) -> None:
+    left = [p.name for p in d.parent.iterdir() if p.name.startswith(f".{d.name}.tk-")]
+    assert left == [], left
+
+
+def read_like_transformers(d: Path) -> tuple[int, int]:
+    """(vocab, width) as a transformers loader sees them, checking config.json, the weights and
+    tokenizer.json against each other: files of two exports never pass together."""
+    config = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    header, _ = safetensors_file.read_header(d / "model.safetensors")
+    assert tuple(header["transformer.wte.weight"]["shape"]) == (config["vocab_size"], config["n_embd"])
+    assert tuple(header["transformer.h.0.mlp.c_fc.weight"]["shape"]) == (config["n_embd"], 4 * config["n_embd"])
+    tokenizer = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    assert len(tokenizer["model"]["vocab"]) + len(tokenizer["added_tokens"]) == config["vocab_size"]
+    return config["vocab_size"], config["n_embd"]
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory) -> dict[str, tuple[Path, dict[str, str]]]:
+    """Two tk models unlike in vocabulary and width, and the export each gives."""
+    base = tmp_path_factory.mktemp("models")
+    made = {}
+    for name, vocab, width in (("old", 300, 32), ("new", 280, 64)):
+        tok = Tokenizer.train([TEXT.encode()], vocab_size=vocab, special_tokens=["<|endoftext|>"])
+        tiny_model(base / f"{name}.safetensors", tok, seed=vocab, d_model=width)
+        assert main(["export-hf", str(base / f"{name}.safetensors"), "-o", str(base / f"{name}-hf")]) == 0
+        made[name] = base / f"{name}.safetensors", export_state(base / f"{name}-hf")
+    return made
+
+
+class Interrupt:
+    """`common.atomic.create_temp` failing at its (n+1)-th call, as a full disk or Ctrl-C would:
+    the export interrupted after n files."""
+
+    def __init__(self, monkeypatch, n: int, error: BaseException) -> None:
+        self.left = n
+        real = atomic.create_temp
+
+        def create_temp(tmp):
+            if self.left == 0:
+                raise error
+            self.left -= 1
+            return real(tmp)
+
+        monkeypatch.setattr(atomic, "create_temp", create_temp)
+
+
+@pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt()])
+def test_export_hf_interrupted_at_each_file_leaves_the_old_export_whole(
+    two_models, tmp_path, capsys, monkeypatch, error
+):
+    (old_model, old_state), (new_model, new_state) = two_models["old"], two_models["new"]
+    d = tmp_path / "export"
+    assert cli(capsys, "export-hf", old_model, "-o", d)[0] == 0
+    users_files(d)
+    for n in range(20):
+        with monkeypatch.context() as m:
+            Interrupt(m, n, error)
+            code, _, err = cli(capsys, "export-hf", new_model, "-o", d)
+        if code == 0:
+            break
+        if isinstance(error, OSError):
+            one_line_error(code, err, "disk is full")
+        else:
+            assert code == 130, err
+        assert export_state(d) == old_state, f"interrupted after {n} files"
+        assert read_like_transformers(d) == (300, 32)
+        assert_users_files(d)
+        no_leftovers(d)
+    assert n > 5  # every file of the export was interrupted once
+    assert export_state(d) == new_state and read_like_transformers(d) == (280, 64)
+    assert_users_files(d)
+    no_leftovers(d)
+    assert cli(capsys, "import-hf", d, "-o", tmp_path / "back.safetensors")[0] == 0
+
+
+KILLED_EXPORTER = """
+import sys
+from tokenkit.pipeline import hf
+d, models = sys.argv[1], sys.argv[2:]
+hf.export_hf(models[0], d)
+print("exporting", flush=True)
+while True:
+    for model in models[::-1] + models:
+        hf.export_hf(model, d)
+"""
+
+
+def test_export_hf_killed_at_random_moments_is_all_old_or_all_new(two_models, tmp_path, capsys):
+    """A process exporting the two models into one directory over and over, killed at random
+    moments: the directory is always one whole export, the user's files come back, and the next
+    export and import work."""
+    (old_model, old_state), (new_model, new_state) = two_models["old"], two_models["new"]
+    d = tmp_path / "export"
+    assert cli(capsys, "export-hf", old_model, "-o", d)[0] == 0
+    users_files(d)
+    rng = random.Random(20)
+    seen = set()
+    for _ in range(4):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", KILLED_EXPORTER, str(d), str(old_model), str(new_model)], stdout=subprocess.PIPE
+        )
+        assert proc.stdout.readline() == b"exporting\n"
+        time.sleep(rng.uniform(0.0, 0.4))
+        proc.kill()
+        proc.wait()
+        state = export_state(d)
+        assert state in (old_state, new_state)
+        seen.add(read_like_transformers(d))
+        assert cli(capsys, "import-hf", d, "-o", tmp_path / "back.safetensors", "--overwrite")[0] == 0
+        atomic.recover_replacements(d)  # what the next export does first
+        assert_users_files(d)
+        no_leftovers(d)
+    assert cli(capsys, "export-hf", new_model, "-o", d)[0] == 0
+    assert export_state(d) == new_state
+    assert_users_files(d)
+
+
+KILLED_BETWEEN_RENAMES = """
+import os, sys
+from pathlib import Path
+from tokenkit.common import atomic
+atomic._exchange = lambda a, b: False  # a system without RENAME_EXCHANGE: two renames
+d = Path(sys.argv[1]).resolve()
+real = os.rename
+def rename(src, dst):
+    real(src, dst)
+    if Path(src) == d:  # the old directory is aside, the new one not yet in
+        os._exit(9)
+os.rename = rename
+atomic.replace_files(d, {"a": b"new a", "b": b"new b"})
+"""
+
+
+def test_without_an_atomic_exchange_a_kill_between_the_renames_leaves_no_mix(tmp_path):
+    d = tmp_path / "d"
+    atomic.replace_files(d, {"a": b"old a", "b": b"old b"})
+    users_files(d)
+    assert subprocess.run([sys.executable, "-c", KILLED_BETWEEN_RENAMES, str(d)]).returncode == 9
+    assert not d.exists()  # absent for a moment: never old and new files side by side
+    atomic.recover_replacements(d)
+    assert (d / "a").read_bytes() == b"old a" and (d / "b").read_bytes() == b"old b"
+    assert_users_files(d)
+    no_leftovers(d)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(atomic, "_exchange", lambda a, b: False)
+        assert atomic.replace_files(d, {"a": b"new a"}, remove=["b", "c"]) == ["b"]
+    assert sorted(p.name for p in d.iterdir()) == [".git", "a", "notes.txt"] and (d / "a").read_bytes() == b"new a"
+    assert_users_files(d)
+    no_leftovers(d)
+
+
+def test_replace_files_keeps_the_directory_and_refuses_a_directory_in_the_way(tmp_path):
+    d = tmp_path / "d"
+    atomic.replace_files(d, {"a": b"1"})
+    d.chmod(0o750)
+    link = tmp_path / "link"
+    link.symlink_to(d)
+    atomic.replace_files(link, {"a": b"2"})
+    assert link.is_symlink() and (d / "a").read_bytes() == b"2" and d.stat().st_mode & 0o777 == 0o750
+    (d / "b").mkdir()
+    with pytest.raises(FileError, match="is a directory where a file goes"):
+        atomic.replace_files(d, {"a": b"3", "b": b"3"})
+    assert (d / "a").read_bytes() == b"2" and (d / "b").is_dir()
+    no_leftovers(d)
+    with pytest.raises(FileError, match="not a directory"):
+        atomic.replace_files(d / "a", {"x": b""})
+    deep = tmp_path / "new" / "deeper" / "d"
+    with pytest.MonkeyPatch.context() as m:
+        Interrupt(m, 0, OSError(errno.ENOSPC, "No space left on device"))
+        with pytest.raises(FileError, match="disk is full"):
+            atomic.replace_files(deep, {"x": b""})
+    assert not (tmp_path / "new").exists()  # a failed first write leaves no directory it made
+
+
+@pytest.mark.parametrize("fmt", ["gpt2", "hf", "tiktoken"])
+def test_bpe_export_replaces_only_with_overwrite_and_as_one(fmt, tmp_path, capsys, monkeypatch):
+    old, new = (Tokenizer.train([TEXT.encode()], vocab_size=v, special_tokens=["<|endoftext|>"]) for v in (300, 280))
+    for name, tok in (("old", old), ("new", new)):
+        tok.save(tmp_path / f"{name}.safetensors")
+        assert (
+            cli(capsys, "bpe-export", tmp_path / f"{name}.safetensors", "--format", fmt, "-o", tmp_path / name)[0] == 0
+        )
+    d = tmp_path / "old"
+    old_state, new_state = export_state(d), export_state(tmp_path / "new")
+    users_files(d)
+    line = one_line_error(*cli(capsys, "bpe-export", tmp_path / "new.safetensors", "--format", fmt, "-o", d)[::2])
+    assert "--overwrite" in line and all(name in line for name in old_state)
+    assert export_state(d) == old_state
+    argv = ("bpe-export", tmp_path / "new.safetensors", "--format", fmt, "-o", d, "--overwrite")
+    for n in range(len(old_state)):
+        with monkeypatch.context() as m:
+            Interrupt(m, n, OSError(errno.ENOSPC, "No space left on device"))
+            one_line_error(*cli(capsys, *argv)[::2], "disk is full")
+        assert export_state(d) == old_state
+        no_leftovers(d)
+    assert cli(capsys, *argv)[0] == 0
+    assert export_state(d) == new_state
+    assert_users_files(d)
+    no_leftovers(d)
+    # another format beside it is not a replacement: no flag needed, nothing removed
+    other = "hf" if fmt != "hf" else "gpt2"
+    assert cli(capsys, "bpe-export", tmp_path / "new.safetensors", "--format", other, "-o", d)[0] == 0
+    assert new_state.items() <= export_state(d).items()
