@@ -135,8 +135,13 @@ class _Run:
         self.train_ids, self.val_ids = tokens.split(config.val_fraction, config.context_length)
         self.model_config = GPTConfig.from_dict(config.model_config(tokenizer.vocab_size))
         local_workers = config.workers if ranks is None else ranks.local_workers(config.workers)
-        if device == "cpu":
-            check_memory(self.model_config, training=True, workers=local_workers)  # one line, not a MemoryError
+        if device == "cpu":  # one line, not a MemoryError
+            check_memory(
+                self.model_config,
+                training=True,
+                workers=local_workers,
+                batch_rows=_process_rows(config.batch_size, local_workers, config.workers),
+            )
         else:  # the whole batch in this process, on the device (the recorded count serves a CPU resume)
             local_workers = 1
         model = GPT(self.model_config, seed=config.seed, device=device)
@@ -452,17 +457,25 @@ def _default_shards(ranks: Ranks | None) -> int:
 def check_training_memory(
     config: TrainConfig, vocab_size: int, ranks: Ranks | None = None, device: str = "cpu"
 ) -> None:
-    """One line, before any work, when the run's model cannot train in this machine's memory
-    (`vocab_size`: the tokenizer's, or an upper bound of the one still to be trained; under MPI,
-    this rank's share of the workers), or on `device` (a missing CuPy or GPU)."""
+    """One line, before any work, when the run's model cannot train in this machine's memory: its
+    parameters, optimizer state and the activations of a batch (`vocab_size`: the tokenizer's, or
+    an upper bound of the one still to be trained; under MPI, this rank's share of the workers and
+    rows), or on `device` (a missing CuPy or GPU)."""
     get_backend(device)
     model_config = GPTConfig.from_dict(config.model_config(vocab_size))
     if device != "cpu":
         return  # host memory holds only the weights' copies; the device's own is not estimated yet
-    workers = config.workers or available_cores()
-    if ranks is not None:
-        workers = max(1, workers // ranks.size)
-    check_memory(model_config, training=True, workers=workers)
+    total = config.workers or available_cores()  # no MPI call: the other ranks are not listening yet
+    workers = total if ranks is None else max(1, total // ranks.size)
+    check_memory(
+        model_config, training=True, workers=workers, batch_rows=_process_rows(config.batch_size, workers, total)
+    )
+
+
+def _process_rows(batch_size: int, local_workers: int, total_workers: int) -> int:
+    """Rows of each batch this process and its workers compute: all of them, or under MPI this
+    rank's share (its workers' shards of `total_workers`; rounded up, as `shard_rows` may)."""
+    return min(batch_size, -(-batch_size * local_workers // max(total_workers, local_workers)))
 
 
 def fit_tokenizer(corpus, vocab_size: int = DEFAULT_VOCAB_SIZE, *, quiet: bool = False) -> Tokenizer:

@@ -17,10 +17,12 @@ import errno
 import hashlib
 import json
 import random
+import shutil
 import struct
 import subprocess
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +32,7 @@ from tokenkit.bpe import Tokenizer
 from tokenkit.cli.main import main
 from tokenkit.common import FileError, atomic, safetensors_file
 from tokenkit.pipeline import checkpoint
-from tokenkit.transformer import GPT, GPTConfig
+from tokenkit.transformer import GPT, GPTConfig, memory
 
 TEXT = "Once upon a time, there was a brave fox named Max. He lived in a cave near the pond. " * 20
 PROMPT = "Once upon a time, there was a"
@@ -416,3 +418,109 @@ def test_bpe_export_replaces_only_with_overwrite_and_as_one(fmt, tmp_path, capsy
     other = "hf" if fmt != "hf" else "gpt2"
     assert cli(capsys, "bpe-export", tmp_path / "new.safetensors", "--format", other, "-o", d)[0] == 0
     assert new_state.items() <= export_state(d).items()
+
+
+# --- 1. --overwrite keeps the old run until the new one's first checkpoint -------------------------
+
+TINY = [
+    "--n-layers",
+    "1",
+    "--n-heads",
+    "2",
+    "--d-model",
+    "32",
+    "--context-length",
+    "16",
+    "--batch-size",
+    "8",
+    "--warmup-steps",
+    "2",
+    "--eval-batches",
+    "2",
+    "--workers",
+    "1",
+    "--quiet",
+]
+
+
+@pytest.fixture(scope="module")
+def words(tmp_path_factory) -> Path:
+    rng = np.random.default_rng(7)
+    vocab = ["the", "fox", "ran", "up", "a", "hill", "and", "down", "again", "to", "see", "sun"]
+    path = tmp_path_factory.mktemp("corpus") / "words.txt"
+    path.write_text("\n".join(" ".join(rng.choice(vocab, size=12)) for _ in range(1500)) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def old_run(words, tmp_path_factory) -> Path:
+    """A finished run as a user has it: its own tokenizer, tokens, model, state and log."""
+    run = tmp_path_factory.mktemp("old") / "run"
+    assert main(["train-model", str(words), "-o", str(run), *TINY, "--steps", "6", "--eval-interval", "3"]) == 0
+    return run
+
+
+def snapshot(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def a_users_run(old_run: Path, d: Path) -> dict[str, bytes]:
+    shutil.copytree(old_run, d)
+    (d / "notes.txt").write_text("mine", encoding="utf-8")
+    return snapshot(d)
+
+
+def new_run_argv(words: Path, d: Path, *extra: str) -> list[str]:
+    return ["train-model", str(words), "-o", str(d), "--overwrite", *TINY, "--seed", "2", *extra]
+
+
+def test_overwrite_that_needs_more_memory_than_is_free_is_one_line_before_any_file_is_touched(
+    words, old_run, tmp_path, capsys, monkeypatch
+):
+    """Parameters that fit, activations that do not: refused up front, naming both and what is free."""
+    d = tmp_path / "run"
+    before = a_users_run(old_run, d)
+    big = ["--batch-size", "64", "--context-length", "64"]
+    config = GPTConfig(vocab_size=300, context_length=64, d_model=32, n_layers=1, n_heads=2)
+    free = memory.estimate_bytes(config, training=True, workers=1) + (1 << 20)  # the weights' state and 1 MB
+    monkeypatch.setattr(memory, "available_bytes", lambda: free)
+    for argv in (
+        new_run_argv(words, d, *big),
+        ["pipeline", str(words), "-o", str(d), "--overwrite", *TINY, "--vocab-size", "300", *big],
+    ):
+        line = one_line_error(*cli(capsys, *argv)[::2], "activations of a batch of 64 x 64 tokens", "available")
+        assert f"than the {free / 1e9:,.1f} GB available" in line
+        assert snapshot(d) == before
+    monkeypatch.undo()
+    assert cli(capsys, *new_run_argv(words, d, "--steps", "2", "--eval-interval", "2", *big))[0] == 0  # it does fit
+
+
+@pytest.mark.parametrize(
+    "config, rows",
+    [
+        (GPTConfig(vocab_size=300, context_length=64, d_model=64, n_layers=2, n_heads=4), 16),
+        (GPTConfig(vocab_size=512, context_length=128, d_model=32, n_layers=2, n_heads=8), 8),  # tiled attention
+        (GPTConfig(vocab_size=300, context_length=64, d_model=64, n_layers=2, n_heads=4, norm="post", bias=False), 16),
+    ],
+)
+def test_training_memory_estimate_covers_the_measured_peak_within_a_factor_of_two(config, rows):
+    """tracemalloc's peak over building the model and optimizer and two training steps with
+    evaluation, against `estimate_bytes`: never below, at most twice."""
+    from tokenkit.transformer import AdamW
+    from tokenkit.transformer.parallel import DataParallel
+
+    rng = np.random.default_rng(0)
+    x, y = (rng.integers(0, config.vocab_size, (rows, config.context_length)) for _ in range(2))
+    tracemalloc.start()
+    try:
+        model = DataParallel(GPT(config, seed=0), workers=1)
+        opt = AdamW(model.params, lr=1e-3)
+        for _ in range(2):
+            _, grads = model.loss_and_grads(x, y, batch_rows=rows)
+            opt.step(grads, lr=1e-3)
+            model.loss(x, y, batch_rows=rows)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    estimate = memory.estimate_bytes(config, training=True, workers=1, batch_rows=rows)
+    assert peak <= estimate <= 2 * peak, f"estimate {estimate / 1e6:.2f} MB, measured peak {peak / 1e6:.2f} MB"
