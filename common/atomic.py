@@ -19,7 +19,10 @@ which then takes the directory's place in one rename, so a reader, a crash or a 
 whole old set or the whole new one. The directory's other entries are moved across first and
 survive; a writer killed midway leaves a note (`.NAME.tk-PID-RANDOM.swap`) beside the
 directory, and the next `replace_files` for it puts back what had been moved and removes the
-rest (`recover_replacements`).
+rest (`recover_replacements`). A directory that cannot be swapped (a locked run directory,
+others' files in it) gets a set of files in one step through a staging subdirectory:
+`commit_staged` writes a note of the moves before making them, and `recover_staged` finishes a
+noted commit or drops staged files that were never committed.
 
 What it deliberately does not do: decide what goes in a file (the format modules do) or lock a
 run directory (that lock is `pipeline.rundir`'s; `replace_files` only serialises writers of
@@ -401,3 +404,67 @@ def _exchange(a: Path, b: Path) -> bool:
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
         return False
     raise OSError(err, os.strerror(err), str(b))
+
+
+# --- files staged in a subdirectory, moved in together --------------------------------------------
+
+_COMMIT_NOTE = ".commit"
+
+
+def commit_staged(directory: str | os.PathLike, staged: str | os.PathLike, *, remove: Iterable[str] = ()) -> None:
+    """Move the files of `staged` (a subdirectory of `directory` that one writer, holding the
+    directory's lock, filled) into `directory` and delete the names in `remove` there, as one
+    step that a kill cannot leave half done: a note of the moves is written first, and
+    `recover_staged` finishes them after a crash. Until the note exists the staged files are not
+    part of `directory`, and a crash leaves it as it was."""
+    directory, staged = Path(directory), Path(staged)
+    with os.scandir(staged) as it:
+        names = sorted(e.name for e in it if e.is_file() and e.name != _COMMIT_NOTE and not _TEMP.match(e.name))
+    note = {"move": names, "remove": sorted(set(remove) - set(names))}
+    write_atomic(staged / _COMMIT_NOTE, json.dumps(note).encode("utf-8"))
+    try:
+        _finish_staged(directory, staged, note)
+    except OSError as err:
+        raise write_error(directory, err) from None
+
+
+def recover_staged(directory: str | os.PathLike, staged: str | os.PathLike) -> str | None:
+    """What a writer that died left in `staged`: its commit is finished when its note was written
+    ("committed"), else its files are removed ("discarded"); None when there is nothing. Call it
+    holding the directory's lock."""
+    directory, staged = Path(directory), Path(staged)
+    if not staged.is_dir():
+        return None
+    try:
+        note = json.loads((staged / _COMMIT_NOTE).read_bytes())
+        moves, removes = list(note["move"]), list(note["remove"])
+    except (OSError, ValueError, KeyError, TypeError):  # no note (a rename writes it whole): never committed
+        discard_staged(staged)
+        return "discarded"
+    _finish_staged(directory, staged, {"move": moves, "remove": removes})
+    return "committed"
+
+
+def _finish_staged(directory: Path, staged: Path, note: dict) -> None:
+    for name in note["remove"]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(directory / Path(name).name)
+    for name in note["move"]:
+        name = Path(name).name
+        if os.path.lexists(staged / name):  # else moved before a crash
+            os.replace(staged / name, directory / name)
+    fsync_dir(directory)
+    discard_staged(staged)  # the note last: what a kill interrupts here is finished next time
+
+
+def discard_staged(staged: str | os.PathLike) -> None:
+    """Remove a staging directory and the files in it (all a writer's own: staged files and temps)."""
+    staged = Path(staged)
+    with contextlib.suppress(FileNotFoundError):
+        with os.scandir(staged) as it:
+            names = [e.name for e in it if not e.is_dir(follow_symlinks=False)]
+        for name in sorted(names, key=lambda n: n == _COMMIT_NOTE):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(staged / name)
+        with contextlib.suppress(OSError):
+            os.rmdir(staged)

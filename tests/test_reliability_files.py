@@ -32,6 +32,8 @@ from tokenkit.bpe import Tokenizer
 from tokenkit.cli.main import main
 from tokenkit.common import FileError, atomic, safetensors_file
 from tokenkit.pipeline import checkpoint
+from tokenkit.pipeline.checkpoint import STAGED_DIR, load_model, load_train_state
+from tokenkit.pipeline.rundir import RUN_FILES, RunDir
 from tokenkit.transformer import GPT, GPTConfig, memory
 
 TEXT = "Once upon a time, there was a brave fox named Max. He lived in a cave near the pond. " * 20
@@ -524,3 +526,182 @@ def test_training_memory_estimate_covers_the_measured_peak_within_a_factor_of_tw
         tracemalloc.stop()
     estimate = memory.estimate_bytes(config, training=True, workers=1, batch_rows=rows)
     assert peak <= estimate <= 2 * peak, f"estimate {estimate / 1e6:.2f} MB, measured peak {peak / 1e6:.2f} MB"
+
+
+class FailAtStep:
+    """DataParallel.loss_and_grads failing at `step` (1-based): MemoryError, or a NaN loss."""
+
+    def __init__(self, monkeypatch, step: int, how: str) -> None:
+        from tokenkit.transformer.parallel import DataParallel
+
+        real, calls = DataParallel.loss_and_grads, [0]
+
+        def loss_and_grads(model, x, y, **kw):
+            calls[0] += 1
+            if calls[0] == step and how == "memory":
+                raise MemoryError
+            loss, grads = real(model, x, y, **kw)
+            return (float("nan") if calls[0] == step else loss), grads
+
+        monkeypatch.setattr(DataParallel, "loss_and_grads", loss_and_grads)
+
+
+def run_files(d: Path) -> dict[str, bytes]:
+    """The run's files (what a reader of the run sees) and the user's."""
+    return {name: (d / name).read_bytes() for name in (*RUN_FILES, "notes.txt") if (d / name).exists()}
+
+
+def test_overwrite_keeps_the_old_run_whole_until_the_new_runs_first_checkpoint(
+    words, old_run, tmp_path, capsys, monkeypatch
+):
+    d = tmp_path / "run"
+    before = a_users_run(old_run, d)
+    checkpointed = ["--steps", "8", "--eval-interval", "4"]
+    for how, fragment in (("memory", "out of memory"), ("nan", "keeps the run it held")):
+        with monkeypatch.context() as m:
+            FailAtStep(m, 3, how)
+            one_line_error(*cli(capsys, *new_run_argv(words, d, *checkpointed))[::2], fragment)
+        assert snapshot(d) == before, how
+    # the pipeline retraining its tokenizer (another vocabulary) over a pipeline's directory
+    p = tmp_path / "pipe"
+    flags = ["pipeline", str(words), "-o", str(p), *TINY, "--steps", "4", "--eval-interval", "2", "-n", "2"]
+    assert cli(capsys, *flags, "--vocab-size", "300")[0] == 0
+    pipe_before = snapshot(p)
+    with monkeypatch.context() as m:
+        FailAtStep(m, 1, "memory")
+        one_line_error(*cli(capsys, *flags, "--vocab-size", "280", "--overwrite")[::2], "out of memory")
+    assert snapshot(p) == pipe_before
+    # past its first checkpoint the directory is the new run's, whole: model, state, log, tokens
+    with monkeypatch.context() as m:
+        FailAtStep(m, 6, "memory")
+        one_line_error(*cli(capsys, *new_run_argv(words, d, *checkpointed))[::2], "out of memory")
+    assert_new_run(d, first_checkpoint=4)
+    assert (d / "notes.txt").read_text(encoding="utf-8") == "mine"
+    assert cli(capsys, "train-model", "--resume", d, "-q")[0] == 0
+    assert load_train_state(d / "train_state.safetensors").step == 8
+
+
+def assert_new_run(d: Path, first_checkpoint: int) -> None:
+    """`d` holds the new run (seed 2) at a checkpoint, every file of it, none of the old one's."""
+    state = load_train_state(d / "train_state.safetensors")
+    model, tok, meta = load_model(d)
+    assert state.train_config["seed"] == 2 and meta["provenance"]["train_config"]["seed"] == 2
+    assert state.step >= first_checkpoint and meta["step"] <= state.step
+    assert (
+        tok.fingerprint() == state.tokenizer.fingerprint() == Tokenizer.load(d / "tokenizer.safetensors").fingerprint()
+    )
+    tokens = json.loads((d / "tokens.json").read_text(encoding="utf-8"))["tokens.npy"]
+    assert tokens["tokenizer_fingerprint"] == tok.fingerprint()
+    sessions = [r for r in checkpoint.read_log(d / "log.jsonl") if r["type"] == "session"]
+    assert sessions[0]["step"] == 0
+    assert not (d / STAGED_DIR).exists()
+
+
+KILL_FLAGS = [
+    *("--n-layers", "2", "--n-heads", "4", "--d-model", "128", "--context-length", "64", "--batch-size", "16"),
+    *("--eval-batches", "1", "--steps", "20", "--eval-interval", "10"),
+]
+
+
+def _ready(when: str, d: Path, before: dict[str, bytes]) -> bool:
+    """The new run has started writing, or (when="checkpointed") its first checkpoint is in."""
+    if when == "checkpointed":
+        return not (d / STAGED_DIR).exists() and (d / "model.safetensors").read_bytes() != before["model.safetensors"]
+    return (d / STAGED_DIR).exists() or (d / "log.jsonl").read_bytes() != before["log.jsonl"]
+
+
+def test_sigkill_during_an_overwrite_leaves_the_old_run_or_the_new_first_checkpoint(words, old_run, tmp_path):
+    """A retrain over a run, killed as it starts, at random moments, and just after its first
+    checkpoint: the directory holds the old run byte for byte or the new run's checkpoint, never a
+    mix; the dead process's lock, temps and staged files do not block the next command, which
+    finds everything whole."""
+    rng = random.Random(5)
+    outcomes = []
+    for attempt, when in enumerate(("started", "random", "random", "checkpointed")):
+        d = tmp_path / f"run{attempt}"
+        a_users_run(old_run, d)
+        before = run_files(d)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tokenkit.cli.main", *new_run_argv(words, d, *KILL_FLAGS)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None and not _ready(when, d, before):
+            time.sleep(0.001)
+        if when == "random":
+            time.sleep(rng.uniform(0.0, 0.5))
+        proc.kill()
+        proc.wait()
+        assert proc.returncode == -9, "the run ended before it was killed"
+        assert (d / ".tk.lock").exists()  # a dead process's lock, left behind
+        if not (d / STAGED_DIR / ".commit").exists() and run_files(d) == before:
+            outcomes.append("old")
+        else:
+            with RunDir(d):  # what the next command does first, holding the lock
+                pass
+            assert_new_run(d, first_checkpoint=10)
+            outcomes.append("new")
+        result = subprocess.run(
+            [sys.executable, "-m", "tokenkit.cli.main", "train-model", "--resume", str(d), "-q"],
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, result.stderr
+        assert load_train_state(d / "train_state.safetensors").step == (6 if outcomes[-1] == "old" else 20)
+        if outcomes[-1] == "old":
+            assert run_files(d) == before  # finished already: nothing to do, nothing changed
+        assert not (d / STAGED_DIR).exists() and not list(d.glob(".*.tmp")) and not (d / ".tk.lock").exists()
+        assert (d / "notes.txt").read_text(encoding="utf-8") == "mine"
+    print("outcomes:", outcomes)
+    assert outcomes[0] == "old" and outcomes[-1] == "new", outcomes
+
+
+KILLED_IN_THE_SWITCH = """
+import os, sys
+from tokenkit.common import atomic
+def finish(directory, staged, note):  # killed after moving two of the new run's files in
+    for name in note["move"][:2]:
+        os.replace(staged / name, directory / name)
+    os._exit(9)
+atomic._finish_staged = finish
+from tokenkit.cli.main import main
+main(sys.argv[1:])
+"""
+
+
+def test_a_kill_inside_the_switch_is_finished_by_the_next_command(words, old_run, tmp_path, capsys):
+    d = tmp_path / "run"
+    a_users_run(old_run, d)
+    argv = new_run_argv(words, d, "--steps", "4", "--eval-interval", "2")
+    assert subprocess.run([sys.executable, "-c", KILLED_IN_THE_SWITCH, *argv]).returncode == 9
+    assert (d / STAGED_DIR / ".commit").exists()  # two files moved, the rest still staged
+    load_model(d)  # a reader that takes no lock reads one whole model file, the old or the new
+    assert cli(capsys, "train-model", "--resume", d, "-q")[0] == 0  # the lock's recovery moved the rest in
+    assert_new_run(d, first_checkpoint=2)
+    assert load_train_state(d / "train_state.safetensors").step == 4
+    assert (d / "notes.txt").read_text(encoding="utf-8") == "mine"
+
+
+def test_overwrite_under_mpi_reads_the_staged_tokens(words, old_run, tmp_path):
+    """Ranks other than 0 open the new run's token files where they wait for its first checkpoint,
+    and the files are those of the one-process run with as many shards."""
+    from test_mpi import _mpirun  # mpirun's path, or a skip without mpi4py or mpirun
+
+    other = tmp_path / "other.txt"
+    other.write_text(words.read_text(encoding="utf-8")[:9000][::-1], encoding="utf-8")  # new tokens, new tokenizer
+    runs = []
+    for ranks in (2, 1):
+        d = tmp_path / f"run{ranks}"
+        a_users_run(old_run, d)
+        argv = new_run_argv(other, d, "--steps", "4", "--eval-interval", "2")
+        argv[argv.index("--workers") + 1] = str(2 // ranks)
+        mpi = [_mpirun(), "-n", "2"] if ranks == 2 else []
+        result = subprocess.run(
+            [*mpi, sys.executable, "-m", "tokenkit.cli.main", *argv], capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stderr
+        assert_new_run(d, first_checkpoint=2)
+        runs.append(d)
+    for name in ("model.safetensors", "train_state.safetensors", "tokens.npy"):
+        assert (runs[0] / name).read_bytes() == (runs[1] / name).read_bytes(), name
