@@ -334,28 +334,39 @@ def test_export_hf_killed_at_random_moments_is_all_old_or_all_new(two_models, tm
     assert_users_files(d)
 
 
-KILLED_BETWEEN_RENAMES = """
+KILLED_MIDWAY = """
 import os, sys
 from pathlib import Path
 from tokenkit.common import atomic
-atomic._exchange = lambda a, b: False  # a system without RENAME_EXCHANGE: two renames
-d = Path(sys.argv[1]).resolve()
+d, when = Path(sys.argv[1]).resolve(), sys.argv[2]
+if when == "aside":
+    atomic._exchange = lambda a, b: False  # a system without RENAME_EXCHANGE: two renames
 real = os.rename
 def rename(src, dst):
     real(src, dst)
-    if Path(src) == d:  # the old directory is aside, the new one not yet in
+    if when == "aside" and Path(src) == d:  # the old directory is aside, the new one not yet in
+        os._exit(9)
+    if when == "moving" and Path(src).parent == d:  # one of the user's entries is in the new directory
         os._exit(9)
 os.rename = rename
 atomic.replace_files(d, {"a": b"new a", "b": b"new b"})
 """
 
 
-def test_without_an_atomic_exchange_a_kill_between_the_renames_leaves_no_mix(tmp_path):
+@pytest.mark.parametrize("when", ["moving", "aside"])
+def test_a_replacement_killed_midway_is_undone_by_the_next_one(tmp_path, when):
+    """Killed while the user's files move to the new directory, or (without RENAME_EXCHANGE)
+    between the two renames: the old set is whole or the directory briefly absent, never mixed,
+    and the next call for the directory puts everything back before it starts."""
     d = tmp_path / "d"
     atomic.replace_files(d, {"a": b"old a", "b": b"old b"})
     users_files(d)
-    assert subprocess.run([sys.executable, "-c", KILLED_BETWEEN_RENAMES, str(d)]).returncode == 9
-    assert not d.exists()  # absent for a moment: never old and new files side by side
+    assert subprocess.run([sys.executable, "-c", KILLED_MIDWAY, str(d), when]).returncode == 9
+    if when == "aside":
+        assert not d.exists()
+    else:
+        assert (d / "a").read_bytes() == b"old a" and (d / "b").read_bytes() == b"old b"
+        assert not (d / ".git").exists()  # moved across, and left there by the kill
     atomic.recover_replacements(d)
     assert (d / "a").read_bytes() == b"old a" and (d / "b").read_bytes() == b"old b"
     assert_users_files(d)
