@@ -5,10 +5,12 @@ What it does:
   metadata of the file (and back, validating everything), `serialize` makes the file's bytes
   deterministically, `write_tokenizer_file`/`read_tokenizer_file` store and read them atomically.
 - GPT-2's published formats: `read_gpt2` (encoder.json + vocab.bpe, or vocab.json + merges.txt) and
-  `write_gpt2` (vocab.json + merges.txt, so people can open a tokenizer in an editor).
-- Hugging Face's `tokenizer.json` (`read_hf`, `write_hf`, with tokenizer_config.json and
-  special_tokens_map.json) and tiktoken's rank files (`read_tiktoken`, `write_tiktoken`, with a
+  `gpt2_files` (vocab.json + merges.txt, so people can open a tokenizer in an editor).
+- Hugging Face's `tokenizer.json` (`read_hf`, `hf_files`, with tokenizer_config.json and
+  special_tokens_map.json) and tiktoken's rank files (`read_tiktoken`, `tiktoken_files`, with a
   `NAME_tiktoken.json` of pat_str and special tokens); the conversions are `bpe.interop`'s.
+  `write_files` puts an export's files into a directory as one change (`common.atomic.replace_files`),
+  replacing files already there only when asked to.
 - The atomic `.npy` writer for token ids, and unnamed temporary files of ids (`spill_ids`,
   `read_id_blocks`) where MPI ranks keep theirs until rank 0 takes them. (Corpora are read by
   `bpe.corpus`, not here.)
@@ -450,37 +452,42 @@ def read_gpt2(vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> 
     return {"merges": merges, "byte_order": byte_order, "special_tokens": specials}
 
 
-def write_gpt2(
-    directory: str | os.PathLike, vocab: list[bytes], merges: list[tuple[int, int]], special_tokens: dict[str, int]
-) -> tuple[Path, Path]:
-    """Write `vocab.json` + `merges.txt` (GPT-2's format, as Hugging Face names them) into a directory."""
-    directory = _output_dir(directory)
+def gpt2_files(vocab: list[bytes], merges: list[tuple[int, int]], special_tokens: dict[str, int]) -> dict[str, bytes]:
+    """`vocab.json` + `merges.txt` (GPT-2's format, as Hugging Face names them): name -> contents."""
     table = bytes_to_unicode()
     names = ["".join(table[b] for b in token) for token in vocab]
     encoder = {name: i for i, name in enumerate(names)}
     encoder.update(special_tokens)
-    vocab_file, merges_file = directory / "vocab.json", directory / "merges.txt"
-    write_atomic(vocab_file, json.dumps(encoder, ensure_ascii=False).encode("utf-8"))
     lines = ["#version: 0.2"] + [f"{names[a]} {names[b]}" for a, b in merges]
-    write_atomic(merges_file, ("\n".join(lines) + "\n").encode("utf-8"))
-    return vocab_file, merges_file
+    return {
+        "vocab.json": json.dumps(encoder, ensure_ascii=False).encode("utf-8"),
+        "merges.txt": ("\n".join(lines) + "\n").encode("utf-8"),
+    }
 
 
-def _output_dir(directory: str | os.PathLike) -> Path:
-    """`directory`, created if missing; a path that is a file is refused, never replaced."""
+def write_files(directory: str | os.PathLike, files: dict[str, bytes], *, overwrite: bool = False) -> list[Path]:
+    """Put an export's `files` (name -> contents) into `directory` (created if missing) as one
+    change: a reader sees all the old ones or all the new ones (`common.atomic.replace_files`),
+    and the directory's other files stay. Files of the same names already there are replaced only
+    with `overwrite`; a path that is a file is refused, never replaced. Returns the paths."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise TokenizerError(f"{directory}: exists and is not a directory")
+    present = [name for name in files if os.path.lexists(directory / name)]
+    if present and not overwrite:
+        raise TokenizerError(
+            f"{directory} already holds {', '.join(present)}; choose another directory, "
+            "or pass --overwrite to replace them"
+        )
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise TokenizerError(f"{directory}: cannot create directory ({err.strerror})") from None
-    return directory
+        atomic.replace_files(directory, files)
+    except FileError as err:
+        raise TokenizerError(str(err)) from None
+    return [directory / name for name in files]
 
 
-def _write_json(path: Path, value) -> Path:
-    write_atomic(path, (json.dumps(value, ensure_ascii=False, indent=2) + "\n").encode("utf-8"))
-    return path
+def _json_bytes(value) -> bytes:
+    return (json.dumps(value, ensure_ascii=False, indent=2) + "\n").encode("utf-8")
 
 
 def _read_json(path: Path, hint: str):
@@ -497,14 +504,13 @@ def _read_json(path: Path, hint: str):
 # Hugging Face and tiktoken formats
 
 
-def write_hf(directory: str | os.PathLike, data: dict, config: dict, special_map: dict) -> list[Path]:
-    """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into a directory."""
-    directory = _output_dir(directory)
-    return [
-        _write_json(directory / "tokenizer.json", data),
-        _write_json(directory / "tokenizer_config.json", config),
-        _write_json(directory / "special_tokens_map.json", special_map),
-    ]
+def hf_files(data: dict, config: dict, special_map: dict) -> dict[str, bytes]:
+    """tokenizer.json, tokenizer_config.json and special_tokens_map.json: name -> contents."""
+    return {
+        "tokenizer.json": _json_bytes(data),
+        "tokenizer_config.json": _json_bytes(config),
+        "special_tokens_map.json": _json_bytes(special_map),
+    }
 
 
 def find_hf(path: str | os.PathLike) -> tuple[Path, ...]:
@@ -534,20 +540,17 @@ def tiktoken_meta_path(path: str | os.PathLike) -> Path:
     return path.with_name(path.stem + "_tiktoken.json")
 
 
-def write_tiktoken(
-    directory: str | os.PathLike,
-    ranks: list[tuple[bytes, int]],
-    pat_str: str,
-    special_tokens: dict[str, int],
-    pattern: str,
-) -> list[Path]:
-    """Write tokenizer.tiktoken (one "base64-bytes rank" line per token, tiktoken's format) and
+def tiktoken_files(
+    ranks: list[tuple[bytes, int]], pat_str: str, special_tokens: dict[str, int], pattern: str
+) -> dict[str, bytes]:
+    """tokenizer.tiktoken (one "base64-bytes rank" line per token, tiktoken's format) and
     tokenizer_tiktoken.json ({"pat_str", "special_tokens"}, plus tk's own name of the pattern)."""
-    directory = _output_dir(directory)
-    ranks_file = directory / "tokenizer.tiktoken"
-    write_atomic(ranks_file, b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in ranks))
+    ranks_file = Path("tokenizer.tiktoken")
     meta = {"pat_str": pat_str, "special_tokens": special_tokens, "pattern": pattern}
-    return [ranks_file, _write_json(tiktoken_meta_path(ranks_file), meta)]
+    return {
+        ranks_file.name: b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in ranks),
+        tiktoken_meta_path(ranks_file).name: _json_bytes(meta),
+    }
 
 
 def read_tiktoken(path: str | os.PathLike) -> tuple[dict[bytes, int], dict | None]:

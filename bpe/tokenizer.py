@@ -596,45 +596,53 @@ class Tokenizer:
             training={"imported": "gpt2 vocabulary + merges files"},
         )
 
-    def export_gpt2(self, directory: str | os.PathLike) -> tuple[Path, Path]:
-        """Write vocab.json + merges.txt (GPT-2's format) into `directory`; returns both paths."""
-        return io.write_gpt2(directory, self._vocab, self._merges, self._specials)
-
     EXPORT_FORMATS = ("gpt2", "hf", "tiktoken")
 
-    def export(self, directory: str | os.PathLike, format: str = "gpt2") -> list[Path]:
+    def export(self, directory: str | os.PathLike, format: str = "gpt2", *, overwrite: bool = False) -> list[Path]:
         """Write the tokenizer into `directory` in another library's format; returns the paths.
 
         "gpt2": vocab.json + merges.txt; "hf": Hugging Face's tokenizer.json (`export_hf`);
         "tiktoken": tokenizer.tiktoken + tokenizer_tiktoken.json (`export_tiktoken`). A vocabulary
         the format cannot express exactly is refused (TokenizerError) before anything is written.
+        The files arrive together (a reader never sees a new one beside an old one) and the
+        directory's other files stay; files of the format already there are replaced only with
+        `overwrite`.
         """
+        return io.write_files(directory, self.export_files(format), overwrite=overwrite)
+
+    def export_files(self, format: str = "gpt2") -> dict[str, bytes]:
+        """The files `export` writes, name -> contents, validated (TokenizerError) and not written."""
         if format == "gpt2":
-            return list(self.export_gpt2(directory))
+            return io.gpt2_files(self._vocab, self._merges, self._specials)
         if format == "hf":
-            return self.export_hf(directory)
+            data = interop.to_hf(self._merges, self._byte_order, self._specials, self._pattern)
+            return io.hf_files(data, *interop.hf_configs(self._specials))
         if format == "tiktoken":
-            return self.export_tiktoken(directory)
+            ranks = interop.to_tiktoken(self._merges, self._byte_order)
+            self._check_whole_tokens("tiktoken looks whole chunks up before merging and", "exported to tiktoken")
+            pat_str = interop.tiktoken_pat_str(self._pattern)
+            return io.tiktoken_files(ranks, pat_str, self._specials, self._pattern_name)
         raise TokenizerError(f"unknown export format {format!r}; use one of {', '.join(self.EXPORT_FORMATS)}")
+
+    def export_gpt2(self, directory: str | os.PathLike, *, overwrite: bool = False) -> tuple[Path, Path]:
+        """Write vocab.json + merges.txt (GPT-2's format) into `directory`; returns both paths."""
+        vocab_file, merges_file = self.export(directory, "gpt2", overwrite=overwrite)
+        return vocab_file, merges_file
 
     @property
     def _byte_order(self) -> list[int]:
         return [t[0] for t in self._vocab[:256]]
 
-    def export_hf(self, directory: str | os.PathLike) -> list[Path]:
+    def export_hf(self, directory: str | os.PathLike, *, overwrite: bool = False) -> list[Path]:
         """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into `directory`
         (created if missing), which `tokenizers.Tokenizer.from_file` and transformers'
         `AutoTokenizer.from_pretrained` read with our exact ids; returns the three paths."""
-        data = interop.to_hf(self._merges, self._byte_order, self._specials, self._pattern)
-        return io.write_hf(directory, data, *interop.hf_configs(self._specials))
+        return self.export(directory, "hf", overwrite=overwrite)
 
-    def export_tiktoken(self, directory: str | os.PathLike) -> list[Path]:
+    def export_tiktoken(self, directory: str | os.PathLike, *, overwrite: bool = False) -> list[Path]:
         """Write tokenizer.tiktoken (tiktoken's rank file: our ids are the ranks) and
         tokenizer_tiktoken.json (pat_str, special_tokens) into `directory`; returns both paths."""
-        ranks = interop.to_tiktoken(self._merges, self._byte_order)
-        self._check_whole_tokens("tiktoken looks whole chunks up before merging and", "exported to tiktoken")
-        pat_str = interop.tiktoken_pat_str(self._pattern)
-        return io.write_tiktoken(directory, ranks, pat_str, self._specials, self._pattern_name)
+        return self.export(directory, "tiktoken", overwrite=overwrite)
 
     def _check_whole_tokens(self, who: str, action: str) -> None:
         """Refuse a vocabulary where some token's bytes do not merge back into that token: `who`

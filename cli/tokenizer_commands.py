@@ -434,11 +434,13 @@ def bpe_import_command(sources, output, pattern, specials) -> int:
     help="gpt2: vocab.json + merges.txt; hf: tokenizer.json (+ tokenizer_config.json, special_tokens_map.json); "
     "tiktoken: tokenizer.tiktoken + tokenizer_tiktoken.json.",
 )
-def bpe_export_command(tokenizer_path, output, fmt) -> int:
+@click.option("--overwrite", is_flag=True, help="replace the format's files if the directory holds them already")
+def bpe_export_command(tokenizer_path, output, fmt, overwrite) -> int:
     """Write a tokenizer in GPT-2's, Hugging Face's or tiktoken's format.
 
     The files give tk's exact ids in those libraries; a vocabulary a format cannot express
-    exactly is refused in one line and nothing is written.
+    exactly is refused in one line and nothing is written. The files arrive together, so a
+    reader never finds a new one beside an old one; other files in the directory stay.
 
     \b
     Examples:
@@ -447,7 +449,7 @@ def bpe_export_command(tokenizer_path, output, fmt) -> int:
       tk bpe-export tok.safetensors --format tiktoken -o tok_tiktoken/
     """
     tok = load_tokenizer(tokenizer_path)
-    paths = tok.export(output, fmt)
+    paths = tok.export(output, fmt, overwrite=overwrite)
     if fmt == "gpt2":
         click.echo(f"wrote {paths[0]} ({tok.vocab_size} tokens) and {paths[1]} ({len(tok.merges)} merges)")
     elif fmt == "hf":

@@ -13,6 +13,8 @@ A run directory holds:
     train_state.safetensors  the last step's full state (weights, AdamW moments, data generator)
                              for an exact `--resume`
     log.jsonl                one JSON object per training step and per evaluation
+    .tk-new-run/             a fresh run's files while they would replace another run's, until its
+                             first checkpoint moves them in (`pipeline.rundir.NewRun`)
 
 Writes go through the one atomic writer, `common.atomic` (temp file beside the target, fsync,
 rename, fsync of the directory; mode 0o666 under the umask): a crash or Ctrl-C at any moment
@@ -57,6 +59,7 @@ LOG_FILE = "log.jsonl"
 PIPELINE_FILE = "pipeline.json"
 CORPUS_STREAM_FILE = "corpus.stream"
 VAL_STREAM_FILE = "val.stream"
+STAGED_DIR = ".tk-new-run"
 
 
 # --- atomic writes ---------------------------------------------------------------------------
@@ -86,9 +89,14 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
+def json_bytes(obj: Any) -> bytes:
+    """`obj` as the indented, key-sorted JSON every JSON file of tk holds."""
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     """Write `obj` as indented JSON atomically."""
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    write_bytes(path, json_bytes(obj))
 
 
 def read_json(path: str | os.PathLike, limit: int = 1 << 20) -> Any:

@@ -235,30 +235,32 @@ def prepare_tokens(
     return tokens
 
 
-def commit_tokens(tokens: TokenData, run_dir: str | os.PathLike) -> None:
+def commit_tokens(tokens: TokenData, run_dir: str | os.PathLike, *, into: str | os.PathLike | None = None) -> None:
     """Rename pending ids (and copies of streams) into place and record what every token file
     was made from in tokens.json.
 
     The entries of the files being replaced leave tokens.json first, so a crash between the
     renames and the final write leaves files that are merely not reused, never wrongly reused.
+    `into`: where the files go instead of `run_dir` (a new run's staging, `rundir.NewRun`, whose
+    files arrive together later); its tokens.json starts from run_dir's entries.
     """
     if not tokens.pending:
         return
     run_dir = Path(run_dir)
-    entries = _cache_entries(run_dir)
-    if any(name in entries for name in tokens.pending):
-        kept = {name: entry for name, entry in entries.items() if name not in tokens.pending}
-        checkpoint.write_json(run_dir / checkpoint.TOKENS_META_FILE, kept)
+    dest = run_dir if into is None else Path(into)
+    cached = _cache_entries(run_dir)
+    entries = {name: entry for name, entry in cached.items() if name not in tokens.pending}
+    if dest == run_dir and len(entries) < len(cached):
+        checkpoint.write_json(run_dir / checkpoint.TOKENS_META_FILE, entries)
     for name, tmp in list(tokens.pending.items()):
         try:
-            atomic.commit(tmp, run_dir / name)
+            atomic.commit(tmp, dest / name)
         except OSError as err:
             tokens.discard()
-            raise PipelineError(str(atomic.write_error(run_dir / name, err))) from None
+            raise PipelineError(str(atomic.write_error(dest / name, err))) from None
         del tokens.pending[name]
-    entries = {name: entry for name, entry in _cache_entries(run_dir).items()}
     entries.update(tokens.files())
-    checkpoint.write_json(run_dir / checkpoint.TOKENS_META_FILE, entries)
+    checkpoint.write_json(dest / checkpoint.TOKENS_META_FILE, entries)
 
 
 def open_tokens(
@@ -270,12 +272,15 @@ def open_tokens(
     n_val_tokens: int | None = None,
 ) -> TokenData:
     """run_dir's token files as another process committed them (an MPI rank joining rank 0's
-    run), memory-mapped; a one-line PipelineError when this process cannot see them whole."""
+    run; those of a run replacing another's are still in its staging directory), memory-mapped;
+    a one-line PipelineError when this process cannot see them whole."""
     found = {}
     for name, n in ((checkpoint.TOKENS_FILE, n_tokens), (checkpoint.VAL_TOKENS_FILE, n_val_tokens)):
         if n is None:
             continue
-        path = Path(run_dir) / name
+        path = Path(run_dir) / checkpoint.STAGED_DIR / name
+        if not path.exists():
+            path = Path(run_dir) / name
         ids = _open_ids(path)
         if ids is None or len(ids) != n:
             seen = "cannot read it" if ids is None else f"sees {len(ids):,} tokens instead of {n:,}"

@@ -14,8 +14,11 @@ tensors and translate the config; no weight is transposed or renamed beyond the 
 
 Reading never unpickles (`pytorch_model.bin` is refused), validates every safetensors header
 against its file before reading, and reads one tensor at a time, converting it to float32
-(F16, BF16 and F64 checkpoints included): the checkpoint is never held twice. Everything is
-checked before the first file is written; every failure is one PipelineError line.
+(F16, BF16 and F64 checkpoints included): the checkpoint is never held twice. A weight holding
+NaN or infinity is refused by name, and so is an `lm_head.weight` that differs from `wte`:
+transformers then predicts with that head, untied even under `tie_word_embeddings`, and tk's GPT
+cannot. Everything is checked before the first file is written; every failure is one
+PipelineError line.
 
 What it deliberately does not do: import transformers or torch (tests do, to check the round
 trip), or express variants GPT-2 has no field for (post-norm, sinusoidal positions,
@@ -24,7 +27,6 @@ bidirectional attention: refused by name).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import struct
@@ -36,7 +38,7 @@ import numpy as np
 
 from tokenkit import __version__
 from tokenkit.bpe import Tokenizer, TokenizerError
-from tokenkit.common import FileError, jsonsafe, safetensors_file
+from tokenkit.common import FileError, atomic, jsonsafe, safetensors_file
 from tokenkit.pipeline import checkpoint
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.run import load_model_and_tokenizer
@@ -165,8 +167,11 @@ def export_hf(
     """Write a transformers GPT-2 directory for a tk model (a run directory or model file).
 
     A non-empty `directory` must be an earlier export (its config.json says so) unless
-    `overwrite`; files in it that are not an export's are left alone. config.json is written
-    last, so a directory is an export only once it is whole.
+    `overwrite`. The export's files replace the old ones as one change
+    (`common.atomic.replace_files`): a reader, or a crash at any moment, finds the whole earlier
+    export or the whole new one, never config.json of one beside the weights of the other. An
+    earlier export's files that this one does not write are removed; files in the directory
+    that are not an export's stay.
     """
     directory = Path(directory)
     model, tokenizer = load_model_and_tokenizer(model_path, tokenizer_path)
@@ -184,47 +189,28 @@ def export_hf(
             f"{directory} is not empty ({', '.join(entries[:3])}{', ...' if len(entries) > 3 else ''}) and is not an "
             "earlier export; choose an empty directory, or pass --overwrite to replace its model and tokenizer files"
         )
+    try:
+        files: dict[str, atomic.Data] = dict(tokenizer.export_files("hf"))
+    except TokenizerError as err:
+        raise PipelineError(f"cannot export the tokenizer into {directory}: {err}") from None
     tensors = hf_tensors(config, model.params)
     eot = tokenizer.special_tokens.get(EOT)
-    generation = {"_from_model_config": True, "bos_token_id": eot, "eos_token_id": eot}
-    created = not directory.exists()
-    written: list[Path] = []
+    files[WEIGHTS_FILE] = lambda f: safetensors_file.write(f, tensors, {"format": "pt"})
+    files[GENERATION_FILE] = checkpoint.json_bytes(
+        {"_from_model_config": True, "bos_token_id": eot, "eos_token_id": eot}
+    )
+    files[CONFIG_FILE] = checkpoint.json_bytes(hf_config(config, tokenizer))
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        written += [Path(p) for p in tokenizer.export_hf(directory)]  # validates before it writes
-        checkpoint.write_bytes(directory / WEIGHTS_FILE, lambda f: safetensors_file.write(f, tensors, {"format": "pt"}))
-        written.append(directory / WEIGHTS_FILE)
-        checkpoint.write_json(directory / GENERATION_FILE, generation)
-        written.append(directory / GENERATION_FILE)
-        checkpoint.write_json(directory / CONFIG_FILE, hf_config(config, tokenizer))
-        written.append(directory / CONFIG_FILE)
-    except TokenizerError as err:
-        _undo(directory, written, created)
-        raise PipelineError(f"cannot export the tokenizer into {directory}: {err}") from None
-    except OSError as err:
-        _undo(directory, written, created)
-        raise PipelineError(
-            f"{directory}: cannot write ({err.strerror or err}); check the path and the free disk space"
-        ) from None
-    except BaseException:
-        _undo(directory, written, created)
-        raise
-    names = {p.name for p in written}
-    removed = [directory / name for name in EXPORT_FILES if name not in names and (directory / name).exists()]
-    for path in removed:
-        path.unlink()  # an earlier export's (e.g. vocab.json beside a new tokenizer.json)
-    return ExportResult(directory, written, removed, config, sum(int(a.size) for a in model.params.values()))
-
-
-def _undo(directory: Path, written: list[Path], created: bool) -> None:
-    """After a failed export into a directory it created: remove what it wrote, and the directory."""
-    if not created:
-        return
-    for path in written:
-        with contextlib.suppress(OSError):
-            path.unlink()
-    with contextlib.suppress(OSError):
-        directory.rmdir()
+        removed = atomic.replace_files(directory, files, remove=[n for n in EXPORT_FILES if n not in files])
+    except FileError as err:
+        raise PipelineError(str(err)) from None
+    return ExportResult(
+        directory,
+        [directory / name for name in files],
+        [directory / name for name in removed],
+        config,
+        sum(int(a.size) for a in model.params.values()),
+    )
 
 
 # --- import ----------------------------------------------------------------------------------
@@ -373,6 +359,21 @@ def _read_tensor(name: str, src: _Source) -> np.ndarray:
     return a.astype(np.float32, copy=False).reshape(src.shape)
 
 
+def _read_weight(name: str, src: _Source) -> np.ndarray:
+    """`_read_tensor`, refused in one line when any value is NaN or infinite (a model computing
+    with it predicts NaN, or nothing useful)."""
+    a = _read_tensor(name, src)
+    n_bad = a.size - int(np.count_nonzero(np.isfinite(a)))
+    if n_bad:
+        n_nan = int(np.count_nonzero(np.isnan(a)))
+        kind = "NaN" if n_nan == n_bad else "infinite" if n_nan == 0 else "NaN or infinite"
+        raise PipelineError(
+            f"{src.file}: {name} has {n_bad:,} of its {a.size:,} values {kind}; "
+            "the checkpoint is damaged: download or save it again"
+        )
+    return a
+
+
 def _is_buffer(name: str) -> bool:
     """GPT-2's causal-mask buffers (`h.N.attn.bias`, `h.N.attn.masked_bias`): not weights."""
     parts = name.split(".")
@@ -408,13 +409,20 @@ def read_checkpoint(
             raise PipelineError(
                 f"{directory}: {name} has shape {sources[ours[name]].shape}; config.json implies {shape}"
             )
-    if not tied and (head is None or sources[head].shape != expected["wte.weight"]):
-        raise PipelineError(f"{directory}: tie_word_embeddings is false but there is no lm_head.weight of wte's shape")
-    params = {name: _read_tensor(name, sources[ours[name]]) for name in expected}
-    if not tied and not np.array_equal(_read_tensor("lm_head.weight", sources[head]), params["wte.weight"]):
+    ties = "tk's GPT ties its output head to the token embedding"
+    if head is None and not tied:
+        raise PipelineError(f"{directory}: tie_word_embeddings is false but there is no lm_head.weight; {ties}")
+    if head is not None and sources[head].shape != expected["wte.weight"]:
         raise PipelineError(
-            f"{directory}: lm_head.weight differs from wte.weight (tie_word_embeddings false); "
-            "tk's output layer is tied to the token embedding"
+            f"{directory}: lm_head.weight has shape {sources[head].shape} and wte.weight {expected['wte.weight']}; "
+            f"{ties}, so it cannot use this head"
+        )
+    params = {name: _read_weight(name, sources[ours[name]]) for name in expected}
+    if head is not None and not np.array_equal(_read_weight("lm_head.weight", sources[head]), params["wte.weight"]):
+        # transformers unties the two when both are stored and differ, whatever the config says
+        raise PipelineError(
+            f"{directory}: lm_head.weight differs from wte.weight, and transformers predicts with the stored head "
+            f"(untied, even when tie_word_embeddings is true); {ties}, so it would predict otherwise"
         )
     dtypes = sorted({sources[ours[name]].dtype for name in expected})
     return params, dtypes

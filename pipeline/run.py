@@ -237,13 +237,14 @@ def _tokenizer_stage(corpus: sources.RunCorpus, run_dir: Path, vocab_size: int, 
     return tok, "trained", new_stamp
 
 
-def _save_tokenizer(run_dir: Path, tok, stamp: dict[str, Any], say) -> None:
-    tok_path = run_dir / checkpoint.TOKENIZER_FILE
-    tok.save(tok_path)
+def _save_tokenizer(run_dir: Path, into: Path, tok, stamp: dict[str, Any], say) -> None:
+    """The trained tokenizer and its stamp, written into `into`: the run directory, or the new
+    run's staging inside it (`rundir.NewRun`)."""
+    tok.save(into / checkpoint.TOKENIZER_FILE)
     report = getattr(tok, "train_report", None)
     detail = f", {report.merges_learned} merges, {report.seconds:.1f} s" if report is not None else ""
-    say(f"tokenizer: saved {tok_path} (vocab {tok.vocab_size}{detail})")
-    checkpoint.write_json(run_dir / checkpoint.PIPELINE_FILE, stamp)
+    say(f"tokenizer: saved {run_dir / checkpoint.TOKENIZER_FILE} (vocab {tok.vocab_size}{detail})")
+    checkpoint.write_json(into / checkpoint.PIPELINE_FILE, stamp)
 
 
 def run_pipeline(
@@ -360,9 +361,9 @@ def _train_stage(
     if why is not None:
         say(f"train: {why} since the last run; training from scratch (--overwrite)")
 
-    def start() -> None:
+    def start(into: Path) -> None:
         if stamp is not None:
-            _save_tokenizer(run_dir, tok, stamp, say)
+            _save_tokenizer(run_dir, into, tok, stamp, say)
 
     result = train_model(
         corpus,

@@ -12,6 +12,12 @@ process nests (the pipeline holds it while it calls `train_model`).
 to start unless the user asked to overwrite. When the run fails before it wrote anything, a
 directory this process created is removed again, so a failed first run leaves nothing behind.
 
+A fresh run that replaces another's files writes its own into `checkpoint.STAGED_DIR` inside the
+directory (`NewRun`) and moves them in at its first checkpoint, as one step that survives a kill
+(`common.atomic.commit_staged`): until then the directory holds the old run whole. Taking the
+lock finishes such a step that a killed process began, or drops the staged files of a run that
+never reached its first checkpoint, before anything else reads the directory.
+
 What it deliberately does not do: read or write the run's files (checkpoint.py does).
 """
 
@@ -22,7 +28,7 @@ import errno
 import os
 from pathlib import Path
 
-from tokenkit.common import atomic
+from tokenkit.common import FileError, atomic
 from tokenkit.pipeline import checkpoint
 from tokenkit.pipeline.errors import PipelineError
 
@@ -88,6 +94,14 @@ class RunDir:
             return self
         fd = self._lock()
         _held[self._key] = [fd, 1]
+        try:  # a killed run's new files: moved in if it had committed them, else dropped
+            atomic.recover_staged(path, path / checkpoint.STAGED_DIR)
+        except OSError as err:
+            self.__exit__(type(err), err, None)
+            raise PipelineError(
+                f"{path}: cannot finish or undo what a killed run left in {checkpoint.STAGED_DIR} ({err.strerror}); "
+                "check the directory's permissions and free space"
+            ) from None
         atomic.remove_stale_temps(path)
         return self
 
@@ -155,6 +169,49 @@ class RunDir:
     def present(self, names=RUN_FILES) -> list[str]:
         """Which of `names` exist in the directory."""
         return [name for name in names if (self.path / name).exists()]
+
+
+class NewRun:
+    """Where a fresh run writes its files: the run directory itself, or, when the run replaces
+    another run's files (`staged`), `checkpoint.STAGED_DIR` inside it until `commit` moves them
+    in at the first checkpoint and removes the old run's model and training state. Until then
+    the directory holds the old run whole; a run that stops before its first checkpoint leaves
+    it so (`discard`, or the next lock after a kill)."""
+
+    def __init__(self, run_dir: Path, *, staged: bool) -> None:
+        self.run_dir = run_dir
+        self.dir = run_dir / checkpoint.STAGED_DIR if staged else run_dir
+        if staged:
+            atomic.recover_staged(run_dir, self.dir)  # none: the lock's recovery ran
+            try:
+                self.dir.mkdir()
+            except OSError as err:
+                raise PipelineError(
+                    f"cannot create {self.dir} ({err.strerror}); check the run directory's permissions"
+                ) from None
+
+    @property
+    def staged(self) -> bool:
+        """True until the new files are in the run directory."""
+        return self.dir != self.run_dir
+
+    def commit(self) -> None:
+        """At a checkpoint: the staged files replace the old run's, in one step."""
+        if not self.staged:
+            return
+        try:
+            # the old run's model and state go even when the new run has none yet (no finite evaluation)
+            atomic.commit_staged(self.run_dir, self.dir, remove=(checkpoint.MODEL_FILE, checkpoint.STATE_FILE))
+        except FileError as err:
+            raise PipelineError(str(err)) from None
+        self.dir = self.run_dir
+
+    def discard(self) -> None:
+        """The run stopped before its first checkpoint: its staged files go, the old run stays (a
+        commit that failed midway is finished instead, as after a kill)."""
+        if self.staged:
+            with contextlib.suppress(OSError):  # else the next lock finishes it
+                atomic.recover_staged(self.run_dir, self.dir)
 
 
 def refuse_conflicts(run_dir: Path, names: list[str], *, what: str = "another run") -> None:

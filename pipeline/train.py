@@ -135,8 +135,13 @@ class _Run:
         self.train_ids, self.val_ids = tokens.split(config.val_fraction, config.context_length)
         self.model_config = GPTConfig.from_dict(config.model_config(tokenizer.vocab_size))
         local_workers = config.workers if ranks is None else ranks.local_workers(config.workers)
-        if device == "cpu":
-            check_memory(self.model_config, training=True, workers=local_workers)  # one line, not a MemoryError
+        if device == "cpu":  # one line, not a MemoryError
+            check_memory(
+                self.model_config,
+                training=True,
+                workers=local_workers,
+                batch_rows=_process_rows(config.batch_size, local_workers, config.workers),
+            )
         else:  # the whole batch in this process, on the device (the recorded count serves a CPU resume)
             local_workers = 1
         model = GPT(self.model_config, seed=config.seed, device=device)
@@ -144,6 +149,7 @@ class _Run:
             self.model = DataParallel(model, workers=local_workers)
         else:  # each rank computes its shards; the same numbers as `workers` shards in one process
             self.model = MPIDataParallel(model, ranks.comm, workers=local_workers)
+        self.files = rundir.NewRun(run_dir, staged=False)  # where this session writes (train_model may stage)
         self.init = init
         if init is not None:  # a fresh run from given weights (its config is the weights' own)
             self.model.model.set_params(init.params)
@@ -201,7 +207,7 @@ class _Run:
 
     def save_state(self) -> None:
         checkpoint.save_train_state(
-            self.run_dir / checkpoint.STATE_FILE,
+            self.files.dir / checkpoint.STATE_FILE,
             checkpoint.TrainState(
                 step=self.step,
                 params=self.model.host_params(),
@@ -218,7 +224,7 @@ class _Run:
 
     def save_model(self, val_loss: float, best_val_loss: float) -> None:
         checkpoint.save_model(
-            self.run_dir / checkpoint.MODEL_FILE,
+            self.files.dir / checkpoint.MODEL_FILE,
             self.model.host_params(),
             self.tokenizer,
             config=self.model_config.to_dict(),
@@ -289,7 +295,7 @@ class _Run:
         cfg = self.config
         if self.ranks is not None:
             self._join()
-        log_path = self.run_dir / checkpoint.LOG_FILE
+        log_path = self.files.dir / checkpoint.LOG_FILE
         if self.leader:
             checkpoint.truncate_log(log_path, self.step)  # drop records past the checkpoint we continue from
         log = checkpoint.JsonlLog(log_path) if self.leader else _NoLog()
@@ -338,11 +344,12 @@ class _Run:
                     if not (math.isfinite(loss) and math.isfinite(norm)):
                         log.write({"type": "stop", "step": self.step + 1, "loss": str(loss), "grad_norm": str(norm)})
                         saved = self._saved_step() if self.leader else None
-                        kept = (
-                            f"the last good checkpoint (step {saved}) is kept in {self.run_dir}"
-                            if saved is not None
-                            else "no checkpoint had been saved yet"
-                        )
+                        if saved is not None:
+                            kept = f"the last good checkpoint (step {saved}) is kept in {self.run_dir}"
+                        elif self.files.staged:
+                            kept = f"no checkpoint had been saved yet, so {self.run_dir} keeps the run it held"
+                        else:
+                            kept = "no checkpoint had been saved yet"
                         raise PipelineError(
                             f"training diverged: loss {loss} (grad norm {norm}) at step {self.step + 1}; {kept}; "
                             "lower --lr, raise --warmup-steps or keep --grad-clip on"
@@ -393,7 +400,7 @@ class _Run:
         return post
 
     def _saved_step(self) -> int | None:
-        path = self.run_dir / checkpoint.STATE_FILE
+        path = self.files.dir / checkpoint.STATE_FILE
         if not path.exists():
             return None
         try:
@@ -414,6 +421,7 @@ class _Run:
         if improved:
             self.save_model(val, val)
         self.save_state()
+        self.files.commit()  # a run replacing another's: its first checkpoint takes the directory
 
     def save_on_interrupt(self, log: checkpoint.JsonlLog) -> None:
         """Ctrl-C: save the state at this step boundary; give the run a model file if it has none.
@@ -423,7 +431,7 @@ class _Run:
         """
         if self.leader:
             self.save_state()
-        no_model = self.leader and not (self.run_dir / checkpoint.MODEL_FILE).exists()
+        no_model = self.leader and not (self.files.dir / checkpoint.MODEL_FILE).exists()
         if self.ranks is not None:
             no_model = self.ranks.leaders(no_model)  # the evaluation takes every rank
         if no_model and self.step > 0:
@@ -432,6 +440,8 @@ class _Run:
             if self.leader:
                 self.save_model(val, val)
         log.write({"type": "interrupt", "step": self.step})
+        if self.leader:
+            self.files.commit()  # saved at the step boundary: a checkpoint like any other
 
 
 class _NoLog:
@@ -452,17 +462,25 @@ def _default_shards(ranks: Ranks | None) -> int:
 def check_training_memory(
     config: TrainConfig, vocab_size: int, ranks: Ranks | None = None, device: str = "cpu"
 ) -> None:
-    """One line, before any work, when the run's model cannot train in this machine's memory
-    (`vocab_size`: the tokenizer's, or an upper bound of the one still to be trained; under MPI,
-    this rank's share of the workers), or on `device` (a missing CuPy or GPU)."""
+    """One line, before any work, when the run's model cannot train in this machine's memory: its
+    parameters, optimizer state and the activations of a batch (`vocab_size`: the tokenizer's, or
+    an upper bound of the one still to be trained; under MPI, this rank's share of the workers and
+    rows), or on `device` (a missing CuPy or GPU)."""
     get_backend(device)
     model_config = GPTConfig.from_dict(config.model_config(vocab_size))
     if device != "cpu":
         return  # host memory holds only the weights' copies; the device's own is not estimated yet
-    workers = config.workers or available_cores()
-    if ranks is not None:
-        workers = max(1, workers // ranks.size)
-    check_memory(model_config, training=True, workers=workers)
+    total = config.workers or available_cores()  # no MPI call: the other ranks are not listening yet
+    workers = total if ranks is None else max(1, total // ranks.size)
+    check_memory(
+        model_config, training=True, workers=workers, batch_rows=_process_rows(config.batch_size, workers, total)
+    )
+
+
+def _process_rows(batch_size: int, local_workers: int, total_workers: int) -> int:
+    """Rows of each batch this process and its workers compute: all of them, or under MPI this
+    rank's share (its workers' shards of `total_workers`; rounded up, as `shard_rows` may)."""
+    return min(batch_size, -(-batch_size * local_workers // max(total_workers, local_workers)))
 
 
 def fit_tokenizer(corpus, vocab_size: int = DEFAULT_VOCAB_SIZE, *, quiet: bool = False) -> Tokenizer:
@@ -511,7 +529,7 @@ def train_model(
     *,
     overwrite: bool = False,
     tokens: data.TokenData | None = None,
-    on_start: Callable[[], None] | None = None,
+    on_start: Callable[[Path], None] | None = None,
     init: StartFrom | None = None,
     ranks: Ranks | None = None,
     device: str = "cpu",
@@ -532,7 +550,10 @@ def train_model(
     locked for the whole run (`pipeline.rundir`). `tokens` skips encoding when the caller has
     just prepared them (their pending file, if any, is committed here); `on_start` is called
     once everything is validated, before the first file is written (the pipeline commits its
-    tokenizer there). `init` starts from its weights and tokenizer instead of random ones
+    tokenizer there, into the directory it is given). A run replacing another run's files
+    (`overwrite`) writes its own beside them and moves them in at its first checkpoint
+    (`rundir.NewRun`): until then, and if it fails or is killed before, the directory holds the
+    old run whole. `init` starts from its weights and tokenizer instead of random ones
     (`config` must have its shape: `StartFrom.settings`). `ranks`: this is rank 0 of an MPI job
     whose other ranks run `follow` (pipeline.ranks); `config.workers` then counts every rank's
     shards. `device`: "cpu" or "cuda" (the whole batch in this process on the GPU; the files are
@@ -577,22 +598,25 @@ def train_model(
             if not overwrite and tokens.pending:  # the cache holds another corpus's ids
                 rundir.refuse_conflicts(run_dir, rd.present(list(tokens.pending)))
             run = _Run(run_dir, tokens, tokenizer, config, quiet=quiet, init=init, ranks=ranks, device=device)  # checks
-            # the run starts: from here on the directory is this run's
-            if on_start is not None:
-                on_start()
-            if checkpoint.TOKENIZER_FILE in own:
-                tokenizer.save(run_dir / checkpoint.TOKENIZER_FILE)
-                say(f"tokenizer: saved {run_dir / checkpoint.TOKENIZER_FILE} (vocab {tokenizer.vocab_size})")
-            data.commit_tokens(tokens, run_dir)
+            # the run starts: its files go into the directory, or beside another run's until its first checkpoint
+            run.files = new = rundir.NewRun(run_dir, staged=bool(rd.present()))
         except BaseException:
             tokens.discard()
             raise
-        say(encode_note(tokens, run_dir))
-        for stale in (checkpoint.MODEL_FILE, checkpoint.STATE_FILE):
-            (run_dir / stale).unlink(missing_ok=True)  # another run's (overwrite): never beside this one's
-        checkpoint.write_text(run_dir / checkpoint.LOG_FILE, "")
-        _describe(run, say)
-        return run.run()
+        try:
+            if on_start is not None:
+                on_start(new.dir)
+            if checkpoint.TOKENIZER_FILE in own:
+                tokenizer.save(new.dir / checkpoint.TOKENIZER_FILE)
+                say(f"tokenizer: saved {run_dir / checkpoint.TOKENIZER_FILE} (vocab {tokenizer.vocab_size})")
+            data.commit_tokens(tokens, run_dir, into=new.dir)
+            say(encode_note(tokens, run_dir))
+            checkpoint.write_text(new.dir / checkpoint.LOG_FILE, "")
+            _describe(run, say)
+            return run.run()
+        finally:
+            tokens.discard()  # pending only when the run did not start
+            new.discard()  # staged only when the run ended before its first checkpoint: the old run stays
 
 
 def refuse_streams_under_mpi(spec: sources.CorpusSpec, ranks: Ranks | None) -> None:

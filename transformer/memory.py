@@ -1,10 +1,12 @@
 """How much memory a model needs, and whether this machine has it: a one-line ModelError instead
 of a MemoryError (or a machine swapping to a halt) for a model that cannot fit.
 
-What it counts is what scales with the config, not with the batch: the float32 parameters, the
-sinusoid table of sinusoidal positions (no tensor backs it), and the per-layer K/V caches of
-generation; training adds gradients and AdamW's two moments. Activations depend on the batch
-and sequence length, which the caller chooses later, so they are not counted.
+What it counts: the float32 parameters, the sinusoid table of sinusoidal positions (no tensor
+backs it), and the per-layer K/V caches of generation; training adds the gradients, AdamW's two
+moments and its scratch, and, given the batch (`batch_rows`), the activations of a step: every
+layer's cached intermediates, the attention weights, the logits and the backward's transients
+(`activation_bytes`). tests/test_reliability_files.py checks the training estimate against the
+peak that tracemalloc measures.
 
 What it deliberately does not do: allocate, or decide the config (transformer/config.py bounds it).
 """
@@ -16,27 +18,63 @@ import sys
 
 from tokenkit.transformer.config import GPTConfig
 from tokenkit.transformer.errors import ModelError
+from tokenkit.transformer.ops import _query_tiles
 
 _F32 = 4  # bytes per parameter and per activation
+_CACHED = 17  # floats per token and unit of width that a layer keeps for its backward (pre-norm, GELU)
+_TRANSIENT = 16  # floats per token and unit of width alive besides: residual stream, embeddings, gradients
+_SCRATCH = 2 << 20  # the ops' row-block buffers and other small arrays of a step
 
 
-def estimate_bytes(config: GPTConfig, *, training: bool = False, workers: int | None = 1) -> int:
-    """Bytes a model of `config` needs besides per-batch activations.
+def activation_bytes(config: GPTConfig, rows: int) -> int:
+    """Bytes one process holds at the peak of a training step over `rows` rows of context_length
+    tokens (N = rows x T, width C, L layers, H heads, vocabulary V), besides the parameters:
+
+    - each layer's caches for the backward: 17 x N x C (LayerNorm outputs and normalised inputs,
+      q, k, v, the attention output, the MLP's 4C activation and its derivative) and the
+      attention weights, rows x H x T x T (causal attention keeps the query tiles' share,
+      `ops._query_tiles`);
+    - 16 x N x C of residual stream, embeddings and the backward's transients, plus the gradient
+      of one tile's scores;
+    - the logits, N x V (one buffer: the softmax and its gradient overwrite it).
+
+    >>> activation_bytes(GPTConfig(), rows=8) / 1e9  # GPT-2 small, 8 rows of 1024 tokens
+    9.953640448
+    """
+    T, C, L, H = config.context_length, config.d_model, config.n_layers, config.n_heads
+    N = rows * T
+    tiles = [(hi - lo) * keys for lo, hi, keys in _query_tiles(T, config.causal, rows * H)]
+    weights = rows * H * sum(tiles)
+    floats = N * C * (_CACHED * L + _TRANSIENT) + weights * L + rows * H * max(tiles) + N * config.vocab_size
+    return _F32 * floats + _SCRATCH
+
+
+def estimate_bytes(config: GPTConfig, *, training: bool = False, workers: int | None = 1, batch_rows: int = 0) -> int:
+    """Bytes a model of `config` needs.
 
     Inference: parameters + sinusoid table (sinusoidal positions) + K/V caches for generation
-    (2 x n_layers x context_length x d_model). Training: parameters, AdamW's two moments, and one
-    gradient buffer per process computing batch shards (`workers`; 1: ~4x the parameters; None or
-    0: one per available core, as GPT and TrainConfig read them) + the sinusoid table.
+    (2 x n_layers x context_length x d_model). Training: parameters, AdamW's two moments and its
+    scratch, and one gradient buffer per process computing batch shards (`workers`; 1: ~5x the
+    parameters; None or 0: one per available core, as GPT and TrainConfig read them) + the
+    sinusoid table + the activations of a step over `batch_rows` rows (0: not counted), which
+    the processes share between them (`activation_bytes` of each one's rows).
 
     >>> estimate_bytes(GPTConfig()) / 1e9  # GPT-2 small: 498 MB of weights + 75 MB of K/V caches
     0.573256704
     >>> estimate_bytes(GPTConfig(), training=True) / 1e9
-    1.991036928
+    2.48879616
+    >>> estimate_bytes(GPTConfig(), training=True, batch_rows=8) / 1e9  # and a batch of 8 x 1024 tokens
+    12.442436608
     """
     params = _F32 * config.n_params()
     table = _F32 * config.context_length * config.d_model if config.positional == "sinusoidal" else 0
     if training:
-        return (3 + _workers(workers)) * params + table
+        n = _workers(workers)
+        activations = 0
+        if batch_rows > 0:
+            per_process = -(-batch_rows // n)  # shard_rows' largest share
+            activations = min(n, batch_rows) * activation_bytes(config, per_process)
+        return (4 + n) * params + table + activations
     kv_caches = 2 * _F32 * config.n_layers * config.context_length * config.d_model
     return params + table + kv_caches
 
@@ -93,15 +131,23 @@ def _address_space_left() -> int | None:
         return None
 
 
-def check_memory(config: GPTConfig, *, training: bool = False, workers: int | None = 1, loaded: bool = False) -> int:
+def check_memory(
+    config: GPTConfig,
+    *,
+    training: bool = False,
+    workers: int | None = 1,
+    loaded: bool = False,
+    batch_rows: int = 0,
+) -> int:
     """Raise a one-line ModelError when a model of `config` would not fit in the memory available
     now; returns the estimate in bytes. `loaded`: its parameters are already in memory (read from
-    a file), so only what comes on top of them is checked.
+    a file), so only what comes on top of them is checked. `batch_rows`: training steps over
+    that many rows of context_length tokens (their activations count).
 
     Call it before allocating: GPT does for inference (construction and from_params); training
-    calls it with training=True where it starts.
+    calls it with training=True and its batch before anything else.
     """
-    need = estimate_bytes(config, training=training, workers=workers)
+    need = estimate_bytes(config, training=training, workers=workers, batch_rows=batch_rows)
     if loaded:
         need -= _F32 * config.n_params()
     avail = available_bytes()
@@ -109,14 +155,21 @@ def check_memory(config: GPTConfig, *, training: bool = False, workers: int | No
         if loaded:
             what = f"beyond its loaded weights: caches for a context of {config.context_length:,}"
         elif training:
-            what = f"{config.n_params():,} parameters with their gradients and AdamW's two moments"
+            state = estimate_bytes(config, training=True, workers=workers)
+            what = f"{config.n_params():,} parameters with their gradients and AdamW's state: {state / 1e9:,.1f} GB"
+            if batch_rows > 0:
+                what += (
+                    f"; the activations of a batch of {batch_rows:,} x {config.context_length:,} tokens: "
+                    f"{(need - state) / 1e9:,.1f} GB"
+                )
         else:
             what = f"{config.n_params():,} parameters and the caches of a context of {config.context_length:,}"
+        smaller = "a smaller batch, context_length or model" if training else "a smaller model"
         raise ModelError(
             f"the model needs about {need / 1e9:,.1f} GB of memory ({what}), more than the {avail / 1e9:,.1f} GB "
-            "available; use a smaller model (d_model, n_layers, context_length, vocabulary) or free memory"
+            f"available; use {smaller} (d_model, n_layers, vocabulary) or free memory"
         )
     return need
 
 
-__all__ = ["available_bytes", "check_memory", "estimate_bytes"]
+__all__ = ["activation_bytes", "available_bytes", "check_memory", "estimate_bytes"]
