@@ -40,7 +40,7 @@ import regex
 from tokenkit.bpe import encode_corpus, interop, io
 from tokenkit.bpe.corpus import Corpus, as_corpus
 from tokenkit.bpe.encoder import ChunkCache, PairTable, PieceCache, WordCache
-from tokenkit.bpe.errors import TokenizerError
+from tokenkit.bpe.errors import DisallowedSpecialError, TokenizerError
 from tokenkit.bpe.patterns import GPT2_PATTERN, PATTERNS, resolve_pattern
 from tokenkit.bpe.pretokenize import count_chunks, split_text
 from tokenkit.bpe.trainer import train_merges
@@ -422,9 +422,10 @@ class Tokenizer:
         Special tokens follow tiktoken's policy: text that looks like a special token is only
         encoded as that token when it is in `allowed_special` ("all" allows every one). A
         special token that is neither allowed nor excluded from `disallowed_special` (default
-        "all") raises TokenizerError, because it usually means untrusted text is trying to inject
-        control tokens; pass `disallowed_special=()` to encode such text as plain bytes instead.
-        When allowed specials overlap, the leftmost match wins, and at the same start the longest.
+        "all") raises DisallowedSpecialError (a TokenizerError), because it usually means untrusted
+        text is trying to inject control tokens; pass `disallowed_special=()` to encode such text as
+        plain bytes instead. When allowed specials overlap, the leftmost match wins, and at the same
+        start the longest (as in HF tokenizers; see `export_tiktoken` for tiktoken).
 
         >>> tok = Tokenizer([], special_tokens=["<|end|>"])
         >>> tok.encode("hi<|end|>", allowed_special="all")
@@ -453,11 +454,7 @@ class Tokenizer:
         if disallowed:
             hit = self._special_re(frozenset(disallowed)).search(text)
             if hit:
-                raise TokenizerError(
-                    f"text contains the special token {hit.group()!r}, which is not allowed; to read it as "
-                    f"that special token, allow it (allowed_special=..., tk encode --allow-special); to encode "
-                    f"it as plain text, pass disallowed_special=() (tk encode --specials-as-text)"
-                )
+                raise DisallowedSpecialError(hit.group())
         if not allowed:
             return self._encode_ordinary(text)
         parts: list[bytes] = []
