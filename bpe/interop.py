@@ -380,6 +380,24 @@ def pattern_of_pat_str(pat_str: str) -> str:
     return pattern_name(widened.group("p") if widened else pat_str)
 
 
+def check_tiktoken_specials(names, action: str) -> None:
+    """Refuse special tokens one of which begins another (`<a>` and `<a><b>`): where both match,
+    tk (as HF tokenizers) reads the longer one, tiktoken the one its hash map happens to list first
+    (an order no file sets; tested with tiktoken 0.14). Specials that only overlap (`ab`, `bc`)
+    are fine: both take the leftmost match.
+
+    >>> check_tiktoken_specials(["<|end|>", "<|endoftext|>"], "exported")  # neither begins the other
+    """
+    ordered = sorted(names)
+    for a, b in zip(ordered, ordered[1:], strict=False):  # a string that begins others sorts right before them
+        if b.startswith(a):
+            raise TokenizerError(
+                f"the special token {a!r} begins the special token {b!r}; where both match tk reads the longer one "
+                f"and tiktoken whichever its hash map lists first, so these special tokens cannot be {action} "
+                "(rename one)"
+            )
+
+
 def to_tiktoken(merges: list[tuple[int, int]], byte_order: list[int]) -> list[tuple[bytes, int]]:
     """tiktoken's mergeable ranks as (token bytes, rank) in rank order: our ranks are our ids."""
     return [(t, i) for i, t in enumerate(token_bytes(merges, byte_order))]

@@ -616,6 +616,7 @@ class Tokenizer:
             return io.hf_files(data, *interop.hf_configs(self._specials))
         if format == "tiktoken":
             ranks = interop.to_tiktoken(self._merges, self._byte_order)
+            interop.check_tiktoken_specials(self._specials, "exported to tiktoken")
             self._check_whole_tokens("tiktoken looks whole chunks up before merging and", "exported to tiktoken")
             pat_str = interop.tiktoken_pat_str(self._pattern)
             return io.tiktoken_files(ranks, pat_str, self._specials, self._pattern_name)
@@ -638,7 +639,10 @@ class Tokenizer:
 
     def export_tiktoken(self, directory: str | os.PathLike, *, overwrite: bool = False) -> list[Path]:
         """Write tokenizer.tiktoken (tiktoken's rank file: our ids are the ranks) and
-        tokenizer_tiktoken.json (pat_str, special_tokens) into `directory`; returns both paths."""
+        tokenizer_tiktoken.json (pat_str, special_tokens) into `directory`; returns both paths.
+
+        Special tokens one of which begins another are refused: tiktoken does not read the
+        longest of them, as tk does (`interop.check_tiktoken_specials`)."""
         return self.export(directory, "tiktoken", overwrite=overwrite)
 
     def _check_whole_tokens(self, who: str, action: str) -> None:
@@ -707,6 +711,7 @@ class Tokenizer:
             raise TokenizerError(
                 f"{path}: a .tiktoken file does not hold its split pattern; give it (--pattern gpt2|gpt4|none|REGEX)"
             )
+        interop.check_tiktoken_specials(specials, "imported from tiktoken")
         tok = cls(
             parts["merges"],
             special_tokens=specials,

@@ -1,6 +1,10 @@
 """Interop edges (issue 20): directories transformers re-saved, overlapping special tokens, and
 special tokens in the prompts of predict-next, generate and explain.
 
+2. Special tokens one of which begins another (`<a>`, `<a><b>`): tk reads the longest at a
+   position, as HF tokenizers and transformers do (checked); tiktoken tries its specials in its
+   hash map's order, so a tiktoken export or import of such a set is refused. Specials that only
+   share a prefix (`<|end|>`, `<|endoftext|>`) or overlap (`ab`, `bc`) give the same ids in all.
 3. `--allow-special` / `--specials-as-text` on predict-next, generate, explain and pipeline
    --prompt: refused by default in one line naming the command's flags, and with the flag the
    model sees the special's id.
@@ -13,12 +17,13 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tokenkit.bpe import DisallowedSpecialError, Tokenizer
+from tokenkit.bpe import DisallowedSpecialError, Tokenizer, TokenizerError
 from tokenkit.cli.main import main
 from tokenkit.pipeline import checkpoint
 from tokenkit.pipeline.run import generate, predict_next
@@ -75,6 +80,105 @@ def one_line_error(result: tuple[int, str, str], *fragments: str) -> str:
 
 def tk_ids(tok: Tokenizer, text: str) -> list[int]:
     return tok.encode(text, allowed_special="all")  # the libraries read every special token
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. overlapping special tokens
+
+PREFIX_SETS = [["<a>", "<a><b>", "<b>"], ["zz", "zzz"]]  # one special begins another
+OVERLAP_SETS = [["<|end|>", EOT], ["ab", "bc"], ["<|end|>", EOT, "<s>", "</s>"]]  # none begins another
+OVERLAP_TEXTS = [
+    "<a>", "<a><b>", "x<a><b>y", "<a><a><b><b>", "<a><b><a>", "<b><a>",
+    "zz", "zzz", "zzzzz", "a zz zzz zzzz",
+    "<|end|>", EOT, f"<|end|>{EOT}", f"{EOT}<|end|>", f"<|end{EOT}", "<|end|><|endoftext",
+    "abc", "abbc", "xabcx", "bcab", "<s></s>", "</s><s>",
+]  # fmt: skip
+
+
+def specials_tok(names: list[str]) -> Tokenizer:
+    return Tokenizer.train([corpus()], vocab_size=330, special_tokens=names, quiet=True, workers=1)
+
+
+@pytest.mark.parametrize("names", PREFIX_SETS + OVERLAP_SETS, ids=str)
+def test_hf_reads_overlapping_specials_as_tk_does(names, tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = specials_tok(names)
+    tok.export_hf(tmp_path)
+    hf = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    for text in OVERLAP_TEXTS:
+        assert hf.encode(text).ids == tk_ids(tok, text), text
+    try:
+        import transformers
+    except ImportError:
+        return
+    auto = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for text in OVERLAP_TEXTS:
+        assert auto(text).input_ids == tk_ids(tok, text), text
+
+
+@pytest.mark.parametrize("names", OVERLAP_SETS, ids=str)
+def test_tiktoken_reads_specials_that_do_not_begin_one_another_as_tk_does(names, tmp_path):
+    tiktoken = pytest.importorskip("tiktoken")
+    from tiktoken.load import load_tiktoken_bpe
+
+    tok = specials_tok(names)
+    tok.export_tiktoken(tmp_path)
+    meta = json.loads((tmp_path / "tokenizer_tiktoken.json").read_text(encoding="utf-8"))
+    enc = tiktoken.Encoding(
+        "t",
+        pat_str=meta["pat_str"],
+        mergeable_ranks=load_tiktoken_bpe(str(tmp_path / "tokenizer.tiktoken")),
+        special_tokens=meta["special_tokens"],
+    )
+    for text in OVERLAP_TEXTS:
+        assert enc.encode(text, allowed_special="all") == tk_ids(tok, text), text
+        for one in names:  # one allowed, the others plain text: tiktoken skips matches it may not read
+            assert enc.encode(text, allowed_special={one}, disallowed_special=()) == tok.encode(
+                text, allowed_special={one}, disallowed_special=()
+            ), (text, one)
+
+
+def test_tiktoken_does_not_read_the_longest_special():
+    """Why tk refuses a tiktoken export of such a set: tiktoken joins its specials into one regex
+    in its hash map's order and takes the first that matches, which need not be the longest."""
+    tiktoken = pytest.importorskip("tiktoken")
+    ranks = {bytes([b]): b for b in range(256)}
+    shorter = 0
+    for names in PREFIX_SETS + [["<a>", "<a><b>"], ["a", "ab", "abc"], ["<|e", EOT]]:
+        enc = tiktoken.Encoding("t", pat_str=r"\S+|\s+", mergeable_ranks=ranks, special_tokens={
+            s: 256 + k for k, s in enumerate(names)})  # fmt: skip
+        longest = max(names, key=len)
+        shorter += enc.encode(longest, allowed_special="all") != [256 + names.index(longest)]
+    if not shorter:
+        pytest.skip("this tiktoken reads the longest special everywhere; the tiktoken refusal could be lifted")
+
+
+@pytest.mark.parametrize("names", PREFIX_SETS, ids=str)
+def test_a_tiktoken_export_or_import_of_specials_beginning_one_another_is_refused(names, tmp_path, capsys):
+    tok = specials_tok(names)
+    tok.save(tmp_path / "tok.safetensors")
+    with pytest.raises(TokenizerError, match="begins the special token"):
+        tok.export_tiktoken(tmp_path / "api")
+    one_line_error(
+        cli(capsys, "bpe-export", tmp_path / "tok.safetensors", "--format", "tiktoken", "-o", tmp_path / "tt"),
+        f"the special token {names[0]!r} begins the special token {names[1]!r}",
+        "cannot be exported to tiktoken",
+    )
+    assert not (tmp_path / "tt").exists() and not (tmp_path / "api").exists()
+    # in: a bare rank file with such --special flags, and a NAME_tiktoken.json holding them
+    Tokenizer.train([corpus()], vocab_size=330, quiet=True, workers=1).export_tiktoken(tmp_path / "in")
+    args = [a for s in names for a in ("--special", s)]
+    shutil.move(tmp_path / "in" / "tokenizer_tiktoken.json", tmp_path / "meta.json")
+    rank_file = tmp_path / "in" / "tokenizer.tiktoken"
+    one_line_error(
+        cli(capsys, "bpe-import", rank_file, "--pattern", "gpt2", *args, "-o", tmp_path / "x.safetensors"),
+        "cannot be imported from tiktoken",
+    )
+    meta = json.loads((tmp_path / "meta.json").read_text(encoding="utf-8"))
+    meta["special_tokens"] = {s: 330 + k for k, s in enumerate(names)}
+    (tmp_path / "in" / "tokenizer_tiktoken.json").write_text(json.dumps(meta), encoding="utf-8")
+    one_line_error(cli(capsys, "bpe-import", rank_file, "-o", tmp_path / "x.safetensors"), "begins the special")
+    assert not (tmp_path / "x.safetensors").exists()
 
 
 # ---------------------------------------------------------------------------------------------
