@@ -662,12 +662,16 @@ class Tokenizer:
         tokenizer.json or vocab.json + merges.txt (GPT-2's pair, split with GPT-2's pattern).
 
         The result gives the library's ids; what tk cannot reproduce (normalizers, prefix spaces,
-        merges out of id order, ...) is refused in one line.
+        merges out of id order, post-processors that add tokens, ...) is refused in one line. For
+        a directory, also what its tokenizer_config.json makes transformers do (a GPT2Tokenizer
+        splits with GPT-2's pattern whatever tokenizer.json says).
         """
         files = io.find_hf(path)
+        parts = io.read_hf(files[0]) if len(files) == 1 else {"pattern": "gpt2", "whole_tokens": False}
+        if Path(path).is_dir():  # transformers' configs there decide how it reads the files
+            interop.check_transformers_class(*io.read_hf_configs(path), parts["pattern"], str(path))
         if len(files) == 2:
             return cls.from_gpt2(*files)
-        parts = io.read_hf(files[0])
         tok = cls(
             parts["merges"],
             special_tokens=parts["special_tokens"],

@@ -1,6 +1,12 @@
 """Interop edges (issue 20): directories transformers re-saved, overlapping special tokens, and
 special tokens in the prompts of predict-next, generate and explain.
 
+1. transformers adds a post-processor that adds nothing when it saves a tokenizer (a template
+   "$A" / "$A $B"; GPT2TokenizerFast also a ByteLevel decoder with add_prefix_space). tk imports
+   such directories (`tk bpe-import`, `tk import-hf`) with transformers' own ids, with and without
+   add_special_tokens; a template that adds a token (Llama 3's "<|begin_of_text|> $A") is refused
+   in one line that names the token, as is a directory transformers loads as GPT2Tokenizer (its
+   own split and prefix space, whatever tokenizer.json says) where that changes the ids.
 2. Special tokens one of which begins another (`<a>`, `<a><b>`): tk reads the longest at a
    position, as HF tokenizers and transformers do (checked); tiktoken tries its specials in its
    hash map's order, so a tiktoken export or import of such a set is refused. Specials that only
@@ -80,6 +86,235 @@ def one_line_error(result: tuple[int, str, str], *fragments: str) -> str:
 
 def tk_ids(tok: Tokenizer, text: str) -> list[int]:
     return tok.encode(text, allowed_special="all")  # the libraries read every special token
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. directories transformers re-saved
+
+
+def resave(transformers, how: str, src: Path, dst: Path) -> None:
+    """`src` loaded by transformers as `how` and saved into `dst`, as a user would."""
+    cls = {"auto": transformers.AutoTokenizer, "gpt2-fast": transformers.GPT2TokenizerFast}[how]
+    cls.from_pretrained(src).save_pretrained(dst)
+
+
+@pytest.mark.parametrize("how", ["auto", "gpt2-fast"])
+def test_a_directory_transformers_resaved_imports_with_its_ids(transformers, tok, tmp_path, capsys, how):
+    tok.export_hf(tmp_path / "tk")
+    resave(transformers, how, tmp_path / "tk", tmp_path / "saved")
+    data = json.loads((tmp_path / "saved" / "tokenizer.json").read_text(encoding="utf-8"))
+    assert data["post_processor"]["type"] == "TemplateProcessing"  # what transformers adds on saving
+    code, out, err = cli(capsys, "bpe-import", tmp_path / "saved", "-o", tmp_path / "t.safetensors")
+    assert code == 0, err
+    ours = Tokenizer.load(tmp_path / "t.safetensors")
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "saved")
+    for text in TEXTS:
+        ids = tk_ids(ours, text)
+        assert theirs(text, add_special_tokens=True).input_ids == ids, text
+        assert theirs(text, add_special_tokens=False).input_ids == ids, text
+        assert theirs.decode(ids) == ours.decode(ids) == text
+    if how == "auto":  # transformers kept tk's split; GPT2TokenizerFast puts in GPT-2's own
+        assert (ours.merges, ours.special_tokens, ours.pattern) == (tok.merges, tok.special_tokens, tok.pattern)
+
+
+def test_import_hf_reads_a_model_directory_whose_tokenizer_transformers_resaved(transformers, tok, tmp_path, capsys):
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=16, d_model=16, n_layers=1, n_heads=2), seed=0)
+    checkpoint.save_model(
+        tmp_path / "m.safetensors", model.params, tok, config=model.config.to_dict(), step=0, val_loss=None,
+        best_val_loss=None, provenance={},
+    )  # fmt: skip
+    assert cli(capsys, "export-hf", tmp_path / "m.safetensors", "-o", tmp_path / "hf")[0] == 0
+    transformers.AutoTokenizer.from_pretrained(tmp_path / "hf").save_pretrained(tmp_path / "hf")  # in place
+    code, _, err = cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "back.safetensors")
+    assert code == 0, err
+    back = checkpoint.load_model(tmp_path / "back.safetensors").tokenizer
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    for text in TEXTS:
+        assert theirs(text).input_ids == tk_ids(back, text) == tk_ids(tok, text), text
+
+
+def with_bos_template(transformers, tok: Tokenizer, src: Path, dst: Path, how: str) -> None:
+    """A transformers directory whose tokenizer adds BOS to every text: Llama 3's post-processor
+    (ByteLevel, then a template with <|begin_of_text|>), or transformers' own add_bos_token."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import processors
+
+    if how == "llama3-template":
+        hf = HFTokenizer.from_file(str(src / "tokenizer.json"))
+        bos = tok.special_tokens[BOS]
+        hf.post_processor = processors.Sequence(
+            [
+                processors.ByteLevel(trim_offsets=False),
+                processors.TemplateProcessing(
+                    single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B:1", special_tokens=[(BOS, bos)]
+                ),
+            ]
+        )
+        fast = transformers.PreTrainedTokenizerFast(tokenizer_object=hf, bos_token=BOS)
+    else:
+        fast = transformers.AutoTokenizer.from_pretrained(src)
+        fast.bos_token = BOS
+        fast.add_bos_token = True
+    fast.save_pretrained(dst)
+
+
+@pytest.mark.parametrize("how", ["llama3-template", "add_bos_token"])
+@pytest.mark.parametrize("command", ["bpe-import", "import-hf"])
+def test_a_tokenizer_that_adds_bos_is_refused_naming_it(transformers, tok, tmp_path, capsys, how, command):
+    tok.export_hf(tmp_path / "tk")
+    with_bos_template(transformers, tok, tmp_path / "tk", tmp_path / "bos", how)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "bos")
+    text = "Once upon a time"
+    assert theirs(text).input_ids == [tok.special_tokens[BOS]] + tok.encode(text)  # the premise: it adds BOS
+    assert theirs(text, add_special_tokens=False).input_ids == tok.encode(text)
+    if command == "import-hf":
+        transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(
+                vocab_size=tok.vocab_size, n_positions=16, n_embd=16, n_layer=1, n_head=2, bos_token_id=None,
+                eos_token_id=None,
+            )
+        ).save_pretrained(tmp_path / "bos")  # fmt: skip
+        capsys.readouterr()  # its progress bar
+    err = one_line_error(
+        cli(capsys, command, tmp_path / "bos", "-o", tmp_path / "t.safetensors"),
+        f"adds {BOS!r} to every text",
+        "tk does not add tokens to a text",
+        '"post_processor": null',
+    )
+    assert "add_special_tokens=False" in err and not (tmp_path / "t.safetensors").exists()
+
+
+def hf_with(tok: Tokenizer, path: Path, **parts) -> Path:
+    """tok's tokenizer.json with the given components (tokenizers objects) put in, saved by tokenizers."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    tok.export_hf(path.parent / "plain", overwrite=True)
+    hf = HFTokenizer.from_file(str(path.parent / "plain" / "tokenizer.json"))
+    for name, value in parts.items():
+        setattr(hf, name, value)
+    hf.save(str(path))
+    return path
+
+
+NO_OP = [
+    "template",
+    "sequence-bytelevel-template",
+    "bytelevel-prefix-offsets",
+    "decoder-sequence",
+    "decoder-prefix",
+    "normalizer-empty-sequence",
+]
+
+
+def no_op_parts(name: str) -> dict:
+    """tokenizer.json components (tokenizers objects) that add nothing and change no id."""
+    from tokenizers import decoders, normalizers, processors
+
+    return {
+        "template": {"post_processor": processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1")},
+        "sequence-bytelevel-template": {
+            "post_processor": processors.Sequence(
+                [processors.ByteLevel(trim_offsets=True), processors.TemplateProcessing(single="$A", pair="$A $B")]
+            )
+        },
+        "bytelevel-prefix-offsets": {"post_processor": processors.ByteLevel(add_prefix_space=True)},
+        "decoder-sequence": {"decoder": decoders.Sequence([decoders.ByteLevel()])},
+        "decoder-prefix": {"decoder": decoders.ByteLevel(add_prefix_space=True)},
+        "normalizer-empty-sequence": {"normalizer": normalizers.Sequence([])},
+    }[name]
+
+
+@pytest.mark.parametrize("name", NO_OP)
+def test_components_that_change_no_id_are_accepted(tok, tmp_path, name):
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer as HFTokenizer
+
+    path = hf_with(tok, tmp_path / "tokenizer.json", **no_op_parts(name))
+    ours = Tokenizer.from_hf(path)
+    theirs = HFTokenizer.from_file(str(path))
+    for text in TEXTS:
+        ids = tk_ids(ours, text)
+        assert theirs.encode(text).ids == ids == tk_ids(tok, text), text
+        assert theirs.decode(ids, skip_special_tokens=False) == ours.decode(ids) == text
+
+
+def test_a_pre_tokenizer_wrapped_in_sequences_is_read(tok, tmp_path):
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import pre_tokenizers
+
+    tok.export_hf(tmp_path / "plain")
+    data = json.loads((tmp_path / "plain" / "tokenizer.json").read_text(encoding="utf-8"))
+    data["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [{"type": "Sequence", "pretokenizers": [
+        data["pre_tokenizer"]]}]}  # fmt: skip
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    theirs = HFTokenizer.from_file(str(path))
+    assert isinstance(theirs.pre_tokenizer, pre_tokenizers.Sequence)
+    ours = Tokenizer.from_hf(path)
+    assert ours.pattern == tok.pattern
+    for text in TEXTS:
+        assert theirs.encode(text).ids == tk_ids(ours, text) == tk_ids(tok, text), text
+
+
+def test_post_processors_that_add_tokens_are_refused_naming_them(tok, tmp_path, capsys):
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import processors
+
+    eot, bos = tok.special_tokens[EOT], tok.special_tokens[BOS]
+    cases = [
+        (processors.RobertaProcessing((EOT, eot), (BOS, bos)), f"adds {BOS!r} to every text"),
+        (processors.BertProcessing((EOT, eot), (BOS, bos)), f"adds {BOS!r} to every text"),
+        (
+            processors.TemplateProcessing(single="$A", pair=f"$A {EOT} $B:1", special_tokens=[(EOT, eot)]),
+            f"adds {EOT!r} to a pair of texts",
+        ),
+        (
+            processors.TemplateProcessing(single=f"$A {EOT}", pair=f"$A {EOT} $B:1", special_tokens=[(EOT, eot)]),
+            f"adds {EOT!r} to every text",
+        ),
+        (processors.TemplateProcessing(single="$A $A", pair="$A $B"), "repeats or reorders"),
+    ]
+    for k, (post, words) in enumerate(cases):
+        path = hf_with(tok, tmp_path / f"t{k}" / "tokenizer.json", post_processor=post)
+        if "adds" in words:  # the premise: HF adds that token to a text or a pair
+            hf = HFTokenizer.from_file(str(path))
+            pair = "a pair" in words
+            added = hf.encode("abc", "d" if pair else None).ids
+            assert (eot if EOT in words else bos) in added
+        with pytest.raises(TokenizerError, match="post-processor"):
+            Tokenizer.from_hf(path)
+        one_line_error(cli(capsys, "bpe-import", path, "-o", tmp_path / "t.safetensors"), words)
+
+
+GPT2_CLASS_CASES = {
+    "class-gpt2": ("none", {"tokenizer_class": "GPT2Tokenizer"}, None, "splits text with GPT-2's pattern"),
+    "model-type-gpt2": ("none", {"tokenizer_class": None}, {"model_type": "gpt2"}, "config.json's model_type gpt2"),
+    "prefix-space": ("gpt2", {"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": True}, None, "adds a space"),
+}
+
+
+@pytest.mark.parametrize("case", GPT2_CLASS_CASES)
+def test_a_directory_transformers_reads_as_gpt2tokenizer_is_refused_where_ids_change(tmp_path, capsys, case):
+    pattern, config, model_config, words = GPT2_CLASS_CASES[case]
+    tok = Tokenizer.train([corpus()], vocab_size=380, pattern=pattern, special_tokens=[EOT], quiet=True, workers=1)
+    tok.export_hf(tmp_path / "hf")
+    path = tmp_path / "hf" / "tokenizer_config.json"
+    values = {**json.loads(path.read_text(encoding="utf-8")), **config}
+    path.write_text(json.dumps({k: v for k, v in values.items() if v is not None}), encoding="utf-8")
+    if model_config is not None:
+        (tmp_path / "hf" / "config.json").write_text(json.dumps(model_config), encoding="utf-8")
+    try:
+        import transformers
+    except ImportError:
+        pass
+    else:  # the premise: transformers gives other ids for this directory than tokenizer.json does
+        theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+        assert type(theirs).__name__.startswith("GPT2Tokenizer")
+        assert any(theirs(text).input_ids != tk_ids(tok, text) for text in TEXTS)
+    one_line_error(cli(capsys, "bpe-import", tmp_path / "hf", "-o", tmp_path / "t.safetensors"), words)
+    assert Tokenizer.from_hf(tmp_path / "hf" / "tokenizer.json").merges == tok.merges  # the file alone: as it is
 
 
 # ---------------------------------------------------------------------------------------------
