@@ -19,7 +19,7 @@ directories, pipes, compressed files, JSONL).
 """
 
 from tokenkit.bpe.corpus import Corpus
-from tokenkit.bpe.errors import TokenizerError
+from tokenkit.bpe.errors import DisallowedSpecialError, TokenizerError
 from tokenkit.bpe.tokenizer import Tokenizer
 
-__all__ = ["Corpus", "Tokenizer", "TokenizerError"]
+__all__ = ["Corpus", "DisallowedSpecialError", "Tokenizer", "TokenizerError"]

@@ -16,7 +16,8 @@ What it does, as pure functions on plain values (no files, no BPE):
 Every vocabulary that a format cannot express exactly is refused with one-line TokenizerError:
 two ids with the same bytes, a merge whose result is not the next id, a special token the other
 library would read as another token, settings that change ids (normalizers, prefix spaces,
-dropout, post-processors that add tokens).
+dropout, post-processors that add tokens), for tiktoken special tokens one of which begins
+another. What adds nothing is read: the no-op templates transformers writes when it saves.
 
 What it deliberately does not do: read or write files (bpe/io.py does), or check that the merges
 give the same ids as the other library's algorithm where that needs encoding: tiktoken (and HF
@@ -197,8 +198,27 @@ def _check_hf_special(s: str, i: int, vocab: dict[str, int], inverse: dict[str, 
         )
 
 
+def _steps(value, key: str, what: str) -> list:
+    """The steps of a tokenizer.json component, its Sequences (nested ones too) opened; [] for none.
+
+    >>> _steps({"type": "Sequence", "processors": [{"type": "ByteLevel"}]}, "processors", "t")
+    [{'type': 'ByteLevel'}]
+    """
+    if value is None:
+        return []
+    if isinstance(value, dict) and value.get("type") == "Sequence":
+        inner = value.get(key)
+        if not isinstance(inner, list):
+            raise TokenizerError(f"{what}: a Sequence without its list of {key}")
+        return [step for v in inner for step in _steps(v, key, what)]
+    return [value]
+
+
 def _pattern_of_hf(pre, what: str) -> str | None:
-    """The split regex of a tokenizer.json pre-tokenizer (None for no split), or TokenizerError."""
+    """The split regex of a tokenizer.json pre-tokenizer (None for no split), or TokenizerError.
+
+    tk reads ByteLevel (with GPT-2's regex or none) and Split + ByteLevel, also when they come
+    wrapped in Sequences (as some converters write them)."""
 
     def byte_level(p) -> bool:  # a ByteLevel pre-tokenizer we can read; returns its use_regex
         if not isinstance(p, dict) or p.get("type") != "ByteLevel":
@@ -212,39 +232,84 @@ def _pattern_of_hf(pre, what: str) -> str | None:
             )
         return bool(p.get("use_regex", True))
 
-    if isinstance(pre, dict) and pre.get("type") == "Sequence":
-        steps = pre.get("pretokenizers")
-        if (
-            not isinstance(steps, list)
-            or len(steps) != 2
-            or not isinstance(steps[0], dict)
-            or steps[0].get("type") != "Split"
-        ):
-            raise TokenizerError(f"{what}: pre-tokenizer Sequence must be [Split, ByteLevel] for tk")
-        split = steps[0]
-        pattern = split.get("pattern")
-        if not isinstance(pattern, dict) or not isinstance(pattern.get("Regex", pattern.get("String")), str):
-            raise TokenizerError(f"{what}: the Split pre-tokenizer has no pattern")
-        if split.get("behavior") != "Isolated" or split.get("invert", False):
-            raise TokenizerError(
-                f"{what}: Split behavior {split.get('behavior')!r} (invert {split.get('invert')}) is not supported; "
-                "tk keeps matches and gaps as chunks (Isolated)"
-            )
-        if byte_level(steps[1]):
-            raise TokenizerError(f"{what}: ByteLevel after Split must not split again (use_regex false)")
-        if "Regex" not in pattern:
-            found = regex.escape(pattern["String"])
-        else:  # an Oniguruma regex, read with its meaning there
-            try:
-                found = _HF_BUILTIN.get(pattern["Regex"]) or from_oniguruma(pattern["Regex"])
-            except TokenizerError as err:
-                raise TokenizerError(f"{what}: {err}") from None
+    steps = _steps(pre, "pretokenizers", what)
+    if len(steps) == 1:
+        return GPT2_PATTERN if byte_level(steps[0]) else None
+    if len(steps) != 2 or not isinstance(steps[0], dict) or steps[0].get("type") != "Split":
+        raise TokenizerError(f"{what}: pre-tokenizer Sequence must be [Split, ByteLevel] for tk")
+    split = steps[0]
+    pattern = split.get("pattern")
+    if not isinstance(pattern, dict) or not isinstance(pattern.get("Regex", pattern.get("String")), str):
+        raise TokenizerError(f"{what}: the Split pre-tokenizer has no pattern")
+    if split.get("behavior") != "Isolated" or split.get("invert", False):
+        raise TokenizerError(
+            f"{what}: Split behavior {split.get('behavior')!r} (invert {split.get('invert')}) is not supported; "
+            "tk keeps matches and gaps as chunks (Isolated)"
+        )
+    if byte_level(steps[1]):
+        raise TokenizerError(f"{what}: ByteLevel after Split must not split again (use_regex false)")
+    if "Regex" not in pattern:
+        found = regex.escape(pattern["String"])
+    else:  # an Oniguruma regex, read with its meaning there
         try:
-            check_custom_pattern(found, "imported")
-        except regex.error as err:
-            raise TokenizerError(f"{what}: the Split regex does not compile in Python's regex module ({err})") from None
-        return found
-    return GPT2_PATTERN if byte_level(pre) else None
+            found = _HF_BUILTIN.get(pattern["Regex"]) or from_oniguruma(pattern["Regex"])
+        except TokenizerError as err:
+            raise TokenizerError(f"{what}: {err}") from None
+    try:
+        check_custom_pattern(found, "imported")
+    except regex.error as err:
+        raise TokenizerError(f"{what}: the Split regex does not compile in Python's regex module ({err})") from None
+    return found
+
+
+def _check_post_processor(post, what: str) -> None:
+    """Refuse a post-processor that adds tokens to a text: tk's ids are the text's tokens alone.
+
+    Accepted, as they add nothing and change no id: ByteLevel (it trims offsets only) and a
+    template whose single form is the text ("$A") and whose pair form the two texts ("$A $B"),
+    as transformers writes when it saves a tokenizer, alone or in a Sequence. A template holding a
+    special token (Llama 3's "<|begin_of_text|> $A"), BERT's and RoBERTa's processors add tokens.
+    """
+    for step in _steps(post, "processors", what):
+        kind = step.get("type") if isinstance(step, dict) else None
+        if kind == "ByteLevel":
+            continue
+        if kind == "TemplateProcessing":
+            found = _template_adds(step, what)
+            if found is None:
+                continue
+            added, where = found
+        elif kind in ("BertProcessing", "RobertaProcessing"):
+            added, where = (step.get("cls") or [None])[0], "every text"
+        else:
+            raise TokenizerError(
+                f"{what}: post-processor {_type(step)} may add tokens; tk reads ByteLevel and templates that add none"
+            )
+        raise TokenizerError(
+            f"{what}: the post-processor ({kind}) adds {added!r} to {where} (transformers' add_special_tokens=True); "
+            "tk does not add tokens to a text, so its ids would differ; to import the tokenizer without it, "
+            'set "post_processor": null (tk then gives the ids of add_special_tokens=False)'
+        )
+
+
+def _template_adds(step: dict, what: str) -> tuple[object, str] | None:
+    """(token, to what) of the first special token a TemplateProcessing adds; None when it adds
+    nothing: its single form is "$A" and its pair form "$A $B" (type ids do not matter)."""
+    texts = {}
+    for form, where in (("single", "every text"), ("pair", "a pair of texts")):
+        pieces = step.get(form)
+        if not isinstance(pieces, list) or not all(isinstance(p, dict) and len(p) == 1 for p in pieces):
+            raise TokenizerError(f"{what}: the post-processor's {form} template is not a list of pieces")
+        for piece in pieces:
+            special = piece.get("SpecialToken")
+            if special is not None:
+                return (special.get("id") if isinstance(special, dict) else special), where
+        texts[form] = [p["Sequence"].get("id") if isinstance(p.get("Sequence"), dict) else p for p in pieces]
+    if texts != {"single": ["A"], "pair": ["A", "B"]}:
+        raise TokenizerError(
+            f"{what}: the post-processor's template repeats or reorders the texts ({texts}); tk encodes a text as it is"
+        )
+    return None
 
 
 def _type(value) -> str:
@@ -265,18 +330,16 @@ def from_hf(data, what: str = "tokenizer.json") -> dict:
     for key in ("dropout", "continuing_subword_prefix", "end_of_word_suffix", "byte_fallback"):
         if model.get(key):  # None, "", 0 and false are all "off"
             raise TokenizerError(f"{what}: model {key} = {model.get(key)!r} changes ids; tk reads plain byte-level BPE")
-    if data.get("normalizer") is not None:
+    if _steps(data.get("normalizer"), "normalizers", what):  # an empty Sequence does nothing
         raise TokenizerError(
             f"{what}: normalizer {_type(data['normalizer'])} changes the text; tk encodes the text as it is"
         )
-    post = data.get("post_processor")
-    if post is not None and not (isinstance(post, dict) and post.get("type") == "ByteLevel"):
-        raise TokenizerError(
-            f"{what}: post-processor {_type(post)} may add tokens; tk reads tokenizers without one (or ByteLevel)"
-        )
-    decoder = data.get("decoder")
-    if decoder is not None and not (isinstance(decoder, dict) and decoder.get("type") == "ByteLevel"):
-        raise TokenizerError(f"{what}: decoder {_type(decoder)} is not ByteLevel")
+    _check_post_processor(data.get("post_processor"), what)
+    decoders = _steps(data.get("decoder"), "decoders", what)
+    if decoders and not (
+        len(decoders) == 1 and isinstance(decoders[0], dict) and decoders[0].get("type") == "ByteLevel"
+    ):
+        raise TokenizerError(f"{what}: decoder {_type(data.get('decoder'))} is not ByteLevel")
     pattern = pattern_name(_pattern_of_hf(data.get("pre_tokenizer"), what))
     vocab, merges_in = model.get("vocab"), model.get("merges")
     if (
@@ -344,6 +407,36 @@ def from_hf(data, what: str = "tokenizer.json") -> dict:
     }
 
 
+_GPT2_CLASSES = ("GPT2Tokenizer", "GPT2TokenizerFast")
+
+
+def check_transformers_class(tokenizer_config, model_config, pattern: str, what: str) -> None:
+    """Refuse a directory that transformers loads as GPT2Tokenizer where that changes the ids.
+
+    transformers (5.x) builds a GPT2Tokenizer from the vocabulary and merges with GPT-2's own split
+    and `add_prefix_space` from tokenizer_config.json, whatever tokenizer.json's pre-tokenizer says;
+    it loads a directory so when tokenizer_config.json names that class, or names none and
+    config.json's model_type is gpt2. The configs are the parsed JSON files (None when absent).
+    """
+    config = tokenizer_config if isinstance(tokenizer_config, dict) else {}
+    name, source = config.get("tokenizer_class"), "tokenizer_config.json"
+    if name is None and isinstance(model_config, dict) and model_config.get("model_type") == "gpt2":
+        name, source = "GPT2Tokenizer", "config.json's model_type gpt2"
+    if name not in _GPT2_CLASSES:
+        return
+    if config.get("add_prefix_space"):
+        why = "adds a space before every text (add_prefix_space); tk encodes the text as it is"
+    elif pattern != "gpt2":
+        why = f"splits text with GPT-2's pattern whatever tokenizer.json's pre-tokenizer says ({pattern[:40]!r})"
+    else:
+        return
+    raise TokenizerError(
+        f"{what}: transformers loads this directory as {name} ({source}), which {why}; set "
+        '"tokenizer_class": "PreTrainedTokenizerFast" in tokenizer_config.json, or give tokenizer.json itself '
+        "to import it as it is"
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # tiktoken
 
@@ -378,6 +471,24 @@ def pattern_of_pat_str(pat_str: str) -> str:
         return "none"
     widened = _WIDENED.fullmatch(pat_str)
     return pattern_name(widened.group("p") if widened else pat_str)
+
+
+def check_tiktoken_specials(names, action: str) -> None:
+    """Refuse special tokens one of which begins another (`<a>` and `<a><b>`): where both match,
+    tk (as HF tokenizers) reads the longer one, tiktoken the one its hash map happens to list first
+    (an order no file sets; tested with tiktoken 0.14). Specials that only overlap (`ab`, `bc`)
+    are fine: both take the leftmost match.
+
+    >>> check_tiktoken_specials(["<|end|>", "<|endoftext|>"], "exported")  # neither begins the other
+    """
+    ordered = sorted(names)
+    for a, b in zip(ordered, ordered[1:], strict=False):  # a string that begins others sorts right before them
+        if b.startswith(a):
+            raise TokenizerError(
+                f"the special token {a!r} begins the special token {b!r}; where both match tk reads the longer one "
+                f"and tiktoken whichever its hash map lists first, so these special tokens cannot be {action} "
+                "(rename one)"
+            )
 
 
 def to_tiktoken(merges: list[tuple[int, int]], byte_order: list[int]) -> list[tuple[bytes, int]]:

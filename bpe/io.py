@@ -534,6 +534,16 @@ def read_hf(path: str | os.PathLike) -> dict:
     return interop.from_hf(_read_json(path, "give a Hugging Face tokenizer.json"), str(path))
 
 
+def read_hf_configs(directory: str | os.PathLike) -> tuple[dict | None, dict | None]:
+    """transformers' tokenizer_config.json and config.json in `directory`, parsed (None when absent):
+    they decide which tokenizer class transformers loads there (`interop.check_transformers_class`)."""
+    found = []
+    for name in ("tokenizer_config.json", "config.json"):
+        path = Path(directory) / name
+        found.append(_read_json(path, "give a directory as transformers saves it") if path.is_file() else None)
+    return found[0], found[1]
+
+
 def tiktoken_meta_path(path: str | os.PathLike) -> Path:
     """Where the pattern and specials of a rank file live: tokenizer.tiktoken -> tokenizer_tiktoken.json."""
     path = Path(path)

@@ -40,7 +40,7 @@ import regex
 from tokenkit.bpe import encode_corpus, interop, io
 from tokenkit.bpe.corpus import Corpus, as_corpus
 from tokenkit.bpe.encoder import ChunkCache, PairTable, PieceCache, WordCache
-from tokenkit.bpe.errors import TokenizerError
+from tokenkit.bpe.errors import DisallowedSpecialError, TokenizerError
 from tokenkit.bpe.patterns import GPT2_PATTERN, PATTERNS, resolve_pattern
 from tokenkit.bpe.pretokenize import count_chunks, split_text
 from tokenkit.bpe.trainer import train_merges
@@ -422,9 +422,10 @@ class Tokenizer:
         Special tokens follow tiktoken's policy: text that looks like a special token is only
         encoded as that token when it is in `allowed_special` ("all" allows every one). A
         special token that is neither allowed nor excluded from `disallowed_special` (default
-        "all") raises TokenizerError, because it usually means untrusted text is trying to inject
-        control tokens; pass `disallowed_special=()` to encode such text as plain bytes instead.
-        When allowed specials overlap, the leftmost match wins, and at the same start the longest.
+        "all") raises DisallowedSpecialError (a TokenizerError), because it usually means untrusted
+        text is trying to inject control tokens; pass `disallowed_special=()` to encode such text as
+        plain bytes instead. When allowed specials overlap, the leftmost match wins, and at the same
+        start the longest (as in HF tokenizers; see `export_tiktoken` for tiktoken).
 
         >>> tok = Tokenizer([], special_tokens=["<|end|>"])
         >>> tok.encode("hi<|end|>", allowed_special="all")
@@ -453,11 +454,7 @@ class Tokenizer:
         if disallowed:
             hit = self._special_re(frozenset(disallowed)).search(text)
             if hit:
-                raise TokenizerError(
-                    f"text contains the special token {hit.group()!r}, which is not allowed; to read it as "
-                    f"that special token, allow it (allowed_special=..., tk encode --allow-special); to encode "
-                    f"it as plain text, pass disallowed_special=() (tk encode --specials-as-text)"
-                )
+                raise DisallowedSpecialError(hit.group())
         if not allowed:
             return self._encode_ordinary(text)
         parts: list[bytes] = []
@@ -619,6 +616,7 @@ class Tokenizer:
             return io.hf_files(data, *interop.hf_configs(self._specials))
         if format == "tiktoken":
             ranks = interop.to_tiktoken(self._merges, self._byte_order)
+            interop.check_tiktoken_specials(self._specials, "exported to tiktoken")
             self._check_whole_tokens("tiktoken looks whole chunks up before merging and", "exported to tiktoken")
             pat_str = interop.tiktoken_pat_str(self._pattern)
             return io.tiktoken_files(ranks, pat_str, self._specials, self._pattern_name)
@@ -641,7 +639,10 @@ class Tokenizer:
 
     def export_tiktoken(self, directory: str | os.PathLike, *, overwrite: bool = False) -> list[Path]:
         """Write tokenizer.tiktoken (tiktoken's rank file: our ids are the ranks) and
-        tokenizer_tiktoken.json (pat_str, special_tokens) into `directory`; returns both paths."""
+        tokenizer_tiktoken.json (pat_str, special_tokens) into `directory`; returns both paths.
+
+        Special tokens one of which begins another are refused: tiktoken does not read the
+        longest of them, as tk does (`interop.check_tiktoken_specials`)."""
         return self.export(directory, "tiktoken", overwrite=overwrite)
 
     def _check_whole_tokens(self, who: str, action: str) -> None:
@@ -661,12 +662,16 @@ class Tokenizer:
         tokenizer.json or vocab.json + merges.txt (GPT-2's pair, split with GPT-2's pattern).
 
         The result gives the library's ids; what tk cannot reproduce (normalizers, prefix spaces,
-        merges out of id order, ...) is refused in one line.
+        merges out of id order, post-processors that add tokens, ...) is refused in one line. For
+        a directory, also what its tokenizer_config.json makes transformers do (a GPT2Tokenizer
+        splits with GPT-2's pattern whatever tokenizer.json says).
         """
         files = io.find_hf(path)
+        parts = io.read_hf(files[0]) if len(files) == 1 else {"pattern": "gpt2", "whole_tokens": False}
+        if Path(path).is_dir():  # transformers' configs there decide how it reads the files
+            interop.check_transformers_class(*io.read_hf_configs(path), parts["pattern"], str(path))
         if len(files) == 2:
             return cls.from_gpt2(*files)
-        parts = io.read_hf(files[0])
         tok = cls(
             parts["merges"],
             special_tokens=parts["special_tokens"],
@@ -710,6 +715,7 @@ class Tokenizer:
             raise TokenizerError(
                 f"{path}: a .tiktoken file does not hold its split pattern; give it (--pattern gpt2|gpt4|none|REGEX)"
             )
+        interop.check_tiktoken_specials(specials, "imported from tiktoken")
         tok = cls(
             parts["merges"],
             special_tokens=specials,

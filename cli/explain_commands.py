@@ -13,6 +13,7 @@ import click
 
 from tokenkit.cli.explain_render import plot_attention, render, render_tokens, show_token
 from tokenkit.cli.launch import check_device, device_option
+from tokenkit.cli.specials import special_options
 from tokenkit.pipeline.checkpoint import load_model
 from tokenkit.transformer.explain import EXAMPLES, Explanation, explain_example, explain_model
 
@@ -32,8 +33,11 @@ _EXAMPLE_LIST = "; ".join(f"{name} ({what})" for name, (what, _) in EXAMPLES.ite
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path),
               help="also write heatmaps of the layer's attention weights (one panel per head) to this PNG;"
               " needs pip install 'tokenkit[plot]'")  # fmt: skip
+@special_options
 @device_option
-def explain_command(text, model_path, example, layer, head, top_k, full, precision, as_json, plot_path, device) -> int:
+def explain_command(
+    text, model_path, example, layer, head, top_k, full, precision, as_json, plot_path, special_policy, device
+) -> int:
     """Print a forward pass the way a textbook works an example: tokens, embeddings, Q, K, V,
     scores, attention weights, weighted sum, projection, residual, LayerNorm, MLP, logits.
 
@@ -42,6 +46,7 @@ def explain_command(text, model_path, example, layer, head, top_k, full, precisi
       tk explain -m runs/tales "Once upon a time" --layer 1 --head 2
       tk explain -m runs/tales "The cat sat" --json > trace.json
       tk explain -m runs/tales "The cat sat" --plot attention.png
+      tk explain -m runs/tales "The end.<|endoftext|>Once" --allow-special
       tk explain --example chai --precision 3
     \b
     Examples (--example NAME), their numbers through the library's ops:
@@ -61,7 +66,7 @@ def explain_command(text, model_path, example, layer, head, top_k, full, precisi
             raise click.UsageError('give -m MODEL "TEXT" to explain a model, or --example NAME for a worked example')
         check_device(device)
         model, tok, _ = load_model(model_path, device=device)
-        ids = tok.encode(text)
+        ids = tok.encode(text, **special_policy)
         if not ids:
             raise click.UsageError("TEXT gives no tokens; give some text to explain")
         if len(ids) > model.config.context_length:

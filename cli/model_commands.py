@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from tokenkit.cli.launch import abort_on_error, check_device, device_option, mpi_world
+from tokenkit.cli.specials import special_options
 from tokenkit.cli.tokenizer_commands import corpus_options
 from tokenkit.pipeline import PipelineError, checkpoint, hf
 from tokenkit.pipeline.config import load_config_file
@@ -375,18 +376,20 @@ def train_model_command(
 @click.argument("text")
 @click.option("--top-k", default=10, show_default=True, type=int, help="rows in the table of likely tokens")
 @click.option("--json", "as_json", is_flag=True, help='print {"top": [{"id", "token", "p"}, ...]} instead of the table')
+@special_options
 @device_option
-def predict_next_command(model_path, tokenizer_path, text, top_k, as_json, device) -> int:
+def predict_next_command(model_path, tokenizer_path, text, top_k, as_json, special_policy, device) -> int:
     """The most likely token after TEXT (argmax), then the top K with their probabilities.
 
     \b
     Example:
       tk predict-next -m runs/tales "Once upon a time, there was a"
       tk predict-next -m runs/tales "Once upon a time" --top-k 3 --json
+      tk predict-next -m runs/tales "The end.<|endoftext|>" --allow-special
     """
     check_device(device)
     model, tok = load_model_and_tokenizer(model_path, tokenizer_path, device=device)
-    pred = predict_next(model, tok, text, top_k=top_k, say=_warn)
+    pred = predict_next(model, tok, text, top_k=top_k, say=_warn, **special_policy)
     if as_json:  # a token that is part of a character shows its bytes escaped, e.g. "\\xc3"
         top = [
             {"id": i, "token": tok.decode_bytes([i]).decode("utf-8", "backslashreplace"), "p": p} for i, p in pred.top
@@ -427,15 +430,17 @@ def predict_next_command(model_path, tokenizer_path, text, top_k, as_json, devic
 @click.option("--top-k", default=None, type=int, help="sample among the K most likely tokens")
 @click.option("--top-p", default=None, type=float, help="sample among the smallest set with probability >= P")
 @click.option("--seed", default=None, type=int, help="seed for reproducible sampling")
+@special_options
 @device_option
 def generate_command(
-    model_path, tokenizer_path, prompt, max_new_tokens, temperature, top_k, top_p, seed, device
+    model_path, tokenizer_path, prompt, max_new_tokens, temperature, top_k, top_p, seed, special_policy, device
 ) -> int:
     """Continue PROMPT, streaming the text as it is generated (KV-cached decoding).
 
     \b
     Example:
       tk generate -m runs/tales "Once upon a time" -n 60 --temperature 0.8 --seed 1
+      tk generate -m runs/tales "The end.<|endoftext|>" --allow-special -n 60
     """
     check_device(device)
     model, tok = load_model_and_tokenizer(model_path, tokenizer_path, device=device)
@@ -449,6 +454,7 @@ def generate_command(
         top_p=top_p,
         seed=seed,
         say=_warn,
+        **special_policy,
     )
     _stream(prompt, pieces)
     return 0
@@ -602,6 +608,7 @@ def _info_state(path: Path) -> None:
 @click.option("-q", "--quiet", is_flag=True, help="no progress bars or notes")
 @device_option
 @_on_ranks
+@special_options
 def pipeline_command(
     ranks,
     corpus,
@@ -617,6 +624,7 @@ def pipeline_command(
     text_field,
     binary,
     device,
+    special_policy,
     **kwargs,
 ) -> int:
     """Tokenizer -> encode -> train -> sample, each stage skipped when RUN_DIR already has it.
@@ -656,15 +664,20 @@ def pipeline_command(
             return _interrupted(result.train)
     model, tok, meta = checkpoint.load_model(run_dir, device=device)
     text = prompt if prompt is not None else result.prompt
-    pred = predict_next(model, tok, text, top_k=5, say=_warn)
+    if prompt is None:  # decoded from the validation ids: a special token in it (--eot) was one there
+        special_policy = {"allowed_special": "all", "disallowed_special": "all"}
+    pred = predict_next(model, tok, text, top_k=5, say=_warn, **special_policy)
     click.echo(f"\npredict-next {text!r}:")
     for token_id, p in pred.top:
         click.echo(f"  {p:7.4f}  {token_text(tok, token_id)}")
     if max_new_tokens is None:  # past the context the window shifts and the model forgets the start
         context = model.config.context_length
-        max_new_tokens = max(context - len(tok.encode(text)), context // 2)
+        max_new_tokens = max(context - len(pred.prompt_ids), context // 2)
     click.echo(f"\ngenerate (greedy, {max_new_tokens} tokens):")
-    _stream(text, generate(model, tok, text, max_new_tokens=max_new_tokens, temperature=0.0, say=_warn))
+    _stream(
+        text,
+        generate(model, tok, text, max_new_tokens=max_new_tokens, temperature=0.0, say=_warn, **special_policy),
+    )
     return 0
 
 

@@ -18,6 +18,7 @@ from tokenkit.bpe.corpus import Corpus
 from tokenkit.bpe.encode_corpus import encode_corpus, eot_id
 from tokenkit.bpe.tokenizer import describe_merge
 from tokenkit.cli.launch import abort_on_error, mpi_world
+from tokenkit.cli.specials import flags_in_errors, special_options
 from tokenkit.pipeline.run import load_tokenizer
 
 _STOP_REASONS = {
@@ -191,12 +192,7 @@ def _bpe_train(comm, corpus, vocab_size, min_frequency, pattern, specials, worke
     type=click.Path(path_type=Path),
     help="Write the ids to a .npy file (uint16, or uint32 for big vocabularies).",
 )
-@click.option(
-    "--allow-special",
-    is_flag=True,
-    help="Read special tokens in the text as specials (otherwise such text is an error).",
-)
-@click.option("--specials-as-text", is_flag=True, help="Encode text that looks like a special token as plain text.")
+@special_options
 @click.option("--show", is_flag=True, help="Show each token's text next to its id, to see where the boundaries fall.")
 @click.option("--workers", type=int, default=None, help="Processes for -f FILE.  [default: all cores]")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
@@ -210,8 +206,7 @@ def encode_command(
     file,
     as_json,
     output,
-    allow_special,
-    specials_as_text,
+    special_policy,
     show,
     workers,
     quiet,
@@ -233,10 +228,8 @@ def encode_command(
         raise click.UsageError("give either TEXT or -f FILE (exactly one)")
     if file is None and (eot is not None or glob is not None or text_field is not None or binary):
         raise click.UsageError("--eot, --glob, --text-field and --binary are for -f FILE")
-    if allow_special and specials_as_text:
-        raise click.UsageError("--allow-special and --specials-as-text exclude each other; pick one")
     comm = mpi_world()
-    with abort_on_error(comm):
+    with abort_on_error(comm), flags_in_errors():  # under MPI the error is said inside, by its rank
         return _encode(
             comm,
             tokenizer_path,
@@ -244,8 +237,7 @@ def encode_command(
             file,
             as_json,
             output,
-            allow_special,
-            specials_as_text,
+            special_policy,
             show,
             workers,
             quiet,
@@ -254,17 +246,13 @@ def encode_command(
         )
 
 
-def _encode(
-    comm, tokenizer_path, text, file, as_json, output, allow_special, specials_as_text, show, workers, quiet, eot, how
-) -> int:
+def _encode(comm, tokenizer_path, text, file, as_json, output, special_policy, show, workers, quiet, eot, how) -> int:
     if comm is not None and comm.Get_rank() and file is None:  # a text is rank 0's alone
         return 0
     tok = load_tokenizer(tokenizer_path)
     if file is not None:
         eot_id(tok, eot)  # a mistake in the flags is said before the corpus is looked at
         file = _corpus([file], *how, comm)
-    allowed = "all" if allow_special else ()
-    disallowed = () if specials_as_text else "all"
     split = None
     if file is not None and comm is not None:  # within a rank, one process unless --workers says otherwise
         from tokenkit.bpe import distributed
@@ -276,8 +264,7 @@ def _encode(
             output,
             workers=workers or 1,
             quiet=quiet,
-            allowed_special=allowed,
-            disallowed_special=disallowed,
+            **special_policy,
             eot=eot,
         )
         if arr is None:  # not rank 0: its ids went to rank 0, which writes and reports
@@ -290,13 +277,12 @@ def _encode(
             output,
             workers=workers,
             quiet=quiet,
-            allowed_special=allowed,
-            disallowed_special=disallowed,
+            **special_policy,
             eot=eot,
         )
         arr, n_bytes = encoded.ids, encoded.n_bytes
     else:
-        arr = np.asarray(tok.encode(text, allowed_special=allowed, disallowed_special=disallowed), dtype=tok.ids_dtype)
+        arr = np.asarray(tok.encode(text, **special_policy), dtype=tok.ids_dtype)
         n_bytes = len(text.encode("utf-8", errors="surrogateescape"))
         if output is not None:
             bpe_io.save_ids(output, arr)

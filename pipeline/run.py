@@ -20,7 +20,7 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,11 +88,24 @@ def token_text(tokenizer, token_id: int) -> str:
         return repr(raw)  # part of a multi-byte character, e.g. b'\xc3'
 
 
-def encode_prompt(model, tokenizer, text: str, say: Callable[[str], None]) -> list[int]:
-    """Prompt -> ids, the last `context_length` of them when longer (with a warning)."""
+def encode_prompt(
+    model,
+    tokenizer,
+    text: str,
+    say: Callable[[str], None],
+    *,
+    allowed_special: Iterable[str] | str = (),
+    disallowed_special: Iterable[str] | str = "all",
+) -> list[int]:
+    """Prompt -> ids, the last `context_length` of them when longer (with a warning).
+
+    Special tokens in the prompt follow `Tokenizer.encode`'s policy: by default text that looks
+    like one is an error; `allowed_special="all"` reads it as the special token (the model sees
+    its id), `disallowed_special=()` as plain text.
+    """
     if not text:
         raise PipelineError("the prompt is empty; give some text to continue")
-    ids = tokenizer.encode(text)
+    ids = tokenizer.encode(text, allowed_special=allowed_special, disallowed_special=disallowed_special)
     limit = model.config.context_length
     if len(ids) > limit:
         say(
@@ -116,12 +129,22 @@ class Prediction:
 
 
 def predict_next(
-    model, tokenizer, text: str, *, top_k: int = 10, say: Callable[[str], None] = lambda m: None
+    model,
+    tokenizer,
+    text: str,
+    *,
+    top_k: int = 10,
+    allowed_special: Iterable[str] | str = (),
+    disallowed_special: Iterable[str] | str = "all",
+    say: Callable[[str], None] = lambda m: None,
 ) -> Prediction:
-    """Probabilities of the token after `text` (softmax of the last position's logits)."""
+    """Probabilities of the token after `text` (softmax of the last position's logits); special
+    tokens in `text` as `encode_prompt` reads them."""
     if top_k < 1:
         raise PipelineError(f"--top-k must be at least 1, got {top_k}")
-    ids = encode_prompt(model, tokenizer, text, say)
+    ids = encode_prompt(
+        model, tokenizer, text, say, allowed_special=allowed_special, disallowed_special=disallowed_special
+    )
     logits = as_host(model.forward(np.asarray(ids, dtype=np.int64)[None, :])[0, -1]).astype(np.float64)  # (V,)
     probs = np.exp(logits - logits.max())
     probs /= probs.sum()
@@ -139,16 +162,21 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int | None = None,
+    allowed_special: Iterable[str] | str = (),
+    disallowed_special: Iterable[str] | str = "all",
     say: Callable[[str], None] = lambda m: None,
 ) -> Iterator[str]:
     """Yield the continuation of `prompt` as text pieces, as the tokens come (KV-cached decoding).
 
     A token may end in the middle of a UTF-8 character; its bytes are held by an incremental
-    decoder until the character completes, so every yielded piece is whole characters.
+    decoder until the character completes, so every yielded piece is whole characters. Special
+    tokens in `prompt` as `encode_prompt` reads them.
     """
     if max_new_tokens < 0:
         raise PipelineError(f"--max-new-tokens must not be negative, got {max_new_tokens}")
-    ids = encode_prompt(model, tokenizer, prompt, say)
+    ids = encode_prompt(
+        model, tokenizer, prompt, say, allowed_special=allowed_special, disallowed_special=disallowed_special
+    )
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     stop = tokenizer.special_tokens.get("<|endoftext|>")
     tokens = model.generate(
