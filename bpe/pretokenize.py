@@ -38,7 +38,7 @@ import regex
 from tqdm import tqdm
 
 from tokenkit.bpe.errors import TokenizerError
-from tokenkit.common.processes import die_with_parent
+from tokenkit.common.processes import die_with_parent, signals_held
 
 __all__ = ["GPT2_PATTERN", "GPT4_PATTERN", "PATTERNS", "count_chunks", "find_cut", "resolve_pattern", "split_text"]
 
@@ -226,9 +226,10 @@ def _count_in_workers(
         ctx.Process(target=_count_worker, args=(tasks, results, pattern, os.getpid()), daemon=True)
         for _ in range(workers)
     ]
-    for p in procs:  # started before the progress bar, whose monitor thread a fork should not copy
-        p.start()
     try:
+        with signals_held():  # a worker hears no Ctrl-C before it ignores it (die_with_parent)
+            for p in procs:  # started before the progress bar, whose monitor thread a fork should not copy
+                p.start()
         with _bar(total, quiet) as bar:
             for batch in batches:
                 _put(tasks, batch, procs)
