@@ -20,16 +20,23 @@ from tokenkit.cli.explain_commands import COMMANDS as EXPLAIN_COMMANDS
 from tokenkit.cli.model_commands import COMMANDS as MODEL_COMMANDS
 from tokenkit.cli.tokenizer_commands import COMMANDS as TOKENIZER_COMMANDS
 from tokenkit.common import FileError
-from tokenkit.common.mpi import launched_rank
+from tokenkit.common.launcher import launched_rank
+from tokenkit.common.processes import take_held_interrupt
 from tokenkit.pipeline import PipelineError
 from tokenkit.transformer import ModelError
 
 USER_ERRORS = (TokenizerError, ModelError, PipelineError, FileError)
 
 
+# The commands that run on MPI ranks together (common.mpi.end_together); under a launcher, the
+# others stop at once when a signal held since the start comes (see cli.main).
+_ON_RANKS = frozenset({"bpe-train", "encode", "train-model", "pipeline"})
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="tokenkit")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """tokenkit: train a byte-level BPE tokenizer and a NumPy transformer, and use them.
 
     \b
@@ -38,6 +45,8 @@ def cli() -> None:
       tk bpe-train corpora/tiny_tales.txt --vocab-size 512 -o tok.safetensors
       tk encode -t tok.safetensors "Once upon a time"
     """
+    if ctx.invoked_subcommand not in _ON_RANKS and take_held_interrupt() is not None:
+        raise KeyboardInterrupt
 
 
 for command in MODEL_COMMANDS + TOKENIZER_COMMANDS + EXPLAIN_COMMANDS:

@@ -24,7 +24,15 @@ import signal
 import sys
 import threading
 
-from tokenkit.common.processes import STOP_SIGNALS, note_interrupt, noted_interrupt, stopped_line
+from tokenkit.common.launcher import launched_rank, launched_size
+from tokenkit.common.processes import (
+    STOP_SIGNALS,
+    hold_interrupts,
+    holding_interrupts,
+    note_interrupt,
+    noted_interrupt,
+    stopped_line,
+)
 
 _AGAIN_S = 0.01  # how long after a swallowed interrupt it is delivered again (a finalizer's return)
 
@@ -37,9 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     worker pools shut down on the way; training saves its state at the step boundary), from
     the loading of the commands on; one left ignored (nohup, a background job) stays ignored.
     Once the interrupt reached this function, further signals are ignored while its line is
-    said. The handlers are this call's only (main thread): the previous ones come back.
+    said. Under an MPI launcher a signal is only noted until the rank has joined the others
+    (common.mpi.end_together raises it then) or runs a command without them (cli.commands): a
+    rank that ended alone would leave the others waiting for it forever. The handlers are this
+    call's only (main thread): the previous ones come back.
     """
     note_interrupt(None)
+    hold_interrupts(launched_size() > 1)  # a rank stops only once it has joined the others: see cli.commands
     on_main_thread = threading.current_thread() is threading.main_thread()
     previous = _handle_stop_signals(_stop) if on_main_thread else {}
     previous_hook = sys.unraisablehook
@@ -52,9 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             if on_main_thread:
                 _handle_stop_signals(_ignore)  # a second signal must not break the line being said
-            _say(stopped_line())
+            if launched_rank() == 0:  # under mpirun every rank was stopped: one of them says so
+                _say(stopped_line())
             code = 130
     finally:
+        hold_interrupts(False)
         sys.unraisablehook = previous_hook
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -107,6 +121,8 @@ def _handle_stop_signals(handler) -> dict[int, object]:
 
 def _stop(signum: int, frame) -> None:
     note_interrupt(signum)
+    if holding_interrupts():  # an MPI rank not yet joined: raised when it joins (common.mpi.end_together)
+        return
     if _inside(frame, _unraisable.__code__):  # raised in the hook, it would be swallowed again
         _deliver_again(signum)
         return

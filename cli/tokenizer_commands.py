@@ -17,7 +17,7 @@ from tokenkit.bpe import io as bpe_io
 from tokenkit.bpe.corpus import Corpus
 from tokenkit.bpe.encode_corpus import encode_corpus, eot_id
 from tokenkit.bpe.tokenizer import describe_merge
-from tokenkit.cli.launch import abort_on_error, mpi_world
+from tokenkit.cli.launch import end_together, mpi_world
 from tokenkit.pipeline.run import load_tokenizer
 
 _STOP_REASONS = {
@@ -119,7 +119,7 @@ def bpe_train_command(
       tk bpe-train data/ --glob '*.jsonl.gz' --text-field text --vocab-size 32000 -o tok.safetensors
     """
     comm = mpi_world()
-    with abort_on_error(comm):
+    with end_together(comm):
         inputs = _corpus(corpus, glob, text_field, binary, comm)
         return _bpe_train(comm, inputs, vocab_size, min_frequency, pattern, specials, workers, verbose, quiet, output)
 
@@ -236,7 +236,7 @@ def encode_command(
     if allow_special and specials_as_text:
         raise click.UsageError("--allow-special and --specials-as-text exclude each other; pick one")
     comm = mpi_world()
-    with abort_on_error(comm):
+    with end_together(comm):
         return _encode(
             comm,
             tokenizer_path,

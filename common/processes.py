@@ -13,7 +13,10 @@ before `die_with_parent` ran, and the parent receives its own right after.
 
 `note_interrupt` / `noted_interrupt` remember which signal asked this process to stop (SIGINT,
 SIGTERM, SIGHUP), so that the command line can exit with 128 + its number after the cleanup
-that the signal's KeyboardInterrupt, or the training loop's stop flag, ran; `stopped_line` says it in words.
+that the signal's KeyboardInterrupt, or the training loop's stop flag, ran; `stopped_line` says it
+in words. `hold_interrupts` asks the command line's handler to only note a signal for a while: an
+MPI rank must not stop before it has joined the others (`common.mpi.end_together` takes the held
+one then).
 
 What this module deliberately does not do: install signal handlers in the parent (cli/main.py
 and pipeline/train.py do, each for its own scope), or kill or reap anyone.
@@ -30,10 +33,13 @@ from contextlib import contextmanager
 __all__ = [
     "STOP_SIGNALS",
     "die_with_parent",
+    "hold_interrupts",
+    "holding_interrupts",
     "note_interrupt",
     "noted_interrupt",
     "signals_held",
     "stopped_line",
+    "take_held_interrupt",
 ]
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -60,7 +66,7 @@ def _prctl():
     return _prctl_found
 
 
-def die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int, *, ignore_stop: bool = False) -> None:
     """Make this (child) process die with SIGKILL as soon as `parent_pid`, its parent, dies.
 
     Call it first thing in a child, with the pid the parent had (`os.getpid()` there, before
@@ -72,15 +78,17 @@ def die_with_parent(parent_pid: int) -> None:
     It also ignores SIGINT (a terminal's Ctrl-C reaches the whole process group; the parent
     stops its workers, which have nothing of their own to clean up) and gives SIGTERM and SIGHUP
     back their default action, death without a word: a forked child inherits the parent's
-    handlers, which turn them into KeyboardInterrupt for the parent's cleanup. Then it unblocks
-    the three, which `signals_held` in the parent kept blocked across the fork.
+    handlers, which turn them into KeyboardInterrupt for the parent's cleanup. With
+    `ignore_stop` it ignores those two as well, for a pool whose parent goes on using it after
+    it got one (training ends its step first) and ends its workers with SIGKILL. Then it
+    unblocks the three, which `signals_held` in the parent kept blocked across the fork.
 
     Where prctl is unavailable (not Linux) it only sets those handlers: no death signal. It
     does not help children of children (the death signal is not inherited).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for signum in STOP_SIGNALS[1:]:
-        signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signum, signal.SIG_IGN if ignore_stop else signal.SIG_DFL)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     prctl = _prctl()
@@ -124,6 +132,28 @@ def note_interrupt(signum: int | None) -> None:
 def noted_interrupt() -> int | None:
     """The signal last given to `note_interrupt`, or None."""
     return _noted
+
+
+_holding = False
+
+
+def hold_interrupts(hold: bool) -> None:
+    """Whether `tk`'s stop handler (cli/main.py) only notes a signal (True) or raises
+    KeyboardInterrupt at once (False, the default)."""
+    global _holding
+    _holding = hold
+
+
+def holding_interrupts() -> bool:
+    """Whether signals are held (see hold_interrupts)."""
+    return _holding
+
+
+def take_held_interrupt() -> int | None:
+    """End the hold; the signal that came meanwhile (None if none did, or nothing was held)."""
+    global _holding
+    held, _holding = _holding, False
+    return _noted if held else None
 
 
 def stopped_line() -> str:

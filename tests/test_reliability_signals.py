@@ -15,6 +15,12 @@ runs (Python's `site`, which in an editable install imports setuptools' finder: 
 then either kills Python before it installed its handler (no output, killed by SIGINT, which a
 shell reports as 130) or is Python's own "Fatal Python error: init_import_site". Those outcomes
 are accepted only for delays under START_S and only with no frame of tk's code in the report.
+
+Under `mpirun -n 2` (skipped without mpirun or mpi4py) the launcher forwards the signal to each
+rank (each in a group of its own): the same one line and exit code, no "BAD TERMINATION" or
+"MPI_ABORT" banner; an error on one rank is its one line and exit code 1. Delays there start
+after the ranks' interpreters started (a rank dying in its start leaves the others waiting in
+MPI_Init: the launcher's behaviour, not tk's).
 """
 
 from __future__ import annotations
@@ -156,19 +162,20 @@ def _interrupt(cmd: list, delay: float, tmp_path: Path, sig: int = signal.SIGINT
 
 
 def _started_before_tk(code: int, err: str, delay: float, sig: int) -> bool:
-    """Whether the signal came before tk's entry function ran: in the interpreter's start, or
-    while it imported the entry module itself (no frame of a tokenkit function in the report)."""
+    """Whether the signal came before tk's entry function ran: in the interpreter's start
+    (Python's `site`), or while it imported the entry module itself (no frame of a tokenkit
+    function in the report, only module-level imports)."""
     if delay >= START_S:
         return False
     if code == -sig and not err:  # before Python installed its handler: the default action
         return True
-    if code == 1 and "Fatal Python error: init_import_site" in err:  # Python's `site`
-        return "tokenkit" not in err
-    if code == -sig and err.startswith("Traceback") and err.rstrip().endswith("KeyboardInterrupt"):
-        frames = re.findall(r'File "([^"]*)", line \d+, in (\S+)', err)
-        ours = [name for path, name in frames if path.startswith(str(REPO)) or path.endswith("/bin/tk")]
-        return set(ours) <= {"<module>"}
-    return False
+    site = code == 1 and err.startswith("Fatal Python error: init_import_site")
+    imports = code == -sig and err.startswith("Traceback")
+    if not (site or imports) or not err.rstrip().endswith("KeyboardInterrupt"):
+        return False
+    frames = re.findall(r'File "([^"]*)", line \d+, in (\S+)', err)
+    ours = [name for path, name in frames if path.startswith(str(REPO)) or path.endswith("/bin/tk")]
+    return set(ours) <= {"<module>"}
 
 
 def _assert_stopped_well(code: int, err: str, out: Path, sig: int, delay: float, what: str) -> None:
@@ -202,8 +209,9 @@ def _delays(n: int, seed: str, high: float = 1.5) -> list[float]:
         ("encode", 5, signal.SIGINT),
         ("train-model", 4, signal.SIGINT),
         ("pipeline", 4, signal.SIGINT),
+        ("bpe-train", 2, signal.SIGTERM),
         ("encode", 2, signal.SIGTERM),
-        ("train-model", 2, signal.SIGTERM),
+        ("train-model", 3, signal.SIGTERM),
     ],
     ids=lambda v: v.name if isinstance(v, signal.Signals) else str(v),
 )
@@ -251,3 +259,45 @@ def test_signals_held_reach_the_parent_after_and_never_the_worker_forked_meanwhi
     assert os.read(read, 16) == b"alive"
     os.close(read)
     assert os.waitpid(pid, 0)[1] == 0
+
+
+# --- under mpirun ---------------------------------------------------------------------------------
+
+
+def _mpirun() -> str:
+    from test_mpi import _mpirun as found  # mpirun's path, or a skip without mpi4py or mpirun
+
+    return found()
+
+
+def _ranks_of(out: Path):
+    return lambda pid, st: str(out) in _cmdline(pid) and "tokenkit.cli.main" in _cmdline(pid)
+
+
+@pytest.mark.parametrize("command", ["bpe-train", "encode", "train-model"])
+def test_ctrl_c_under_mpirun_is_one_line_and_the_code_tk_meant(files, tmp_path, command):
+    mpirun = _mpirun()
+    rng = random.Random(command)
+    for k, delay in enumerate([rng.uniform(0.4, 1.2), rng.uniform(1.2, 2.5)]):
+        out = tmp_path / f"out{k}"
+        out.mkdir()
+        code, err = _interrupt([mpirun, "-n", "2", *TK, *_command(files, out, command, workers=1)], delay, tmp_path)
+        _assert_all_gone(_ranks_of(out), "mpirun")
+        _assert_stopped_well(code, err, out, signal.SIGINT, delay, f"mpirun -n 2 tk {command}")
+
+
+def test_an_error_on_one_rank_is_its_one_line_and_exit_code_1(files, tmp_path):
+    """The special token sits in the last rank's share only: rank 1 says so, rank 0 (waiting for
+    its ids) learns it and unwinds; both exit 1 without MPI_Abort."""
+    mpirun = _mpirun()
+    text = tmp_path / "special.txt"
+    text.write_bytes(files["big"].read_bytes() + b" The end.<|endoftext|>")
+    cmd = [mpirun, "-n", "2", *TK, "encode", "-t", str(files["tok"]), "-f", str(text), "-o", "ids.npy", "-q"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "special token '<|endoftext|>'" in lines[0], proc.stderr
+    assert lines[0].startswith("error: ") and lines[0].endswith("(rank 1 of 2)")
+    for word in FORBIDDEN:
+        assert word not in proc.stdout + proc.stderr
+    assert os.listdir(tmp_path) == ["special.txt"]  # no ids.npy, no temp file

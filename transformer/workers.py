@@ -141,8 +141,9 @@ class WorkerPool:
         """The forked worker's life: never returns to the caller's stack."""
         code = 1
         try:
-            # EOF alone is not enough: a process forked from the parent later holds its socket too
-            die_with_parent(parent)
+            # EOF alone is not enough: a process forked from the parent later holds its socket too.
+            # Deaf to SIGTERM and SIGHUP too: training finishes its step after one (pipeline.train)
+            die_with_parent(parent, ignore_stop=True)
             gc.freeze()  # else the collector writes to, so copies, every inherited object's page
             mine.close()
             for pool in list(_live_pools):  # sockets of other workers: theirs to close
