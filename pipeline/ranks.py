@@ -42,12 +42,18 @@ class Ranks:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.leader = self.rank == 0
         self.started = False
+        # Counted here, where every rank is: rank 0 needs it for `--workers 0` while the others
+        # already wait for the run to start (a collective then was a deadlock)
+        self._default_workers = self._count_default_workers()
 
     # -- how many shards ----------------------------------------------------------------------
 
     def default_workers(self) -> int:
         """Local workers per rank for `--workers 0`: this node's cores shared among its ranks,
         the smallest count of any node (every rank runs the same number)."""
+        return self._default_workers
+
+    def _count_default_workers(self) -> int:
         from mpi4py import MPI
 
         node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
