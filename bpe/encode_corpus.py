@@ -35,7 +35,7 @@ from tokenkit.bpe import io
 from tokenkit.bpe.corpus import Corpus, file_ranges, read_range
 from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.patterns import BUILTIN
-from tokenkit.common.processes import die_with_parent
+from tokenkit.common.processes import die_with_parent, signals_held
 
 __all__ = ["Encoded", "Encodes", "Part", "encode_corpus", "encoded_tasks", "eot_id", "file_tasks", "tasks_of"]
 
@@ -230,8 +230,9 @@ def encoded_tasks(
     with ProcessPoolExecutor(n, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(), packed)) as pool:
 
         def submit(count: int) -> None:
-            for task in islice(todo, count):
-                pending.append((task, pool.submit(_worker_encode, task, allowed, disallowed, eot)))
+            with signals_held():  # the pool starts its workers in submit: none hears Ctrl-C before it ignores it
+                for task in islice(todo, count):
+                    pending.append((task, pool.submit(_worker_encode, task, allowed, disallowed, eot)))
 
         try:
             submit(2 * n)

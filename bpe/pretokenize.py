@@ -40,7 +40,7 @@ from tokenkit.bpe.corpus import as_corpus
 from tokenkit.bpe.cut import find_cut
 from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.patterns import BUILTIN, GPT2_PATTERN, GPT4_PATTERN, PATTERNS, compile_pattern, resolve_pattern
-from tokenkit.common.processes import die_with_parent
+from tokenkit.common.processes import die_with_parent, signals_held
 
 # The pattern names and find_cut are re-exported: callers have always found them here.
 __all__ = [
@@ -201,9 +201,10 @@ def _count_in_workers(
         ctx.Process(target=_count_worker, args=(tasks, results, pattern, os.getpid()), daemon=True)
         for _ in range(workers)
     ]
-    for p in procs:  # started before the progress bar, whose monitor thread a fork should not copy
-        p.start()
     try:
+        with signals_held():  # a worker hears no Ctrl-C before it ignores it (die_with_parent)
+            for p in procs:  # started before the progress bar, whose monitor thread a fork should not copy
+                p.start()
         with _bar(total, quiet) as bar:
             for batch in batches:
                 _put(tasks, batch, procs)

@@ -55,16 +55,18 @@ def explain_command(
       chai               one encoder layer on "The chai is hot"
       one-layer          a one-layer toy with d_head = 2 and W_O
     """
+    check_device(device)  # first, as in every command: a missing CuPy or GPU is the one line
     if example is not None:
         if model_path is not None or text is not None:
             raise click.UsageError("--example runs a worked example; give it without -m and TEXT")
+        if device != "cpu":  # not run elsewhere quietly
+            raise click.UsageError(f"the worked examples are computed with NumPy on the CPU; drop --device {device}")
         expl = explain_example(example)
         doc = {"kind": "example", "example": example, **expl.to_dict()}
         header = ""
     else:
         if model_path is None or text is None:
             raise click.UsageError('give -m MODEL "TEXT" to explain a model, or --example NAME for a worked example')
-        check_device(device)
         model, tok, _ = load_model(model_path, device=device)
         ids = tok.encode(text, **special_policy)
         if not ids:

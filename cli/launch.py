@@ -1,8 +1,8 @@
 """How a command was launched: alone, or as one of the ranks `mpirun`/`srun` started.
 
 `mpi_world()` is MPI's communicator when a launcher started several processes (None for a
-plain run, which never imports mpi4py); `abort_on_error(comm)` turns an error on any rank into
-one line and the end of the whole job (`common.mpi.abort_on_error`). `device_option` is the
+plain run, which never imports mpi4py); `end_together(comm)` turns an error or an interrupt on
+any rank into one line and the end of every rank with one exit code (`common.mpi.end_together`). `device_option` is the
 `--device cpu|cuda` flag of the model commands, `check_device` its one-line check.
 """
 
@@ -14,6 +14,7 @@ import click
 
 from tokenkit.bpe import TokenizerError
 from tokenkit.common import FileError, mpi
+from tokenkit.common.processes import noted_interrupt, stopped_line, take_held_interrupt
 from tokenkit.pipeline import PipelineError
 from tokenkit.transformer import ModelError
 from tokenkit.transformer.backends import get_backend
@@ -22,27 +23,34 @@ from tokenkit.transformer.backends import get_backend
 def mpi_world():
     """MPI's communicator when `mpirun`/`srun` started several processes, else None (mpi4py unimported)."""
     try:
-        return mpi.world()
+        comm = mpi.world()
     except ImportError as err:  # said once, by the first process; the others exit quietly
         if mpi.launched_rank():
             raise click.exceptions.Exit(1) from None
         raise click.ClickException(str(err)) from None
+    if comm is None and take_held_interrupt() is not None:  # no ranks to join after all: stop now
+        raise KeyboardInterrupt
+    return comm
 
 
-def one_line(err: BaseException) -> str:
-    """What `error:` says about `err` on an MPI rank."""
+def one_line(err: BaseException) -> tuple[int, str]:
+    """The exit code and the line `err` ends an MPI rank with, as `cli.main` ends a plain run."""
+    if isinstance(err, KeyboardInterrupt):  # Ctrl-C or SIGTERM, which the launcher forwards to every rank
+        signum = noted_interrupt()
+        return 128 + int(signum or 2), stopped_line()
+    if isinstance(err, click.exceptions.Exit):
+        return err.exit_code, ""
     if isinstance(err, (TokenizerError, FileError, PipelineError, ModelError)):
-        return str(err)
+        return 1, f"error: {err}"
     if isinstance(err, click.ClickException):
-        return err.format_message()
-    if isinstance(err, KeyboardInterrupt):
-        return "interrupted"
-    return " ".join(f"{type(err).__name__}: {err}".split())
+        return 1, f"error: {err.format_message()}"
+    return 1, "error: " + " ".join(f"{type(err).__name__}: {err}".split())
 
 
-def abort_on_error(comm):
-    """Under MPI, an error on any rank ends every rank (one line, then MPI_Abort); else nothing."""
-    return nullcontext() if comm is None else mpi.abort_on_error(comm, one_line)
+def end_together(comm):
+    """Under MPI, an error or interrupt on any rank ends every rank with its code and one line
+    (`common.mpi.end_together`); else nothing."""
+    return nullcontext() if comm is None else mpi.end_together(comm, one_line)
 
 
 def device_option(func):

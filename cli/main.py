@@ -1,117 +1,183 @@
-"""The `tk` entry point: the click group, and the one place user errors become one-line messages.
+"""The `tk` entry point: how the process ends, whatever stops it.
 
-Every package raises its own error type for mistakes a user can fix (a missing file, a bad
-flag value, a corrupt checkpoint). They are caught here, once, and printed as
-`error: <what is wrong and what to do>` with exit code 1 — never a traceback.
+`main(argv)` runs one command (the group and its one-line errors are `cli.commands`) and returns
+its exit code: 0 ok, 1 a user error, 128 + the signal's number when one stopped it (130 Ctrl-C,
+143 SIGTERM, 129 SIGHUP), said in one line: `interrupted` or `terminated (SIGTERM)`.
+`entry()` is the process's own start (`tk`, `python -m tokenkit`, `python -m tokenkit.cli.main`).
+
+Why this module imports almost nothing: a Ctrl-C must be one line from the first moment tk's
+code runs. Its handlers are installed before `cli.commands` brings in click, NumPy and every
+command (a few hundred milliseconds), so a signal while they load is a KeyboardInterrupt caught
+here like any other. Before this module runs there is only the interpreter's own start (Python's
+`site`, tens of milliseconds), whose interrupt is Python's to report.
+
+What it deliberately does not do: parse flags or name errors (`cli.commands`), or stop worker
+processes (each pool stops its own; they ignore SIGINT: `common.processes.die_with_parent`).
 """
 
 from __future__ import annotations
 
+import _thread
+import functools
+import os
 import signal
 import sys
 import threading
 
-import click
+from tokenkit.common.launcher import launched_rank, launched_size
+from tokenkit.common.processes import (
+    STOP_SIGNALS,
+    hold_interrupts,
+    holding_interrupts,
+    note_interrupt,
+    noted_interrupt,
+    stopped_line,
+)
 
-from tokenkit import __version__
-from tokenkit.bpe import TokenizerError
-from tokenkit.cli.explain_commands import COMMANDS as EXPLAIN_COMMANDS
-from tokenkit.cli.model_commands import COMMANDS as MODEL_COMMANDS
-from tokenkit.cli.tokenizer_commands import COMMANDS as TOKENIZER_COMMANDS
-from tokenkit.common import FileError
-from tokenkit.common.mpi import launched_rank
-from tokenkit.common.processes import note_interrupt, noted_interrupt
-from tokenkit.pipeline import PipelineError
-from tokenkit.transformer import ModelError
-
-USER_ERRORS = (TokenizerError, ModelError, PipelineError, FileError)
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, "--version", prog_name="tokenkit")
-def cli() -> None:
-    """tokenkit: train a byte-level BPE tokenizer and a NumPy transformer, and use them.
-
-    \b
-    Example:
-      tk pipeline corpora/tiny_tales.txt -o runs/demo
-      tk bpe-train corpora/tiny_tales.txt --vocab-size 512 -o tok.safetensors
-      tk encode -t tok.safetensors "Once upon a time"
-    """
-
-
-for command in MODEL_COMMANDS + TOKENIZER_COMMANDS + EXPLAIN_COMMANDS:
-    cli.add_command(command)
+_AGAIN_S = 0.01  # how long after a swallowed interrupt it is delivered again (a finalizer's return)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run `tk`; returns the exit code (0 ok, 1 user error, 128 + the signal's number when stopped
-    by one: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
+    """Run `tk ARGV` (default: this process's arguments); returns the exit code (0 ok, 1 user
+    error, 128 + the signal's number when stopped by one: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
 
-    SIGTERM and SIGHUP stop `tk` the way Ctrl-C does (a KeyboardInterrupt, so temp files are
-    removed and worker pools shut down; training saves its state at the step boundary); either
-    one left ignored (nohup) stays ignored. The handlers are this call's only (main thread).
+    SIGINT, SIGTERM and SIGHUP stop `tk` as a KeyboardInterrupt (temp files are removed and
+    worker pools shut down on the way; training saves its state at the step boundary), from
+    the loading of the commands on; one left ignored (nohup, a background job) stays ignored.
+    Once the interrupt reached this function, further signals are ignored while its line is
+    said. Under an MPI launcher a signal is only noted until the rank has joined the others
+    (common.mpi.end_together raises it then) or runs a command without them (cli.commands): a
+    rank that ended alone would leave the others waiting for it forever. The handlers are this
+    call's only (main thread): the previous ones come back.
     """
     note_interrupt(None)
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-            if signum is not None and signal.getsignal(signum) is signal.SIG_DFL:
-                previous[signum] = signal.signal(signum, _stop)
+    hold_interrupts(launched_size() > 1)  # a rank stops only once it has joined the others: see cli.commands
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = _handle_stop_signals(_stop) if on_main_thread else {}
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = functools.partial(_unraisable, previous_hook)
     try:
-        code = _run(argv)
+        try:
+            from tokenkit.cli.commands import run  # click, NumPy, every command: under the handlers above
+
+            code = run(argv)
+        except KeyboardInterrupt:
+            if on_main_thread:
+                _handle_stop_signals(_ignore)  # a second signal must not break the line being said
+            if launched_rank() == 0:  # under mpirun every rank was stopped: one of them says so
+                _say(stopped_line())
+            code = 130
     finally:
+        hold_interrupts(False)
+        sys.unraisablehook = previous_hook
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     signum = noted_interrupt()
     return 128 + int(signum) if code == 130 and signum is not None else code
 
 
+def entry() -> None:
+    """`tk` as a process: `main()`, then exit with its code (never returns).
+
+    A signal just before `main` installs its handlers ends the process at once with 128 + its
+    number and one line. Once `main` returned, the output is flushed and the interpreter's
+    teardown (atexit hooks, finalizers: nothing left to lose) runs with the stop signals
+    ignored: Python gives SIGINT back its default action late in it, and a Ctrl-C then would end
+    the process by the signal, without a word and with no exit code.
+    """
+    meant: list[int] = []
+
+    def exit_now(signum: int, frame) -> None:
+        if not meant:
+            note_interrupt(signum)
+            _say(stopped_line())
+        _flush()
+        os._exit(meant[0] if meant else 128 + signum)
+
+    _handle_stop_signals(exit_now)
+    try:
+        meant.append(main())
+    except KeyboardInterrupt:  # a second signal at the very moment main() said the first one's line
+        meant.append(128 + (noted_interrupt() or signal.SIGINT))
+    _flush()
+    _handle_stop_signals(signal.SIG_IGN)  # process-wide, and Python's teardown leaves an ignored one alone
+    # A KeyboardInterrupt raised inside an eval() or exec() of a string (namedtuple and dataclass
+    # definitions, while modules load) marks CPython to kill itself by SIGINT after its teardown,
+    # whatever code it exits with, even when tk caught the interrupt; a successful one clears the mark.
+    eval("None")
+    sys.exit(meant[0])
+
+
+def _handle_stop_signals(handler) -> dict[int, object]:
+    """Install `handler` for SIGINT, SIGTERM and SIGHUP, except where one is ignored (nohup,
+    `&` without job control) or not Python's; returns the handlers it replaced."""
+    previous = {}
+    for signum in STOP_SIGNALS:
+        current = signal.getsignal(signum)
+        if current not in (signal.SIG_IGN, None):
+            previous[signum] = signal.signal(signum, handler)
+    return previous
+
+
 def _stop(signum: int, frame) -> None:
     note_interrupt(signum)
+    if holding_interrupts():  # an MPI rank not yet joined: raised when it joins (common.mpi.end_together)
+        return
+    if _inside(frame, _unraisable.__code__):  # raised in the hook, it would be swallowed again
+        _deliver_again(signum)
+        return
     raise KeyboardInterrupt
 
 
-def _stopped() -> str:
-    signum = noted_interrupt()
-    return "interrupted" if signum in (None, signal.SIGINT) else f"terminated ({signal.Signals(signum).name})"
+def _inside(frame, code) -> bool:
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
 
 
-def _run(argv: list[str] | None) -> int:
+def _deliver_again(signum: int) -> None:
+    """Signal `signum` to the main thread again in a moment, from another thread: the main
+    thread has left the finalizer and the hook by then (if not, this repeats)."""
     try:
-        result = cli.main(args=argv, prog_name="tk", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo(_stopped(), err=True)
-        return 130
-    except click.exceptions.NoArgsIsHelpError as bare:  # plain `tk`: the help is the answer
-        click.echo(bare.format_message())
-        return 0
-    except click.UsageError as err:
-        hint = f" (see `{err.ctx.command_path} --help`)" if err.ctx is not None else ""
-        if launched_rank() == 0:  # under mpirun every rank parses the same flags: one of them says so
-            click.echo(f"error: {err.format_message()}{hint}", err=True)
-        return 1
-    except click.ClickException as err:
-        if launched_rank() == 0:
-            click.echo(f"error: {err.format_message()}", err=True)
-        return 1
-    except USER_ERRORS as err:
-        click.echo(f"error: {err}", err=True)
-        return 1
-    except MemoryError:  # last resort: the packages refuse what they can foresee before allocating
-        click.echo("error: out of memory; use a smaller model, batch or file, or a machine with more memory", err=True)
-        return 1
-    except OSError as err:  # last resort: a disk or permission failure the packages did not name
-        where = f"{err.filename}: " if err.filename else ""
-        click.echo(
-            f"error: {where}{err.strerror or err}; check the path, its permissions and the free disk space", err=True
-        )
-        return 1
-    except KeyboardInterrupt:
-        click.echo(_stopped(), err=True)
-        return 130
-    return result if isinstance(result, int) else 0
+        threading.Timer(_AGAIN_S, _thread.interrupt_main, (signum,)).start()
+    except RuntimeError:  # no new threads at the interpreter's shutdown: the process is ending anyway
+        pass
+
+
+def _ignore(signum: int, frame) -> None:
+    pass
+
+
+def _unraisable(previous_hook, unraisable) -> None:
+    """A KeyboardInterrupt that `_stop` raised inside a finalizer (a `__del__` the collector ran,
+    a generator closed as it is freed, a weakref callback) cannot propagate: Python would print
+    it as "Exception ignored" and run on. The signal is delivered again instead, a moment later
+    (and again whenever it finds the main thread in a finalizer or this hook)."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        _deliver_again(noted_interrupt() or signal.SIGINT)
+    else:
+        previous_hook(unraisable)
+
+
+def _say(line: str) -> None:
+    """`line` on stderr, after a newline that closes a terminal's `^C` echo."""
+    try:
+        lead = "\n" if noted_interrupt() in (None, signal.SIGINT) and sys.stderr.isatty() else ""
+        sys.stderr.write(f"{lead}{line}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, RuntimeError):  # stderr closed, or reentered by a signal mid-write
+        pass
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, RuntimeError):
+            pass
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

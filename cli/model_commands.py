@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from tokenkit.cli.launch import abort_on_error, check_device, device_option, mpi_world
+from tokenkit.cli.launch import check_device, device_option, end_together, mpi_world
 from tokenkit.cli.specials import special_options
 from tokenkit.cli.tokenizer_commands import corpus_options
 from tokenkit.pipeline import PipelineError, checkpoint, hf
@@ -196,7 +196,7 @@ def _on_ranks(command):
         comm = mpi_world()
         if comm is None:
             return command(None, *args, **kwargs)
-        with abort_on_error(comm):
+        with end_together(comm):
             ranks = Ranks(comm)
             if not ranks.leader:
                 result = follow(ranks)

@@ -17,7 +17,7 @@ from tokenkit.bpe import io as bpe_io
 from tokenkit.bpe.corpus import Corpus
 from tokenkit.bpe.encode_corpus import encode_corpus, eot_id
 from tokenkit.bpe.tokenizer import describe_merge
-from tokenkit.cli.launch import abort_on_error, mpi_world
+from tokenkit.cli.launch import end_together, mpi_world
 from tokenkit.cli.specials import flags_in_errors, special_options
 from tokenkit.pipeline.run import load_tokenizer
 
@@ -120,7 +120,7 @@ def bpe_train_command(
       tk bpe-train data/ --glob '*.jsonl.gz' --text-field text --vocab-size 32000 -o tok.safetensors
     """
     comm = mpi_world()
-    with abort_on_error(comm):
+    with end_together(comm):
         inputs = _corpus(corpus, glob, text_field, binary, comm)
         return _bpe_train(comm, inputs, vocab_size, min_frequency, pattern, specials, workers, verbose, quiet, output)
 
@@ -229,7 +229,7 @@ def encode_command(
     if file is None and (eot is not None or glob is not None or text_field is not None or binary):
         raise click.UsageError("--eot, --glob, --text-field and --binary are for -f FILE")
     comm = mpi_world()
-    with abort_on_error(comm), flags_in_errors():  # under MPI the error is said inside, by its rank
+    with end_together(comm), flags_in_errors():  # under MPI the error is said inside, by its rank
         return _encode(
             comm,
             tokenizer_path,

@@ -20,7 +20,6 @@ and sums the shards), or import mpi4py itself except to count the ranks on one n
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import numpy as np
@@ -28,6 +27,7 @@ import numpy as np
 from tokenkit.bpe import Tokenizer
 from tokenkit.bpe.io import deserialize, serialize
 from tokenkit.common import jsonsafe
+from tokenkit.common.mpi import wait
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.transformer.runtime import available_cores
 
@@ -42,12 +42,18 @@ class Ranks:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.leader = self.rank == 0
         self.started = False
+        # Counted here, where every rank is: rank 0 needs it for `--workers 0` while the others
+        # already wait for the run to start (a collective then was a deadlock)
+        self._default_workers = self._count_default_workers()
 
     # -- how many shards ----------------------------------------------------------------------
 
     def default_workers(self) -> int:
         """Local workers per rank for `--workers 0`: this node's cores shared among its ranks,
         the smallest count of any node (every rank runs the same number)."""
+        return self._default_workers
+
+    def _count_default_workers(self) -> int:
         from mpi4py import MPI
 
         node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -56,7 +62,7 @@ class Ranks:
         finally:
             node.Free()
         least = np.empty(1, dtype=np.int64)
-        self.comm.Allreduce(mine, least, op=MPI.MIN)
+        wait(self.comm.Iallreduce(mine, least, op=MPI.MIN))
         return int(least[0])
 
     def local_workers(self, shards: int) -> int:
@@ -96,7 +102,7 @@ class Ranks:
         for name in sorted(arrays):
             a = arrays[name]
             buf = a if a.flags.c_contiguous and a.flags.writeable else np.ascontiguousarray(a)
-            self.comm.Bcast(buf, root=0)
+            wait(self.comm.Ibcast(buf, root=0))
             if buf is not a:
                 a[...] = buf
 
@@ -105,13 +111,14 @@ class Ranks:
     def any(self, flag: bool) -> bool:
         """True on every rank when `flag` is true on any of them (every step: one byte per rank)."""
         flags = np.empty(self.size, dtype=np.int8)
-        self.comm.Allgather(np.array([int(flag)], dtype=np.int8), flags)
+        mine = np.array([int(flag)], dtype=np.int8)
+        wait(self.comm.Iallgather(mine, flags))
         return bool(flags.any())
 
     def leaders(self, flag: bool) -> bool:
         """Rank 0's `flag`, on every rank."""
         buf = np.array([int(flag)], dtype=np.int8)
-        self.comm.Bcast(buf, root=0)
+        wait(self.comm.Ibcast(buf, root=0))
         return bool(buf[0])
 
     # -- bytes from rank 0, waited for without spinning ------------------------------------------
@@ -132,6 +139,4 @@ class Ranks:
         return payload.tobytes()
 
     def _bcast(self, buf: np.ndarray) -> None:
-        request = self.comm.Ibcast(buf, root=0)
-        while not request.Test():
-            time.sleep(_POLL_S)
+        wait(self.comm.Ibcast(buf, root=0), poll_s=_POLL_S)

@@ -8,9 +8,11 @@ the kernel drops the lock of a process that dies, so a stale lock file never blo
 processes close their inherited copy of the lock at fork. Taking the lock again in the same
 process nests (the pipeline holds it while it calls `train_model`).
 
-`conflicts(...)` lists the files of another run that a fresh run would replace: callers refuse
-to start unless the user asked to overwrite. When the run fails before it wrote anything, a
-directory this process created is removed again, so a failed first run leaves nothing behind.
+`refuse_conflicts(...)` names the files of another run that a fresh run would replace: callers
+refuse to start unless the user asked to overwrite. A first run that stopped before its first
+checkpoint (`stopped_first_run`) is not another run: the same command started again replaces
+it. When the run fails before it wrote anything, a directory this process created is removed
+again, so a failed first run leaves nothing behind.
 
 A fresh run that replaces another's files writes its own into `checkpoint.STAGED_DIR` inside the
 directory (`NewRun`) and moves them in at its first checkpoint, as one step that survives a kill
@@ -51,6 +53,10 @@ RUN_FILES = (
     checkpoint.CORPUS_STREAM_FILE,
     checkpoint.VAL_STREAM_FILE,
 )
+
+# A run that saved either can be resumed; the log and the token cache's record are written by tk alone.
+CHECKPOINT_FILES = (checkpoint.MODEL_FILE, checkpoint.STATE_FILE)
+_RUN_MARKS = (checkpoint.LOG_FILE, checkpoint.TOKENS_META_FILE)
 
 _held: dict[str, list] = {}  # real path -> [lock fd, nesting depth]: this process's locks
 
@@ -169,6 +175,23 @@ class RunDir:
     def present(self, names=RUN_FILES) -> list[str]:
         """Which of `names` exist in the directory."""
         return [name for name in names if (self.path / name).exists()]
+
+    def stopped_first_run(self) -> str | None:
+        """Where the run in the directory stopped ("at step 3"; "" when its log does not say),
+        when it stopped before its first checkpoint (diverged, or killed) and so left no model
+        and no training state, only its log, token cache and tokenizer; else None.
+
+        Such a directory holds nothing to resume: `tk train-model` started again takes it as
+        its own, and `--resume` says to do that. (Ctrl-C saves a checkpoint at any step.)
+        """
+        if self.present(CHECKPOINT_FILES) or not self.present(_RUN_MARKS):
+            return None
+        try:
+            records = checkpoint.read_log(self.path / checkpoint.LOG_FILE)
+        except (OSError, UnicodeDecodeError):
+            records = []
+        steps = [r["step"] for r in records if isinstance(r, dict) and type(r.get("step")) is int]
+        return f"at step {max(steps)}" if steps and max(steps) > 0 else ""
 
 
 class NewRun:

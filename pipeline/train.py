@@ -325,7 +325,9 @@ class _Run:
             dynamic_ncols=True,
         )
         try:
-            with _interrupt_flag() as stop:
+            # Overflow shows as a non-finite loss or norm, which stops the run in one line below;
+            # NumPy's warnings about it (in this process and the workers forked here) would add more.
+            with _interrupt_flag() as stop, np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 while self.step < cfg.steps:
                     if self._stop_now(stop):
                         interrupted = True
@@ -578,6 +580,10 @@ def train_model(
         own = [checkpoint.MODEL_FILE, checkpoint.STATE_FILE, checkpoint.LOG_FILE]
         if tokenizer is None:
             own.append(checkpoint.TOKENIZER_FILE)
+        stopped = rd.stopped_first_run()  # nothing to resume there: this run takes its place (staged)
+        if stopped is not None:
+            overwrite = True
+            say(f"{run_dir} holds a run that stopped {stopped or 'early'}, before its first checkpoint: starting again")
         if not overwrite:
             rundir.refuse_conflicts(run_dir, rd.present(own))
         corpus = sources.store_streams(corpus, run_dir, say)  # validated and locked: now a stream may be read
@@ -684,8 +690,15 @@ def resume_training(
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise PipelineError(f"run directory not found: {run_dir}")
-    with rundir.RunDir(run_dir):
+    with rundir.RunDir(run_dir) as rd:
         state_path = run_dir / checkpoint.STATE_FILE
+        stopped = rd.stopped_first_run()
+        if stopped is not None:
+            command = "tk pipeline" if rd.present([checkpoint.PIPELINE_FILE]) else "train-model"
+            raise PipelineError(
+                f"{run_dir} has no checkpoint yet (its first run stopped {stopped + ', ' if stopped else ''}before its "
+                f"first checkpoint); run the same {command} command again without --resume"
+            )
         if not state_path.exists():
             raise PipelineError(
                 f"nothing to resume in {run_dir}: no {checkpoint.STATE_FILE}; start a run with `tk train-model`"

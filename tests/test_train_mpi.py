@@ -167,6 +167,18 @@ def test_sigterm_saves_once_and_resume_crosses_between_mpi_and_one_process(
     _assert_same_run(run, one_process_runs[2])
 
 
+def test_train_model_on_ranks_without_workers_takes_each_nodes_share_of_the_cores(corpus, tokenizer, tmp_path):
+    """--workers 0 (the default) is counted by every rank together: rank 0 once counted it alone,
+    in a collective the others, already waiting for the run, never joined (a hang)."""
+    run = tmp_path / "run"
+    proc = _tk(2, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(run), "--steps", "4", *SMALL, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("step 4/4") == 1
+    state = _tk(1, "info", str(run / "train_state.safetensors"))
+    per_rank = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert f'"workers": {2 * per_rank}' in state.stdout, state.stdout
+
+
 def test_resume_on_a_rank_count_that_cannot_share_the_shards_is_one_line(corpus, tokenizer, tmp_path):
     run = tmp_path / "run"
     cmd = _cmd(

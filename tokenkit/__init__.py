@@ -19,10 +19,14 @@ build maps them under this one name (pyproject.toml's `package-dir`).
 
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it, `tk --version` and files record it
 
-from tokenkit.bpe import Corpus, Tokenizer, TokenizerError
-from tokenkit.common import FileError
-from tokenkit.pipeline import PipelineError
-from tokenkit.transformer import GPT, AdamW, DataParallel, GPTConfig, ModelError, clip_grad_norm, cosine_schedule
+import importlib as _importlib
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing at tk's start; type checkers read the block
+if TYPE_CHECKING:
+    from tokenkit.bpe import Corpus, Tokenizer, TokenizerError
+    from tokenkit.common import FileError
+    from tokenkit.pipeline import PipelineError
+    from tokenkit.transformer import GPT, AdamW, DataParallel, GPTConfig, ModelError, clip_grad_norm, cosine_schedule
 
 __all__ = [
     "GPT",
@@ -39,3 +43,35 @@ __all__ = [
     "clip_grad_norm",
     "cosine_schedule",
 ]
+
+# Imported on first use (PEP 562), not here: every entry to `tk` imports this package first, and
+# `tk` must install its signal handlers before NumPy and the rest load (see cli/main.py).
+_HOMES = {
+    "Corpus": "bpe",
+    "Tokenizer": "bpe",
+    "TokenizerError": "bpe",
+    "FileError": "common",
+    "PipelineError": "pipeline",
+    "GPT": "transformer",
+    "AdamW": "transformer",
+    "DataParallel": "transformer",
+    "GPTConfig": "transformer",
+    "ModelError": "transformer",
+    "clip_grad_norm": "transformer",
+    "cosine_schedule": "transformer",
+}
+_SUBPACKAGES = frozenset({"bpe", "cli", "common", "pipeline", "transformer"})
+
+
+def __getattr__(name: str):
+    if name in _SUBPACKAGES:
+        return _importlib.import_module(f"{__name__}.{name}")
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(__all__) | _SUBPACKAGES)

@@ -1,7 +1,5 @@
 """`python -m tokenkit ...` runs `tk ...`."""
 
-import sys
+from tokenkit.cli.main import entry
 
-from tokenkit.cli.main import main
-
-sys.exit(main())
+entry()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tokenkit.common.mpi import wait
 from tokenkit.transformer.errors import ModelError
 from tokenkit.transformer.model import GPT
 from tokenkit.transformer.runtime import available_cores, tuned
@@ -257,7 +258,8 @@ class MPIDataParallel(_Wrapper):
     def _gather(self, local: np.ndarray) -> np.ndarray:
         """(size * workers, ...): every rank's `local` (workers, ...), in rank order, on every rank."""
         out = np.empty((self.size, *local.shape), dtype=local.dtype)
-        self.comm.Allgather(np.ascontiguousarray(local), out)
+        local = np.ascontiguousarray(local)
+        wait(self.comm.Iallgather(local, out))
         return out.reshape(self.shards, *local.shape[1:])
 
     def loss(self, ids, targets, batch_rows: int | None = None) -> float:
@@ -316,13 +318,11 @@ def ordered_allreduce(comm, flat: np.ndarray, n: int) -> np.ndarray:
     mine = int(lengths[rank])
     received = np.empty((size * W, mine), dtype=flat.dtype)  # row = global shard index
     recv_counts = np.full(size, W * mine, dtype=np.int64)
-    comm.Alltoallv(
-        [send, (send_counts, np.cumsum(send_counts) - send_counts)],
-        [received, (recv_counts, np.arange(size, dtype=np.int64) * W * mine)],
-    )
+    send_displs, recv_displs = np.cumsum(send_counts) - send_counts, np.arange(size, dtype=np.int64) * W * mine
+    wait(comm.Ialltoallv([send, (send_counts, send_displs)], [received, (recv_counts, recv_displs)]))
     segment = received[0].copy()
     for k in range(1, n):  # in shard order, as DataParallel sums
         segment += received[k]
     total = np.empty(P, dtype=flat.dtype)
-    comm.Allgatherv(segment, [total, (lengths, cuts[:-1])])
+    wait(comm.Iallgatherv(segment, [total, (lengths, cuts[:-1])]))
     return total

@@ -38,7 +38,7 @@ from typing import NoReturn
 
 import numpy as np
 
-from tokenkit.common.processes import die_with_parent
+from tokenkit.common.processes import die_with_parent, signals_held
 from tokenkit.transformer.errors import ModelError
 
 LOSS, LOSS_AND_GRADS = 0, 1
@@ -124,31 +124,35 @@ class WorkerPool:
             grads = shared_arrays(self.params, copy=False)
             mine, theirs = Pipe(duplex=True)
             parent = os.getpid()
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), signals_held():  # the child hears no Ctrl-C before it ignores it
                 # Python >= 3.12 warns on fork in a process with threads: a child could inherit a
                 # lock some thread held. The worker only runs NumPy and this module; malloc,
                 # OpenBLAS and CPython reset their own locks at fork.
                 warnings.simplefilter("ignore", DeprecationWarning)
                 pid = os.fork()
-            if pid == 0:  # the worker: never returns to the caller's stack
-                code = 1
-                try:
-                    # EOF alone is not enough: a process forked from the parent later holds its socket too
-                    die_with_parent(parent)
-                    gc.freeze()  # else the collector writes to, so copies, every inherited object's page
-                    mine.close()
-                    for pool in list(_live_pools):  # sockets of other workers: theirs to close
-                        for conn in pool._conns:
-                            conn.close()
-                    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-                    _serve(*self._make_worker(self.params), theirs, grads)
-                    code = 0
-                finally:
-                    os._exit(code)
+                if pid == 0:  # the worker, inside the block: it must not unblock the signals itself
+                    self._work(parent, mine, theirs, grads)
             theirs.close()
             self._conns.append(mine)
             self._pids.append(pid)
             self._grads.append(grads)
+
+    def _work(self, parent: int, mine: Connection, theirs: Connection, grads: dict[str, np.ndarray]) -> NoReturn:
+        """The forked worker's life: never returns to the caller's stack."""
+        code = 1
+        try:
+            # EOF alone is not enough: a process forked from the parent later holds its socket too.
+            # Deaf to SIGTERM and SIGHUP too: training finishes its step after one (pipeline.train)
+            die_with_parent(parent, ignore_stop=True)
+            gc.freeze()  # else the collector writes to, so copies, every inherited object's page
+            mine.close()
+            for pool in list(_live_pools):  # sockets of other workers: theirs to close
+                for conn in pool._conns:
+                    conn.close()
+            _serve(*self._make_worker(self.params), theirs, grads)
+            code = 0
+        finally:
+            os._exit(code)
 
     def submit(self, op: int, shards: list[tuple[np.ndarray, np.ndarray]], n_total: int, batch: int) -> None:
         """Send shard k to worker k (at most n shards); `collect` gathers the results."""
