@@ -49,6 +49,7 @@ try:
 except ModuleNotFoundError:  # pragma: no cover - not POSIX: writers of one parent are not serialised
     fcntl = None  # type: ignore[assignment]
 
+from tokenkit.common import readfile
 from tokenkit.common.errors import FileError
 
 _TEMP = re.compile(r"^\..+\.tk-(\d+)-[0-9a-f]{8}\.tmp$")
@@ -148,6 +149,11 @@ def write_atomic(path: str | os.PathLike, data: Data) -> None:
     with atomic_path(path) as tmp:
         with create_temp(tmp) as f:
             _write_into(f, data)
+
+
+def _read_note(path: Path) -> bytes:
+    """A note this module wrote (any size: one too big to read would look like no note at all)."""
+    return readfile.read_bytes(path, readfile.NO_LIMIT, "a note of tk's")
 
 
 def _alive(pid: int) -> bool:
@@ -334,8 +340,8 @@ def recover_replacements(directory: str | os.PathLike) -> None:
     for stem in sorted(stale):
         tmp, old, note = (parent / f"{stem}.{suffix}" for suffix in ("tmp", "old", "swap"))
         names: set[str] | None = None  # no note, or one cut short: nothing had moved in, all is ours
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            names = set(json.loads(note.read_bytes())["names"])
+        with contextlib.suppress(FileError, OSError, ValueError, KeyError, TypeError):
+            names = set(json.loads(_read_note(note))["names"])
         with contextlib.suppress(OSError):
             if not os.path.lexists(directory) and old.is_dir():
                 os.rename(old, directory)  # killed between the two renames: the old one is whole
@@ -436,9 +442,9 @@ def recover_staged(directory: str | os.PathLike, staged: str | os.PathLike) -> s
     if not staged.is_dir():
         return None
     try:
-        note = json.loads((staged / _COMMIT_NOTE).read_bytes())
+        note = json.loads(_read_note(staged / _COMMIT_NOTE))
         moves, removes = list(note["move"]), list(note["remove"])
-    except (OSError, ValueError, KeyError, TypeError):  # no note (a rename writes it whole): never committed
+    except (FileError, OSError, ValueError, KeyError, TypeError):  # no note (a rename writes it whole): never committed
         discard_staged(staged)
         return "discarded"
     _finish_staged(directory, staged, {"move": moves, "remove": removes})

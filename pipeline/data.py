@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from tokenkit.bpe import TokenizerError
+from tokenkit.bpe import io as bpe_io
 from tokenkit.common import atomic
 from tokenkit.pipeline import checkpoint
 from tokenkit.pipeline.errors import PipelineError
@@ -301,9 +303,11 @@ def open_tokens(
 
 
 def _open_ids(path: Path) -> np.ndarray | None:
+    """A token file memory-mapped (`bpe.io.load_ids`: header checked, regular file), or None when
+    it is damaged or not the kind tk writes: the tokens are then encoded again."""
     try:
-        ids = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError):
+        ids = bpe_io.load_ids(path)
+    except TokenizerError:
         return None
     if ids.ndim != 1 or ids.dtype not in (np.uint16, np.uint32):
         return None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -49,9 +50,11 @@ def load_tokenizer(path: str | Path):
     """A tokenizer from a tokenizer.safetensors, or the one embedded in a model file / run dir."""
 
     path = Path(path)
-    if path.is_dir() or (path.exists() and checkpoint.read_header(path).get("format") == checkpoint.MODEL_FORMAT):
+    if path.is_dir() or (
+        os.path.lexists(path) and checkpoint.read_header(path, "tokenizer").get("format") == checkpoint.MODEL_FORMAT
+    ):
         return checkpoint.load_model(path).tokenizer
-    if not path.exists():
+    if not os.path.lexists(path):
         raise PipelineError(
             f"tokenizer file not found: {path}; give a tokenizer.safetensors (`tk bpe-train` makes one), "
             "a model file or a run directory"
