@@ -45,6 +45,8 @@ from tokenkit.pipeline.train import (
 )
 from tokenkit.transformer.backends import as_host
 
+MAX_NEW_TOKENS = 1_000_000  # tokens one generation may ask for: each is a forward pass and a list entry
+
 
 def load_tokenizer(path: str | Path):
     """A tokenizer from a tokenizer.safetensors, or the one embedded in a model file / run dir."""
@@ -125,7 +127,13 @@ def predict_next(
     if top_k < 1:
         raise PipelineError(f"--top-k must be at least 1, got {top_k}")
     ids = encode_prompt(model, tokenizer, text, say)
-    logits = as_host(model.forward(np.asarray(ids, dtype=np.int64)[None, :])[0, -1]).astype(np.float64)  # (V,)
+    with np.errstate(over="ignore", invalid="ignore"):  # weights too large for float32: said below in one line
+        logits = as_host(model.forward(np.asarray(ids, dtype=np.int64)[None, :])[0, -1]).astype(np.float64)  # (V,)
+    if not np.isfinite(logits).all():
+        raise PipelineError(
+            "the model's scores for this prompt overflow float32 (infinite or NaN): its weights are damaged "
+            "or its training diverged"
+        )
     probs = np.exp(logits - logits.max())
     probs /= probs.sum()
     order = np.argsort(-probs, kind="stable")[: min(top_k, len(probs))]  # ties: the smaller id first
@@ -151,6 +159,8 @@ def generate(
     """
     if max_new_tokens < 0:
         raise PipelineError(f"--max-new-tokens must not be negative, got {max_new_tokens}")
+    if max_new_tokens > MAX_NEW_TOKENS:
+        raise PipelineError(f"--max-new-tokens must be at most {MAX_NEW_TOKENS:,}, got {max_new_tokens}")
     ids = encode_prompt(model, tokenizer, prompt, say)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     stop = tokenizer.special_tokens.get("<|endoftext|>")

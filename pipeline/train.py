@@ -323,7 +323,8 @@ class _Run:
             dynamic_ncols=True,
         )
         try:
-            with _interrupt_flag() as stop:
+            # a diverging step overflows to inf/NaN before the finite check below stops the run in one line
+            with _interrupt_flag() as stop, np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 while self.step < cfg.steps:
                     if self._stop_now(stop):
                         interrupted = True
