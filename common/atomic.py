@@ -39,6 +39,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -67,9 +68,21 @@ _HINTS = {
 
 
 def write_error(path: str | os.PathLike, err: OSError) -> FileError:
-    """The one-line FileError for an OSError met while writing `path`."""
+    """The one-line FileError for an OSError met while writing `path` (a full disk: with the free
+    space left where it was writing)."""
     hint = _HINTS.get(err.errno, "check the path and the disk")
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = hint.replace("; ", f" ({_free_space(Path(path).parent)}); ", 1)
     return FileError(f"{path}: cannot write ({err.strerror or err}); {hint}")
+
+
+def _free_space(directory: Path) -> str:
+    """What is free in `directory` ("80.3 GB free in /data"), for the message of a full disk."""
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return f"free space in {directory} unknown"
+    return f"{free / 1e9:,.1f} GB free in {directory}" if free >= 1e8 else f"{free:,} bytes free in {directory}"
 
 
 def temp_path(path: str | os.PathLike) -> Path:
@@ -89,6 +102,9 @@ def fsync_dir(directory: str | os.PathLike) -> None:
 
 
 def _check_target(path: Path) -> None:
+    for link in (path.parent, path):  # a dangling link is named as one: replacing it would lose it silently
+        if os.path.islink(link) and not link.exists():
+            raise FileError(f"{readfile.describe_missing(link)}; remove the link or give another path")
     if not path.parent.is_dir():
         raise FileError(f"{path}: directory {path.parent} does not exist; create it first")
     if path.is_dir():
