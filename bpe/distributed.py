@@ -208,7 +208,7 @@ def encode_file(
             return np.concatenate([empty, *everything]), split
         if io.save_ids_stream(out_path, tok.ids_dtype, everything) == 0:
             return empty, split
-    return np.load(out_path, mmap_mode="r", allow_pickle=False), split
+    return io.load_ids(out_path), split
 
 
 def _plain_files(corpus: Corpus) -> list[tuple[str, int]]:

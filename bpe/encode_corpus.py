@@ -139,7 +139,7 @@ def encode_corpus(
         elif io.save_ids_stream(out_path, tok.ids_dtype, pieces) == 0:
             ids = np.zeros(0, dtype=tok.ids_dtype)
         else:
-            ids = np.load(out_path, mmap_mode="r", allow_pickle=False)
+            ids = io.load_ids(out_path)
     n_documents = done["documents"] + (done["bytes"] > 0)  # the first document has no boundary before it
     return Encoded(ids, done["bytes"], n_documents)
 

@@ -45,7 +45,7 @@ from tokenkit.bpe import interop
 from tokenkit.bpe.bytelevel import bytes_to_unicode  # also bpe.io's name for it, as before
 from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.patterns import PATTERNS, resolve_pattern
-from tokenkit.common import FileError, atomic, jsonsafe, safetensors_file
+from tokenkit.common import FileError, atomic, jsonsafe, readfile, safetensors_file
 
 FORMAT = "tokenkit.bpe"
 FORMAT_VERSION = "1"
@@ -240,6 +240,14 @@ def _check_readable(path: Path) -> Path:
     return path
 
 
+def _read(path: Path, limit: int | None, what: str) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (`common.readfile`); one-line TokenizerError otherwise."""
+    try:
+        return readfile.read_bytes(path, limit, what)
+    except FileError as err:
+        raise TokenizerError(str(err)) from None
+
+
 def write_atomic(path: str | os.PathLike, data) -> None:
     """Write `data` (bytes, or a function writing into the open file) so that readers see the old
     file or the new one, never half (`common.atomic`); one-line TokenizerError when it cannot."""
@@ -255,10 +263,7 @@ def write_tokenizer_file(path: str | os.PathLike, tensors: dict[str, np.ndarray]
 
 def read_tokenizer_file(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     path = _check_readable(Path(path))
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise TokenizerError(f"{path}: cannot read ({err.strerror})") from None
+    data = _read(path, readfile.TOKENIZER_LIMIT, "a tokenizer file (tokenizer.safetensors)")
     return deserialize(data, str(path))
 
 
@@ -322,55 +327,60 @@ def read_id_blocks(f, dtype, block: int):
         yield np.frombuffer(data, dtype=dtype)
 
 
+IDS_FILE = "a .npy file of token ids (`tk encode -o` writes one)"
+
+
 def load_ids(path: str | os.PathLike) -> np.ndarray:
     """Token ids from a `.npy` file (integers, any shape flattened), memory-mapped read-only.
 
     The header is checked before anything is allocated: an integer dtype (never objects, so never
     pickle) and a shape whose size is exactly the bytes after the header. Memory then follows
     what is read, so a header claiming 1e11 ids in a 200-byte file is an error, not 186 GiB.
+    The file is opened once (`common.readfile`: a regular file) and mapped from that open file.
     """
     path = _check_readable(Path(path))
-    dtype, shape, _, offset, size = _npy_header_of(path)
-    if dtype.hasobject or dtype.kind not in "iu":
-        raise TokenizerError(
-            f"{path}: holds {dtype}, expected integer token ids (give the ids file that `tk encode -o` wrote)"
-        )
-    count = math.prod(shape)
-    if any(n < 0 for n in shape) or count * dtype.itemsize != size - offset:
-        raise TokenizerError(
-            f"{path}: its header declares {count:,} ids of {dtype} ({count * dtype.itemsize:,} bytes) but "
-            f"{size - offset:,} bytes follow it; the file is truncated or corrupt"
-        )
-    if count == 0:
-        return np.zeros(0, dtype=dtype)
     try:
-        ids = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as err:
+        with readfile.open_regular(path, readfile.NO_LIMIT, IDS_FILE) as (f, size):
+            dtype, shape, fortran, offset = _npy_header_of(f, path)
+            if dtype.hasobject or dtype.kind not in "iu":
+                raise TokenizerError(
+                    f"{path}: holds {dtype}, expected integer token ids (give the ids file that `tk encode -o` wrote)"
+                )
+            count = math.prod(shape)
+            if any(n < 0 for n in shape) or count * dtype.itemsize != size - offset:
+                raise TokenizerError(
+                    f"{path}: its header declares {count:,} ids of {dtype} ({count * dtype.itemsize:,} bytes) but "
+                    f"{size - offset:,} bytes follow it; the file is truncated or corrupt"
+                )
+            if count == 0:
+                return np.zeros(0, dtype=dtype)
+            ids = np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape or (1,), order="F" if fortran else "C")
+    except FileError as err:
+        raise TokenizerError(str(err)) from None
+    except (ValueError, OSError) as err:
         raise TokenizerError(f"{path}: not a .npy file of token ids ({str(err).splitlines()[0]})") from None
     return ids.reshape(-1)
 
 
-def _npy_header_of(path: Path) -> tuple[np.dtype, tuple[int, ...], bool, int, int]:
-    """(dtype, shape, fortran_order, data offset, file size) of a .npy file; TokenizerError when its
-    header is not one numpy would read."""
+def _npy_header_of(f, path: Path) -> tuple[np.dtype, tuple[int, ...], bool, int]:
+    """(dtype, shape, fortran_order, data offset) of the open .npy file `f`; TokenizerError when
+    its header is not one numpy would read."""
     from numpy.lib import format as npy
 
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if f.read(6) != b"\x93NUMPY":
-                raise TokenizerError(f"{path}: not a .npy file (give the ids file that `tk encode -o` wrote)")
-            f.seek(0)
-            version = npy.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = npy.read_array_header_1_0(f)
-            elif version == (2, 0):
-                shape, fortran, dtype = npy.read_array_header_2_0(f)
-            else:
-                raise TokenizerError(
-                    f"{path}: .npy format version {version[0]}.{version[1]} is not supported; re-encode it"
-                )
-            return dtype, shape, fortran, f.tell(), size
+        if f.read(6) != b"\x93NUMPY":
+            raise TokenizerError(f"{path}: not a .npy file (give the ids file that `tk encode -o` wrote)")
+        f.seek(0)
+        version = npy.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = npy.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = npy.read_array_header_2_0(f)
+        else:
+            raise TokenizerError(
+                f"{path}: .npy format version {version[0]}.{version[1]} is not supported; re-encode it"
+            )
+        return dtype, shape, fortran, f.tell()
     except OSError as err:
         raise TokenizerError(f"{path}: cannot read ({err.strerror or err})") from None
     except TokenizerError:
@@ -398,18 +408,16 @@ def read_gpt2(vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> 
     a special token (GPT-2: <|endoftext|> = 50256).
     """
     vocab_path, merges_path = _check_readable(Path(vocab_path)), _check_readable(Path(merges_path))
+    vocab = _read(vocab_path, readfile.TOKENIZER_LIMIT, "GPT-2's encoder.json or vocab.json")
     try:
-        encoder = jsonsafe.loads(vocab_path.read_bytes(), str(vocab_path))
-    except OSError as err:
-        raise TokenizerError(f"{vocab_path}: cannot read ({err.strerror})") from None
+        encoder = jsonsafe.loads(vocab, str(vocab_path))
     except FileError as err:  # invalid, not UTF-8, or nested absurdly deep
         raise TokenizerError(f"{err}; give GPT-2's encoder.json or vocab.json") from None
     if not isinstance(encoder, dict) or not all(type(v) is int for v in encoder.values()):
         raise TokenizerError(f"{vocab_path}: expected a JSON object of token string -> id")
+    merges_text = _read(merges_path, readfile.TOKENIZER_LIMIT, "GPT-2's vocab.bpe or merges.txt")
     try:
-        lines = merges_path.read_text(encoding="utf-8").splitlines()
-    except OSError as err:
-        raise TokenizerError(f"{merges_path}: cannot read ({err.strerror})") from None
+        lines = merges_text.decode("utf-8").splitlines()
     except UnicodeDecodeError:
         raise TokenizerError(f"{merges_path}: not UTF-8 text; give vocab.bpe or merges.txt") from None
     byte_of = {c: b for b, c in bytes_to_unicode().items()}
@@ -490,12 +498,11 @@ def _json_bytes(value) -> bytes:
     return (json.dumps(value, ensure_ascii=False, indent=2) + "\n").encode("utf-8")
 
 
-def _read_json(path: Path, hint: str):
+def _read_json(path: Path, hint: str, what: str):
     path = _check_readable(path)
+    data = _read(path, readfile.TOKENIZER_LIMIT, what)
     try:
-        return jsonsafe.loads(path.read_bytes(), str(path))
-    except OSError as err:
-        raise TokenizerError(f"{path}: cannot read ({err.strerror})") from None
+        return jsonsafe.loads(data, str(path))
     except FileError as err:
         raise TokenizerError(f"{err}; {hint}") from None
 
@@ -521,9 +528,10 @@ def find_hf(path: str | os.PathLike) -> tuple[Path, ...]:
     path = Path(path)
     if not path.is_dir():
         return (_check_readable(path),)
-    if (path / "tokenizer.json").is_file():
+    # lexists, not is_file: a tokenizer.json that is a FIFO or a device is named by its reader
+    if os.path.lexists(path / "tokenizer.json"):
         return (path / "tokenizer.json",)
-    if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
+    if os.path.lexists(path / "vocab.json") and os.path.lexists(path / "merges.txt"):
         return (path / "vocab.json", path / "merges.txt")
     raise TokenizerError(f"{path}: holds neither tokenizer.json nor vocab.json + merges.txt")
 
@@ -531,7 +539,9 @@ def find_hf(path: str | os.PathLike) -> tuple[Path, ...]:
 def read_hf(path: str | os.PathLike) -> dict:
     """Parts of a byte-level BPE tokenizer from a Hugging Face tokenizer.json (see `interop.from_hf`)."""
     path = Path(path)
-    return interop.from_hf(_read_json(path, "give a Hugging Face tokenizer.json"), str(path))
+    return interop.from_hf(
+        _read_json(path, "give a Hugging Face tokenizer.json", "a Hugging Face tokenizer.json"), str(path)
+    )
 
 
 def read_hf_configs(directory: str | os.PathLike) -> tuple[dict | None, dict | None]:
@@ -540,7 +550,10 @@ def read_hf_configs(directory: str | os.PathLike) -> tuple[dict | None, dict | N
     found = []
     for name in ("tokenizer_config.json", "config.json"):
         path = Path(directory) / name
-        found.append(_read_json(path, "give a directory as transformers saves it") if path.is_file() else None)
+        present = os.path.lexists(path)  # a FIFO or a dangling link there is refused by the reader, not skipped
+        found.append(
+            _read_json(path, "give a directory as transformers saves it", f"transformers' {name}") if present else None
+        )
     return found[0], found[1]
 
 
@@ -567,10 +580,7 @@ def read_tiktoken(path: str | os.PathLike) -> tuple[dict[bytes, int], dict | Non
     """The mergeable ranks of a tiktoken rank file, and its `NAME_tiktoken.json` when there is one
     beside it (checked: a pat_str string and special tokens as string -> id)."""
     path = _check_readable(Path(path))
-    try:
-        lines = path.read_bytes().splitlines()
-    except OSError as err:
-        raise TokenizerError(f"{path}: cannot read ({err.strerror})") from None
+    lines = _read(path, readfile.TOKENIZER_LIMIT, "a tiktoken rank file (NAME.tiktoken)").splitlines()
     ranks: dict[bytes, int] = {}
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
@@ -590,7 +600,9 @@ def read_tiktoken(path: str | os.PathLike) -> tuple[dict[bytes, int], dict | Non
     meta_path = tiktoken_meta_path(path)
     if not meta_path.exists():
         return ranks, None
-    meta = _read_json(meta_path, "give the tokenizer_tiktoken.json that tk bpe-export wrote")
+    meta = _read_json(
+        meta_path, "give the tokenizer_tiktoken.json that tk bpe-export wrote", "a tokenizer_tiktoken.json"
+    )
     specials = meta.get("special_tokens", {}) if isinstance(meta, dict) else None
     if (
         not isinstance(meta, dict)

@@ -13,6 +13,7 @@ import click
 
 from tokenkit.cli.explain_render import plot_attention, render, render_tokens, show_token
 from tokenkit.cli.launch import check_device, device_option
+from tokenkit.cli.params import count
 from tokenkit.cli.specials import special_options
 from tokenkit.pipeline.checkpoint import load_model
 from tokenkit.transformer.explain import EXAMPLES, Explanation, explain_example, explain_model
@@ -24,9 +25,10 @@ _EXAMPLE_LIST = "; ".join(f"{name} ({what})" for name, (what, _) in EXAMPLES.ite
 @click.argument("text", required=False)
 @click.option("-m", "--model", "model_path", type=click.Path(path_type=Path), help="run directory or model.safetensors")
 @click.option("--example", "example", metavar="NAME", help=f"a worked example instead of a model: {_EXAMPLE_LIST}")
+# --layer and --head: their range is the model's, checked by explain_model in one line naming it
 @click.option("--layer", default=0, show_default=True, type=int, help="layer to explain (0 = first)")
 @click.option("--head", default=0, show_default=True, type=int, help="attention head of that layer (0 = first)")
-@click.option("--top-k", default=5, show_default=True, type=int, help="next-token candidates listed at the end")
+@click.option("--top-k", default=5, show_default=True, type=count(1), help="next-token candidates listed at the end")
 @click.option("--full", is_flag=True, help="print every row and column of large matrices (default: an 8 x 8 corner)")
 @click.option("--precision", default=4, show_default=True, type=click.IntRange(0, 12), help="decimals printed")
 @click.option("--json", "as_json", is_flag=True, help="print the trace as JSON (arrays as nested lists) instead")

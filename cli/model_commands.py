@@ -8,6 +8,7 @@ TokenizerError / ModelError and become one line in `cli.main`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -16,12 +17,14 @@ from typing import Any
 import click
 
 from tokenkit.cli.launch import check_device, device_option, end_together, mpi_world
+from tokenkit.cli.params import Number, count, real
 from tokenkit.cli.specials import special_options
 from tokenkit.cli.tokenizer_commands import corpus_options
 from tokenkit.pipeline import PipelineError, checkpoint, hf
-from tokenkit.pipeline.config import load_config_file
+from tokenkit.pipeline.config import Range, load_config_file
 from tokenkit.pipeline.ranks import Ranks
 from tokenkit.pipeline.run import (
+    MAX_NEW_TOKENS,
     generate,
     load_model_and_tokenizer,
     load_tokenizer,
@@ -39,53 +42,26 @@ from tokenkit.pipeline.train import (
     resume_training,
     train_model,
 )
+from tokenkit.transformer.config import MAX_VOCAB_SIZE
 
 _DEFAULTS = TrainConfig()
-
-# (flag, field, click type, help); defaults are None so that "given on the command line" is visible
-_MODEL_FLAGS = [
-    ("--n-layers", "n_layers", int, "transformer blocks"),
-    ("--n-heads", "n_heads", int, "attention heads (must divide --d-model)"),
-    ("--d-model", "d_model", int, "width of the residual stream"),
-    ("--context-length", "context_length", int, "tokens of context (T)"),
-    ("--positional", "positional", click.Choice(["learned", "sinusoidal"]), "positional encoding"),
-    ("--activation", "activation", click.Choice(["gelu", "relu"]), "MLP activation"),
-    ("--norm", "norm", click.Choice(["pre", "post"]), "LayerNorm placement"),
-]
-_TRAIN_FLAGS = [
-    ("--batch-size", "batch_size", int, "windows per step (B)"),
-    ("--steps", "steps", int, "optimizer steps in total"),
-    ("--lr", "lr", float, "peak learning rate"),
-    ("--min-lr", "min_lr", float, "learning rate at the end of the cosine decay"),
-    ("--warmup-steps", "warmup_steps", int, "linear warmup steps"),
-    ("--weight-decay", "weight_decay", float, "AdamW decoupled weight decay (2-D weights only)"),
-    ("--beta1", "beta1", float, "AdamW beta1"),
-    ("--beta2", "beta2", float, "AdamW beta2"),
-    ("--grad-clip", "grad_clip", float, "global gradient-norm clip (0: off)"),
-    ("--eval-interval", "eval_interval", int, "evaluate + checkpoint every N steps"),
-    ("--eval-batches", "eval_batches", int, "validation batches per evaluation"),
-    ("--val-fraction", "val_fraction", float, "last fraction of the corpus held out for validation"),
-    ("--seed", "seed", int, "seed for initialisation and batches"),
-    (
-        "--workers",
-        "workers",
-        int,
-        "processes computing each step's batch shards (0: one per core; "
-        "the same count gives bit-identical runs on any machine)",
-    ),
-]
-_FIELDS = [f for _, f, _, _ in _MODEL_FLAGS + _TRAIN_FLAGS] + ["bias"]
+# every TrainConfig field is a flag: its name, help and range come from the field (pipeline/config.py)
+_FIELDS = [f.name for f in dataclasses.fields(TrainConfig)]
 
 
 def _training_options(func):
     """Every TrainConfig field as a flag (default: unset, shown with the built-in default)."""
-    for flag, name, typ, text in reversed(_MODEL_FLAGS + _TRAIN_FLAGS):
-        func = click.option(flag, name, type=typ, default=None, help=f"{text} [default: {getattr(_DEFAULTS, name)}]")(
-            func
-        )
-    func = click.option(
-        "--bias/--no-bias", "bias", default=None, help="biases in linear layers and LayerNorms [default: on]"
-    )(func)
+    for f in reversed(dataclasses.fields(TrainConfig)):
+        allowed, text = f.metadata["allowed"], f.metadata["help"]
+        flag = "--" + f.name.replace("_", "-")
+        if f.type == "bool":
+            func = click.option(f"{flag}/--no-{flag[2:]}", f.name, default=None, help=f"{text} [default: on]")(func)
+            continue
+        if isinstance(allowed, Range):
+            typ = Number(int if f.type == "int" else float, allowed)
+        else:
+            typ = click.Choice(allowed)
+        func = click.option(flag, f.name, type=typ, default=None, help=f"{text} [default: {f.default}]")(func)
     func = click.option(
         "--config",
         "config_file",
@@ -374,7 +350,7 @@ def train_model_command(
     help="tokenizer.safetensors, for a model file without one embedded (GPT.save's)",
 )
 @click.argument("text")
-@click.option("--top-k", default=10, show_default=True, type=int, help="rows in the table of likely tokens")
+@click.option("--top-k", default=10, show_default=True, type=count(1), help="rows in the table of likely tokens")
 @click.option("--json", "as_json", is_flag=True, help='print {"top": [{"id", "token", "p"}, ...]} instead of the table')
 @special_options
 @device_option
@@ -425,11 +401,15 @@ def predict_next_command(model_path, tokenizer_path, text, top_k, as_json, speci
     help="tokenizer.safetensors, for a model file without one embedded (GPT.save's)",
 )
 @click.argument("prompt")
-@click.option("-n", "--max-new-tokens", default=100, show_default=True, type=int, help="tokens to generate")
-@click.option("--temperature", default=1.0, show_default=True, type=float, help="0 = greedy (argmax)")
-@click.option("--top-k", default=None, type=int, help="sample among the K most likely tokens")
-@click.option("--top-p", default=None, type=float, help="sample among the smallest set with probability >= P")
-@click.option("--seed", default=None, type=int, help="seed for reproducible sampling")
+@click.option(
+    "-n", "--max-new-tokens", default=100, show_default=True, type=count(0, MAX_NEW_TOKENS), help="tokens to generate"
+)
+@click.option("--temperature", default=1.0, show_default=True, type=real(0), help="0 = greedy (argmax)")
+@click.option("--top-k", default=None, type=count(1), help="sample among the K most likely tokens")
+@click.option(
+    "--top-p", default=None, type=real(0, 1, low_open=True), help="sample among the smallest set with probability >= P"
+)
+@click.option("--seed", default=None, type=count(0), help="seed for reproducible sampling")
 @special_options
 @device_option
 def generate_command(
@@ -591,7 +571,13 @@ def _info_state(path: Path) -> None:
 @click.option(
     "-o", "--out", "run_dir", required=True, type=click.Path(file_okay=False, path_type=Path), help="run directory"
 )
-@click.option("--vocab-size", default=DEFAULT_VOCAB_SIZE, show_default=True, type=int, help="tokenizer vocabulary size")
+@click.option(
+    "--vocab-size",
+    default=DEFAULT_VOCAB_SIZE,
+    show_default=True,
+    type=count(256, MAX_VOCAB_SIZE),
+    help="tokenizer vocabulary size",
+)
 @_training_options
 @_run_corpus_options
 @click.option("--prompt", default=None, help="prompt for the final sample (default: words from the validation text)")
@@ -599,7 +585,7 @@ def _info_state(path: Path) -> None:
     "-n",
     "--max-new-tokens",
     default=None,
-    type=int,
+    type=count(0, MAX_NEW_TOKENS),
     help="tokens in the final sample  [default: what fills the model's context]",
 )
 @click.option(

@@ -18,7 +18,9 @@ from tokenkit.bpe.corpus import Corpus
 from tokenkit.bpe.encode_corpus import encode_corpus, eot_id
 from tokenkit.bpe.tokenizer import describe_merge
 from tokenkit.cli.launch import end_together, mpi_world
+from tokenkit.cli.params import count
 from tokenkit.cli.specials import flags_in_errors, special_options
+from tokenkit.pipeline.config import MAX_WORKERS
 from tokenkit.pipeline.run import load_tokenizer
 
 _STOP_REASONS = {
@@ -76,7 +78,7 @@ def _warn(message: str) -> None:
 )
 @click.option(
     "--min-frequency",
-    type=int,
+    type=count(1),
     default=2,
     show_default=True,
     help="Stop when the best pair occurs fewer times than this.",
@@ -90,7 +92,9 @@ def _warn(message: str) -> None:
 @click.option(
     "--special", "specials", multiple=True, metavar="TOKEN", help="A special token (repeatable); ids follow the merges."
 )
-@click.option("--workers", type=int, default=None, help="Processes for counting.  [default: all cores]")
+@click.option(
+    "--workers", type=count(1, MAX_WORKERS), default=None, help="Processes for counting.  [default: all cores]"
+)
 @click.option("-v", "--verbose", is_flag=True, help="Print every merge: rank, the pair as text, its count.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @click.option(
@@ -194,7 +198,9 @@ def _bpe_train(comm, corpus, vocab_size, min_frequency, pattern, specials, worke
 )
 @special_options
 @click.option("--show", is_flag=True, help="Show each token's text next to its id, to see where the boundaries fall.")
-@click.option("--workers", type=int, default=None, help="Processes for -f FILE.  [default: all cores]")
+@click.option(
+    "--workers", type=count(1, MAX_WORKERS), default=None, help="Processes for -f FILE.  [default: all cores]"
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @click.option(
     "--eot", metavar="TOKEN", help="With -f: put this special token's id between documents (files, JSONL records)."

@@ -39,6 +39,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -49,6 +50,7 @@ try:
 except ModuleNotFoundError:  # pragma: no cover - not POSIX: writers of one parent are not serialised
     fcntl = None  # type: ignore[assignment]
 
+from tokenkit.common import readfile
 from tokenkit.common.errors import FileError
 
 _TEMP = re.compile(r"^\..+\.tk-(\d+)-[0-9a-f]{8}\.tmp$")
@@ -66,9 +68,21 @@ _HINTS = {
 
 
 def write_error(path: str | os.PathLike, err: OSError) -> FileError:
-    """The one-line FileError for an OSError met while writing `path`."""
+    """The one-line FileError for an OSError met while writing `path` (a full disk: with the free
+    space left where it was writing)."""
     hint = _HINTS.get(err.errno, "check the path and the disk")
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = hint.replace("; ", f" ({_free_space(Path(path).parent)}); ", 1)
     return FileError(f"{path}: cannot write ({err.strerror or err}); {hint}")
+
+
+def _free_space(directory: Path) -> str:
+    """What is free in `directory` ("80.3 GB free in /data"), for the message of a full disk."""
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return f"free space in {directory} unknown"
+    return f"{free / 1e9:,.1f} GB free in {directory}" if free >= 1e8 else f"{free:,} bytes free in {directory}"
 
 
 def temp_path(path: str | os.PathLike) -> Path:
@@ -88,6 +102,9 @@ def fsync_dir(directory: str | os.PathLike) -> None:
 
 
 def _check_target(path: Path) -> None:
+    for link in (path.parent, path):  # a dangling link is named as one: replacing it would lose it silently
+        if os.path.islink(link) and not link.exists():
+            raise FileError(f"{readfile.describe_missing(link)}; remove the link or give another path")
     if not path.parent.is_dir():
         raise FileError(f"{path}: directory {path.parent} does not exist; create it first")
     if path.is_dir():
@@ -148,6 +165,11 @@ def write_atomic(path: str | os.PathLike, data: Data) -> None:
     with atomic_path(path) as tmp:
         with create_temp(tmp) as f:
             _write_into(f, data)
+
+
+def _read_note(path: Path) -> bytes:
+    """A note this module wrote (any size: one too big to read would look like no note at all)."""
+    return readfile.read_bytes(path, readfile.NO_LIMIT, "a note of tk's")
 
 
 def _alive(pid: int) -> bool:
@@ -334,8 +356,8 @@ def recover_replacements(directory: str | os.PathLike) -> None:
     for stem in sorted(stale):
         tmp, old, note = (parent / f"{stem}.{suffix}" for suffix in ("tmp", "old", "swap"))
         names: set[str] | None = None  # no note, or one cut short: nothing had moved in, all is ours
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            names = set(json.loads(note.read_bytes())["names"])
+        with contextlib.suppress(FileError, OSError, ValueError, KeyError, TypeError):
+            names = set(json.loads(_read_note(note))["names"])
         with contextlib.suppress(OSError):
             if not os.path.lexists(directory) and old.is_dir():
                 os.rename(old, directory)  # killed between the two renames: the old one is whole
@@ -436,9 +458,9 @@ def recover_staged(directory: str | os.PathLike, staged: str | os.PathLike) -> s
     if not staged.is_dir():
         return None
     try:
-        note = json.loads((staged / _COMMIT_NOTE).read_bytes())
+        note = json.loads(_read_note(staged / _COMMIT_NOTE))
         moves, removes = list(note["move"]), list(note["remove"])
-    except (OSError, ValueError, KeyError, TypeError):  # no note (a rename writes it whole): never committed
+    except (FileError, OSError, ValueError, KeyError, TypeError):  # no note (a rename writes it whole): never committed
         discard_staged(staged)
         return "discarded"
     _finish_staged(directory, staged, {"move": moves, "remove": removes})

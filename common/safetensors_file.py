@@ -9,9 +9,10 @@ and metadata give the same bytes (names and metadata keys sorted), whereas the l
 `__metadata__` differently from one process to the next. `write` streams each array into the
 file object of `common.atomic.write_atomic`, so saving never holds a second copy of the weights.
 
-Reading checks the header against the file before anything is allocated (`read_header`): its
-length, its nesting, every dtype, shape and offset, and that the offsets tile the data exactly;
-`read` then hands the tensors over from the library's memory-mapped reader.
+Reading opens the file once through `common.readfile` (a regular file, or one line saying what it
+is) and checks the header against it before anything is allocated (`read_header`): its length,
+its nesting, every dtype, shape and offset, and that the offsets tile the data exactly; `read`
+then reads each tensor straight into an array of its checked size.
 
 What it deliberately does not do: interpret names or metadata (bpe/io.py and transformer/io.py do).
 """
@@ -24,15 +25,15 @@ import math
 import os
 import struct
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from tokenkit.common import jsonsafe
+from tokenkit.common import jsonsafe, readfile
 from tokenkit.common.errors import FileError
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
+WHAT = "a .safetensors file"  # what a path that is not a regular file is told to give instead
 
 DTYPES = {
     "F64": np.dtype("<f8"),
@@ -146,42 +147,71 @@ def parse_header(
 
 
 def read_header(
-    path: str | os.PathLike, what: str | None = None, *, bfloat16: bool = False
+    path: str | os.PathLike, what: str | None = None, *, bfloat16: bool = False, what_file: str = WHAT
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """The validated tensor entries and metadata of a safetensors file (reads only its header);
-    `bfloat16`: accept BF16 tensors too."""
-    path = Path(path)
-    what = what or str(path)
+    `bfloat16`: accept BF16 tensors too. `what_file` is what a path that is not a regular file
+    should have been ("a model file"); `what` names the file in messages (default: its path)."""
+    entries, metadata, _ = read_layout(path, what, bfloat16=bfloat16, what_file=what_file)
+    return entries, metadata
+
+
+def read_layout(
+    path: str | os.PathLike, what: str | None = None, *, bfloat16: bool = False, what_file: str = WHAT
+) -> tuple[dict[str, dict[str, Any]], dict[str, str], int]:
+    """`read_header`, and where the tensors' data starts in the file (their offsets count from there)."""
+    with readfile.open_regular(path, readfile.NO_LIMIT, what_file) as (f, size):
+        return _layout(f, size, what or str(path), bfloat16)
+
+
+def _layout(f: BinaryIO, size: int, what: str, bfloat16: bool) -> tuple[dict[str, dict[str, Any]], dict[str, str], int]:
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            head = f.read(8)
-            if len(head) < 8:
-                raise FileError(f"{what} is not a safetensors file (too short; truncated?)")
-            (n,) = struct.unpack("<Q", head)
-            if n > min(size - 8, MAX_HEADER_BYTES):
-                raise FileError(
-                    f"{what} is not a safetensors file, or it is truncated (its header length {n} runs past the end)"
-                )
-            data = f.read(n)
+        head = f.read(8)
+        if len(head) < 8:
+            raise FileError(f"{what} is not a safetensors file (too short; truncated?)")
+        (n,) = struct.unpack("<Q", head)
+        if n > min(size - 8, MAX_HEADER_BYTES):
+            raise FileError(
+                f"{what} is not a safetensors file, or it is truncated (its header length {n} runs past the end)"
+            )
+        data = f.read(n)
     except OSError as err:
         raise FileError(f"{what}: cannot read ({err.strerror or err})") from None
-    return parse_header(data, size, what, bfloat16=bfloat16)
+    entries, metadata = parse_header(data, size, what, bfloat16=bfloat16)
+    return entries, metadata, 8 + n
 
 
-def read(path: str | os.PathLike, what: str | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """All tensors (native byte order) and the metadata of a safetensors file, sizes checked first."""
-    from safetensors import SafetensorError, safe_open
-
-    path = Path(path)
+def read(
+    path: str | os.PathLike, what: str | None = None, *, what_file: str = WHAT
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """All tensors (native byte order) and the metadata of a safetensors file, sizes checked first:
+    each tensor is read straight into an array of its checked size, from the one open file."""
     what = what or str(path)
-    entries, metadata = read_header(path, what)
+    with readfile.open_regular(path, readfile.NO_LIMIT, what_file) as (f, size):
+        entries, metadata, start = _layout(f, size, what, False)
+        tensors = {}
+        for name in sorted(entries):
+            entry = entries[name]
+            dtype = DTYPES[entry["dtype"]]
+            arr = np.empty(entry["shape"], dtype=dtype)
+            read_into(f, start + entry["data_offsets"][0], arr, what)
+            tensors[name] = arr.astype(dtype.newbyteorder("="), copy=False)
+    return tensors, metadata
+
+
+def read_into(f: BinaryIO, offset: int, arr: np.ndarray, what: str) -> None:
+    """Fill the contiguous `arr` with the file's bytes from `offset`; FileError when they run out."""
+    buf = memoryview(arr.reshape(-1).view(np.uint8))
     try:
-        with safe_open(str(path), framework="numpy") as f:
-            return {name: f.get_tensor(name) for name in sorted(entries)}, metadata
-    except (SafetensorError, OSError, ValueError) as err:  # e.g. the file changed under us
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise FileError(f"{what}: cannot read tensors ({first}); the file may be truncated") from None
+        f.seek(offset)
+        done = 0
+        while done < len(buf):
+            n = f.readinto(buf[done:])
+            if not n:
+                raise FileError(f"{what}: the file ends inside a tensor; it was truncated while being read")
+            done += n
+    except OSError as err:
+        raise FileError(f"{what}: cannot read ({err.strerror or err})") from None
 
 
 def load_bytes(data: bytes, what: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:

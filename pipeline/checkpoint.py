@@ -28,7 +28,9 @@ log.jsonl). This module does not decide *when* to save; `pipeline.train` does.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import math
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -38,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from tokenkit.bpe import Tokenizer, TokenizerError
-from tokenkit.common import FileError, atomic, jsonsafe, safetensors_file
+from tokenkit.common import FileError, atomic, jsonsafe, readfile, safetensors_file
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.transformer import GPT, ModelError
 from tokenkit.transformer import io as model_io
@@ -100,14 +102,11 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 
 
 def read_json(path: str | os.PathLike, limit: int = 1 << 20) -> Any:
-    """Read a small JSON file, or None when it is missing, too big or unreadable (callers treat that as 'no cache')."""
+    """A small JSON file of the run (pipeline.json, tokens.json), or None when it is missing, too
+    big, not a regular file or damaged: callers treat that as 'no cache' and redo the stage."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
-        if len(data) > limit:
-            return None
-        return jsonsafe.loads(data, str(path))
-    except (OSError, FileError):
+        return jsonsafe.loads(readfile.read_bytes(path, limit, "a small JSON file"), str(path))
+    except FileError:
         return None
 
 
@@ -141,56 +140,124 @@ class JsonlLog:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 — closed in close()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 — closed in close()
+        except OSError as err:
+            raise PipelineError(str(atomic.write_error(self.path, err))) from None
 
     def write(self, record: Mapping[str, Any]) -> None:
-        self._f.write(json.dumps(record, sort_keys=True) + "\n")
-        self._f.flush()
+        try:
+            self._f.write(json.dumps(record, sort_keys=True) + "\n")
+            self._f.flush()
+        except OSError as err:  # a full disk: the log names itself, as every other file does
+            raise PipelineError(str(atomic.write_error(self.path, err))) from None
 
     def close(self) -> None:
-        self._f.close()
+        with contextlib.suppress(OSError):  # only a record whose write already failed (and said so) is lost
+            self._f.close()
 
 
-def truncate_log(path: str | os.PathLike, step: int) -> None:
-    """Keep only the log records of steps <= `step` (and drop a torn last line)."""
+MAX_LOG_LINE = 1 << 20  # a record is ~150 bytes; a longer line is damage
+LOG_ADVICE = "move it away: tk keeps a run's training log (log.jsonl) there"
+
+
+def truncate_log(path: str | os.PathLike, step: int) -> str | None:
+    """Keep only the log records of steps <= `step`. A damaged line (not UTF-8, not a JSON object,
+    a step that is not a whole number, over MAX_LOG_LINE bytes) is dropped too, and said in the
+    one-line note returned (None when there was none); a torn last line (a kill mid-write) is
+    dropped silently. The log is diagnostics: the checkpoint, not the log, decides where a run
+    resumes, so damage there never stops a resume. A log that is not a regular file is refused."""
     path = Path(path)
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):
-            continue  # a line cut short by a kill
-        if isinstance(record, dict) and isinstance(record.get("step", 0), int) and record.get("step", 0) <= step:
-            kept.append(line)
-    write_text(path, "".join(line + "\n" for line in kept))
+    if not os.path.lexists(path):
+        return None
+    damaged: list[tuple[int, str]] = []
+    lines = _log_lines(path)
+    first = next(lines, None)  # opens the log: one that is not a regular file is refused before any write
+
+    def keep(out) -> None:
+        for lineno, line, record, why in itertools.chain([first] if first else [], lines):
+            if record is None:
+                if why:
+                    damaged.append((lineno, why))
+            elif record.get("step", 0) <= step:
+                out.write(line if line.endswith(b"\n") else line + b"\n")
+
+    write_bytes(path, keep)
+    if not damaged:
+        return None
+    lineno, why = damaged[0]
+    more = f" and {len(damaged) - 1} more" if len(damaged) > 1 else ""
+    return f"warning: {path}: dropped damaged line {lineno} ({why}){more}; the run resumes from its checkpoint"
 
 
 def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """All records of a `log.jsonl` (a torn last line is skipped)."""
-    records = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        with contextlib.suppress(ValueError, RecursionError):
-            records.append(json.loads(line))
-    return records
+    """All records of a `log.jsonl`; damaged lines and a torn last line are skipped."""
+    return [record for _, _, record, _ in _log_lines(Path(path)) if record is not None]
+
+
+def _log_lines(path: Path) -> Iterator[tuple[int, bytes, dict[str, Any] | None, str]]:
+    """(line number, the line, its record or None, why it is none: "" for a torn last line) of a log."""
+    try:
+        with readfile.open_regular(path, readfile.LOG_LIMIT, "a training log", LOG_ADVICE) as (f, _):
+            for lineno in itertools.count(1):
+                line = f.readline(MAX_LOG_LINE + 1)
+                if not line:
+                    return
+                if len(line) > MAX_LOG_LINE:
+                    while line and not line.endswith(b"\n"):  # the rest of the long line
+                        line = f.readline(MAX_LOG_LINE)
+                    yield lineno, b"", None, f"longer than {MAX_LOG_LINE:,} bytes"
+                    continue
+                record, why = _log_record(line)
+                torn = not line.endswith(b"\n") and record is None
+                yield lineno, line, record, "" if torn else why
+    except FileError as err:
+        raise PipelineError(str(err)) from None
+
+
+def _log_record(line: bytes) -> tuple[dict[str, Any] | None, str]:
+    """A log line's record, or None and what is wrong with it.
+
+    >>> _log_record(b'{"step": 3, "loss": NaN}\\n')
+    ({'step': 3, 'loss': nan}, '')
+    >>> _log_record(b'{"step": "3"}\\n')
+    (None, 'its step is not a whole number')
+    """
+    try:
+        record = jsonsafe.loads(line, "the line")
+    except FileError as err:
+        return None, "not UTF-8 text" if "UTF-8" in str(err) else "not JSON"
+    if not isinstance(record, dict):
+        return None, "not a JSON object"
+    step = record.get("step", 0)
+    if type(step) is not int or step < 0:
+        return None, "its step is not a whole number"
+    return record, ""
 
 
 # --- reading safetensors headers safely -------------------------------------------------------
 
 
+_WHAT_FILE = {  # read_header's `what` -> what a path that is not a regular file should have been
+    "file": "a tokenizer, model or training-state file",
+    "tokenizer": "a tokenizer.safetensors, a model file or a run directory",
+    "model file": "a model file (model.safetensors)",
+    "training state": f"a training state ({STATE_FILE})",
+}
+
+
 def read_header(path: str | os.PathLike, what: str = "file") -> dict[str, str]:
     """The string metadata of a safetensors file; one-line PipelineError when it is not one."""
     path = Path(path)
-    if not path.exists():
+    if not os.path.lexists(path):
         raise PipelineError(f"{what} not found: {path}")
     if path.is_dir():
         raise PipelineError(f"{what} {path} is a directory; give a .safetensors file")
     try:
-        return safetensors_file.read_header(path)[1]
+        return safetensors_file.read_header(path, what_file=_WHAT_FILE.get(what, safetensors_file.WHAT))[1]
     except FileError as err:
-        raise PipelineError(f"{err}; it may be truncated or corrupt") from None
+        raise PipelineError(str(err)) from None
 
 
 def _load_tensors(path: Path) -> dict[str, np.ndarray]:
@@ -438,6 +505,33 @@ def load_train_state(path: str | os.PathLike) -> TrainState:
         )
     except (KeyError, ValueError) as err:
         raise PipelineError(f"{path} has bad metadata ({err}); it is corrupt") from None
-    if not all(isinstance(v, dict) for v in (state.train_config, state.model_config, state.data)) or state.step < 0:
+    if not all(isinstance(v, dict) for v in (state.train_config, state.model_config, state.data)):
         raise PipelineError(f"{path} has bad metadata (a setting table is not a JSON object); it is corrupt")
+    if state.step < 0:
+        raise PipelineError(f"{path} has bad metadata (step {state.step}); it is corrupt")
+    _check_state_values(path, state)
     return state
+
+
+def _check_state_values(path: Path, state: TrainState) -> None:
+    """One line for values no run writes: NaN or infinite moments, negative second moments, a
+    generator state that is not PCG64's six words, a best loss that is not a number."""
+    rng = state.rng
+    if rng.dtype != np.uint64 or rng.shape != (6,) or int(rng[4]) > 1:
+        raise PipelineError(
+            f"{path}: the data generator state ({rng.dtype}{list(rng.shape)}) is not PCG64's six uint64 words; "
+            "it is corrupt"
+        )
+    named = [("optimizer." + k, v) for k, v in state.optimizer.items() if k not in ("step", "betas")]
+    for name, arr in named:  # the weights' own values were checked with their shapes (_params_from)
+        if arr.dtype != np.float32:
+            raise PipelineError(f"{path}: {name} is {arr.dtype}, expected float32; the file is corrupt")
+        if not np.isfinite(arr).all():
+            raise PipelineError(f"{path}: {name} holds NaN or infinite values; the file is corrupt")
+        if name.startswith("optimizer.v.") and (arr < 0).any():
+            raise PipelineError(f"{path}: {name} holds negative second moments; the file is corrupt")
+    best, best_step = state.best_val_loss, state.best_step
+    if best is not None and (type(best) not in (int, float) or not math.isfinite(best)):
+        raise PipelineError(f"{path}: best_val_loss {best!r} is not a finite number; the file is corrupt")
+    if best_step is not None and (type(best_step) is not int or best_step < 0):
+        raise PipelineError(f"{path}: best_step {best_step!r} is not a step number; the file is corrupt")

@@ -9,14 +9,17 @@ What it deliberately does not do: run anything (pipeline/train.py does).
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenkit.common import FileError, jsonsafe
+from tokenkit.common import FileError, jsonsafe, readfile
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.transformer import GPTConfig
+from tokenkit.transformer.config import MAX_CONTEXT_LENGTH, MAX_D_MODEL, MAX_LAYERS
 
 try:  # Python >= 3.11
     import tomllib
@@ -28,6 +31,43 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 
 DEFAULT_VOCAB_SIZE = 1024  # tokenizer trained when none is given: laptop-sized, like the model defaults
 MODEL_FIELDS = ("n_layers", "n_heads", "d_model", "context_length", "positional", "activation", "norm", "bias")
+MAX_STEPS = 10**12  # a million steps an hour for a century; also bounds --eval-interval and --warmup-steps
+MAX_BATCH = 1 << 20  # windows per step; the memory check refuses much less on most machines
+MAX_EVAL_BATCHES = 100_000  # validation batches per evaluation, each a forward pass
+MAX_WORKERS = 1024  # processes per command (each holds its own gradients or text pieces)
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric setting may take: a finite number from `low` to `high` (None: no
+    bound; `low_open`/`high_open` exclude that end). `problem` says what is wrong with a value.
+
+    >>> Range(0, 1, low_open=True).problem(float("inf")), Range(1, 8).problem(9), Range(0).problem(0)
+    ('must be a finite number', 'must be at most 8', None)
+    """
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def problem(self, value: float) -> str | None:
+        """What is wrong with `value` ("must be at least 1"), or None when it is in range."""
+        if isinstance(value, float) and not math.isfinite(value):
+            return "must be a finite number"
+        low, high = self.low, self.high
+        if low is not None and (value < low or (self.low_open and value == low)):
+            if low == 0:
+                return "must be positive" if self.low_open else "must not be negative"
+            return f"must be above {low:,}" if self.low_open else f"must be at least {low:,}"
+        if high is not None and (value > high or (self.high_open and value == high)):
+            return f"must be below {high:,}" if self.high_open else f"must be at most {high:,}"
+        return None
+
+
+def _setting(default: Any, help: str, allowed: Range | tuple[str, ...] | None = None) -> Any:
+    """A TrainConfig field: its default, its flag's help, and the numbers (a Range) or names it may take."""
+    return field(default=default, metadata={"help": help, "allowed": allowed})
 
 
 @dataclass
@@ -37,68 +77,63 @@ class TrainConfig:
     The defaults train the default corpus (`corpora/tiny_tales.txt`, with a 1024-token BPE) to a
     visibly learned model in about a minute on 2 cores: it learns to carry a story's hero's name
     (an induction head), steadily across seeds (the measurements behind them: BENCHMARKS.md).
+    Each field's metadata holds its flag's help and its range, checked for a flag, a settings
+    file and a recorded run alike; `tk train-model` derives its flags from them.
     """
 
     # model (the vocabulary size comes from the tokenizer)
-    n_layers: int = 2
-    n_heads: int = 4
-    d_model: int = 128
-    context_length: int = 64
-    positional: str = "learned"
-    activation: str = "gelu"
-    norm: str = "pre"
-    bias: bool = True
+    n_layers: int = _setting(2, "transformer blocks", Range(1, MAX_LAYERS))
+    n_heads: int = _setting(4, "attention heads (must divide --d-model)", Range(1, MAX_D_MODEL))
+    d_model: int = _setting(128, "width of the residual stream", Range(1, MAX_D_MODEL))
+    context_length: int = _setting(64, "tokens of context (T)", Range(1, MAX_CONTEXT_LENGTH))
+    positional: str = _setting("learned", "positional encoding", ("learned", "sinusoidal"))
+    activation: str = _setting("gelu", "MLP activation", ("gelu", "relu"))
+    norm: str = _setting("pre", "LayerNorm placement", ("pre", "post"))
+    bias: bool = _setting(True, "biases in linear layers and LayerNorms")
     # optimisation
-    batch_size: int = 16
-    steps: int = 2000
-    lr: float = 4e-3
-    min_lr: float = 4e-4
-    warmup_steps: int = 50
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.99
-    grad_clip: float = 1.0  # 0 turns clipping off
+    batch_size: int = _setting(16, "windows per step (B)", Range(1, MAX_BATCH))
+    steps: int = _setting(2000, "optimizer steps in total", Range(1, MAX_STEPS))
+    lr: float = _setting(4e-3, "peak learning rate", Range(0, 1, low_open=True))
+    min_lr: float = _setting(4e-4, "learning rate at the end of the cosine decay", Range(0, 1))
+    warmup_steps: int = _setting(50, "linear warmup steps", Range(0, MAX_STEPS))
+    weight_decay: float = _setting(0.1, "AdamW decoupled weight decay (2-D weights only)", Range(0, 1e4))
+    beta1: float = _setting(0.9, "AdamW beta1", Range(0, 1, high_open=True))
+    beta2: float = _setting(0.99, "AdamW beta2", Range(0, 1, high_open=True))
+    grad_clip: float = _setting(1.0, "global gradient-norm clip (0: off)", Range(0))
     # evaluation and data
-    eval_interval: int = 100
-    eval_batches: int = 10
-    val_fraction: float = 0.1
-    seed: int = 0
+    eval_interval: int = _setting(100, "evaluate + checkpoint every N steps", Range(1, MAX_STEPS))
+    eval_batches: int = _setting(10, "validation batches per evaluation", Range(1, MAX_EVAL_BATCHES))
+    val_fraction: float = _setting(
+        0.1, "last fraction of the corpus held out for validation", Range(0, 1, low_open=True, high_open=True)
+    )
+    seed: int = _setting(0, "seed for initialisation and batches", Range(0, 2**64 - 1))
     # the machine: processes computing each step's batch shards, 0 = one per core. Results are
     # bit-identical for the same seed and the same count, so giving it reproduces a run elsewhere.
-    workers: int = 0
+    workers: int = _setting(
+        0,
+        "processes computing each step's batch shards (0: one per core; "
+        "the same count gives bit-identical runs on any machine)",
+        Range(0, MAX_WORKERS),
+    )
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
         """One-line PipelineError for values no run could use (the model checks its own fields too)."""
-        positive = (
-            "n_layers",
-            "n_heads",
-            "d_model",
-            "context_length",
-            "batch_size",
-            "steps",
-            "eval_interval",
-            "eval_batches",
-        )
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise PipelineError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise PipelineError(f"--lr must be positive, got {self.lr}")
-        if not 0 <= self.min_lr <= self.lr:
+        for f in dataclasses.fields(self):
+            allowed, value = f.metadata["allowed"], getattr(self, f.name)
+            if isinstance(allowed, Range) and (problem := allowed.problem(value)) is not None:
+                raise PipelineError(f"{_flag(f.name)} {problem}, got {_short(value)}")
+        if self.min_lr > self.lr:
             raise PipelineError(f"--min-lr must be between 0 and --lr ({self.lr}), got {self.min_lr}")
-        for name in ("warmup_steps", "weight_decay", "grad_clip", "seed", "workers"):
-            if getattr(self, name) < 0:
-                raise PipelineError(f"{_flag(name)} must not be negative, got {getattr(self, name)}")
-        for name in ("beta1", "beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                raise PipelineError(f"{_flag(name)} must be in [0, 1), got {getattr(self, name)}")
+        if self.lr * self.weight_decay > 1:  # each step scales the weights by 1 - lr * weight_decay
+            raise PipelineError(
+                f"--weight-decay {self.weight_decay} times --lr {self.lr} must be at most 1 "
+                "(each step multiplies the weights by 1 - lr x weight decay)"
+            )
         if self.warmup_steps > self.steps:
             raise PipelineError(f"--warmup-steps ({self.warmup_steps}) must not exceed --steps ({self.steps})")
-        if not 0 < self.val_fraction < 1:
-            raise PipelineError(f"--val-fraction must be between 0 and 1 (exclusive), got {self.val_fraction}")
 
         GPTConfig.from_dict(self.model_config(vocab_size=256))  # its own one-line ModelError, before any work
 
@@ -133,6 +168,16 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _short(value: Any) -> str:
+    """A value for a one-line message, cut short (a settings file may hold a 5,000-digit number)."""
+    text = (
+        repr(value)
+        if not isinstance(value, int) or value.bit_length() < 200
+        else f"a {value.bit_length():,}-bit integer"
+    )
+    return text if len(text) <= 40 else text[:30] + "..."
+
+
 def _coerce(key: str, typ: str, value: Any) -> Any:
     ok = {
         "int": isinstance(value, int) and not isinstance(value, bool),
@@ -141,21 +186,26 @@ def _coerce(key: str, typ: str, value: Any) -> Any:
         "str": isinstance(value, str),
     }[typ]
     if not ok:
-        raise PipelineError(f"training setting {key!r} must be a {typ}, got {value!r}")
-    return float(value) if typ == "float" else value
+        raise PipelineError(f"training setting {key!r} must be a {typ}, got {_short(value)}")
+    try:
+        return float(value) if typ == "float" else value
+    except OverflowError:  # an integer beyond any float, e.g. 10**400 in a JSON file
+        raise PipelineError(f"{_flag(key)} must be a finite number, got {_short(value)}") from None
 
 
-def _read_small(path: Path, limit: int = 1 << 20) -> str:
-    """A settings file's text; a file over `limit` bytes is not one."""
-    if path.stat().st_size > limit:
-        raise PipelineError(f"config file {path} is {path.stat().st_size:,} bytes; a settings file is a few hundred")
-    return path.read_text(encoding="utf-8")
+def _read_small(path: Path) -> str:
+    """A settings file's text (`common.readfile`: a regular file of at most SETTINGS_LIMIT bytes)."""
+    try:
+        data = readfile.read_bytes(path, readfile.SETTINGS_LIMIT, "a settings file", "give a .json or .toml file")
+    except FileError as err:
+        raise PipelineError(f"config file {err}") from None
+    return data.decode("utf-8")
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """The settings table of a .json or .toml file (TOML needs Python >= 3.11 or the `tomli` package)."""
     path = Path(path)
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise PipelineError(f"config file not found: {path}")
     try:
         if path.suffix.lower() == ".toml":

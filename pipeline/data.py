@@ -18,14 +18,17 @@ writes the JSON); it renames finished files (and the pending copies of streams) 
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tokenkit.bpe import TokenizerError
+from tokenkit.bpe import io as bpe_io
 from tokenkit.common import atomic
 from tokenkit.pipeline import checkpoint
 from tokenkit.pipeline.errors import PipelineError
@@ -301,9 +304,11 @@ def open_tokens(
 
 
 def _open_ids(path: Path) -> np.ndarray | None:
+    """A token file memory-mapped (`bpe.io.load_ids`: header checked, regular file), or None when
+    it is damaged or not the kind tk writes: the tokens are then encoded again."""
     try:
-        ids = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError):
+        ids = bpe_io.load_ids(path)
+    except TokenizerError:
         return None
     if ids.ndim != 1 or ids.dtype not in (np.uint16, np.uint32):
         return None
@@ -376,11 +381,36 @@ def get_batch(
 
 def eval_batches(
     ids: np.ndarray, n_batches: int, batch_size: int, context_length: int, seed: int, rows: slice | None = None
-):
+) -> EvalBatches:
     """The same `n_batches` validation batches every time (their own generator, seeded from `seed`).
 
     Fixed windows make successive evaluations comparable, and never drawing from the training
     generator keeps a resumed run's batches identical to an uninterrupted one.
     """
-    rng = np.random.default_rng([seed, 0x5EED])
-    return [get_batch(ids, batch_size, context_length, rng, rows) for _ in range(n_batches)]
+    return EvalBatches(ids, n_batches, batch_size, context_length, seed, rows)
+
+
+@dataclass(frozen=True, eq=False)
+class EvalBatches(Sequence):
+    """`eval_batches`' batches, drawn afresh on each pass from a generator seeded the same way:
+    memory holds one batch, however many an evaluation asks for."""
+
+    ids: np.ndarray
+    n_batches: int
+    batch_size: int
+    context_length: int
+    seed: int
+    rows: slice | None = None
+
+    def __len__(self) -> int:
+        return self.n_batches
+
+    def __iter__(self):
+        rng = np.random.default_rng([self.seed, 0x5EED])
+        for _ in range(self.n_batches):
+            yield get_batch(self.ids, self.batch_size, self.context_length, rng, self.rows)
+
+    def __getitem__(self, i: int):
+        if not 0 <= i < self.n_batches:
+            raise IndexError(i)
+        return next(itertools.islice(iter(self), i, None))

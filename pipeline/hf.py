@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 import os
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ import numpy as np
 
 from tokenkit import __version__
 from tokenkit.bpe import Tokenizer, TokenizerError
-from tokenkit.common import FileError, atomic, jsonsafe, safetensors_file
+from tokenkit.common import FileError, atomic, jsonsafe, readfile, safetensors_file
 from tokenkit.pipeline import checkpoint
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.run import load_model_and_tokenizer
@@ -150,9 +149,9 @@ def _is_tk_model(path: Path) -> bool:
 
 def _is_earlier_export(directory: Path) -> bool:
     try:
-        with open(directory / CONFIG_FILE, "rb") as f:
-            config = jsonsafe.loads(f.read(MAX_JSON_BYTES), str(directory / CONFIG_FILE))
-    except (OSError, FileError):
+        path = directory / CONFIG_FILE
+        config = jsonsafe.loads(readfile.read_bytes(path, MAX_JSON_BYTES, "a config.json"), str(path))
+    except FileError:
         return False
     return isinstance(config, dict) and MARKER in config
 
@@ -228,14 +227,7 @@ class ImportResult:
 
 def _read_json(path: Path, what: str) -> Any:
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_JSON_BYTES + 1)
-    except OSError as err:
-        raise PipelineError(f"{path}: cannot read ({err.strerror or err})") from None
-    if len(data) > MAX_JSON_BYTES:
-        raise PipelineError(f"{path} is over {MAX_JSON_BYTES >> 20} MB; a {what} is a few KB")
-    try:
-        return jsonsafe.loads(data, str(path))
+        return jsonsafe.loads(readfile.read_bytes(path, MAX_JSON_BYTES, f"a {what}"), str(path))
     except FileError as err:
         raise PipelineError(str(err)) from None
 
@@ -297,9 +289,9 @@ class _Source:
 def _headers(directory: Path) -> tuple[dict[str, _Source], int]:
     """name -> _Source for every tensor of the checkpoint (one file or an index of shards)."""
     single, index = directory / WEIGHTS_FILE, directory / INDEX_FILE
-    if single.is_file():
+    if os.path.lexists(single):
         files = [single]
-    elif index.is_file():
+    elif os.path.lexists(index):
         table = _read_json(index, "safetensors index")
         weight_map = table.get("weight_map") if isinstance(table, dict) else None
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
@@ -309,7 +301,7 @@ def _headers(directory: Path) -> tuple[dict[str, _Source], int]:
         if bad:
             raise PipelineError(f"{index} names shard {bad[0]!r}; shards must be .safetensors files in {directory}")
         files = [directory / n for n in names]
-        missing = [p for p in files if not p.is_file()]
+        missing = [p for p in files if not os.path.lexists(p)]
         if missing:
             raise PipelineError(
                 f"{index} names {missing[0].name}, which is not in {directory}; is the download incomplete?"
@@ -326,17 +318,15 @@ def _headers(directory: Path) -> tuple[dict[str, _Source], int]:
     sources: dict[str, _Source] = {}
     for path in files:
         try:
-            entries, _ = safetensors_file.read_header(path, bfloat16=True)
-            with open(path, "rb") as f:
-                (n,) = struct.unpack("<Q", f.read(8))
-        except (FileError, OSError, struct.error) as err:
+            entries, _, start = safetensors_file.read_layout(path, bfloat16=True, what_file="a .safetensors shard")
+        except FileError as err:
             raise PipelineError(f"{err}; is the download complete?") from None
         for name, entry in entries.items():
             if name in sources:
                 raise PipelineError(
                     f"{path}: tensor {name!r} is also in {sources[name].file.name}; the checkpoint is inconsistent"
                 )
-            sources[name] = _Source(path, entry["dtype"], tuple(entry["shape"]), 8 + n + entry["data_offsets"][0])
+            sources[name] = _Source(path, entry["dtype"], tuple(entry["shape"]), start + entry["data_offsets"][0])
     return sources, len(files)
 
 
@@ -344,16 +334,13 @@ def _read_tensor(name: str, src: _Source) -> np.ndarray:
     """One tensor as float32, read straight from its file (BF16: the high half of a float32)."""
     if src.dtype not in _FLOATS:
         raise PipelineError(f"{src.file}: {name} is {src.dtype}; a model's weights are floats (F32, F16, BF16, F64)")
-    count = math.prod(src.shape)
     raw = np.dtype("<u2") if src.dtype == safetensors_file.BF16 else safetensors_file.DTYPES[src.dtype]
+    a = np.empty(src.shape, dtype=raw)
     try:
-        with open(src.file, "rb") as f:
-            f.seek(src.offset)
-            a = np.fromfile(f, dtype=raw, count=count)
-    except OSError as err:
-        raise PipelineError(f"{src.file}: cannot read ({err.strerror or err})") from None
-    if a.size != count:
-        raise PipelineError(f"{src.file}: {name} is cut short; the file changed while reading")
+        with readfile.open_regular(src.file, readfile.NO_LIMIT, "a .safetensors shard") as (f, _):
+            safetensors_file.read_into(f, src.offset, a, f"{src.file}: {name}")
+    except FileError as err:
+        raise PipelineError(str(err)) from None
     if src.dtype == safetensors_file.BF16:
         a = (a.astype(np.uint32) << 16).view(np.float32)
     return a.astype(np.float32, copy=False).reshape(src.shape)
@@ -445,7 +432,7 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *, overwrite
         raise PipelineError(f"{out} is a directory; give the model file to write, e.g. {out / 'model.safetensors'}")
     if out.exists() and not overwrite:
         raise PipelineError(f"{out} exists; choose another name, or pass --overwrite to replace it")
-    if not (directory / CONFIG_FILE).is_file():
+    if not os.path.lexists(directory / CONFIG_FILE):
         raise PipelineError(f"{directory} has no {CONFIG_FILE}; is it a transformers model directory?")
     hf = _read_json(directory / CONFIG_FILE, "model config")
     config = gpt_config(directory / CONFIG_FILE, hf)

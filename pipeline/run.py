@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -44,14 +45,18 @@ from tokenkit.pipeline.train import (
 )
 from tokenkit.transformer.backends import as_host
 
+MAX_NEW_TOKENS = 1_000_000  # tokens one generation may ask for: each is a forward pass and a list entry
+
 
 def load_tokenizer(path: str | Path):
     """A tokenizer from a tokenizer.safetensors, or the one embedded in a model file / run dir."""
 
     path = Path(path)
-    if path.is_dir() or (path.exists() and checkpoint.read_header(path).get("format") == checkpoint.MODEL_FORMAT):
+    if path.is_dir() or (
+        os.path.lexists(path) and checkpoint.read_header(path, "tokenizer").get("format") == checkpoint.MODEL_FORMAT
+    ):
         return checkpoint.load_model(path).tokenizer
-    if not path.exists():
+    if not os.path.lexists(path):
         raise PipelineError(
             f"tokenizer file not found: {path}; give a tokenizer.safetensors (`tk bpe-train` makes one), "
             "a model file or a run directory"
@@ -145,7 +150,13 @@ def predict_next(
     ids = encode_prompt(
         model, tokenizer, text, say, allowed_special=allowed_special, disallowed_special=disallowed_special
     )
-    logits = as_host(model.forward(np.asarray(ids, dtype=np.int64)[None, :])[0, -1]).astype(np.float64)  # (V,)
+    with np.errstate(over="ignore", invalid="ignore"):  # weights too large for float32: said below in one line
+        logits = as_host(model.forward(np.asarray(ids, dtype=np.int64)[None, :])[0, -1]).astype(np.float64)  # (V,)
+    if not np.isfinite(logits).all():
+        raise PipelineError(
+            "the model's scores for this prompt overflow float32 (infinite or NaN): its weights are damaged "
+            "or its training diverged"
+        )
     probs = np.exp(logits - logits.max())
     probs /= probs.sum()
     order = np.argsort(-probs, kind="stable")[: min(top_k, len(probs))]  # ties: the smaller id first
@@ -174,6 +185,8 @@ def generate(
     """
     if max_new_tokens < 0:
         raise PipelineError(f"--max-new-tokens must not be negative, got {max_new_tokens}")
+    if max_new_tokens > MAX_NEW_TOKENS:
+        raise PipelineError(f"--max-new-tokens must be at most {MAX_NEW_TOKENS:,}, got {max_new_tokens}")
     ids = encode_prompt(
         model, tokenizer, prompt, say, allowed_special=allowed_special, disallowed_special=disallowed_special
     )

@@ -30,7 +30,7 @@ import errno
 import os
 from pathlib import Path
 
-from tokenkit.common import FileError, atomic
+from tokenkit.common import FileError, atomic, readfile
 from tokenkit.pipeline import checkpoint
 from tokenkit.pipeline.errors import PipelineError
 
@@ -83,6 +83,10 @@ class RunDir:
 
     def __enter__(self) -> RunDir:
         path = self.path
+        if os.path.islink(path) and not path.exists():  # mkdir would say "File exists"
+            raise PipelineError(
+                f"run directory {readfile.describe_missing(path)}; remove the link or choose another -o"
+            )
         if path.exists() and not path.is_dir():
             raise PipelineError(f"run directory {path} is a file; give a directory path with -o")
         if not path.exists():

@@ -296,8 +296,6 @@ class _Run:
         if self.ranks is not None:
             self._join()
         log_path = self.files.dir / checkpoint.LOG_FILE
-        if self.leader:
-            checkpoint.truncate_log(log_path, self.step)  # drop records past the checkpoint we continue from
         log = checkpoint.JsonlLog(log_path) if self.leader else _NoLog()
         # wall-clock times live here, never in the weight files (identical runs, identical files)
         session = {
@@ -704,7 +702,10 @@ def resume_training(
                 f"nothing to resume in {run_dir}: no {checkpoint.STATE_FILE}; start a run with `tk train-model`"
             )
         state = checkpoint.load_train_state(state_path)
-        config = TrainConfig.from_dict(state.train_config)
+        try:
+            config = TrainConfig.from_dict(state.train_config)
+        except PipelineError as err:  # no run records these: the file is damaged
+            raise PipelineError(f"{state_path}: its recorded settings are not a run's ({err}); it is corrupt") from None
         for key, value in (overrides or {}).items():
             key = key.replace("-", "_")
             old = getattr(config, key)
@@ -736,6 +737,10 @@ def resume_training(
         say(f"resuming {run_dir} at step {state.step} of {config.steps}")
         if ranks is not None:
             say(run.describe_split())
+        # records past the checkpoint we continue from go, and so does damage (said in one line)
+        note = checkpoint.truncate_log(run_dir / checkpoint.LOG_FILE, state.step)
+        if note is not None:
+            say(note)
         return run.run()
 
 

@@ -244,7 +244,7 @@ def test_empty_prompt_and_bad_sampling_flags(run, capsys):
         assert_one_line_error(code, err, "prompt is empty")
         assert out == ""
     code, _, err = cli(capsys, "generate", "-m", str(run), "up 1", "--top-p", "1.5")
-    assert_one_line_error(code, err, "top_p")
+    assert_one_line_error(code, err, "--top-p")
     code, _, err = cli(capsys, "predict-next", "-m", str(run), "up 1", "--top-k", "0")
     assert_one_line_error(code, err, "--top-k")
 

@@ -41,6 +41,7 @@ from tokenkit.bpe import io as bpe_io
 from tokenkit.bpe.pretokenize import GPT2_PATTERN, GPT4_PATTERN
 from tokenkit.common.errors import FileError
 from tokenkit.pipeline import PipelineError
+from tokenkit.pipeline.config import MAX_WORKERS
 from tokenkit.transformer import GPT, GPTConfig, ModelError
 
 USER_ERRORS = (TokenizerError, ModelError, PipelineError, FileError)
@@ -953,8 +954,8 @@ def test_tiny_temperature_is_greedy_not_garbage(files, capsys):
 def test_other_out_of_range_flags(files, capsys, tmp_path, monkeypatch):
     run = files["run"]
     for command, fragment in [
-        (["generate", "-m", run, "once", "--top-k", "0"], "top_k"),
-        (["generate", "-m", run, "once", "--top-p", "nan"], "top_p"),
+        (["generate", "-m", run, "once", "--top-k", "0"], "--top-k"),
+        (["generate", "-m", run, "once", "--top-p", "nan"], "--top-p"),
         (["generate", "-m", run, "once", "--temperature", "-1"], "temperature"),
         (["generate", "-m", run, "once", "-n", "-1"], "max-new-tokens"),
         (["predict-next", "-m", run, "once", "--top-k", "0"], "top-k"),
@@ -973,7 +974,7 @@ def test_other_out_of_range_flags(files, capsys, tmp_path, monkeypatch):
     # absurdly large values that are still meaningful work, bounded by what there is
     code, out, _ = cli(capsys, "predict-next", "-m", run, "once", "--top-k", str(10**30))
     assert code == 0
-    # --workers 1000000 must not fork a million processes: no more workers than pieces of text
+    # --workers at its most (MAX_WORKERS) must not fork that many processes: no more workers than pieces of text
     import tokenkit.bpe.pretokenize
 
     real = tokenkit.bpe.pretokenize._count_in_workers
@@ -990,7 +991,7 @@ def test_other_out_of_range_flags(files, capsys, tmp_path, monkeypatch):
         "bpe-train",
         files["corpus"],
         "--workers",
-        str(10**6),
+        str(MAX_WORKERS),
         "--vocab-size",
         str(10**30),
         "-o",

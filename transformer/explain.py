@@ -194,7 +194,8 @@ def explain_model(
         )
 
     trace: dict[str, np.ndarray] = {}
-    logits = as_host(model.forward(ids[None, :], trace=trace)[0])  # (T, V)
+    with np.errstate(over="ignore", invalid="ignore"):  # weights too large for float32 show as inf, not as warnings
+        logits = as_host(model.forward(ids[None, :], trace=trace)[0])  # (T, V)
     trace = {key: None if value is None else as_host(value) for key, value in trace.items()}  # off a GPU
     C, hd = cfg.d_model, cfg.head_dim
     toks = token_labels(shown)

@@ -32,6 +32,7 @@ FORMAT_VERSION = "1"
 CONFIG_KEY = "config"
 _PREFIX = "transformer."
 _GPT2_HEAD_DIM = 64
+MODEL_FILE = "a model file (model.safetensors)"  # what a path that is not a regular file should be
 
 
 def save_model(
@@ -65,10 +66,10 @@ def save_model(
 def read_file(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """All tensors and the metadata of a safetensors file, every size checked first (ModelError)."""
     path = Path(path)
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise ModelError(f"{path}: no such model file; check the path")
     try:
-        return safetensors_file.read(path)
+        return safetensors_file.read(path, what_file=MODEL_FILE)
     except FileError as err:
         raise ModelError(str(err)) from None
 
@@ -76,10 +77,10 @@ def read_file(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str,
 def read_metadata(path: str | os.PathLike) -> dict[str, str]:
     """The string metadata of a safetensors file (the model config is JSON under "config")."""
     path = Path(path)
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise ModelError(f"{path}: no such model file; check the path")
     try:
-        return safetensors_file.read_header(path)[1]
+        return safetensors_file.read_header(path, what_file=MODEL_FILE)[1]
     except FileError as err:
         raise ModelError(str(err)) from None
 
@@ -119,8 +120,8 @@ def params_from(
 ) -> tuple[GPTConfig, dict[str, np.ndarray]]:
     """(config, float32 params keyed by GPT-2 names) from a file's tensors and metadata.
 
-    Every parameter the config needs must be present with its exact shape: the config alone
-    never decides an allocation.
+    Every parameter the config needs must be present with its exact shape (the config alone
+    never decides an allocation) and hold finite float32 values.
     """
     path = Path(path)
     names: dict[str, str] = {}  # our name -> key in the file
@@ -140,6 +141,8 @@ def params_from(
         if not np.issubdtype(tensor.dtype, np.floating):
             raise ModelError(f"{path}: {name} has dtype {tensor.dtype}, expected a float type")
         params[name] = np.ascontiguousarray(tensor, dtype=np.float32)
+        if not np.isfinite(params[name]).all():  # no model is saved so: predicting with it gives NaN
+            raise ModelError(f"{path}: {name} holds NaN or infinite values; the file is damaged")
     return config, params
 
 
