@@ -229,6 +229,9 @@ def replace_files(directory: str | os.PathLike, files: Mapping[str, Data], *, re
     directory as it was; a killed writer's leftovers are cleared by the next call for the same
     directory (`recover_replacements`).
     """
+    given = Path(directory)
+    if os.path.islink(given) and not given.exists():  # realpath would make its missing target, silently
+        raise FileError(f"{readfile.describe_missing(given)}; remove the link or give another directory")
     directory = Path(os.path.realpath(directory))
     names = set(files) | set(remove)
     for name in names:

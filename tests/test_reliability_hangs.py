@@ -760,6 +760,8 @@ def test_a_dangling_link_as_an_output_is_named_and_kept(base, tmp_path, capsys):
         ["encode", "-t", tok, "the fox", "-o", link],
         ["bpe-import", base["hf"] / "tokenizer.json", "-o", link],
         ["import-hf", base["hf"], "-o", link],
+        ["export-hf", base["run"], "-o", link],  # directories of files, replaced as a whole
+        ["bpe-export", tok, "--format", "hf", "-o", link],
     ]:
         one_line(cli(capsys, *argv), f"{link} is a dangling symbolic link")
         assert link.is_symlink() and not (tmp_path / "missing").exists()
