@@ -333,22 +333,28 @@ def train_model_command(
 # --- predict-next ----------------------------------------------------------------------------
 
 
+def model_options(command):
+    """-m MODEL (a run directory or model file) and -t TOKENIZER, as the commands that run a
+    trained model take them."""
+    command = click.option(
+        "-t",
+        "--tokenizer",
+        "tokenizer_path",
+        type=click.Path(path_type=Path),
+        help="tokenizer.safetensors, for a model file without one embedded (GPT.save's)",
+    )(command)
+    return click.option(
+        "-m",
+        "--model",
+        "model_path",
+        required=True,
+        type=click.Path(path_type=Path),
+        help="run directory or model.safetensors",
+    )(command)
+
+
 @click.command("predict-next")
-@click.option(
-    "-m",
-    "--model",
-    "model_path",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="run directory or model.safetensors",
-)
-@click.option(
-    "-t",
-    "--tokenizer",
-    "tokenizer_path",
-    type=click.Path(path_type=Path),
-    help="tokenizer.safetensors, for a model file without one embedded (GPT.save's)",
-)
+@model_options
 @click.argument("text")
 @click.option("--top-k", default=10, show_default=True, type=count(1), help="rows in the table of likely tokens")
 @click.option("--json", "as_json", is_flag=True, help='print {"top": [{"id", "token", "p"}, ...]} instead of the table')
@@ -385,21 +391,7 @@ def predict_next_command(model_path, tokenizer_path, text, top_k, as_json, speci
 
 
 @click.command("generate")
-@click.option(
-    "-m",
-    "--model",
-    "model_path",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="run directory or model.safetensors",
-)
-@click.option(
-    "-t",
-    "--tokenizer",
-    "tokenizer_path",
-    type=click.Path(path_type=Path),
-    help="tokenizer.safetensors, for a model file without one embedded (GPT.save's)",
-)
+@model_options
 @click.argument("prompt")
 @click.option(
     "-n", "--max-new-tokens", default=100, show_default=True, type=count(0, MAX_NEW_TOKENS), help="tokens to generate"
