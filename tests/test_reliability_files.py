@@ -18,7 +18,6 @@ import hashlib
 import json
 import random
 import shutil
-import struct
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_hf import _write_checkpoint as write_checkpoint  # one hand-made safetensors writer
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli.main import main
@@ -72,20 +72,6 @@ def tiny_model(path: Path, tok: Tokenizer, seed: int = 0, d_model: int = 32) -> 
 
 
 # --- 3. silent wrong imports -------------------------------------------------------------------
-
-
-def write_checkpoint(directory: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> None:
-    """model.safetensors by hand, as any library may write it: name -> (dtype label, raw array)."""
-    header, start, blobs = {}, 0, []
-    for name in sorted(tensors):
-        dtype, arr = tensors[name]
-        data = np.ascontiguousarray(arr).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [start, start + len(data)]}
-        start += len(data)
-        blobs.append(data)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    (directory / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
 def edit_config(hf: Path, **changes) -> None:

@@ -34,8 +34,8 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
+from test_children import _random_words_text  # the same corpus maker
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; process groups")
 
@@ -54,16 +54,6 @@ FORBIDDEN = (
     "MPI_ABORT",
     "MPI_Abort",
 )
-
-
-def _random_words_text(n_words: int, seed: int) -> str:
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(2, 10, size=50_000)
-    letters = rng.integers(ord("a"), ord("z") + 1, size=int(lengths.sum()), dtype=np.uint8).tobytes().decode()
-    ends = np.cumsum(lengths).tolist()
-    words = [letters[e - n : e] for e, n in zip(ends, lengths.tolist(), strict=True)]
-    picks = rng.integers(0, len(words), size=n_words).tolist()
-    return "".join(" ".join(words[i] for i in picks[k : k + 12]) + ".\n" for k in range(0, n_words, 12))
 
 
 @pytest.fixture(scope="module")
