@@ -481,8 +481,18 @@ def _info_tokenizer(path: Path, meta: dict[str, str]) -> None:
     _row("special tokens", json.dumps(tok.special_tokens, ensure_ascii=False) if tok.special_tokens else "none")
     _row("fingerprint", tok.fingerprint())
     for key in sorted(meta):
-        if key not in ("format", "format_version", "pattern", "pattern_regex", "special_tokens"):
+        if key == "training":
+            _training_rows(tok.training)
+        elif key not in ("format", "format_version", "pattern", "pattern_regex", "special_tokens"):
             _row(key, meta[key])
+
+
+def _training_rows(training: dict[str, Any]) -> None:
+    """How the tokenizer was made, its merge counts summed up (1,024 numbers are not a row)."""
+    counts = training.pop("merge_counts", None)
+    _row("training", json.dumps(training, ensure_ascii=False, sort_keys=True))
+    if isinstance(counts, list) and counts:
+        _row("merge counts", f"recorded for the first {len(counts):,} merges ({counts[0]:,} down to {counts[-1]:,})")
 
 
 def _info_model(path: Path) -> None:
