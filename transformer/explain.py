@@ -107,9 +107,21 @@ def _row_key(item):
 
 
 def _json_array(v: np.ndarray):
-    if v.ndim == 0:
-        return float(v) if np.isfinite(v) else None
-    return [_json_array(x) for x in v]
+    """An array as nested lists of floats, -inf / inf / nan as None (JSON has no infinities).
+
+    `tolist` builds the lists in C; only an array holding a non-finite value goes through an
+    object array, where those cells become None (a GPT-2-sized explain is millions of numbers).
+
+    >>> _json_array(np.array([[1.0, -np.inf], [0.5, 2.0]]))
+    [[1.0, None], [0.5, 2.0]]
+    """
+    v = np.asarray(v, dtype=np.float64)
+    finite = np.isfinite(v)
+    if finite.all():
+        return v.tolist()
+    cells = v.astype(object)
+    cells[~finite] = None
+    return cells.tolist()
 
 
 @dataclass
