@@ -258,7 +258,8 @@ class Server(ThreadingHTTPServer):
         """(status, JSON body) of an endpoint; never raises."""
         try:
             with self.lock:
-                return HTTPStatus.OK, _json(serve_api.answer(self.held, path, query))
+                doc = serve_api.answer(self.held, path, query)
+            return HTTPStatus.OK, _json(doc)  # outside the lock: a big answer takes a moment to write
         except serve_api.Refused as err:
             return err.status, _json({"error": _one_line(err)})
         except DisallowedSpecialError as err:

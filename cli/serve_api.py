@@ -68,8 +68,9 @@ class Holdings:
     def need_model(self) -> Loaded:
         loaded = self.loaded()
         if loaded is None:
-            why = "the run has no model.safetensors yet" if self.live is not None else "no model was given"
-            raise Refused(f"{why}; start tk serve with a run directory or a model file", 404)
+            if self.live is not None:
+                raise Refused(f"{self.live.path} is not there yet (training writes it at its first evaluation)", 404)
+            raise Refused("no model was given; start tk serve with a run directory or a model file", 404)
         return loaded
 
     def main_tokenizer(self) -> tuple[Tokenizer, str]:
