@@ -29,9 +29,6 @@ from tokenkit.pipeline.run import load_tokenizer
 from tokenkit.transformer.explain import EXAMPLES
 
 MAX_FIELDS = 16  # query parameters in one request; every endpoint takes fewer
-MAX_NEW_TOKENS = 200  # /api/generate's n: each token is a forward pass under the server's one lock
-MAX_TOP_K = 100
-SEED_MAX = 2**32 - 1
 _INTEGER = re.compile(r"-?[0-9]{1,20}")
 _REAL = re.compile(r"-?([0-9]{1,20}(\.[0-9]{0,20})?|\.[0-9]{1,20})([eE][-+]?[0-9]{1,3})?")  # no nan, inf, 1_0
 
@@ -237,7 +234,7 @@ def _explain(held: Holdings, q: Query) -> dict[str, Any]:
         q.text(),
         layer=q.integer("layer", Range(0, cfg.n_layers - 1), 0),
         head=q.integer("head", Range(0, cfg.n_heads - 1), 0),
-        top_k=q.integer("top_k", Range(1, MAX_TOP_K), 5),
+        top_k=q.integer("top_k", Range(1, views.TOP_K_MAX), 5),
         policy=q.policy(),
         model_name=held.model_name or "",
         limit=views.explain_tokens(cfg),
@@ -258,7 +255,7 @@ def _prompt(loaded: Loaded, q: Query) -> tuple[str, dict[str, Any]]:
 
 def _next(held: Holdings, q: Query) -> dict[str, Any]:
     loaded = held.need_model()
-    top_k = q.integer("top_k", Range(1, MAX_TOP_K), 10)
+    top_k = q.integer("top_k", Range(1, views.TOP_K_MAX), 10)
     text, policy = _prompt(loaded, q)
     return views.next_view(loaded.model, loaded.tokenizer, text, top_k=top_k, policy=policy)
 
@@ -266,12 +263,12 @@ def _next(held: Holdings, q: Query) -> dict[str, Any]:
 def _generate(held: Holdings, q: Query) -> dict[str, Any]:
     loaded = held.need_model()
     settings = {
-        "n": q.integer("n", Range(0, MAX_NEW_TOKENS), 20),
-        "temperature": q.real("temperature", Range(0, 10), 1.0),
-        "top_k": q.integer("top_k", Range(1, MAX_TOP_K), None),
+        "n": q.integer("n", Range(0, views.NEW_TOKENS_MAX), 20),
+        "temperature": q.real("temperature", Range(0, views.TEMPERATURE_MAX), 1.0),
+        "top_k": q.integer("top_k", Range(1, views.TOP_K_MAX), None),
         "top_p": q.real("top_p", Range(0, 1, low_open=True), None),
-        "seed": q.integer("seed", Range(0, SEED_MAX), 0),
-        "show": q.integer("show", Range(1, MAX_TOP_K), 10),
+        "seed": q.integer("seed", Range(0, views.SEED_MAX), 0),
+        "show": q.integer("show", Range(1, views.TOP_K_MAX), 10),
     }
     text, policy = _prompt(loaded, q)
     return views.generate_view(loaded.model, loaded.tokenizer, text, policy=policy, **settings)

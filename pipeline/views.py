@@ -20,7 +20,7 @@ and pipeline/live.py do), or print.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,10 @@ FIRST_MERGES = 50  # merges listed by bpe_view
 TRAIN_POINTS = 2000  # training-curve points sent at most; a longer log is decimated, its last step kept
 ATTENTION_NUMBERS = 1 << 20  # weights one attention answer holds at most (~20 MB of JSON)
 EXPLAIN_NUMBERS = 1 << 22  # numbers one explain answer holds at most (a GPT-2 explain of 64 tokens: ~1.1 M)
+TOP_K_MAX = 100  # next tokens listed (top_k, and show per generated token)
+NEW_TOKENS_MAX = 200  # tokens one /api/generate makes: each is a forward pass under the server's one lock
+TEMPERATURE_MAX = 10.0
+SEED_MAX = 2**32 - 1
 
 # The special-token policies by name (docs/serve.md's `specials`): keyword arguments of
 # `Tokenizer.encode`, as cli/specials.py's flags give them.
@@ -89,9 +93,10 @@ def token_entries(tokenizer, ids: Sequence[int]) -> list[dict[str, Any]]:
     for i in ids:
         raw = tokenizer.decode_bytes([i])
         shown = piece(raw)
-        out.append({"id": int(i), "bytes": shown["bytes"], "text": shown["text"], "start": start,
-                    "end": start + len(raw), "special": i in specials, "partial": shown["partial"]})  # fmt: skip
-        start += len(raw)
+        end = start + len(raw)
+        out.append({"id": int(i), "bytes": shown["bytes"], "text": shown["text"], "start": start, "end": end})
+        out[-1].update(special=i in specials, partial=shown["partial"])
+        start = end
     return out
 
 
@@ -154,9 +159,9 @@ def bpe_view(
     counts = _merge_counts(tokenizer) or []
     first_merges = []
     for rank, (a, b) in enumerate(tokenizer.merges[:first]):
-        made = piece(tokenizer.decode_bytes([256 + rank]))
-        first_merges.append({"rank": rank, "pair": [a, b], "new_id": 256 + rank, "text": made["text"],
-                             "count": counts[rank] if rank < len(counts) else None})  # fmt: skip
+        made = piece(tokenizer.decode_bytes([256 + rank]))["text"]
+        count = counts[rank] if rank < len(counts) else None
+        first_merges.append({"rank": rank, "pair": [a, b], "new_id": 256 + rank, "text": made, "count": count})
     return {
         "tokenizer": name,
         "initial": replay.initial,
@@ -353,8 +358,10 @@ def generate_view(
         with np.errstate(over="ignore", invalid="ignore"):
             model_p = softmax(logits)
         best = np.argsort(-logits, kind="stable")[:show].tolist()  # ties: the smaller id first
-        top = [{"id": i, "token": _token_text(tokenizer, i), "p": _finite(probs[i]), "p_model": _finite(model_p[i])}
-               for i in best]  # fmt: skip
+        top = [
+            {"id": i, "token": _token_text(tokenizer, i), "p": _finite(probs[i]), "p_model": _finite(model_p[i])}
+            for i in best
+        ]
         steps.append({"id": token, "token": _token_text(tokenizer, token), "p": _finite(probs[token]), "top": top})
     new_ids = [s["id"] for s in steps]
     return {"prompt_ids": prompt_ids, "steps": steps, "text": tokenizer.decode(new_ids)}
@@ -407,17 +414,18 @@ def training_view(run_dir: Path, *, name: str, log: TrainingLog | None = None) -
     n = len(log.steps)
     keep = _decimate(n, TRAIN_POINTS)
     steps = np.frombuffer(log.steps, dtype=np.int64)[keep].tolist() if n else []
-    columns = {key: np.frombuffer(getattr(log, key), dtype=np.float64)[keep].tolist() if n else []
-               for key in ("loss", "lr", "dt", "grad_norm")}  # fmt: skip
+    loss, lr, dt, norm = (
+        np.frombuffer(getattr(log, key), dtype=np.float64)[keep].tolist() if n else []
+        for key in ("loss", "lr", "dt", "grad_norm")
+    )
     tokens = None
     if isinstance(config, dict) and all(type(config.get(k)) is int for k in ("batch_size", "context_length")):
         tokens = config["batch_size"] * config["context_length"]
     train = [
-        {"step": s, "loss": _finite(loss), "lr": _finite(lr), "grad_norm": _finite(norm),
-         "tokens_per_s": _finite(tokens / dt) if tokens and dt > 0 else None}
-        for s, loss, lr, dt, norm in zip(steps, columns["loss"], columns["lr"], columns["dt"], columns["grad_norm"],
-                                         strict=True)
-    ]  # fmt: skip
+        {"step": s, "loss": _finite(a), "lr": _finite(b), "grad_norm": _finite(g)}
+        | {"tokens_per_s": _finite(tokens / t) if tokens and t > 0 else None}
+        for s, a, b, t, g in zip(steps, loss, lr, dt, norm, strict=True)
+    ]
     evals = log.evals
     if len(evals) > TRAIN_POINTS:
         evals = [evals[i] for i in _decimate(len(evals), TRAIN_POINTS).tolist()]
@@ -443,56 +451,49 @@ def training_view(run_dir: Path, *, name: str, log: TrainingLog | None = None) -
 # ----------------------------------------------------------------------------- the model
 
 
+def _block(params: Mapping[str, Any], name: str, what: str, view: str, shape=None, **extra) -> dict[str, Any]:
+    """One block of `model_view`: the tensors of `params` named `name`.weight / `name`.bias."""
+    tensors = {key: list(params[key].shape) for key in (f"{name}.weight", f"{name}.bias") if key in params}
+    n = sum(int(np.prod(s)) for s in tensors.values())
+    shape = list(shape) if shape is not None else tensors.get(f"{name}.weight")
+    return {"name": name, "what": what, "shape": shape, "parameters": n, "tensors": tensors, "view": view, **extra}
+
+
 def model_view(config, params: Mapping[str, Any]) -> dict[str, Any]:
     """/api/model: the model's blocks in the order data flows through them, each with its tensors'
     shapes and parameter count (from `params`, the model's own), and the page view that shows it
     at work. The counts add up to the model's parameters; the output head is tied to wte."""
     C, H, V, T = config.d_model, config.n_heads, config.vocab_size, config.context_length
-    blocks: list[dict[str, Any]] = []
-    counted: set[str] = set()
-
-    def block(name: str, what: str, view: str, shape: Iterable[int] | None = None, **extra) -> None:
-        tensors = {key: list(params[key].shape) for key in params if key.rsplit(".", 1)[0] == name}
-        counted.update(tensors)
-        weight = tensors.get(f"{name}.weight")
-        blocks.append({
-            "name": name, "what": what, "shape": list(shape) if shape is not None else weight,
-            "parameters": sum(int(np.prod(s)) for s in tensors.values()), "tensors": tensors, "view": view, **extra,
-        })  # fmt: skip
-
-    block("wte", "token embeddings: one row of d_model numbers per token id", "tokens")
+    pre, act = config.norm == "pre", config.activation.upper()
+    blocks = [_block(params, "wte", "token embeddings: one row of d_model numbers per token id", "tokens")]
     if config.positional == "learned":
-        block("wpe", "learned positional embeddings, added to the token embeddings", "attention")
+        blocks.append(
+            _block(params, "wpe", "learned positional embeddings, added to the token embeddings", "attention")
+        )
     else:
-        block("wpe", "sinusoidal positional encodings, added to the token embeddings (fixed: no parameters)",
-              "attention", shape=(T, C))  # fmt: skip
-    pre = config.norm == "pre"
-    act = config.activation.upper()
+        what = "sinusoidal positional encodings, added to the token embeddings (fixed: no parameters)"
+        blocks.append(_block(params, "wpe", what, "attention", shape=(T, C)))
     for i in range(config.n_layers):
         h = f"h.{i}."
-        block(h + "ln_1", "LayerNorm of the attention's input" if pre else "LayerNorm of input + attention",
-              "attention", layer=i)  # fmt: skip
-        block(h + "attn.c_attn", f"Q, K and V for {H} heads of {config.head_dim} dimensions", "attention",
-              layer=i, heads=H, head_dim=config.head_dim)  # fmt: skip
-        block(h + "attn.c_proj", "the heads' weighted sums, side by side, projected back", "attention", layer=i)
-        block(h + "ln_2", "LayerNorm of the MLP's input" if pre else "LayerNorm of input + MLP", "attention",
-              layer=i)  # fmt: skip
-        block(h + "mlp.c_fc", f"MLP: up to {4 * C} dimensions, then {act}", "attention", layer=i)
-        block(h + "mlp.c_proj", f"MLP: back down to {C} dimensions", "attention", layer=i)
-    block("ln_f", "final LayerNorm", "next")
-    blocks.append({"name": "head", "what": "logits = ln_f(x) @ wte^T (tied to wte: no parameters of its own)",
-                   "shape": [C, V], "parameters": 0, "tensors": {}, "view": "next"})  # fmt: skip
-    left = sorted(set(params) - counted)
-    if left:  # not a tokenkit GPT's name: shown rather than hidden, so the total still adds up
-        for key in left:
-            blocks.append({"name": key, "what": "other", "shape": list(params[key].shape),
-                           "parameters": int(np.prod(params[key].shape)), "tensors": {key: list(params[key].shape)},
-                           "view": "model"})  # fmt: skip
-    return {
-        "config": config.to_dict(),
-        "parameters": sum(b["parameters"] for b in blocks),
-        "blocks": blocks,
-    }
+        layer = [
+            ("ln_1", "LayerNorm of the attention's input" if pre else "LayerNorm of input + attention", {}),
+            ("attn.c_attn", f"Q, K and V for {H} heads of {config.head_dim} dimensions",
+             {"heads": H, "head_dim": config.head_dim}),
+            ("attn.c_proj", "the heads' weighted sums, side by side, projected back", {}),
+            ("ln_2", "LayerNorm of the MLP's input" if pre else "LayerNorm of input + MLP", {}),
+            ("mlp.c_fc", f"MLP: up to {4 * C} dimensions, then {act}", {}),
+            ("mlp.c_proj", f"MLP: back down to {C} dimensions", {}),
+        ]  # fmt: skip
+        blocks += [_block(params, h + name, what, "attention", layer=i, **extra) for name, what, extra in layer]
+    blocks.append(_block(params, "ln_f", "final LayerNorm", "next"))
+    head = _block(params, "head", "logits = ln_f(x) @ wte^T (tied to wte: no parameters of its own)", "next", (C, V))
+    blocks.append(head)
+    counted = {key for b in blocks for key in b["tensors"]}
+    for key in sorted(set(params) - counted):  # not a tokenkit GPT's name: shown, so that the total still adds up
+        shape = list(params[key].shape)
+        other = {"name": key, "what": "other", "shape": shape, "parameters": int(np.prod(shape))}
+        blocks.append(other | {"tensors": {key: shape}, "view": "model"})
+    return {"config": config.to_dict(), "parameters": sum(b["parameters"] for b in blocks), "blocks": blocks}
 
 
 # ----------------------------------------------------------------------------- the server
@@ -500,11 +501,11 @@ def model_view(config, params: Mapping[str, Any]) -> dict[str, Any]:
 
 def limits(config=None) -> dict[str, Any]:
     """What the server answers (docs/serve.md's limits); the token limits of a model's views."""
-    out: dict[str, Any] = {"text_chars": TEXT_CHARS, "top_k": 100, "new_tokens": 200, "show": 100,
-                           "temperature": 10.0, "seed": 2**32 - 1}  # fmt: skip
+    out: dict[str, Any] = {"text_chars": TEXT_CHARS, "top_k": TOP_K_MAX, "new_tokens": NEW_TOKENS_MAX}
+    out.update(show=TOP_K_MAX, temperature=TEMPERATURE_MAX, seed=SEED_MAX)
     if config is not None:
-        out.update(context_length=config.context_length, attention_tokens=attention_tokens(config),
-                   explain_tokens=explain_tokens(config))  # fmt: skip
+        out.update(context_length=config.context_length, attention_tokens=attention_tokens(config))
+        out.update(explain_tokens=explain_tokens(config))
     return out
 
 

@@ -561,6 +561,22 @@ def test_tk_serve_prints_its_address_first_and_stops_in_one_line(files, signum, 
     assert proc.returncode == code and out == "" and err.splitlines() == [line], err
 
 
+def test_a_non_loopback_host_warns(files):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tokenkit.cli.main", "serve", "--host", "0.0.0.0", "--port", "0", "--no-browser"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    try:
+        first = proc.stdout.readline()
+        warning = proc.stderr.readline()
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert first.startswith("serving http://0.0.0.0:")
+    assert warning.startswith("warning: listening on 0.0.0.0") and "no login" in warning
+
+
 def test_a_port_in_use_is_one_line(capsys):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
