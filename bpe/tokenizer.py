@@ -31,7 +31,7 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import pairwise, repeat
+from itertools import accumulate, pairwise, repeat
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +43,7 @@ from tokenkit.bpe.encoder import ChunkCache, PairTable, PieceCache, WordCache
 from tokenkit.bpe.errors import DisallowedSpecialError, TokenizerError
 from tokenkit.bpe.patterns import GPT2_PATTERN, PATTERNS, resolve_pattern
 from tokenkit.bpe.pretokenize import count_chunks, split_text
+from tokenkit.bpe.replay import Replay, replay_merges
 from tokenkit.bpe.trainer import train_merges
 
 _NO_MERGE = 1 << 62  # "rank" of a pair that has no merge; larger than any id
@@ -50,6 +51,7 @@ _LONG_CHUNK = 64  # from this many bytes on, merge with a heap instead of rescan
 _CACHE_LIMIT = 1 << 20  # distinct chunks kept in the cache before it is emptied and refilled
 _CACHE_MAX_CHUNK = 256  # longer chunks are rare; caching them would only cost memory
 _WORD_CACHE_LIMIT = 1 << 18  # distinct words (and pieces) kept (GPT-2's pattern), like _CACHE_LIMIT
+MERGE_COUNTS = 1024  # merges whose pair count the tokenizer file records (a few KB; the rest are small)
 
 
 @dataclass
@@ -181,6 +183,13 @@ class Tokenizer:
         """The split pattern as given: 'gpt2', 'gpt4', 'none' or a regex."""
         return self._pattern_name
 
+    @property
+    def training(self) -> dict:
+        """How the tokenizer was made, as its file records it: `train`'s settings, stop reason and
+        `merge_counts` (the pair count of each of the first MERGE_COUNTS merges), or what it was
+        imported from."""
+        return dict(self._training)
+
     def __repr__(self) -> str:
         return (
             f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self._merges)}, pattern={self._pattern_name!r}, "
@@ -252,6 +261,7 @@ class Tokenizer:
             "special_tokens": specials,
             "merges_learned": len(result.merges),
             "stop_reason": result.stop_reason,
+            "merge_counts": list(result.counts[:MERGE_COUNTS]),  # shown beside the first merges (tk serve)
         }
         tok = cls(result.merges, special_tokens=specials, pattern=pattern, training=training, _pattern_regex=regex_)
         corpus_bytes = sum(len(chunk) * n for chunk, n in counts.items())
@@ -441,10 +451,16 @@ class Tokenizer:
             self._encode_bytes(text, allowed_special, disallowed_special), dtype=self.ids_dtype
         ).tolist()
 
-    def _encode_bytes(self, text: str, allowed_special, disallowed_special) -> bytes:
-        """`encode` of a str, as raw bytes of `ids_dtype` (what file encoding writes and sends)."""
+    def _segments(self, text: str, allowed_special, disallowed_special) -> list[str | int]:
+        """`text` cut at the special tokens the policy allows: its stretches of plain text (str,
+        possibly empty) and the special tokens' ids (int), in order. A special token the policy
+        disallows raises DisallowedSpecialError (see `encode`).
+
+        >>> Tokenizer([], special_tokens=["<|end|>"])._segments("a<|end|>b", "all", "all")
+        ['a', 256, 'b']
+        """
         if not self._specials:
-            return self._encode_ordinary(text)
+            return [text]
         allowed = self._special_set(allowed_special, "allowed_special")
         disallowed = (
             set(self._specials) - allowed
@@ -456,15 +472,60 @@ class Tokenizer:
             if hit:
                 raise DisallowedSpecialError(hit.group())
         if not allowed:
-            return self._encode_ordinary(text)
-        parts: list[bytes] = []
+            return [text]
+        segments: list[str | int] = []
         start = 0
         for hit in self._special_re(frozenset(allowed)).finditer(text):
-            parts.append(self._encode_ordinary(text[start : hit.start()]))
-            parts.append(np.array(self._specials[hit.group()], dtype=self.ids_dtype).tobytes())
+            segments += [text[start : hit.start()], self._specials[hit.group()]]
             start = hit.end()
-        parts.append(self._encode_ordinary(text[start:]))
-        return b"".join(parts)
+        segments.append(text[start:])
+        return segments
+
+    def _encode_bytes(self, text: str, allowed_special, disallowed_special) -> bytes:
+        """`encode` of a str, as raw bytes of `ids_dtype` (what file encoding writes and sends)."""
+        segments = self._segments(text, allowed_special, disallowed_special)
+        if len(segments) == 1:
+            return self._encode_ordinary(text)
+        return b"".join(
+            np.array(s, dtype=self.ids_dtype).tobytes() if isinstance(s, int) else self._encode_ordinary(s)
+            for s in segments
+        )
+
+    def replay(
+        self,
+        text: str | bytes,
+        *,
+        allowed_special: Iterable[str] | str = (),
+        disallowed_special: Iterable[str] | str = "all",
+    ) -> Replay:
+        """`text` from bytes to tokens, merge by merge (see `bpe.replay`): its byte ids (a special
+        token, read as `encode` reads it, is one id and a chunk of its own), its pre-token chunks,
+        and the steps in rank order. The result's `ids` are `encode(text)`'s.
+
+        >>> r = Tokenizer([(97, 97), (256, 97)]).replay("aaab aa")
+        >>> r.chunks, [(s.new_id, s.at) for s in r.steps], r.ids
+        ([(0, 4), (4, 7)], [(256, [0, 5]), (257, [0])], [257, 98, 32, 256])
+        """
+        if isinstance(text, (bytes, bytearray)):
+            text = bytes(text).decode("utf-8", errors="surrogateescape")
+        elif not isinstance(text, str):
+            raise TokenizerError(f"replay takes str or bytes, got {type(text).__name__}")
+        pieces: list[list[int]] = []
+        for segment in self._segments(text, allowed_special, disallowed_special):
+            if isinstance(segment, int):
+                pieces.append([segment])
+                continue
+            for chunk in split_text(segment, self._pattern):
+                try:
+                    raw = chunk.encode("utf-8", errors="surrogateescape")
+                except UnicodeEncodeError:
+                    raise TokenizerError(
+                        "text contains a lone surrogate that is not an escaped byte; it cannot be encoded as UTF-8"
+                    ) from None
+                pieces.append(list(raw) if self._identity else [self._byte_ids[b] for b in raw])
+        steps, ids = replay_merges(pieces, self._pair_id)
+        bounds = list(accumulate(map(len, pieces), initial=0))
+        return Replay([i for piece in pieces for i in piece], list(pairwise(bounds)), steps, ids)
 
     def _ids_list(self, ids) -> list[int]:
         if isinstance(ids, np.ndarray):
@@ -729,4 +790,4 @@ class Tokenizer:
         return tok
 
 
-__all__ = ["Tokenizer", "TrainReport", "describe_merge"]
+__all__ = ["MERGE_COUNTS", "Tokenizer", "TrainReport", "describe_merge"]

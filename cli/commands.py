@@ -18,6 +18,7 @@ from tokenkit import __version__
 from tokenkit.bpe import TokenizerError
 from tokenkit.cli.explain_commands import COMMANDS as EXPLAIN_COMMANDS
 from tokenkit.cli.model_commands import COMMANDS as MODEL_COMMANDS
+from tokenkit.cli.serve import COMMANDS as SERVE_COMMANDS
 from tokenkit.cli.tokenizer_commands import COMMANDS as TOKENIZER_COMMANDS
 from tokenkit.common import FileError
 from tokenkit.common.launcher import launched_rank
@@ -44,12 +45,13 @@ def cli(ctx: click.Context) -> None:
       tk pipeline corpora/tiny_tales.txt -o runs/demo
       tk bpe-train corpora/tiny_tales.txt --vocab-size 512 -o tok.safetensors
       tk encode -t tok.safetensors "Once upon a time"
+      tk serve runs/demo
     """
     if ctx.invoked_subcommand not in _ON_RANKS and take_held_interrupt() is not None:
         raise KeyboardInterrupt
 
 
-for command in MODEL_COMMANDS + TOKENIZER_COMMANDS + EXPLAIN_COMMANDS:
+for command in MODEL_COMMANDS + TOKENIZER_COMMANDS + EXPLAIN_COMMANDS + SERVE_COMMANDS:
     cli.add_command(command)
 
 

@@ -1,7 +1,8 @@
 """`tk explain`: a forward pass printed step by step, for a real model or a worked example.
 
-A thin layer: the numbers come from transformer.explain, the text and heatmaps from
-cli.explain_render, the model from pipeline.checkpoint.load_model. Tables go to stdout.
+A thin layer: the numbers and the --json document come from pipeline.views (over
+transformer.explain), the text and heatmaps from cli.explain_render, the model from
+pipeline.checkpoint.load_model. Tables go to stdout.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from pathlib import Path
 
 import click
 
-from tokenkit.cli.explain_render import plot_attention, render, render_tokens, show_token
+from tokenkit.cli.explain_render import plot_attention, render, render_tokens
 from tokenkit.cli.launch import check_device, device_option
 from tokenkit.cli.params import count
 from tokenkit.cli.specials import special_options
+from tokenkit.pipeline import views
 from tokenkit.pipeline.checkpoint import load_model
-from tokenkit.transformer.explain import EXAMPLES, Explanation, explain_example, explain_model
+from tokenkit.transformer.explain import EXAMPLES, Explanation, explain_example
 
 _EXAMPLE_LIST = "; ".join(f"{name} ({what})" for name, (what, _) in EXAMPLES.items())
 
@@ -64,36 +66,15 @@ def explain_command(
         if device != "cpu":  # not run elsewhere quietly
             raise click.UsageError(f"the worked examples are computed with NumPy on the CPU; drop --device {device}")
         expl = explain_example(example)
-        doc = {"kind": "example", "example": example, **expl.to_dict()}
+        doc = views.example_doc(example)
         header = ""
     else:
         if model_path is None or text is None:
             raise click.UsageError('give -m MODEL "TEXT" to explain a model, or --example NAME for a worked example')
         model, tok, _ = load_model(model_path, device=device)
-        ids = tok.encode(text, **special_policy)
-        if not ids:
-            raise click.UsageError("TEXT gives no tokens; give some text to explain")
-        if len(ids) > model.config.context_length:
-            raise click.ClickException(
-                f"TEXT is {len(ids)} tokens, more than the model's context of {model.config.context_length}; shorten it"
-            )
-        raw = [tok.decode_bytes([i]) for i in ids]
-        shown = [show_token(b) for b in raw]
-        vocab = [show_token(tok.decode_bytes([i])) for i in range(tok.vocab_size)]
-        expl = explain_model(model, ids, shown, layer=layer, head=head, top_k=top_k, label=vocab.__getitem__)
-        doc = {
-            "kind": "model",
-            "model": str(model_path),
-            "text": text,
-            **expl.to_dict(),
-            "tokens": [
-                {"position": t, "id": i, "text": b.decode("utf-8", errors="replace"), "bytes": b.hex()}
-                for t, (i, b) in enumerate(zip(ids, raw, strict=True))
-            ],
-        }
-        for candidate in doc["top"]:  # plain text in JSON, like "tokens" (the tables show it quoted)
-            candidate["token"] = tok.decode_bytes([candidate["id"]]).decode("utf-8", errors="replace")
-        header = render_tokens(ids, shown, raw) + "\n"
+        expl, ids, raw = views.explain_run(model, tok, text, layer=layer, head=head, top_k=top_k, policy=special_policy)
+        doc = views.model_doc(expl, ids, raw, tok, text, str(model_path))
+        header = render_tokens(ids, [views.show_token(b) for b in raw], raw) + "\n"
     if plot_path is not None:
         title = expl.title if example is not None else f"attention weights of layer {layer}, one panel per head"
         _plot(expl, plot_path, title)

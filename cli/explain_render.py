@@ -99,18 +99,6 @@ def render(expl: Explanation, *, precision: int, full: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def show_token(raw: bytes) -> str:
-    """A token's bytes, quoted, as text when they are valid UTF-8, else as escaped bytes.
-
-    >>> show_token(b" the"), show_token(b"\\r"), show_token(b"\\xc3")
-    ("' the'", "'\\\\r'", "'\\\\xc3'")
-    """
-    try:
-        return repr(raw.decode("utf-8"))
-    except UnicodeDecodeError:  # part of a multi-byte character: show the bytes themselves
-        return repr(raw)[1:]
-
-
 def render_tokens(ids: Sequence[int], shown: Sequence[str], raw: Sequence[bytes]) -> str:
     """The tokenization: position, id, text and bytes (hex) of each token."""
     cells = [[str(i), p, b.hex(" ")] for i, p, b in zip(ids, shown, raw, strict=True)]

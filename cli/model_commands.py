@@ -20,7 +20,7 @@ from tokenkit.cli.launch import check_device, device_option, end_together, mpi_w
 from tokenkit.cli.params import Number, count, real
 from tokenkit.cli.specials import special_options
 from tokenkit.cli.tokenizer_commands import corpus_options
-from tokenkit.pipeline import PipelineError, checkpoint, hf
+from tokenkit.pipeline import PipelineError, checkpoint, hf, views
 from tokenkit.pipeline.config import Range, load_config_file
 from tokenkit.pipeline.ranks import Ranks
 from tokenkit.pipeline.run import (
@@ -357,7 +357,9 @@ def model_options(command):
 @model_options
 @click.argument("text")
 @click.option("--top-k", default=10, show_default=True, type=count(1), help="rows in the table of likely tokens")
-@click.option("--json", "as_json", is_flag=True, help='print {"top": [{"id", "token", "p"}, ...]} instead of the table')
+@click.option(
+    "--json", "as_json", is_flag=True, help='print {"top": [{"id", "token", "p"}, ...], "prompt_ids": [...]} instead'
+)
 @special_options
 @device_option
 def predict_next_command(model_path, tokenizer_path, text, top_k, as_json, special_policy, device) -> int:
@@ -371,13 +373,11 @@ def predict_next_command(model_path, tokenizer_path, text, top_k, as_json, speci
     """
     check_device(device)
     model, tok = load_model_and_tokenizer(model_path, tokenizer_path, device=device)
-    pred = predict_next(model, tok, text, top_k=top_k, say=_warn, **special_policy)
-    if as_json:  # a token that is part of a character shows its bytes escaped, e.g. "\\xc3"
-        top = [
-            {"id": i, "token": tok.decode_bytes([i]).decode("utf-8", "backslashreplace"), "p": p} for i, p in pred.top
-        ]
-        click.echo(json.dumps({"top": top}, ensure_ascii=False))
+    if as_json:  # tk serve's /api/next; a token that is part of a character shows its bytes escaped, e.g. "\\xc3"
+        doc = views.next_view(model, tok, text, top_k=top_k, policy=special_policy, say=_warn)
+        click.echo(json.dumps(doc, ensure_ascii=False))
         return 0
+    pred = predict_next(model, tok, text, top_k=top_k, say=_warn, **special_policy)
     best_id, best_p = pred.top[0]
     click.echo(f"next token: {token_text(tok, best_id)} (id {best_id}, p = {best_p:.4f})")
     click.echo("")
@@ -481,8 +481,18 @@ def _info_tokenizer(path: Path, meta: dict[str, str]) -> None:
     _row("special tokens", json.dumps(tok.special_tokens, ensure_ascii=False) if tok.special_tokens else "none")
     _row("fingerprint", tok.fingerprint())
     for key in sorted(meta):
-        if key not in ("format", "format_version", "pattern", "pattern_regex", "special_tokens"):
+        if key == "training":
+            _training_rows(tok.training)
+        elif key not in ("format", "format_version", "pattern", "pattern_regex", "special_tokens"):
             _row(key, meta[key])
+
+
+def _training_rows(training: dict[str, Any]) -> None:
+    """How the tokenizer was made, its merge counts summed up (1,024 numbers are not a row)."""
+    counts = training.pop("merge_counts", None)
+    _row("training", json.dumps(training, ensure_ascii=False, sort_keys=True))
+    if isinstance(counts, list) and counts:
+        _row("merge counts", f"recorded for the first {len(counts):,} merges ({counts[0]:,} down to {counts[-1]:,})")
 
 
 def _info_model(path: Path) -> None:

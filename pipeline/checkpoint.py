@@ -200,18 +200,67 @@ def _log_lines(path: Path) -> Iterator[tuple[int, bytes, dict[str, Any] | None, 
     """(line number, the line, its record or None, why it is none: "" for a torn last line) of a log."""
     try:
         with readfile.open_regular(path, readfile.LOG_LIMIT, "a training log", LOG_ADVICE) as (f, _):
-            for lineno in itertools.count(1):
-                line = f.readline(MAX_LOG_LINE + 1)
-                if not line:
-                    return
-                if len(line) > MAX_LOG_LINE:
-                    while line and not line.endswith(b"\n"):  # the rest of the long line
-                        line = f.readline(MAX_LOG_LINE)
-                    yield lineno, b"", None, f"longer than {MAX_LOG_LINE:,} bytes"
-                    continue
-                record, why = _log_record(line)
-                torn = not line.endswith(b"\n") and record is None
-                yield lineno, line, record, "" if torn else why
+            for lineno, (line, record, why) in enumerate(_records(f), 1):
+                yield lineno, line, record, why
+    except FileError as err:
+        raise PipelineError(str(err)) from None
+
+
+def _records(f) -> Iterator[tuple[bytes, dict[str, Any] | None, str]]:
+    """(the line, its record or None, why it is none: "" for a torn last line) of each line of an
+    open log, from where it stands; a line longer than MAX_LOG_LINE is skipped whole (b"")."""
+    while True:
+        line = f.readline(MAX_LOG_LINE + 1)
+        if not line:
+            return
+        if len(line) > MAX_LOG_LINE:
+            while line and not line.endswith(b"\n"):  # the rest of the long line
+                line = f.readline(MAX_LOG_LINE)
+            yield b"", None, f"longer than {MAX_LOG_LINE:,} bytes"
+            continue
+        record, why = _log_record(line)
+        torn = not line.endswith(b"\n") and record is None
+        yield line, record, "" if torn else why
+
+
+@dataclass
+class LogTail:
+    """What `read_log_from` read: the records of whole lines, the offset after the last of them,
+    the file read ((st_dev, st_ino)), how many damaged lines were dropped, and whether it read
+    from the start (a new file, or one shorter than the offset)."""
+
+    records: list[dict[str, Any]]
+    offset: int
+    file_id: tuple[int, int]
+    damaged: int
+    restarted: bool
+
+
+def read_log_from(path: str | os.PathLike, offset: int = 0, file_id: tuple[int, int] | None = None) -> LogTail:
+    """The records of a `log.jsonl` from byte `offset` on, when the file is still `file_id` and
+    not shorter than `offset`; from its start otherwise (a resume cuts the log back by writing a
+    new file, a new run replaces it). A last line without its newline is being written: it is
+    left for the next read. Damaged lines are dropped and counted, as `read_log` drops them, so
+    whoever follows a training log reads only what was appended since the last call."""
+    try:
+        with readfile.open_regular(path, readfile.LOG_LIMIT, "a training log", LOG_ADVICE) as (f, size):
+            st = os.fstat(f.fileno())
+            found = (st.st_dev, st.st_ino)
+            restarted = found != file_id or size < offset or offset <= 0
+            start = 0 if restarted else offset
+            f.seek(start)
+            records: list[dict[str, Any]] = []
+            damaged = 0
+            end = start
+            for line, record, why in _records(f):
+                if line and not line.endswith(b"\n"):
+                    break  # being written: read it whole next time
+                end = f.tell()
+                if record is not None:
+                    records.append(record)
+                elif why:
+                    damaged += 1
+            return LogTail(records, end, found, damaged, restarted)
     except FileError as err:
         raise PipelineError(str(err)) from None
 

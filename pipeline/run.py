@@ -163,7 +163,7 @@ def predict_next(
     return Prediction(prompt_ids=ids, top=[(int(i), float(probs[i])) for i in order])
 
 
-def generate(
+def generate_ids(
     model,
     tokenizer,
     prompt: str,
@@ -176,13 +176,12 @@ def generate(
     allowed_special: Iterable[str] | str = (),
     disallowed_special: Iterable[str] | str = "all",
     say: Callable[[str], None] = lambda m: None,
-) -> Iterator[str]:
-    """Yield the continuation of `prompt` as text pieces, as the tokens come (KV-cached decoding).
-
-    A token may end in the middle of a UTF-8 character; its bytes are held by an incremental
-    decoder until the character completes, so every yielded piece is whole characters. Special
-    tokens in `prompt` as `encode_prompt` reads them.
-    """
+    observe: Callable[[np.ndarray, np.ndarray], None] | None = None,
+) -> tuple[list[int], Iterator[int]]:
+    """(the prompt's ids, an iterator of the new token ids): what `generate` decodes, checked
+    before the first token. `observe(logits, probs)` sees each step's distribution (`GPT.generate`).
+    The iterator may warn (the model's own warning when the window shifts); `generate` says it once
+    before the text starts instead."""
     if max_new_tokens < 0:
         raise PipelineError(f"--max-new-tokens must not be negative, got {max_new_tokens}")
     if max_new_tokens > MAX_NEW_TOKENS:
@@ -190,8 +189,6 @@ def generate(
     ids = encode_prompt(
         model, tokenizer, prompt, say, allowed_special=allowed_special, disallowed_special=disallowed_special
     )
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    stop = tokenizer.special_tokens.get("<|endoftext|>")
     tokens = model.generate(
         np.asarray(ids, dtype=np.int64),
         max_new_tokens,
@@ -199,8 +196,9 @@ def generate(
         top_k=top_k,
         top_p=top_p,
         seed=seed,
-        stop_token=stop,
+        stop_token=tokenizer.special_tokens.get("<|endoftext|>"),
         use_cache=True,
+        observe=observe,
     )
     limit = model.config.context_length
     if len(ids) + max_new_tokens > limit:
@@ -208,14 +206,34 @@ def generate(
             f"note: prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceed the model's context ({limit}); "
             f"when the window is full it keeps its last {limit // 2} tokens and grows again"
         )
+    return ids, _quietly(tokens)
+
+
+def _quietly(tokens: Iterator[int]) -> Iterator[int]:
+    """`tokens` without the model's warning: the caller said it once, before the text starts; the
+    model's own would land mid-stream."""
     while True:
-        # said above, once and before the text starts; the model's own warning would land mid-stream
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             token_id = next(tokens, None)
         if token_id is None:
-            break
-        piece = decoder.decode(tokenizer.decode_bytes([int(token_id)]))
+            return
+        yield int(token_id)
+
+
+def generate(model, tokenizer, prompt: str, **options) -> Iterator[str]:
+    """Yield the continuation of `prompt` as text pieces, as the tokens come (KV-cached decoding);
+    `options` are `generate_ids`'s (max_new_tokens, temperature, top_k, top_p, seed, the special
+    tokens' policy, say).
+
+    A token may end in the middle of a UTF-8 character; its bytes are held by an incremental
+    decoder until the character completes, so every yielded piece is whole characters. Special
+    tokens in `prompt` as `encode_prompt` reads them.
+    """
+    _, tokens = generate_ids(model, tokenizer, prompt, **options)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for token_id in tokens:
+        piece = decoder.decode(tokenizer.decode_bytes([token_id]))
         if piece:
             yield piece
     tail = decoder.decode(b"", final=True)

@@ -304,6 +304,9 @@ class _Run:
             "utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "workers": self.config.workers,
             "tokenkit": __version__,
+            # what a reader of the log alone (tk serve, following a run) needs before the first checkpoint
+            "train_config": self.config.to_dict(),
+            "unigram_baseline": self.baseline if math.isfinite(self.baseline) else None,
         }
         if self.ranks is not None:
             session["ranks"] = self.ranks.size

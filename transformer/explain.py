@@ -93,7 +93,7 @@ class Step:
             "shape": list(v.shape),
             "rows": self.rows,
             "cols": self.cols,
-            "value": _json_array(v),
+            "value": json_array(v),
         }
         if self.seed:
             out["example_printed"] = [
@@ -106,10 +106,22 @@ def _row_key(item):
     return -1 if item[0] is None else item[0]
 
 
-def _json_array(v: np.ndarray):
-    if v.ndim == 0:
-        return float(v) if np.isfinite(v) else None
-    return [_json_array(x) for x in v]
+def json_array(v: np.ndarray):
+    """An array as nested lists of floats, -inf / inf / nan as None (JSON has no infinities).
+
+    `tolist` builds the lists in C; only an array holding a non-finite value goes through an
+    object array, where those cells become None (a GPT-2-sized explain is millions of numbers).
+
+    >>> json_array(np.array([[1.0, -np.inf], [0.5, 2.0]]))
+    [[1.0, None], [0.5, 2.0]]
+    """
+    v = np.asarray(v, dtype=np.float64)
+    finite = np.isfinite(v)
+    if finite.all():
+        return v.tolist()
+    cells = v.astype(object)
+    cells[~finite] = None
+    return cells.tolist()
 
 
 @dataclass
@@ -144,7 +156,7 @@ class Explanation:
             "layer": self.layer,
             "head": self.head,
             "steps": [s.to_dict() for s in self.steps],
-            "attention_all_heads": None if self.attention is None else _json_array(self.attention),
+            "attention_all_heads": None if self.attention is None else json_array(self.attention),
             "top": [{"id": i, "token": t, "probability": p, "logit": z} for i, t, p, z in self.top],
         }
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -482,11 +482,15 @@ class GPT:
         seed: int | None = None,
         stop_token: int | None = None,
         use_cache: bool = True,
+        observe: Callable[[np.ndarray, np.ndarray], None] | None = None,
     ) -> Iterator[int]:
         """Yield up to max_new_tokens new token ids, one at a time, continuing the prompt ids (T,).
 
         temperature 0 is greedy; top_k / top_p filter before sampling; `seed` makes it
         repeatable. Stops after yielding stop_token. Arguments are checked before the first token.
+        observe(logits, probs), when given, is called before each token is yielded with the
+        model's (V,) logits and the (V,) distribution the token was drawn from (after
+        temperature, top-k and top-p; one-hot when greedy): what `tk serve` shows of each step.
 
         The model sees a window of at most context_length tokens. A prompt longer than that is
         cropped to its last context_length tokens. When the window is full, it shifts: the
@@ -515,9 +519,12 @@ class GPT:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
             raise ModelError(f"seed must be a non-negative integer or None, got {seed!r}")
         rng = np.random.default_rng(seed)
-        pick = lambda logits: sample_next(  # noqa: E731  (sampling runs on the host)
-            self.backend.to_host(logits), rng, temperature=temperature, top_k=top_k, top_p=top_p
-        )
+
+        def pick(logits) -> int:  # sampling runs on the host
+            host = self.backend.to_host(logits)
+            seen = None if observe is None else lambda probs: observe(host, probs)
+            return sample_next(host, rng, temperature=temperature, top_k=top_k, top_p=top_p, observe=seen)
+
         steps = self._steps_cached() if use_cache and self.config.causal else self._steps_uncached()
         return self._generate(list(prompt.tolist()), int(max_new_tokens), pick, stop_token, steps)
 

@@ -9,6 +9,8 @@ What this module does not do: run the model or keep the KV cache (see GPT.genera
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from tokenkit.transformer.errors import ModelError
@@ -74,6 +76,22 @@ def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
     return z
 
 
+def _filtered(logits: np.ndarray, temperature: float, top_k: int | None, top_p: float | None) -> np.ndarray | None:
+    """(V,) logits after temperature, top-k and top-p, in float64; None when the choice is greedy
+    (temperature 0, or one so small, e.g. 1e-320, that the logits overflow)."""
+    if temperature == 0:
+        return None
+    with np.errstate(over="ignore"):
+        z = apply_temperature(logits, temperature)
+    if np.isinf(z.max()):
+        return None
+    if top_k is not None:
+        z = top_k_filter(z, int(top_k))
+    if top_p is not None:
+        z = top_p_filter(z, top_p)
+    return z
+
+
 def sample_next(
     logits: np.ndarray,
     rng: np.random.Generator,
@@ -81,20 +99,21 @@ def sample_next(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
+    observe: Callable[[np.ndarray], None] | None = None,
 ) -> int:
     """(V,) logits -> one token id. temperature 0 is greedy; otherwise temperature, then top-k,
-    then top-p, then one draw by inverse CDF from `rng`."""
-    if temperature == 0:
-        return greedy(logits)
-    with np.errstate(over="ignore"):
-        z = apply_temperature(logits, temperature)
-    if np.isinf(z.max()):  # a temperature so small (e.g. 1e-320) that logits overflow: that is greedy
-        return greedy(logits)
-    if top_k is not None:
-        z = top_k_filter(z, int(top_k))
-    if top_p is not None:
-        z = top_p_filter(z, top_p)
-    cdf = np.cumsum(softmax(z))
+    then top-p, then one draw by inverse CDF from `rng`. observe(probs), when given, receives the
+    (V,) float64 distribution the token is drawn from (one-hot at the argmax when greedy)."""
+    z = _filtered(logits, temperature, top_k, top_p)
+    if z is None:
+        token = greedy(logits)
+        if observe is not None:
+            observe(np.eye(1, np.size(logits), token, dtype=np.float64)[0])
+        return token
+    probs = softmax(z)
+    if observe is not None:
+        observe(probs)
+    cdf = np.cumsum(probs)
     u = rng.random() * cdf[-1]
     # side="right" never picks a zero-probability token: its cdf equals its predecessor's
     return int(min(np.searchsorted(cdf, u, side="right"), cdf.size - 1))

@@ -1,0 +1,182 @@
+"""The merges of one text replayed step by step, in the order the tokenizer's ranks give them.
+
+What it does: from the byte ids of a text's pre-token chunks, lists every step that turns them
+into tokens. A step is the lowest-rank pair that can merge anywhere in the text, merged at all
+its occurrences in every chunk (left to right, without overlap: in a a a the first two merge);
+its positions are indices into the whole sequence (all chunks one after the other) as it was
+before the step. Chunks never merge across each other.
+
+Why the text's steps in rank order give what encoding gives: inside one chunk, encoding merges
+the lowest-rank pair first, and a merge only creates pairs of higher rank (they hold the new id,
+256 + rank), so each chunk's merges come in increasing rank, each rank once. Interleaving the
+chunks by rank changes no chunk's own order.
+
+`replay_merges` does it with a heap over one linked list (O(n log n) in the text's bytes) and
+finds each step's positions with a Fenwick tree of the tokens still there; `replay_merges_naive`
+below is the plain version, a rescan of the whole sequence per step, which the tests hold it to.
+
+>>> steps, ids = replay_merges([[97, 97, 97, 98], [97, 97]], {(97, 97): 256, (256, 97): 257})
+>>> [(s.new_id, s.at) for s in steps], ids
+([(256, [0, 4]), (257, [0])], [257, 98, 256])
+
+What it deliberately does not do: split text into chunks or handle special tokens (the
+tokenizer does, `Tokenizer.replay`), or know about files.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+__all__ = ["MergeStep", "Replay", "replay_merges", "replay_merges_naive"]
+
+
+@dataclass(frozen=True)
+class MergeStep:
+    """One step: `pair` became `new_id` (= 256 + its rank) at positions `at` of the sequence
+    before the step (the left half's index, ascending)."""
+
+    new_id: int
+    pair: tuple[int, int]
+    at: list[int]
+
+    @property
+    def rank(self) -> int:
+        return self.new_id - 256
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A text from bytes to tokens (`Tokenizer.replay`).
+
+    initial: the ids before any merge, one per byte (a special token is one id from the start);
+    chunks: the pre-token chunks as (start, end) indices into `initial`, a special token its own;
+    steps: the merges in rank order (`MergeStep`); ids: the sequence after the last step, which
+    is what `Tokenizer.encode` gives.
+    """
+
+    initial: list[int]
+    chunks: list[tuple[int, int]]
+    steps: list[MergeStep]
+    ids: list[int]
+
+
+class _Alive:
+    """A Fenwick tree of 0/1 flags: which of n places still hold a token, and how many before one."""
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+        tree = [0] * (n + 1)
+        for i in range(1, n + 1):  # all ones, built in O(n)
+            tree[i] += 1
+            j = i + (i & -i)
+            if j <= n:
+                tree[j] += tree[i]
+        self._tree = tree
+
+    def remove(self, i: int) -> None:
+        i += 1
+        while i <= self._n:
+            self._tree[i] -= 1
+            i += i & -i
+
+    def before(self, i: int) -> int:
+        """Tokens still there at places < i."""
+        total = 0
+        while i > 0:
+            total += self._tree[i]
+            i -= i & -i
+        return total
+
+
+def replay_merges(
+    chunks: Sequence[Sequence[int]], pair_id: Mapping[tuple[int, int], int]
+) -> tuple[list[MergeStep], list[int]]:
+    """(the steps that merge `chunks` (each a list of ids) into tokens, the ids after the last
+    step); pair_id[(a, b)] is the id the pair merges into (256 + rank), absent for a pair with no
+    merge.
+
+    One linked list holds every chunk, a pair is pushed only inside a chunk, and heap entries
+    (merged id, place) pop lowest rank first and, for one rank, left to right: the pops of one
+    rank are one step. An entry is checked when popped (a neighbour may have merged since).
+    """
+    val: list[int] = [v for chunk in chunks for v in chunk]
+    n = len(val)
+    nxt = list(range(1, n + 1))
+    prv = list(range(-1, n - 1))
+    chunk_of: list[int] = []
+    for c, chunk in enumerate(chunks):
+        chunk_of += [c] * len(chunk)
+    if n:
+        nxt[-1] = -1
+    for i in range(n - 1):  # no links across chunks: a pair is never formed there
+        if chunk_of[i] != chunk_of[i + 1]:
+            nxt[i], prv[i + 1] = -1, -1
+    get = pair_id.get
+    heap = [(new, i) for i in range(n - 1) if nxt[i] >= 0 and (new := get((val[i], val[i + 1]))) is not None]
+    heapq.heapify(heap)
+    alive = _Alive(n)
+    steps: list[MergeStep] = []
+    while heap:
+        new = heap[0][0]
+        at: list[int] = []
+        pair = None
+        removed = 0  # right halves removed earlier in this step: all to the left of the next place
+        while heap and heap[0][0] == new:
+            _, i = heapq.heappop(heap)
+            j = nxt[i]
+            if val[i] < 0 or j < 0 or get((val[i], val[j])) != new:
+                continue  # stale
+            pair = (val[i], val[j])
+            at.append(alive.before(i) + removed)
+            val[i], val[j] = new, -1
+            alive.remove(j)
+            removed += 1
+            k = nxt[j]
+            nxt[i] = k
+            if k >= 0:
+                prv[k] = i
+                r = get((new, val[k]))
+                if r is not None:
+                    heapq.heappush(heap, (r, i))  # a higher rank: popped in a later step
+            p = prv[i]
+            if p >= 0:
+                r = get((val[p], new))
+                if r is not None:
+                    heapq.heappush(heap, (r, p))
+        if at:
+            steps.append(MergeStep(new, pair, at))
+    return steps, [v for v in val if v >= 0]
+
+
+def replay_merges_naive(
+    chunks: Sequence[Sequence[int]], pair_id: Mapping[tuple[int, int], int]
+) -> tuple[list[MergeStep], list[int]]:
+    """`replay_merges`, plainly: before each step, look at every adjacent pair of every chunk for
+    the lowest merged id, then merge it in each chunk left to right without overlap."""
+    seqs = [list(chunk) for chunk in chunks]
+    steps: list[MergeStep] = []
+    while True:
+        found = [pair_id[p] for s in seqs for p in pairwise(s) if p in pair_id]
+        if not found:
+            return steps, [v for s in seqs for v in s]
+        new = min(found)
+        at: list[int] = []
+        offset = 0
+        pair = None
+        for c, s in enumerate(seqs):
+            out, i = [], 0
+            while i < len(s):
+                if i + 1 < len(s) and pair_id.get((s[i], s[i + 1])) == new:
+                    pair = (s[i], s[i + 1])
+                    at.append(offset + i)
+                    out.append(new)
+                    i += 2
+                else:
+                    out.append(s[i])
+                    i += 1
+            offset += len(s)
+            seqs[c] = out
+        steps.append(MergeStep(new, pair, at))

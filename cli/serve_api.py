@@ -1,0 +1,314 @@
+"""`tk serve`'s JSON endpoints: what the server holds, each endpoint's query read and bounded,
+and the view (pipeline/views.py) it answers with. docs/serve.md is the contract.
+
+`Holdings` is what the server was started with: a tokenizer, a second one to compare, a model
+followed on disk (`pipeline.live.LiveModel`) and a run's training log. `answer(holdings, path,
+query)` runs one endpoint: a bad query raises `Refused` (400, or 404 for what the server was not
+given) before any work; the views' own one-line errors (a special token the policy refuses, a
+text longer than the model's context) pass up to the server, which answers them with 400 too.
+
+What it deliberately does not do: speak HTTP, check hosts or serve files (cli/serve.py does), or
+compute what a view shows (pipeline/views.py does).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl
+
+from tokenkit.bpe import Tokenizer
+from tokenkit.pipeline import PipelineError, checkpoint, views
+from tokenkit.pipeline.config import Range
+from tokenkit.pipeline.live import LiveModel, Loaded, TrainingLog
+from tokenkit.pipeline.run import load_tokenizer
+from tokenkit.transformer.explain import EXAMPLES
+
+MAX_FIELDS = 16  # query parameters in one request; every endpoint takes fewer
+_INTEGER = re.compile(r"-?[0-9]{1,20}")
+_REAL = re.compile(r"-?([0-9]{1,20}(\.[0-9]{0,20})?|\.[0-9]{1,20})([eE][-+]?[0-9]{1,3})?")  # no nan, inf, 1_0
+
+
+class Refused(Exception):
+    """A request the server does not answer: `status` (400 a bad query, 404 a view of something
+    the server was not given) and one line saying why."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# ----------------------------------------------------------------------------- what is served
+
+
+@dataclass
+class Holdings:
+    """What `tk serve` was given. The model is followed on disk (`live`); until a run has one,
+    the tokenizer is the run's tokenizer.safetensors (or -t's); once it has, the model's own."""
+
+    tokenizer: Tokenizer | None = None
+    tokenizer_name: str | None = None
+    compare: Tokenizer | None = None
+    compare_name: str | None = None
+    live: LiveModel | None = None
+    model_name: str | None = None
+    run_dir: Path | None = None
+    training: TrainingLog | None = None
+
+    def loaded(self) -> Loaded | None:
+        return None if self.live is None else self.live.get()
+
+    def need_model(self) -> Loaded:
+        loaded = self.loaded()
+        if loaded is None:
+            if self.live is not None:
+                raise Refused(f"{self.live.path} is not there yet (training writes it at its first evaluation)", 404)
+            raise Refused("no model was given; start tk serve with a run directory or a model file", 404)
+        return loaded
+
+    def main_tokenizer(self) -> tuple[Tokenizer, str]:
+        loaded = self.loaded()
+        if loaded is not None:
+            return loaded.tokenizer, self.model_name or ""
+        if self.tokenizer is None:
+            raise Refused("no tokenizer was given; start tk serve with a run, a model or -t TOKENIZER", 404)
+        return self.tokenizer, self.tokenizer_name or ""
+
+    def compare_tokenizer(self) -> tuple[Tokenizer, str]:
+        if self.compare is None:
+            raise Refused("no second tokenizer was given; start tk serve with -c TOKENIZER", 404)
+        return self.compare, self.compare_name or ""
+
+
+def open_holdings(
+    source: Path | None, tokenizer: Path | None = None, compare: Path | None = None, device: str = "cpu"
+) -> Holdings:
+    """Load what `tk serve [SOURCE] [-t TOKENIZER] [-c COMPARE]` names; a file that does not load
+    is a one-line error here, before the server starts."""
+    held = Holdings()
+    if tokenizer is not None:
+        held.tokenizer, held.tokenizer_name = load_tokenizer(tokenizer), str(tokenizer)
+    if compare is not None:
+        held.compare, held.compare_name = load_tokenizer(compare), str(compare)
+    if source is None:
+        return held
+    source = Path(source)
+    model_path = source
+    if source.is_dir():
+        names = (checkpoint.MODEL_FILE, checkpoint.TOKENIZER_FILE, checkpoint.LOG_FILE, checkpoint.STATE_FILE)
+        if not any((source / name).exists() for name in names):
+            raise PipelineError(f"{source} is not a run directory (no {', '.join(names)}); give a run or a model file")
+        held.run_dir, held.training = source, TrainingLog(source / checkpoint.LOG_FILE)
+        model_path = source / checkpoint.MODEL_FILE
+        if tokenizer is None and (source / checkpoint.TOKENIZER_FILE).exists():
+            held.tokenizer, held.tokenizer_name = Tokenizer.load(source / checkpoint.TOKENIZER_FILE), str(source)
+    elif not source.exists():
+        raise PipelineError(f"{source}: no such run directory or model file")
+    held.live, held.model_name = LiveModel(model_path, tokenizer, device), str(source)
+    if held.live.get() is None and (held.live.error is not None or held.run_dir is None):
+        raise PipelineError(held.live.error or f"model file not found: {model_path}")
+    return held
+
+
+# ----------------------------------------------------------------------------- the query
+
+
+class Query:
+    """A request's query string, each parameter at most once and known to the endpoint
+    (`allowed`); the getters check each value's range before any work."""
+
+    def __init__(self, raw: str, allowed: tuple[str, ...]) -> None:
+        try:
+            pairs = parse_qsl(raw, keep_blank_values=True, errors="strict", max_num_fields=MAX_FIELDS)
+        except UnicodeDecodeError:
+            raise Refused("the query is not UTF-8 once %-decoded") from None
+        except ValueError:
+            raise Refused(f"more than {MAX_FIELDS} query parameters") from None
+        self._values: dict[str, str] = {}
+        for key, value in pairs:
+            if key not in allowed:
+                takes = ", ".join(allowed) or "no parameters"
+                raise Refused(f"unknown parameter {_shown(key)}; this endpoint takes {takes}")
+            if key in self._values:
+                raise Refused(f"parameter {key} is given twice")
+            self._values[key] = value
+
+    def text(self, limit: int = views.TEXT_CHARS) -> str:
+        text = self._values.get("text")
+        if text is None:
+            raise Refused("give the text: ?text=...")
+        if len(text) > limit:
+            raise Refused(f"text is {len(text):,} characters; at most {limit:,}")
+        return text
+
+    def integer(self, name: str, allowed: Range, default: int | None) -> int | None:
+        value = self._values.get(name)
+        if value is None:
+            return default
+        if not _INTEGER.fullmatch(value):
+            raise Refused(f"{name} must be a whole number, got {_shown(value)}")
+        return _checked(name, int(value), allowed)
+
+    def real(self, name: str, allowed: Range, default: float | None) -> float | None:
+        value = self._values.get(name)
+        if value is None:
+            return default
+        if not _REAL.fullmatch(value):
+            raise Refused(f"{name} must be a number, got {_shown(value)}")
+        return _checked(name, float(value), allowed)
+
+    def choice(self, name: str, options, default: str) -> str:
+        value = self._values.get(name, default)
+        if value not in options:
+            raise Refused(f"{name} must be one of {', '.join(options)}, got {_shown(value)}")
+        return value
+
+    def policy(self) -> dict[str, Any]:
+        """The special-token policy (`specials`: refuse, allow or text)."""
+        return views.SPECIALS[self.choice("specials", tuple(views.SPECIALS), "refuse")]
+
+
+def _checked(name: str, number, allowed: Range):
+    problem = allowed.problem(number)
+    if problem is not None or (isinstance(number, float) and not math.isfinite(number)):
+        raise Refused(f"{name} {problem or 'must be a finite number'}, got {number}")
+    return number
+
+
+def _shown(value: str) -> str:
+    return repr(value if len(value) <= 40 else value[:30] + "...")
+
+
+# ----------------------------------------------------------------------------- the endpoints
+
+
+def _info(held: Holdings, q: Query) -> dict[str, Any]:
+    loaded = held.loaded()
+    tok, name = (loaded.tokenizer, held.model_name) if loaded is not None else (held.tokenizer, held.tokenizer_name)
+    return views.info_view(
+        tokenizer=tok,
+        tokenizer_name=name,
+        compare=held.compare,
+        compare_name=held.compare_name,
+        model=None if loaded is None else loaded.model,
+        model_name=held.model_name,
+        run=None if held.run_dir is None else str(held.run_dir),
+    )
+
+
+def _which(held: Holdings, q: Query) -> tuple[Tokenizer, str]:
+    which = q.choice("which", ("main", "compare"), "main")
+    return held.main_tokenizer() if which == "main" else held.compare_tokenizer()
+
+
+def _tokens(held: Holdings, q: Query) -> dict[str, Any]:
+    tok, name = _which(held, q)
+    return views.tokens_view(tok, q.text(), name=name, policy=q.policy())
+
+
+def _compare(held: Holdings, q: Query) -> dict[str, Any]:
+    (other, other_name), (main, main_name) = held.compare_tokenizer(), held.main_tokenizer()
+    return views.compare_view(main, other, q.text(), names=(main_name, other_name), policy=q.policy())
+
+
+def _bpe(held: Holdings, q: Query) -> dict[str, Any]:
+    tok, name = _which(held, q)
+    return views.bpe_view(tok, q.text(), name=name, policy=q.policy())
+
+
+def _attention(held: Holdings, q: Query) -> dict[str, Any]:
+    loaded = held.need_model()
+    return views.attention_view(loaded.model, loaded.tokenizer, q.text(), policy=q.policy())
+
+
+def _explain(held: Holdings, q: Query) -> dict[str, Any]:
+    loaded = held.need_model()
+    cfg = loaded.model.config
+    return views.explain_doc(
+        loaded.model,
+        loaded.tokenizer,
+        q.text(),
+        layer=q.integer("layer", Range(0, cfg.n_layers - 1), 0),
+        head=q.integer("head", Range(0, cfg.n_heads - 1), 0),
+        top_k=q.integer("top_k", Range(1, views.TOP_K_MAX), 5),
+        policy=q.policy(),
+        model_name=held.model_name or "",
+        limit=views.explain_tokens(cfg),
+    )
+
+
+def _example(held: Holdings, q: Query) -> dict[str, Any]:
+    return views.example_doc(q.choice("name", tuple(EXAMPLES), "attention-lookup"))
+
+
+def _prompt(loaded: Loaded, q: Query) -> tuple[str, dict[str, Any]]:
+    """The text and policy of a prompt, refused when longer than the model's context (the
+    commands use its last context_length tokens instead, and say so)."""
+    text, policy = q.text(), q.policy()
+    views.model_ids(loaded.model, loaded.tokenizer, text, policy)
+    return text, policy
+
+
+def _next(held: Holdings, q: Query) -> dict[str, Any]:
+    loaded = held.need_model()
+    top_k = q.integer("top_k", Range(1, views.TOP_K_MAX), 10)
+    text, policy = _prompt(loaded, q)
+    return views.next_view(loaded.model, loaded.tokenizer, text, top_k=top_k, policy=policy)
+
+
+def _generate(held: Holdings, q: Query) -> dict[str, Any]:
+    loaded = held.need_model()
+    settings = {
+        "n": q.integer("n", Range(0, views.NEW_TOKENS_MAX), 20),
+        "temperature": q.real("temperature", Range(0, views.TEMPERATURE_MAX), 1.0),
+        "top_k": q.integer("top_k", Range(1, views.TOP_K_MAX), None),
+        "top_p": q.real("top_p", Range(0, 1, low_open=True), None),
+        "seed": q.integer("seed", Range(0, views.SEED_MAX), 0),
+        "show": q.integer("show", Range(1, views.TOP_K_MAX), 10),
+    }
+    text, policy = _prompt(loaded, q)
+    return views.generate_view(loaded.model, loaded.tokenizer, text, policy=policy, **settings)
+
+
+def _training(held: Holdings, q: Query) -> dict[str, Any]:
+    if held.run_dir is None:
+        raise Refused("no run directory was given; start tk serve with one to see its training", 404)
+    return views.training_view(held.run_dir, name=str(held.run_dir), log=held.training)
+
+
+def _model(held: Holdings, q: Query) -> dict[str, Any]:
+    model = held.need_model().model
+    return views.model_view(model.config, model.params)
+
+
+# path -> (the endpoint, the parameters it takes)
+ENDPOINTS: dict[str, tuple[Callable[[Holdings, Query], dict[str, Any]], tuple[str, ...]]] = {
+    "/api/info": (_info, ()),
+    "/api/tokens": (_tokens, ("text", "which", "specials")),
+    "/api/compare": (_compare, ("text", "specials")),
+    "/api/bpe": (_bpe, ("text", "which", "specials")),
+    "/api/attention": (_attention, ("text", "specials")),
+    "/api/explain": (_explain, ("text", "layer", "head", "top_k", "specials")),
+    "/api/example": (_example, ("name",)),
+    "/api/next": (_next, ("text", "top_k", "specials")),
+    "/api/generate": (_generate, ("text", "n", "temperature", "top_k", "top_p", "seed", "show", "specials")),
+    "/api/training": (_training, ()),
+    "/api/model": (_model, ()),
+}
+_VIEW_PATH = re.compile(r"/api/[a-z_]{1,32}")
+
+
+def answer(held: Holdings, path: str, query: str) -> dict[str, Any]:
+    """The JSON of endpoint `path` (as the request wrote it, not decoded) for `query` (raw)."""
+    found = ENDPOINTS.get(path)
+    if found is None:
+        if _VIEW_PATH.fullmatch(path):
+            known = ", ".join(p.removeprefix("/api/") for p in ENDPOINTS)
+            raise Refused(f"unknown view {path.removeprefix('/api/')!r}; the endpoints are {known}")
+        raise Refused("not found", 404)
+    endpoint, allowed = found
+    return endpoint(held, Query(query, allowed))
