@@ -48,7 +48,15 @@
       }
       return out;
     }
+    let lastK = 0, lastSeq = first;
     return (k) => {
+      if (k === lastK) return lastSeq;
+      if (k === lastK + 1) {  // one step on, the common case (play, the arrow keys)
+        lastSeq = apply(lastSeq, answer.steps[lastK], lastK);
+        lastK = k;
+        if (k % CHECKPOINT === 0) saved.set(k, lastSeq);
+        return lastSeq;
+      }
       let from = Math.floor(k / CHECKPOINT) * CHECKPOINT;
       while (!saved.has(from)) from -= CHECKPOINT;
       let seq = saved.get(from);
@@ -56,6 +64,8 @@
         seq = apply(seq, answer.steps[s], s);
         if ((s + 1) % CHECKPOINT === 0) saved.set(s + 1, seq);
       }
+      lastK = k;
+      lastSeq = seq;
       return seq;
     };
   }
@@ -64,6 +74,7 @@
     title: "BPE replay",
     needs: ["tokenizer"],
     async render(target, state, info, ctx) {
+      if (state.text === "") { target.append(el("p", {class: "muted"}, "Type some text above to watch it go from bytes to tokens.")); return; }
       const answer = await TK.api("/api/bpe", {text: state.text, specials: state.specials});
       const {steps, pieces} = answer;
       const at = replayer(answer);
@@ -116,21 +127,47 @@
         frame = requestAnimationFrame(paint);
         if (!target.isConnected) paint();  // the first paint, before the view is in the page
       }
+      const pieceOf = (id) => pieces[id] || {bytes: "", text: "#" + id, partial: false};
+      const chipOf = (item, marks) => {
+        const piece = pieceOf(item.id);
+        return TK.chip({id: item.id, text: piece.text, bytes: piece.bytes, start: item.start, end: item.end,
+          partial: piece.partial}, finalAt[item.start] || 0, {class: marks || null});
+      };
+      let shown = -1;  // the step the chips show
+      // One step on: only the merged pairs change (thousands of chips take long to lay out again).
+      function paintStep(seq) {
+        const step = steps[k - 1];
+        const chips = [...seqBox.querySelectorAll(".chip")];
+        if (chips.length !== seq.length + step.at.length) return false;
+        if (step.at.some((i) => /\n$/.test(pieceOf(chips[i].dataset.id | 0).text) || /\n$/.test(pieceOf(chips[i + 1].dataset.id | 0).text))) return false;
+        for (const chip of seqBox.querySelectorAll(".merged, .next-pair")) chip.classList.remove("merged", "next-pair");
+        step.at.forEach((i, j) => {
+          chips[i].replaceWith(chipOf(seq[i - j], "merged"));
+          chips[i + 1].remove();
+        });
+        return true;
+      }
       function paint() {
         const seq = at(k);
         const upcoming = k < last ? new Set(steps[k].at.flatMap((i) => [i, i + 1])) : new Set();
-        const groups = [];
-        let group = null;
-        seq.forEach((item, i) => {
-          if (!group || group.chunk !== item.chunk) { group = {chunk: item.chunk, box: el("span", {class: "chunk"})}; groups.push(group); }
-          const piece = pieces[item.id] || {bytes: "", text: "#" + item.id, partial: false};
-          const chip = TK.chip({id: item.id, text: piece.text, bytes: piece.bytes, start: item.start, end: item.end,
-            partial: piece.partial}, finalAt[item.start] || 0,
-          {class: [item.made && k > 0 ? "merged" : "", upcoming.has(i) ? "next-pair" : ""].join(" ").trim() || null});
-          group.box.append(chip);
-          if (piece.text.endsWith("\n")) { groups.push({chunk: null, box: el("br")}); group = null; }
-        });
-        seqBox.replaceChildren(...groups.map((g) => g.box));
+        if (k === shown) {
+          // the chips show this step already (the first paint, then its frame)
+        } else if (shown >= 0 && k === shown + 1 && paintStep(seq)) {
+          if (upcoming.size) {
+            const chips = seqBox.querySelectorAll(".chip");
+            for (const i of upcoming) chips[i].classList.add("next-pair");
+          }
+        } else {
+          const groups = [];
+          let group = null;
+          seq.forEach((item, i) => {
+            if (!group || group.chunk !== item.chunk) { group = {chunk: item.chunk, box: el("span", {class: "chunk"})}; groups.push(group); }
+            group.box.append(chipOf(item, [item.made && k > 0 ? "merged" : "", upcoming.has(i) ? "next-pair" : ""].join(" ").trim()));
+            if (pieceOf(item.id).text.endsWith("\n")) { groups.push({chunk: null, box: el("br")}); group = null; }
+          });
+          seqBox.replaceChildren(...groups.map((g) => g.box));
+        }
+        shown = k;
         seqBox.dataset.step = k;
         seqBox.dataset.tokens = seq.length;
         count.textContent = `step ${k} / ${last}`;

@@ -118,16 +118,18 @@ const TK = (() => {
   function hex(bytes) { return (bytes || "").replace(/(..)(?!$)/g, "$1 "); }
 
   // Whitespace and control characters made visible in a token's text.
+  // Other control characters show as their Unicode pictures (\x00 -> ␀, \x7f -> ␡).
   function visible(text) {
-    return text.replace(/ /g, "·").replace(/\n/g, "↵").replace(/\t/g, "→").replace(/\r/g, "␍");
+    return text.replace(/ /g, "·").replace(/\n/g, "↵").replace(/\t/g, "→").replace(/\r/g, "␍")
+      .replace(/[\x00-\x08\x0b-\x0c\x0e-\x1f]/g, (c) => String.fromCharCode(0x2400 + c.charCodeAt(0))).replace(/\x7f/g, "␡");
   }
 
   // The same, as nodes: the visible whitespace marks are <span class="ws">, drawn lighter than the text.
   function visibleNodes(text) {
     const nodes = [];
-    for (const part of text.split(/([ \n\t\r]+)/)) {
+    for (const part of text.split(/([\x00-\x20\x7f]+)/)) {
       if (!part) continue;
-      if (/^[ \n\t\r]+$/.test(part)) nodes.push(el("span", {class: "ws"}, visible(part)));
+      if (/^[\x00-\x20\x7f]+$/.test(part)) nodes.push(el("span", {class: "ws"}, visible(part)));
       else nodes.push(part);
     }
     return nodes;

@@ -31,6 +31,7 @@
     title: "Next token",
     needs: ["model"],
     async render(target, state, info, ctx) {
+      if (state.text === "") { target.append(el("p", {class: "muted"}, "Type some text above: the model predicts what comes next.")); return; }
       const vocab = info.model.config.vocab_size;
       const sampling = {text: state.text, n: state.n, temperature: state.temperature, top_k: state.top_k,
         top_p: state.top_p, seed: state.seed, show: SHOW, specials: state.specials};
@@ -99,10 +100,12 @@
           (drawnRow ? `, p = ${TK.pct(drawnRow.p)})` : ", outside the top shown)") + " from:"));
         back.disabled = picked === 0;
         on.disabled = picked === steps.length - 1;
-        const lost = 1 - step.top.reduce((sum, row) => sum + row.p, 0);
-        stepBars.replaceChildren(bars(step.top, "step-bars", step.id, null),
+        const possible = step.top.filter((row) => row.p > 0);  // the settings cut the others to 0
+        const lost = 1 - possible.reduce((sum, row) => sum + row.p, 0);
+        stepBars.replaceChildren(bars(possible, "step-bars", step.id, null),
           el("p", {class: "muted small"}, lost > 5e-4 ? `The other tokens share ${TK.pct(lost)}.`
-            : "The tokens shown hold all the probability left after the settings."));
+            : possible.length === 1 ? "Every other token had probability 0 after the settings."
+              : "These tokens hold all the probability left after the settings; every other token had 0."));
       }
 
       const t = Number(state.temperature);

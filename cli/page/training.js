@@ -35,7 +35,7 @@
   // A line chart: series [{name, cls, points: [[x, y, extra]...], dots: "hidden"|"shown"|null, kind}],
   // optional baseline {y, label}; returns a .chart-wrap holding the SVG and its hover tip.
   function chart({width, height, series, baseline, log, yLabel, xLabel, id, format, xMax}) {
-    const m = {l: 56, r: 18, t: 12, b: 38};
+    const m = {l: 56, r: 26, t: 12, b: 38};
     const all = series.flatMap((s) => s.points);
     const xs = all.map((p) => p[0]), ys = all.map((p) => p[1]).filter((y) => isFinite(y) && (!log || y > 0));
     if (baseline && isFinite(baseline.y)) ys.push(baseline.y);
