@@ -10,7 +10,7 @@ const TK = (() => {
     query: "", example: "attention-lookup", step: "", temperature: "1", top_k: "", top_p: "", seed: "0", n: "20",
     specials: ""};
   const NO_CACHE = new Set(["/api/info", "/api/training"]);  // answers that change while the server runs
-  const CACHE_SIZE = 64;
+  const CACHE_SIZE = 24;
   const SVG_NS = "http://www.w3.org/2000/svg";
   const views = {};
   const cache = new Map();   // request -> answer (a promise), the most recent last

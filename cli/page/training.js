@@ -126,8 +126,8 @@
 
   function content(run, log) {
     // the charts' own units are the page's pixels, so their text stays the page's size
-    const full = Math.max(520, Math.min(1400, document.getElementById("view").clientWidth - 40));
-    const half = Math.floor((full - 20) / 2);
+    const full = Math.max(300, Math.min(1400, document.getElementById("view").clientWidth - 40));
+    const half = full < 860 ? full : Math.floor((full - 20) / 2);  // .grid2 is one column below 900px
     const train = run.train || [], val = run.val || [];
     const last = train[train.length - 1];
     const total = run.config && run.config.steps;
