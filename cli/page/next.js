@@ -103,9 +103,9 @@
         const possible = step.top.filter((row) => row.p > 0);  // the settings cut the others to 0
         const lost = 1 - possible.reduce((sum, row) => sum + row.p, 0);
         stepBars.replaceChildren(bars(possible, "step-bars", step.id, null),
-          el("p", {class: "muted small"}, lost > 5e-4 ? `The other tokens share ${TK.pct(lost)}.`
-            : possible.length === 1 ? "Every other token had probability 0 after the settings."
-              : "These tokens hold all the probability left after the settings; every other token had 0."));
+          el("p", {class: "muted small"}, possible.length < step.top.length || lost <= 1e-12
+            ? "Every other token had probability 0 after the settings."
+            : `The other ${TK.int(vocab - possible.length)} tokens share ${TK.pct(Math.max(0, lost))}.`));
       }
 
       const t = Number(state.temperature);
