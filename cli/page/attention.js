@@ -8,7 +8,12 @@
   // TK.el flattens one level of children; the arithmetic nests deeper
   const el = (tag, attrs, ...children) => TK.el(tag, attrs, ...children.flat(Infinity));
   // TK.fmt, without a "−0.0000" for a tiny negative number
-  const fmt = (x, digits = 4) => { const text = TK.fmt(x, digits); return /^−0\.?0*$/.test(text) ? text.slice(1) : text; };
+  // TK.fmt, but a tiny number that would show as 0.0000 in exponent form ("3.21e−5") and no "−0.0000"
+  const fmt = (x, digits = 4) => {
+    if (x != null && x !== 0 && Math.abs(x) < 0.5 * 10 ** -digits) return x.toExponential(2).replace(/-/g, "−");
+    const text = TK.fmt(x, digits);
+    return /^−0\.?0*$/.test(text) ? text.slice(1) : text;
+  };
   const DOM_CELLS_MAX = 160;  // above this many tokens the big heatmap is one canvas (hover for values)
   const VEC_HEAD = 6;         // numbers a long vector shows before its expander
   const VEC_LONG = 8;         // a vector longer than this gets an expander
@@ -24,7 +29,7 @@
   }
   const colour = (w) => `rgb(${rgb(w).join(",")})`;
   const ink = (w) => (w > 0.55 ? "#fff" : "#1d1d1f");
-  const MASKED = [244, 244, 246];
+  const MASKED = [246, 246, 248];
 
   // ---------------------------------------------------------------- values with their hooks
   const full = (x) => (x == null ? "-inf" : String(x));  // data-value: JSON's null is a masked -inf
@@ -198,10 +203,10 @@
         const g = canvas.getContext("2d");
         g.imageSmoothingEnabled = false;
         g.drawImage(image, 0, 0, Tk * px, Tq * px);
-        g.lineWidth = Math.max(1, px / 2);
+        g.lineWidth = 2;
         if (opts.query != null && opts.query < Tq) {
           g.strokeStyle = "#d9480f";
-          g.strokeRect(0, opts.query * px, Tk * px, px);
+          g.strokeRect(1, opts.query * px - 1, Tk * px - 2, px + 2);
         }
         if (withCursor) { g.strokeStyle = "#1d1d1f"; g.strokeRect(cursor.k * px - 1, cursor.q * px - 1, px + 2, px + 2); }
       };
@@ -230,9 +235,10 @@
     });
     map.addEventListener("focus", () => { if (map.matches(":focus-visible")) move(); });
     map.tkCursor = cursor;
+    const axes = big ? el("div", {class: "muted note"}, `rows: the queries 0..${Tq - 1} ↓   columns: the keys 0..${Tk - 1} →`) : null;
     const note = big ? el("p", {class: "muted note"}, `${Math.max(Tq, Tk)} tokens: drawn on a canvas (hover or arrow keys ` +
       `for each query, key and weight); up to ${DOM_CELLS_MAX} tokens the map is a grid of cells.`) : null;
-    return el("div", {class: "heatmap-wrap"}, readout, el("div", {class: "heatmap-scroll"}, map), note);
+    return el("div", {class: "heatmap-wrap"}, readout, axes, el("div", {class: "heatmap-scroll"}, map), note);
   }
 
   // weights (Tq x Tk) as an offscreen canvas of one pixel per cell (block max above `cap` pixels a side).
@@ -339,17 +345,18 @@
     const diff = Math.max(...e.map((x, n) => Math.abs(x / sum - w[n])));
     const me = tokenChip(tokens[i].text, i);
 
-    // the rows shown: every key, or for a long text the heaviest KEYS_SHOWN and the query itself
-    const heavy = new Set(keys.map((j, n) => [w[n], j]).sort((x, y) => y[0] - x[0]).slice(0, KEYS_SHOWN).map((p) => p[1]).concat([i]));
+    // the rows shown: every key, or for a long text the heavy ones (w >= 0.005; 8 to KEYS_SHOWN) and the query itself
+    const nHeavy = Math.max(8, Math.min(KEYS_SHOWN, w.filter((x) => x >= 0.005).length));
+    const heavy = new Set(keys.map((j, n) => [w[n], j]).sort((x, y) => y[0] - x[0]).slice(0, nHeavy).map((p) => p[1]).concat([i]));
     const keyTable = (all, columns) => {
       const body = [];
       let skipped = 0;
       keys.forEach((j, n) => {
         if (!all && keys.length > KEYS_SHOWN + 8 && !heavy.has(j)) { skipped++; return; }
-        if (skipped) { body.push(el("tr", {class: "skip"}, el("td", {colspan: 9, class: "muted"}, `… ${skipped} lighter keys`))); skipped = 0; }
+        if (skipped) { body.push(el("tr", {class: "skip"}, el("td", {colspan: 9, class: "muted"}, `… ${skipped} lighter key${skipped === 1 ? "" : "s"}`))); skipped = 0; }
         body.push(el("tr", {dataset: {k: j}}, columns.map(([, cell, cls]) => el("td", {class: cls}, cell(j, n)))));
       });
-      if (skipped) body.push(el("tr", {class: "skip"}, el("td", {colspan: 9, class: "muted"}, `… ${skipped} lighter keys`)));
+      if (skipped) body.push(el("tr", {class: "skip"}, el("td", {colspan: 9, class: "muted"}, `… ${skipped} lighter key${skipped === 1 ? "" : "s"}`)));
       return el("table", {class: "arith-table"}, el("thead", {}, el("tr", {}, columns.map(([title, , cls]) => el("th", {scope: "col", class: cls}, title)))),
         el("tbody", {}, body));
     };
@@ -357,7 +364,7 @@
       const box = el("div", {class: "table-wrap"});
       const draw = (all) => box.replaceChildren(keyTable(all, columns), ...(keys.length > KEYS_SHOWN + 8 ? [el("button", {type: "button",
         class: "more", "aria-expanded": all ? "true" : "false", onclick: () => draw(!all)},
-      all ? `only the ${KEYS_SHOWN} heaviest keys` : `all ${keys.length} keys`)] : []));
+      all ? "only the heaviest keys" : `all ${keys.length} keys`)] : []));
       draw(false);
       return box;
     };
