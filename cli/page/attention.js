@@ -412,7 +412,7 @@
         row(["max ", S("a", "j")], value(top, {derived: "max", row: i})),
         row(["Σ exp(", S("a", "j"), " − max)"], value(sum, {derived: "sum-exp", row: i})),
         row(["Σ ", S("w", "j")], value(w.reduce((x, y) => x + y, 0), {derived: "sum-w", row: i})),
-        el("p", {class: "muted note"}, "exp(a_j − max) and its sum are computed on this page from the scaled scores a_j " +
+        el("p", {class: "muted note"}, "exp(a_j − max) and its sum (in italics) are computed on this page from the scaled scores a_j " +
           "(subtracting the largest score keeps exp from overflowing and changes no weight); the weights w_j are the model's own. " +
           `exp / Σ here and the model's w_j differ by at most ${diff.toExponential(1)} (the model computes in float32).`)),
       section(["3. the weighted sum of the values: ", S("r", i), " = Σ ", S("w", "j"), " ", S("v", "j")],

@@ -38,8 +38,13 @@
         caption: "attention weights: rows are queries, columns are keys"});
       // a step's rows are the queries when they carry the weights' row labels: those mark the chosen query
       const sameRows = (s) => s.rows && s.rows.length === weights.rows.length && s.rows.every((r, i) => r === weights.rows[i]);
-      // a step is wide (a whole line) when its table is: many columns, or a printed column beside four
-      const wide = (s) => (s.shape[1] || s.shape[0] || 0) + (s.example_printed ? 4 : 0) > 6;
+      // a step takes a whole line when its table would not fit half of one (its width guessed in characters)
+      const wide = (s) => {
+        const cols = s.cols || [], rows = s.rows || [""];
+        const chars = Math.max(...rows.map((r) => r.length)) + cols.slice(0, 12).reduce((n, c) => n + Math.max(c.length, 9) + 2, 0) +
+          (/weights$/.test(s.key) ? 9 : 0) + (s.example_printed ? Math.max(...s.example_printed.map((p) => p.text.length)) + 14 : 0);
+        return chars > 62;
+      };
       const steps = doc.steps.map((s, n) => el("section", {class: "example-step" + (wide(s) ? " wide" : ""), dataset: {key: s.key}},
         el("h4", {}, el("span", {class: "muted"}, `${n + 1}. `), s.title,
           el("span", {class: "muted shape"}, "  " + (s.shape.length ? s.shape.join(" × ") : "scalar"))),
