@@ -7,7 +7,6 @@
   const {visible} = TK;
   // TK.el flattens one level of children; the arithmetic nests deeper
   const el = (tag, attrs, ...children) => TK.el(tag, attrs, ...children.flat(Infinity));
-  // TK.fmt, without a "−0.0000" for a tiny negative number
   // TK.fmt, but a tiny number that would show as 0.0000 in exponent form ("3.21e−5") and no "−0.0000"
   const fmt = (x, digits = 4) => {
     if (x != null && x !== 0 && Math.abs(x) < 0.5 * 10 ** -digits) return x.toExponential(2).replace(/-/g, "−");
@@ -44,7 +43,8 @@
     return el("span", {class: "num" + (hooks.derived ? " derived" : ""), dataset: data, title: full(x)}, fmt(x, digits));
   }
 
-  // A row vector: "[a, b, c, … +26]" with a button that shows all (and fewer again).
+  // A row vector: "[a, b, c, d, e, f, …]" with a button that shows all its numbers (and fewer again).
+  // The box holds the whole row in data-value (JSON), each number shown its own data-col.
   function vector(values, hooks = {}, digits = 4) {
     const data = {value: JSON.stringify(values)};
     if (hooks.key != null) data.key = hooks.key;
@@ -80,7 +80,7 @@
   function matrix(step, opts = {}) {
     const v = step.value;
     const two = Array.isArray(v) && Array.isArray(v[0]);
-    const m = two ? v : [v];
+    const m = two ? v : [Array.isArray(v) ? v : [v]];
     const nr = m.length, nc = m[0] ? m[0].length : 0;
     const printed = {};
     for (const p of step.example_printed || []) printed[p.row == null ? 0 : p.row] = p;
@@ -97,7 +97,7 @@
       if (hasPrinted) head.append(el("th", {scope: "col", class: "col printed"}, "the example printed"));
       const body = [];
       for (let i = 0; i < rr; i++) {
-        const tr = el("tr", {class: two && opts.query === i ? "selected" : null, dataset: two ? {row: i} : {}},
+        const tr = el("tr", {class: two && opts.query === i ? "selected" : null},
           el("th", {scope: "row", class: "row"}, two && step.rows ? step.rows[i] : ""));
         for (let j = 0; j < cc; j++) {
           const x = m[i][j];
@@ -136,6 +136,8 @@
       withMasked ? [el("span", {class: "legend-masked"}), el("span", {class: "muted"}, "masked (a later key)")] : null);
   }
 
+  let lastKey = 0;  // the keyboard cursor's column, kept when the map is drawn again
+
   // One head's weights (Tq x Tk) as a grid of cells (or one canvas above DOM_CELLS_MAX tokens).
   // opts: rows, cols (labels), masked(q, k), query (selected row), onQuery(q), caption.
   function heatmap(weights, opts = {}) {
@@ -143,7 +145,7 @@
     const rows = opts.rows || weights.map((_, i) => String(i)), cols = opts.cols || (weights[0] || []).map((_, j) => String(j));
     const masked = opts.masked || (() => false);
     const readout = el("div", {class: "readout mono", role: "status"}, "hover a cell (or focus the map, arrow keys, Enter)");
-    const cursor = {q: opts.query != null ? opts.query : 0, k: 0};
+    const cursor = {q: opts.query != null ? opts.query : 0, k: Math.min(lastKey, Tk - 1)};
     const show = (q, k) => {
       const w = weights[q][k];
       readout.replaceChildren(el("span", {class: "muted"}, "query "), el("span", {class: "tok"}, rows[q]), el("span", {class: "muted"}, "  key "),
@@ -155,7 +157,7 @@
     let map, move;
     if (!big) {
       const size = Math.max(11, Math.min(44, Math.floor(640 / Math.max(Tq, Tk, 1))));
-      map = el("div", {class: "heatmap" + (size >= 30 ? " numbers" : ""), tabindex: "0", role: "grid",
+      map = el("div", {class: "heatmap" + (size >= 30 ? " numbers" : ""), tabindex: "0", role: "group",
         "aria-label": opts.caption || "attention weights: rows are queries, columns are keys"});
       Object.assign(map.style, {gridTemplateColumns: `max-content repeat(${Tk}, ${size}px)`,
         gridTemplateRows: `max-content repeat(${Tq}, ${size}px)`});
@@ -225,7 +227,7 @@
       const step = {ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1]}[event.key];
       if (step) {
         cursor.q = Math.max(0, Math.min(Tq - 1, cursor.q + step[0]));
-        cursor.k = Math.max(0, Math.min(Tk - 1, cursor.k + step[1]));
+        cursor.k = lastKey = Math.max(0, Math.min(Tk - 1, cursor.k + step[1]));
         move();
         event.preventDefault();
       } else if (event.key === "Enter" || event.key === " ") {
@@ -234,7 +236,6 @@
       }
     });
     map.addEventListener("focus", () => { if (map.matches(":focus-visible")) move(); });
-    map.tkCursor = cursor;
     const axes = big ? el("div", {class: "muted note"}, `rows: the queries 0..${Tq - 1} ↓   columns: the keys 0..${Tk - 1} →`) : null;
     const note = big ? el("p", {class: "muted note"}, `${Math.max(Tq, Tk)} tokens: drawn on a canvas (hover or arrow keys ` +
       `for each query, key and weight); up to ${DOM_CELLS_MAX} tokens the map is a grid of cells.`) : null;
@@ -336,7 +337,8 @@
     const rowOf = (key) => step[key].value[i];
     const vec = (key, r = i) => vector(step[key].value[r], {key, row: r});
     const keys = [];
-    for (let j = 0; j < tokens.length; j++) if (!(cfg.causal && j > i)) keys.push(j);
+    const causal = cfg.causal !== false;
+    for (let j = 0; j < tokens.length; j++) if (!(causal && j > i)) keys.push(j);
     const a = keys.map((j) => step[h + "attn.scores"].value[i][j]);
     const top = Math.max(...a);
     const e = a.map((x) => Math.exp(x - top));
@@ -354,7 +356,7 @@
       keys.forEach((j, n) => {
         if (!all && keys.length > KEYS_SHOWN + 8 && !heavy.has(j)) { skipped++; return; }
         if (skipped) { body.push(el("tr", {class: "skip"}, el("td", {colspan: 9, class: "muted"}, `… ${skipped} lighter key${skipped === 1 ? "" : "s"}`))); skipped = 0; }
-        body.push(el("tr", {dataset: {k: j}}, columns.map(([, cell, cls]) => el("td", {class: cls}, cell(j, n)))));
+        body.push(el("tr", {}, columns.map(([, cell, cls]) => el("td", {class: cls}, cell(j, n)))));
       });
       if (skipped) body.push(el("tr", {class: "skip"}, el("td", {colspan: 9, class: "muted"}, `… ${skipped} lighter key${skipped === 1 ? "" : "s"}`)));
       return el("table", {class: "arith-table"}, el("thead", {}, el("tr", {}, columns.map(([title, , cls]) => el("th", {scope: "col", class: cls}, title)))),
@@ -384,7 +386,7 @@
       [["w", el("sub", {}, "j")], (j, n) => value(w[n], {key: h + "attn.weights", row: i, col: j})],
       [["v", el("sub", {}, "j")], (j) => vec(h + "attn.v", j), "left"],
     ]);
-    const later = cfg.causal && i < tokens.length - 1
+    const later = causal && i < tokens.length - 1
       ? el("p", {class: "muted"}, `keys ${i + 1}..${tokens.length - 1} come after the query: masked (score −∞, weight 0), not listed.`) : null;
     // r_i written out: every term for up to 4 keys, else the 3 heaviest (in position order) and "…"
     const terms = keys.map((j, n) => [w[n], j]).sort((x, y) => y[0] - x[0]).slice(0, keys.length > 4 ? 3 : 4).sort((x, y) => x[1] - y[1]);
@@ -460,18 +462,15 @@
       const weights = att.weights[layer][head];
       const causal = cfg.causal !== false;
       const hd = cfg.d_model / cfg.n_heads;
-      const pick = (q) => {
-        goKeep({query: String(q)}, ".heatmap").then(() => {
-          const arith = document.getElementById("arith");
-          if (arith && arith.getBoundingClientRect().top > window.innerHeight) arith.scrollIntoView({block: "start"});
-        });
-      };
+      const pick = (q) => goKeep({query: String(q)}, ".heatmap");
       const map = heatmap(weights, {rows: labels, cols: labels, masked: causal ? (q, k) => k > q : null, query,
         onQuery: pick, caption: `attention weights of layer ${layer}, head ${head}: rows are queries, columns are keys`});
       const main = el("div", {class: "att-main"},
         el("h2", {}, `layer ${layer}, head ${head}`, el("span", {class: "muted sub"},
           `  ${T} token${T === 1 ? "" : "s"} · d_head ${hd} · ${causal ? "causal" : "bidirectional"}`)),
-        legend(), map);
+        legend(), map, query == null ? null : el("button", {type: "button", class: "more jump",
+          onclick: () => document.getElementById("arith").scrollIntoView({block: "start"})},
+        `↓ the worked arithmetic of query ${query}`));
       const arith = el("section", {id: "arith", "aria-label": "worked arithmetic"});
       const choose = el("select", {"aria-label": "query position", onchange: (event) =>
         goKeep({query: event.target.value}, "#arith select")},
