@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import doctest
 import json
-import math
 import os
 import shutil
 import signal
@@ -19,7 +18,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -604,25 +602,23 @@ def test_startup_errors_are_one_line(files, tmp_path, capsys):
 # ----------------------------------------------------------------------------- speed and docs
 
 
-def test_a_gpt2_sized_explain_serializes_in_well_under_a_second():
-    cfg = GPTConfig(vocab_size=50257, context_length=64, d_model=768, n_layers=1, n_heads=12)
-    rng = np.random.default_rng(0)
-    params = {k: rng.standard_normal(v.shape, dtype=np.float32) * 0.02 for k, v in GPT(
-        GPTConfig(vocab_size=8, context_length=64, d_model=768, n_layers=1, n_heads=12)).params.items()}  # fmt: skip
-    params["wte.weight"] = rng.standard_normal((50257, 768), dtype=np.float32) * 0.02
-    model = GPT.from_params(cfg, params)
-    ids = rng.integers(0, 50257, 64)
-    expl = explain_model(model, ids, [str(i) for i in ids], top_k=5)
-    start = time.perf_counter()
-    doc = expl.to_dict()
-    took = time.perf_counter() - start
-    text = json.dumps(doc)
-    took_json = time.perf_counter() - start - took
-    # json.dumps is ~0.5 us a number (~0.9 s here for 1.1 M numbers); the bound catches a return to Python loops
-    assert took < 0.5 and took_json < 3, f"to_dict took {took:.2f} s, json.dumps {took_json:.2f} s"
-    assert len(text) > 10_000_000
-    assert math.isfinite(doc["steps"][0]["value"][0][0])
-    assert views.explain_tokens(cfg) >= 64 and views.attention_tokens(cfg) <= 64
+def test_explain_json_arrays_equal_the_trace_with_masked_scores_as_null():
+    # the fast json_array (tolist, an object array only for non-finite cells) against the values;
+    # its speed is bench/page.py's to measure, not a test's
+    cfg = GPTConfig(vocab_size=50, context_length=16, d_model=32, n_layers=2, n_heads=4)
+    model = GPT(cfg)
+    ids = np.random.default_rng(0).integers(0, 50, 12)
+    expl = explain_model(model, ids, [str(i) for i in ids], layer=1, head=3)
+    doc = json.loads(json.dumps(expl.to_dict()))
+    for step, got in zip(expl.steps, doc["steps"], strict=True):
+        want = np.asarray(step.value, dtype=np.float64)
+        arr = np.array(got["value"], dtype=object)
+        finite = np.isfinite(want)
+        assert (arr[~finite] == None).all()  # noqa: E711 -- JSON null for -inf
+        assert np.array_equal(arr[finite].astype(np.float64), want[finite]), step.key
+    assert any((np.array(s["value"], dtype=object) == None).any() for s in doc["steps"])  # noqa: E711
+    big = GPTConfig(vocab_size=50257, context_length=1024, d_model=768, n_layers=12, n_heads=12)
+    assert views.explain_tokens(big) >= 64 and views.attention_tokens(big) <= 1024
 
 
 def test_docstring_examples():

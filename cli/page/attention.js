@@ -443,7 +443,7 @@
   }
 
   TK.register("attention", {
-    title: "attention",
+    title: "Attention",
     needs: ["model"],
     async render(root, state, info) {
       const cfg = info.model.config;

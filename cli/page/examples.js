@@ -21,7 +21,7 @@
   }
 
   TK.register("examples", {
-    title: "worked examples",
+    title: "Worked examples",
     noText: true,
     async render(root, state, info) {
       const examples = (info && info.examples && info.examples.length ? info.examples
