@@ -1,0 +1,254 @@
+"""How fast `tk serve`'s page answers: server time per request, page update time in a real
+browser, and a GPT-2-124M-shaped model explained, side by side with transformers.
+
+    python bench/page.py [--run runs/demo] [--repeats 15] [--no-gpt2]
+
+1. Server: `tk serve RUN` in a child process; each endpoint asked `--repeats` times for a
+   64-token text from the run's corpus (the wall time of one HTTP request from this process,
+   so an upper bound on the server's own time). Issue 21's bar: under 50 ms each.
+2. Page: headless Chromium (the system's; Playwright drives it) at the page; each interaction
+   timed inside the page, from the event (a click, a new text) to body[data-ready="1"] after the
+   redraw. A text typed waits for typing to pause (150 ms, core.js) before it asks, so "typed"
+   includes that pause; "(redraw)" starts at the change of state. Bar: within 200 ms.
+3. GPT-2 124M shapes (random weights, made here like bench/hf_import_memory.py and imported with
+   `tk import-hf`; GPT-2's tokenizer from ../shared/data/gpt2): /api/explain and /api/attention on
+   64 tokens, and, where transformers and torch are installed, the same checkpoint's forward with
+   output_attentions=True (what bertviz draws from) on the same ids. Bar: explain within 2 s.
+
+Medians; the machine is noisy. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from tokenkit.pipeline.run import load_tokenizer  # noqa: E402
+
+GPT2 = REPO.parent / "shared" / "data" / "gpt2"
+CHROMIUM = os.environ.get("TK_CHROMIUM", "/usr/bin/chromium")
+
+
+class Served:
+    """`tk serve ARGS --port 0` in a child process, stopped on exit."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tokenkit", "serve", *args, "--port", "0", "--no-browser", "--quiet"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith("serving "):
+            self.stop()
+            raise SystemExit(f"tk serve did not start: {line!r}")
+        self.base = line.split(" ", 1)[1]
+
+    def get(self, path: str, **params) -> tuple[float, bytes]:
+        url = self.base.rstrip("/") + path + ("?" + urllib.parse.urlencode(params) if params else "")
+        start = time.perf_counter()
+        with urllib.request.urlopen(url, timeout=120) as answer:
+            body = answer.read()
+        return time.perf_counter() - start, body
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def text_of(tokenizer, source: str, n_tokens: int) -> str:
+    """The first n_tokens tokens of `source` as text (whole characters), so the text is n_tokens long."""
+    ids = tokenizer.encode(source)
+    for n in range(n_tokens, 0, -1):
+        text = tokenizer.decode(ids[:n])
+        if len(tokenizer.encode(text)) == n_tokens:
+            return text
+    return tokenizer.decode(ids[:n_tokens])
+
+
+def median_ms(seconds: list[float]) -> float:
+    return 1000 * statistics.median(seconds)
+
+
+def server_times(served: Served, text: str, repeats: int, with_model: bool) -> dict[str, float]:
+    asks = {"tokens": ("/api/tokens", {"text": text}), "bpe": ("/api/bpe", {"text": text})}
+    if with_model:
+        asks |= {
+            "attention": ("/api/attention", {"text": text}),
+            "explain": ("/api/explain", {"text": text, "layer": 1, "head": 2}),
+            "next": ("/api/next", {"text": text, "top_k": 10}),
+            "generate (20 tokens)": ("/api/generate", {"text": text, "n": 20, "temperature": 1, "seed": 0, "show": 10}),
+            "training": ("/api/training", {}),
+            "model": ("/api/model", {}),
+        }
+    out = {}
+    for name, (path, params) in asks.items():
+        served.get(path, **params)  # a first answer warms caches, as a page's first view does
+        out[name] = median_ms([served.get(path, **params)[0] for _ in range(repeats)])
+    return out
+
+
+# Inside the page: do `act` (a JS statement), then wait for the redraw it starts to finish.
+_TIMED = """async (act) => {
+  const body = document.body;
+  const done = new Promise((resolve) => {
+    let started = false;
+    const watch = new MutationObserver(() => {
+      if (body.dataset.ready === "0") started = true;
+      else if (started && body.dataset.ready === "1") { watch.disconnect(); resolve(performance.now()); }
+    });
+    watch.observe(body, {attributes: true, attributeFilter: ["data-ready"]});
+  });
+  const t0 = performance.now();
+  (new Function(act))();
+  return (await done) - t0;
+}"""
+
+_GO = "TK.go({text: %s});"  # the redraw alone: what a typed text starts once typing pauses
+_TYPE = "const t = document.getElementById('text'); t.value = %s; t.dispatchEvent(new Event('input'));"
+
+
+def page_times(base: str, text: str, repeats: int) -> dict[str, float]:
+    from playwright.sync_api import sync_playwright
+
+    q = urllib.parse.quote(text)
+    interactions = {  # name: (address to start from, what to do)
+        "tokens: a new text typed": (f"?text={q}", "type"),
+        "tokens: a new text (redraw)": (f"?text={q}", "go"),
+        "BPE replay: a new text (redraw)": (f"?view=bpe&text={q}", "go"),
+        "BPE replay: one step": (f"?view=bpe&text={q}&step=3", "document.getElementById('bpe-next').click()"),
+        "attention: a new text typed": (f"?view=attention&text={q}&query=5", "type"),
+        "attention: a new text (redraw)": (f"?view=attention&text={q}&query=5", "go"),
+        "attention: another head": (
+            f"?view=attention&text={q}&query=5",
+            'document.querySelector(\'.thumb[data-layer="1"][data-head="3"]\').click()',
+        ),
+        "attention: another query": (
+            f"?view=attention&text={q}",
+            "document.querySelector('.heatmap .cell[data-q=\"9\"]').click()",
+        ),
+        "next token: a new text (redraw)": (f"?view=next&text={q}", "go"),
+        "next token: a new seed": (f"?view=next&text={q}", "document.getElementById('gen-reseed').click()"),
+        "tab: training": (f"?text={q}", "document.querySelector('#tabs a[data-view=\"training\"]').click()"),
+        "tab: model": (f"?text={q}", "document.querySelector('#tabs a[data-view=\"model\"]').click()"),
+    }
+    words = text.split()
+    out = {}
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        for name, (address, act) in interactions.items():
+            times = []
+            for i in range(repeats):
+                page.goto(base + address)
+                page.wait_for_selector('body[data-ready="1"]')
+                # each new text differs (no answer comes from the page's cache): the first i words swapped
+                new = " ".join(reversed(words[: i + 2])) + " " + " ".join(words[i + 2 :])
+                js = {"type": _TYPE % json.dumps(new), "go": _GO % json.dumps(new)}.get(act, act)
+                times.append(page.evaluate(_TIMED, js))
+            out[name] = statistics.median(times)
+        browser.close()
+    return out
+
+
+def gpt2_times(repeats: int) -> dict[str, float] | None:
+    if not (GPT2 / "vocab.json").is_file():
+        print("GPT-2 part skipped: ../shared/data/gpt2 is absent")
+        return None
+    from hf_import_memory import make_checkpoint
+
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_dir, model = Path(tmp) / "hf", Path(tmp) / "gpt2.safetensors"
+        make_checkpoint(hf_dir, "F32")
+        subprocess.run([sys.executable, "-m", "tokenkit", "import-hf", str(hf_dir), "-o", str(model)], check=True)
+        tok = load_tokenizer(model)
+        source = (REPO / "corpora" / "tiny_tales.txt").read_text(encoding="utf-8")
+        text = text_of(tok, source, 64)
+        ids = tok.encode(text)
+        with Served(str(model)) as served:
+            for name, path, params in (
+                ("explain (64 tokens, layer 5 head 7)", "/api/explain", {"text": text, "layer": 5, "head": 7}),
+                ("attention (64 tokens, 12 x 12 heads)", "/api/attention", {"text": text}),
+                ("next (64 tokens)", "/api/next", {"text": text}),
+            ):
+                served.get(path, **params)
+                took = [served.get(path, **params) for _ in range(repeats)]
+                out[name] = median_ms([t for t, _ in took])
+                out[name + " bytes"] = len(took[0][1])
+        try:
+            import torch
+            from transformers import GPT2LMHeadModel
+        except ImportError:
+            print("transformers side skipped: pip install transformers torch")
+            return out
+        hf = GPT2LMHeadModel.from_pretrained(hf_dir, attn_implementation="eager").eval()
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            hf(x, output_attentions=True, output_hidden_states=True)
+            took = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                hf(x, output_attentions=True, output_hidden_states=True)
+                took.append(time.perf_counter() - start)
+        out["transformers forward, output_attentions (64 tokens)"] = median_ms(took)
+        out["torch threads"] = torch.get_num_threads()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", default="runs/demo", help="a run directory (the Quick start's, by default)")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--no-gpt2", action="store_true", help="skip the GPT-2-shaped part")
+    parser.add_argument("--no-browser", action="store_true", help="skip the page part")
+    args = parser.parse_args()
+    run = Path(args.run)
+    if not (run / "model.safetensors").is_file():
+        raise SystemExit(
+            f"{run} holds no model: run the Quick start first (tk pipeline corpora/tiny_tales.txt -o {run})"
+        )
+    tok = load_tokenizer(run)
+    text = text_of(tok, (REPO / "corpora" / "tiny_tales.txt").read_text(encoding="utf-8")[5000:], 64)
+    print(f"# tk serve {run}: a {len(tok.encode(text))}-token text, {args.repeats} repeats, medians")
+    with Served(str(run)) as served:
+        print("\n## server time per request (ms; bar: 50)")
+        for name, ms in server_times(served, text, args.repeats, with_model=True).items():
+            print(f"{name:<24} {ms:8.1f}  {'ok' if ms < 50 else 'OVER'}")
+        if not args.no_browser:
+            print("\n## page update in Chromium, event to redrawn (ms; bar: 200)")
+            for name, ms in page_times(served.base, text, max(5, args.repeats // 2)).items():
+                print(f"{name:<28} {ms:8.1f}  {'ok' if ms < 200 else 'OVER'}")
+    if not args.no_gpt2:
+        times = gpt2_times(max(3, args.repeats // 3))
+        if times:
+            print("\n## GPT-2 124M shapes (ms; bar: explain within 2000)")
+            for name, value in times.items():
+                print(f"{name:<52} {value:10.1f}" if "bytes" not in name else f"{name:<52} {value:10,.0f}")
+            peer = times.get("transformers forward, output_attentions (64 tokens)")
+            if peer:
+                ours = times["attention (64 tokens, 12 x 12 heads)"]
+                print(f"attention: tk serve (request + JSON) / transformers forward alone = {ours / peer:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
