@@ -40,10 +40,9 @@ TEXTS = ["Once upon a time", "The cat sat. Ça va? 日本😀", "a  b\n\n\tc"]
 # ----------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory) -> dict[str, Path]:
-    """A corpus, a tokenizer with a special token, a second one without, and a run trained on them."""
-    d = tmp_path_factory.mktemp("serve")
+def train_files(d: Path) -> dict[str, Path]:
+    """In folder `d`: a corpus, a tokenizer with a special token, a second one without, and a run
+    trained on them (a few seconds; tests/test_page.py builds its own the same way)."""
     corpus = d / "corpus.txt"
     corpus.write_bytes((REPO / "corpora" / "tiny_tales.txt").read_bytes()[:60_000])
     tok = Tokenizer.train([corpus], vocab_size=400, special_tokens=[EOT], workers=1, quiet=True)
@@ -57,6 +56,11 @@ def files(tmp_path_factory) -> dict[str, Path]:
     assert main(["train-model", str(corpus), "-t", str(d / "tok.safetensors"), "-o", str(run), *flags]) == 0
     return {"corpus": corpus, "tok": d / "tok.safetensors", "other": d / "other.safetensors",
             "plain": d / "plain.safetensors", "run": run}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    return train_files(tmp_path_factory.mktemp("serve"))
 
 
 class Running:

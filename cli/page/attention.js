@@ -446,6 +446,7 @@
     title: "Attention",
     needs: ["model"],
     async render(root, state, info) {
+      if (state.text === "") { root.append(el("p", {class: "muted"}, "Type some text above: every head's attention over it shows here.")); return; }
       const cfg = info.model.config;
       const layer = intParam(state.layer, "layer", cfg.n_layers), head = intParam(state.head, "head", cfg.n_heads);
       const wantQuery = state.query !== "";

@@ -26,11 +26,12 @@ const TK = (() => {
     return state;
   }
 
-  // The address of a state: only what differs from the defaults, so links stay short.
+  // The address of a state: only what differs from the defaults, so links stay short. An empty text is
+  // kept (`text=`): left out, it would read back as the sample sentence.
   function address(state) {
     const params = new URLSearchParams();
     for (const [key, value] of Object.entries(state)) {
-      if (key in DEFAULTS && value != null && String(value) !== DEFAULTS[key] && value !== "") params.set(key, value);
+      if (key in DEFAULTS && value != null && String(value) !== DEFAULTS[key] && (value !== "" || key === "text")) params.set(key, value);
     }
     return location.pathname + (params.toString() ? "?" + params.toString() : "");
   }
@@ -47,7 +48,8 @@ const TK = (() => {
   // Answers are kept (a few dozen), so going back to a text or a view asks nothing again;
   // pass {fresh: true} (or ask /api/training, /api/info) to ask the server anyway.
   async function api(path, params = {}, options = {}) {
-    const query = new URLSearchParams(Object.entries(params).filter(([, v]) => v !== "" && v != null));
+    // an unset setting ("") is left out; an empty text is still a text
+    const query = new URLSearchParams(Object.entries(params).filter(([k, v]) => v != null && (v !== "" || k === "text")));
     const key = path + (query.toString() ? "?" + query.toString() : "");
     const inline = window.TK_DATA;
     if (inline) {

@@ -84,7 +84,6 @@
     async render(target, state, info) {
       const params = {text: state.text, specials: state.specials};
       const both = !!info.compare;
-      const answer = both ? await TK.api("/api/compare", params) : {main: await TK.api("/api/tokens", params), differ: []};
       const controls = el("div", {class: "controls"});
       if (Object.keys(info.tokenizer.special_tokens || {}).length || (info.compare && Object.keys(info.compare.special_tokens || {}).length)) {
         const select = el("select", {id: "specials", onchange: (event) => TK.go({specials: event.target.value})},
@@ -92,6 +91,14 @@
           el("option", {value: "text"}, "read as plain text"));
         select.value = state.specials;
         controls.append(el("label", {for: "specials"}, "Text that looks like a special token is "), select);
+      }
+      // the controls stay when the text is refused: the specials control is how to make it acceptable
+      let answer;
+      try {
+        answer = both ? await TK.api("/api/compare", params) : {main: await TK.api("/api/tokens", params), differ: []};
+      } catch (error) {
+        target.append(controls, el("p", {class: "error"}, error.message));
+        return;
       }
       const panels = el("div", {class: both ? "panels two" : "panels"},
         panel(answer.main, info.tokenizer, answer.differ, "copy-ids", "main"));
