@@ -1,8 +1,8 @@
 """`tk explain`: a forward pass printed step by step, for a real model or a worked example.
 
 A thin layer: the numbers and the --json document come from pipeline.views (over
-transformer.explain), the text and heatmaps from cli.explain_render, the model from
-pipeline.checkpoint.load_model. Tables go to stdout.
+transformer.explain), the text and heatmaps from cli.explain_render, the --html page from
+cli.page_file, the model from pipeline.checkpoint.load_model. Tables go to stdout.
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from pathlib import Path
 
 import click
 
+from tokenkit.cli import page_file
 from tokenkit.cli.explain_render import plot_attention, render, render_tokens
 from tokenkit.cli.launch import check_device, device_option
 from tokenkit.cli.params import count
 from tokenkit.cli.specials import special_options
 from tokenkit.pipeline import views
-from tokenkit.pipeline.checkpoint import load_model
+from tokenkit.pipeline.checkpoint import load_model, write_bytes
 from tokenkit.transformer.explain import EXAMPLES, Explanation, explain_example
 
 _EXAMPLE_LIST = "; ".join(f"{name} ({what})" for name, (what, _) in EXAMPLES.items())
@@ -37,10 +38,28 @@ _EXAMPLE_LIST = "; ".join(f"{name} ({what})" for name, (what, _) in EXAMPLES.ite
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path),
               help="also write heatmaps of the layer's attention weights (one panel per head) to this PNG;"
               " needs pip install 'tokenkit[plot]'")  # fmt: skip
+@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="also write tk serve's page for this text (or the worked examples) to this HTML file: one"
+              " self-contained file, no server or network needed")  # fmt: skip
+@click.option("--view", type=click.Choice(views.VIEWS), help="the view the --html page opens in"
+              "  [default: attention; examples with --example]")  # fmt: skip
 @special_options
 @device_option
 def explain_command(
-    text, model_path, example, layer, head, top_k, full, precision, as_json, plot_path, special_policy, device
+    text,
+    model_path,
+    example,
+    layer,
+    head,
+    top_k,
+    full,
+    precision,
+    as_json,
+    plot_path,
+    html_path,
+    view,
+    special_policy,
+    device,
 ) -> int:
     """Print a forward pass the way a textbook works an example: tokens, embeddings, Q, K, V,
     scores, attention weights, weighted sum, projection, residual, LayerNorm, MLP, logits.
@@ -50,8 +69,10 @@ def explain_command(
       tk explain -m runs/tales "Once upon a time" --layer 1 --head 2
       tk explain -m runs/tales "The cat sat" --json > trace.json
       tk explain -m runs/tales "The cat sat" --plot attention.png
+      tk explain -m runs/tales "The cat sat" --html cat.html --view next
       tk explain -m runs/tales "The end.<|endoftext|>Once" --allow-special
       tk explain --example chai --precision 3
+      tk explain --example chai --html chai.html
     \b
     Examples (--example NAME), their numbers through the library's ops:
       attention-lookup   attention as a fuzzy key/value lookup
@@ -60,6 +81,8 @@ def explain_command(
       one-layer          a one-layer toy with d_head = 2 and W_O
     """
     check_device(device)  # first, as in every command: a missing CuPy or GPU is the one line
+    _check_view(view, html_path, example, model_path)
+    page = None
     if example is not None:
         if model_path is not None or text is not None:
             raise click.UsageError("--example runs a worked example; give it without -m and TEXT")
@@ -68,6 +91,8 @@ def explain_command(
         expl = explain_example(example)
         doc = views.example_doc(example)
         header = ""
+        if html_path is not None:
+            page = page_file.example_page(example, view or "examples")
     else:
         if model_path is None or text is None:
             raise click.UsageError('give -m MODEL "TEXT" to explain a model, or --example NAME for a worked example')
@@ -75,6 +100,13 @@ def explain_command(
         expl, ids, raw = views.explain_run(model, tok, text, layer=layer, head=head, top_k=top_k, policy=special_policy)
         doc = views.model_doc(expl, ids, raw, tok, text, str(model_path))
         header = render_tokens(ids, [views.show_token(b) for b in raw], raw) + "\n"
+        if html_path is not None:
+            policy = next(name for name, p in views.SPECIALS.items() if p == special_policy)
+            page = page_file.model_page(
+                model, tok, text, name=str(model_path), path=model_path, layer=layer, head=head, specials=policy,
+                view=view or "attention",
+            )  # fmt: skip
+    html = None if page is None else _page_bytes(page)  # refused when too big, before any file is written
     if plot_path is not None:
         title = expl.title if example is not None else f"attention weights of layer {layer}, one panel per head"
         _plot(expl, plot_path, title)
@@ -82,9 +114,35 @@ def explain_command(
         click.echo(json.dumps(doc, ensure_ascii=False))
     else:
         click.echo(header + render(expl, precision=precision, full=full), nl=False)
+    if html is not None:
+        write_bytes(html_path, html)
     if plot_path is not None:
         click.echo(f"attention heatmaps written to {plot_path}", err=True)
+    if html is not None:
+        click.echo(f"page written to {html_path} ({len(html) / 1000:,.0f} KB)", err=True)
     return 0
+
+
+def _check_view(view: str | None, html_path: Path | None, example: str | None, model_path: Path | None) -> None:
+    """--view: only with --html, and a view the page will hold."""
+    if view is None:
+        return
+    if html_path is None:
+        raise click.UsageError("--view picks the view a --html page opens in; give it with --html FILE")
+    if example is not None and view not in page_file.EXAMPLE_VIEWS:
+        raise click.UsageError(f"a --example page holds the worked examples only; drop --view {view}")
+    if example is None and model_path is not None and view not in page_file.model_views(model_path):
+        raise click.UsageError(f"the {view} view needs a run directory with its log.jsonl; {model_path} is not one")
+
+
+def _page_bytes(page: page_file.Page) -> bytes:
+    html = page_file.page_html(page)
+    if len(html) > page_file.MAX_BYTES:
+        raise click.ClickException(
+            f"the page would be {len(html) / 1e6:,.1f} MB, more than the {page_file.MAX_BYTES / 1e6:.0f} MB a --html "
+            "file may hold (every layer and head's attention, one head's arithmetic); give a shorter text"
+        )
+    return html
 
 
 def _plot(expl: Explanation, path: Path, title: str) -> None:

@@ -450,8 +450,10 @@
       const cfg = info.model.config;
       const layer = intParam(state.layer, "layer", cfg.n_layers), head = intParam(state.head, "head", cfg.n_heads);
       const wantQuery = state.query !== "";
-      const [att, doc] = await Promise.all([ask("/api/attention", {text: state.text}),
-        wantQuery ? ask("/api/explain", {text: state.text, layer, head}) : null]);
+      // the arithmetic's answer failing (a `tk explain --html` file holds one head's) leaves the heatmaps drawn
+      const [att, doc] = await Promise.all([ask("/api/attention", {text: state.text, specials: state.specials}),
+        wantQuery ? ask("/api/explain", {text: state.text, layer, head, specials: state.specials})
+          .catch((error) => ({error: error.message})) : null]);
       const T = att.tokens.length;
       let query = null, queryError = null;
       if (wantQuery) {
@@ -479,7 +481,9 @@
       att.tokens.map((t, i) => el("option", {value: i, selected: i === query}, `${i} ${visible(t.text)}`)));
       arith.append(el("h3", {}, "the worked arithmetic of one query ", choose));
       if (queryError) arith.append(el("p", {class: "error"}, queryError));
-      if (query == null) {
+      if (query != null && doc.error) {
+        arith.append(el("p", {class: "error", id: "arith-error"}, doc.error));
+      } else if (query == null) {
         arith.append(el("p", {class: "muted"}, "Click a row of the heatmap (a query token) to see how this head " +
           "computes its output there, with the model's own numbers."));
       } else {

@@ -2,6 +2,9 @@
 // Each view is a file that calls TK.register(name, {title, needs, noText, render}); start.js draws the page.
 // render(target, state, info, ctx) fills `target` (not yet in the document); ctx.onLeave(fn) runs fn when
 // the view is left or redrawn (stop timers there), ctx.live() says whether this drawing is still the page's.
+// A `tk explain --html` file sets window.TK_DATA before this script: the page's answers for its one text
+// (answers, errors: request -> answer or message; shared: parts several answers hold, as {"$ref": n}), its
+// first view and settings (defaults), what it holds fixed (fixed: text, specials) and what it says of the rest.
 "use strict";
 const TK = (() => {
   const VIEWS = ["tokens", "bpe", "attention", "next", "training", "model", "examples"];
@@ -12,6 +15,8 @@ const TK = (() => {
   const NO_CACHE = new Set(["/api/info", "/api/training"]);  // answers that change while the server runs
   const CACHE_SIZE = 24;
   const SVG_NS = "http://www.w3.org/2000/svg";
+  const FILE = window.TK_DATA || null;
+  if (FILE) Object.assign(DEFAULTS, FILE.defaults, FILE.fixed);
   const views = {};
   const cache = new Map();   // request -> answer (a promise), the most recent last
   let info = null;           // /api/info, fetched once
@@ -22,6 +27,7 @@ const TK = (() => {
     const params = new URLSearchParams(location.search);
     const state = {};
     for (const [key, value] of Object.entries(DEFAULTS)) state[key] = params.has(key) ? params.get(key) : value;
+    if (FILE) Object.assign(state, FILE.fixed);  // the file's one text, whatever the address says
     if (!VIEWS.includes(state.view)) state.view = "tokens";
     return state;
   }
@@ -44,17 +50,39 @@ const TK = (() => {
   // The address of the current state changed by `patch` (for <a href>, so a link can be opened in a new tab).
   function link(patch) { return address({...readState(), ...patch}); }
 
-  // One way to ask: the inline answers of a `tk explain --html` file first, then the server.
+  // The request of `path` with `params`: empty ones left out, the others sorted by name, so that one request
+  // is one key (cli/page_file.py writes the same keys into a `tk explain --html` file).
+  function request(path, params) {
+    // an unset setting ("") is left out; an empty text is still a text
+    const entries = Object.entries(params)
+      .filter(([k, v]) => v != null && (v !== "" || k === "text"))
+      .map(([k, v]) => [k, String(v)]);
+    entries.sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+    const query = new URLSearchParams(entries).toString();
+    return path + (query ? "?" + query : "");
+  }
+
+  // An inline answer with its shared parts put in place of their {"$ref": n} (once: in place).
+  function unpack(value) {
+    if (Array.isArray(value)) {
+      if (value.length && typeof value[0] !== "object") return value;  // numbers: nothing inside
+      for (let i = 0; i < value.length; i++) value[i] = unpack(value[i]);
+    } else if (value && typeof value === "object") {
+      const keys = Object.keys(value);
+      if (keys.length === 1 && keys[0] === "$ref") return FILE.shared[value.$ref];
+      for (const key of keys) value[key] = unpack(value[key]);
+    }
+    return value;
+  }
+
+  // One way to ask: the inline answers of a `tk explain --html` file, else the server.
   // Answers are kept (a few dozen), so going back to a text or a view asks nothing again;
   // pass {fresh: true} (or ask /api/training, /api/info) to ask the server anyway.
   async function api(path, params = {}, options = {}) {
-    // an unset setting ("") is left out; an empty text is still a text
-    const query = new URLSearchParams(Object.entries(params).filter(([k, v]) => v != null && (v !== "" || k === "text")));
-    const key = path + (query.toString() ? "?" + query.toString() : "");
-    const inline = window.TK_DATA;
-    if (inline) {
-      if (key in inline.answers) return inline.answers[key];
-      throw new Error("this file holds one text; run `tk serve` to explore others");
+    const key = request(path, params);
+    if (FILE) {
+      if (key in FILE.answers) return unpack(FILE.answers[key]);
+      throw new Error((FILE.errors || {})[key] || (FILE.missing || {})[path] || FILE.note);
     }
     const keep = !options.fresh && !NO_CACHE.has(path);
     if (keep && cache.has(key)) {
@@ -219,8 +247,8 @@ const TK = (() => {
       const view = views[state.view];
       if (!view) throw new Error(`the ${state.view} view is missing from this page`);
       const missing = (view.needs || []).filter((what) => !info[what]);
-      if (missing.length) target.append(el("p", {class: "error"}, `this view needs a ${missing.join(" and a ")}: ` +
-        "start the server as `tk serve RUN_DIR` (or -t TOKENIZER for the tokenizer views)"));
+      if (missing.length) target.append(el("p", {class: "error"}, `this view needs a ${missing.join(" and a ")}` + (FILE
+        ? `, which this file does not hold. ${FILE.note}` : ": start the server as `tk serve RUN_DIR` (or -t TOKENIZER for the tokenizer views)")));
       else await view.render(target, state, info, ctx);
       if (ticket === drawing) status.textContent = `drawn in ${Math.round(performance.now() - started)} ms`;
     } catch (error) {
@@ -258,6 +286,12 @@ const TK = (() => {
     }
     document.getElementById("source").textContent = [info.model && info.model.name, info.tokenizer && info.tokenizer.name]
       .filter(Boolean).filter((v, i, a) => a.indexOf(v) === i).join(" · ");
+    if (FILE) {  // one text: shown, not edited
+      const box = document.getElementById("text");
+      box.readOnly = true;
+      box.title = FILE.note;
+      box.after(el("p", {id: "file-note", class: "muted small"}, FILE.note));
+    }
     let typing = null;
     document.getElementById("text").addEventListener("input", (event) => {
       clearTimeout(typing);  // redraw once typing pauses, not at every key
@@ -267,7 +301,7 @@ const TK = (() => {
     await draw();
   }
 
-  return {VIEWS, DEFAULTS, api, el, svg, fmt, int, pct, hex, visible, visibleNodes, chip, copy, copyButton,
+  return {VIEWS, DEFAULTS, FILE, api, request, el, svg, fmt, int, pct, hex, visible, visibleNodes, chip, copy, copyButton,
     register, draw, go, remember, link, linkTo, start, readState,
     get info() { return info; }};
 })();

@@ -35,17 +35,18 @@
       const vocab = info.model.config.vocab_size;
       const sampling = {text: state.text, n: state.n, temperature: state.temperature, top_k: state.top_k,
         top_p: state.top_p, seed: state.seed, show: SHOW, specials: state.specials};
+      // a `tk explain --html` file holds the generation of the default settings only: others get its note
       const [next, gen] = await Promise.all([
         TK.api("/api/next", {text: state.text, top_k: SHOW, specials: state.specials}),
-        TK.api("/api/generate", sampling)]);
-      const append = (row) => TK.go({text: state.text + row.token, step: "", query: ""}, true);
+        TK.api("/api/generate", sampling).catch((error) => { if (!TK.FILE) throw error; return {steps: [], missing: error.message}; })]);
+      const append = TK.FILE ? null : (row) => TK.go({text: state.text + row.token, step: "", query: ""}, true);
 
       // 1. the next token
       const nextCard = el("section", {class: "card", id: "next-card"},
         el("h2", {}, "Next token"),
         el("p", {class: "muted"}, `After these ${TK.int(next.prompt_ids.length)} tokens the model gives each of its ` +
-          `${TK.int(vocab)} tokens a probability (softmax of the last position's scores). The ${next.top.length} most likely; ` +
-          "click one to add it to the text."),
+          `${TK.int(vocab)} tokens a probability (softmax of the last position's scores). The ${next.top.length} most likely` +
+          (append ? "; click one to add it to the text." : ".")),
         bars(next.top, "next-bars", null, append));
 
       // 2. generation, step by step
@@ -121,7 +122,8 @@
         el("div", {class: "controls sampling"}, Object.values(fields).map((f) => f.box), reseed),
         el("p", {class: "muted small", id: "gen-settings"}, settingsNote),
         genBox,
-        steps.length ? [stepHead, stepBars] : el("p", {class: "muted"}, "No new tokens asked for (new tokens = 0)."));
+        gen.missing ? el("p", {class: "error", id: "gen-missing"}, gen.missing)
+          : steps.length ? [stepHead, stepBars] : el("p", {class: "muted"}, "No new tokens asked for (new tokens = 0)."));
       // a server may shorten a prompt longer than the context and say so (as `tk predict-next` warns)
       const notes = [next.note, gen.note].filter((note, i, all) => note && all.indexOf(note) === i);
       if (notes.length) target.append(el("p", {class: "muted", id: "next-notes"}, notes.join(" ")));

@@ -86,7 +86,8 @@
       const both = !!info.compare;
       const controls = el("div", {class: "controls"});
       if (Object.keys(info.tokenizer.special_tokens || {}).length || (info.compare && Object.keys(info.compare.special_tokens || {}).length)) {
-        const select = el("select", {id: "specials", onchange: (event) => TK.go({specials: event.target.value})},
+        const select = el("select", {id: "specials", disabled: !!TK.FILE, title: TK.FILE ? "as tk explain read it" : null,
+          onchange: (event) => TK.go({specials: event.target.value})},
           el("option", {value: ""}, "refused (an error)"), el("option", {value: "allow"}, "read as special tokens"),
           el("option", {value: "text"}, "read as plain text"));
         select.value = state.specials;

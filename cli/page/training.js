@@ -181,15 +181,16 @@
       const logBox = el("input", {type: "checkbox", id: "log-scale"});
       const body = el("div", {id: "training-body"});
       const paint = () => {
-        status.className = "pill" + (run.finished ? "" : " live");
-        status.textContent = run.finished ? "finished" : "live: following the run every 2 s";
+        status.className = "pill" + (run.finished || TK.FILE ? "" : " live");
+        status.textContent = run.finished ? "finished" : TK.FILE ? "as the run was when this file was written"
+          : "live: following the run every 2 s";
         body.replaceChildren(...content(run, log));
       };
       logBox.addEventListener("change", () => { log = logBox.checked; paint(); });
       target.append(el("div", {class: "controls"}, el("h2", {}, run.run || info.run), status,
         el("span", {class: "field"}, logBox, el("label", {for: "log-scale"}, "log scale"))), body);
       paint();
-      if (run.finished) return;
+      if (run.finished || TK.FILE) return;  // a `tk explain --html` file holds the run as it was
       let busy = false;
       const timer = setInterval(async () => {
         if (busy || document.hidden) return;
