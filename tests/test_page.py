@@ -23,7 +23,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
-from browser import browser, open_page, shot, wait_drawn  # noqa: F401 -- `browser` is the fixture
+from browser import open_page, shot, wait_drawn
 from test_serve import EOT, Running, cli_json, train_files
 
 from tokenkit.bpe import Tokenizer

@@ -18,7 +18,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from browser import browser, shot, wait_drawn  # noqa: F401 -- `browser` is the fixture
+from browser import shot, wait_drawn
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli import page_file
