@@ -35,6 +35,9 @@ _EXAMPLE_LIST = "; ".join(f"{name} ({what})" for name, (what, _) in EXAMPLES.ite
 @click.option("--full", is_flag=True, help="print every row and column of large matrices (default: an 8 x 8 corner)")
 @click.option("--precision", default=4, show_default=True, type=click.IntRange(0, 12), help="decimals printed")
 @click.option("--json", "as_json", is_flag=True, help="print the trace as JSON (arrays as nested lists) instead")
+@click.option("--query", type=count(0), default=None,
+              help="with --json: the per-token steps keep only this position's row (the others null), as the"
+              " page asks for one query's arithmetic")  # fmt: skip
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path),
               help="also write heatmaps of the layer's attention weights (one panel per head) to this PNG;"
               " needs pip install 'tokenkit[plot]'")  # fmt: skip
@@ -55,6 +58,7 @@ def explain_command(
     full,
     precision,
     as_json,
+    query,
     plot_path,
     html_path,
     view,
@@ -88,6 +92,8 @@ def explain_command(
             raise click.UsageError("--example runs a worked example; give it without -m and TEXT")
         if device != "cpu":  # not run elsewhere quietly
             raise click.UsageError(f"the worked examples are computed with NumPy on the CPU; drop --device {device}")
+        if query is not None:
+            raise click.UsageError("--query picks a row of a model's trace; the worked examples print whole")
         expl = explain_example(example)
         doc = views.example_doc(example)
         header = ""
@@ -98,7 +104,7 @@ def explain_command(
             raise click.UsageError('give -m MODEL "TEXT" to explain a model, or --example NAME for a worked example')
         model, tok, _ = load_model(model_path, device=device)
         expl, ids, raw = views.explain_run(model, tok, text, layer=layer, head=head, top_k=top_k, policy=special_policy)
-        doc = views.model_doc(expl, ids, raw, tok, text, str(model_path))
+        doc = views.model_doc(expl, ids, raw, tok, text, str(model_path), query)
         header = render_tokens(ids, [views.show_token(b) for b in raw], raw) + "\n"
         if html_path is not None:
             policy = next(name for name, p in views.SPECIALS.items() if p == special_policy)

@@ -16,7 +16,8 @@ them (grep `TK.api` and `ask(` in cli/page/*.js):
     tokens.js     /api/tokens     text, specials     (/api/compare only under tk serve -c)
     bpe.js        /api/bpe        text, specials
     attention.js  /api/attention  text, specials
-                  /api/explain    text, layer, head, specials   (once a query is chosen)
+                  /api/explain    text, layer, head, query, specials   (once a query is chosen; the file holds
+                                  whole explanations, and core.js answers any query from one)
     next.js       /api/next       text, top_k=10, specials
                   /api/generate   text, n, temperature, top_k, top_p, seed, show=10, specials
                                   (the page's defaults: n 20, temperature 1, seed 0; top_k, top_p empty)

@@ -238,6 +238,7 @@ def _explain(held: Holdings, q: Query) -> dict[str, Any]:
         policy=q.policy(),
         model_name=held.model_name or "",
         limit=views.explain_tokens(cfg),
+        query=q.integer("query", Range(0, cfg.context_length - 1), None),  # within the text: to_dict checks
     )
 
 
@@ -292,7 +293,7 @@ ENDPOINTS: dict[str, tuple[Callable[[Holdings, Query], dict[str, Any]], tuple[st
     "/api/compare": (_compare, ("text", "specials")),
     "/api/bpe": (_bpe, ("text", "which", "specials")),
     "/api/attention": (_attention, ("text", "specials")),
-    "/api/explain": (_explain, ("text", "layer", "head", "top_k", "specials")),
+    "/api/explain": (_explain, ("text", "layer", "head", "top_k", "query", "specials")),
     "/api/example": (_example, ("name",)),
     "/api/next": (_next, ("text", "top_k", "specials")),
     "/api/generate": (_generate, ("text", "n", "temperature", "top_k", "top_p", "seed", "show", "specials")),

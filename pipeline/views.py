@@ -246,13 +246,22 @@ def explain_run(
     return expl, ids, raw
 
 
-def model_doc(expl: Explanation, ids: Sequence[int], raw: Sequence[bytes], tokenizer, text: str, model_name: str):
-    """`tk explain -m MODEL TEXT --json`'s document, from `explain_run`'s result."""
+def model_doc(
+    expl: Explanation,
+    ids: Sequence[int],
+    raw: Sequence[bytes],
+    tokenizer,
+    text: str,
+    model_name: str,
+    query: int | None = None,
+):
+    """`tk explain -m MODEL TEXT --json`'s document, from `explain_run`'s result (`--query Q`:
+    the per-token steps hold row Q only, see `Explanation.to_dict`)."""
     doc = {
         "kind": "model",
         "model": model_name,
         "text": text,
-        **expl.to_dict(),
+        **expl.to_dict(query),
         "tokens": [
             {"position": t, "id": i, "text": b.decode("utf-8", errors="replace"), "bytes": b.hex()}
             for t, (i, b) in enumerate(zip(ids, raw, strict=True))
@@ -274,12 +283,14 @@ def explain_doc(
     policy: Mapping[str, Any] = REFUSE,
     model_name: str,
     limit: int | None = None,
+    query: int | None = None,
 ) -> dict[str, Any]:
-    """/api/explain: what `tk explain -m MODEL TEXT --layer L --head H --top-k K --json` prints."""
+    """/api/explain: what `tk explain -m MODEL TEXT --layer L --head H --top-k K [--query Q] --json`
+    prints."""
     expl, ids, raw = explain_run(
         model, tokenizer, text, layer=layer, head=head, top_k=top_k, policy=policy, limit=limit
     )
-    return model_doc(expl, ids, raw, tokenizer, text, model_name)
+    return model_doc(expl, ids, raw, tokenizer, text, model_name, query)
 
 
 def example_doc(name: str) -> dict[str, Any]:

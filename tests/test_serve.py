@@ -205,6 +205,21 @@ def test_explain_is_tk_explain_json(srv, files, capsys):
     expected = cli_json(capsys, "explain", "-m", str(files["run"]), text, "--layer", "1", "--head", "1",
                         "--top-k", "7", "--json")  # fmt: skip
     assert doc == expected
+    # one query's rows: tk explain --query's document, every kept number the whole one's
+    for query in (0, 2):
+        one = srv.ok("/api/explain", text=text, layer=1, head=1, top_k=7, query=query)
+        assert one == cli_json(capsys, "explain", "-m", str(files["run"]), text, "--layer", "1", "--head", "1",
+                               "--top-k", "7", "--query", str(query), "--json")  # fmt: skip
+        T = len(doc["tokens"])
+        for whole, part in zip(doc["steps"], one["steps"], strict=True):
+            per_token = len(whole["shape"]) == 2 and whole["shape"][0] == T and not whole["key"].endswith(("k", "v"))
+            if per_token:
+                assert part["value"] == [r if t == query else None for t, r in enumerate(whole["value"])]
+            else:
+                assert part["value"] == whole["value"], whole["key"]
+        assert len(json.dumps(one)) < len(json.dumps(doc)) / 2
+    assert "not a position" in srv.refused("/api/explain", text=text, query=9)
+    assert "at most" in srv.refused("/api/explain", text=text, query=99)
     for name in ("chai", "one-layer"):
         assert srv.ok("/api/example", name=name) == cli_json(capsys, "explain", "--example", name, "--json")
     assert srv.ok("/api/example")["example"] == "attention-lookup"

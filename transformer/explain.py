@@ -148,8 +148,11 @@ class Explanation:
                 return s
         raise KeyError(key)
 
-    def to_dict(self) -> dict:
-        return {
+    def to_dict(self, query: int | None = None) -> dict:
+        """JSON-ready. With `query` (a position), the steps with one row per token keep that row
+        only, the others null (same shapes, a fiftieth of the text for 64 tokens): what one
+        query's arithmetic reads. Keys and values stay whole: every query reads all of them."""
+        doc = {
             "title": self.title,
             "notes": self.notes,
             "tokens": self.tokens,
@@ -159,6 +162,20 @@ class Explanation:
             "attention_all_heads": None if self.attention is None else json_array(self.attention),
             "top": [{"id": i, "token": t, "probability": p, "logit": z} for i, t, p, z in self.top],
         }
+        if query is None:
+            return doc
+        T = len(self.tokens)
+        if not 0 <= query < T:
+            raise ModelError(f"query {query} is not a position of this text: it has {T} token(s), 0..{T - 1}")
+        doc["query"] = query
+        for step in doc["steps"]:
+            if len(step["shape"]) == 2 and step["shape"][0] == T and not step["key"].endswith((".attn.k", ".attn.v")):
+                step["value"] = [row if t == query else None for t, row in enumerate(step["value"])]
+        if doc["attention_all_heads"] is not None:
+            doc["attention_all_heads"] = [
+                [row if t == query else None for t, row in enumerate(head)] for head in doc["attention_all_heads"]
+            ]
+        return doc
 
 
 def token_labels(shown: Sequence[str]) -> list[str]:
