@@ -299,6 +299,12 @@ def test_attention_cells_and_arithmetic_are_tk_explain_json(page, files, capsys)
     p.click(f'.qlabel[data-q="{query}"]')
     wait_state(p, layer=0, head=1, query=query)
     p.wait_for_selector("#arith [data-key]")
+    # the chosen query's mark frames exactly its row of cells (it once stretched over two rows)
+    box = p.locator(".heatmap .row-mark").bounding_box()
+    first = p.locator(f'.heatmap .cell[data-q="{query}"][data-k="0"]').bounding_box()
+    last = p.locator(f'.heatmap .cell[data-q="{query}"][data-k="{T - 1}"]').bounding_box()
+    assert box["y"] <= first["y"] and box["y"] + box["height"] <= first["y"] + first["height"] + 4
+    assert box["x"] <= first["x"] and box["x"] + box["width"] >= last["x"] + last["width"]
     values = step_values(expl0)
     p.eval_on_selector_all("#arith .vec > button.more", "buttons => buttons.forEach(b => b.click())")  # all numbers
     checked = set()

@@ -179,7 +179,7 @@
       }
       if (opts.query != null && opts.query < Tq) {
         const row = el("div", {class: "row-mark"});
-        Object.assign(row.style, {gridRow: String(opts.query + 2), gridColumn: `2 / span ${Tk}`});
+        Object.assign(row.style, {gridRow: `${opts.query + 2} / ${opts.query + 3}`, gridColumn: `2 / span ${Tk}`});
         map.append(row);
       }
       map.append(mark);
@@ -193,7 +193,8 @@
       });
       move = () => {
         mark.hidden = false;
-        Object.assign(mark.style, {gridRow: String(cursor.q + 2), gridColumn: String(cursor.k + 2)});
+        // both ends given: with an auto end Chromium stretched a mark over two rows
+        Object.assign(mark.style, {gridRow: `${cursor.q + 2} / ${cursor.q + 3}`, gridColumn: `${cursor.k + 2} / ${cursor.k + 3}`});
         show(cursor.q, cursor.k);
       };
     } else {
