@@ -197,7 +197,11 @@ def main() -> int:
     shim.mkdir()
     (shim / "tk").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tokenkit.cli.main "$@"\n', encoding="utf-8")
     (shim / "tk").chmod(0o755)
-    env = {**os.environ, "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    # tokenkit comes from this interpreter's install (editable or not): the repo's tokenkit/ folder on
+    # PYTHONPATH would shadow the mapped subpackages. Its bin/ (mpirun from the mpich wheel) on PATH.
+    bin_dirs = os.pathsep.join([str(shim), str(Path(sys.executable).parent)])
+    env = {**os.environ, "PATH": f"{bin_dirs}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("PYTHONPATH", None)
     new_blocks: dict[tuple[Path, int], list[str]] = {}
     ran: dict[str, list[str]] = {}  # bare command -> its output, for commands that appear again
     broken: list[str] = []  # commands that printed a traceback: tk never does, so the tree is broken
