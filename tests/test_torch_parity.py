@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from tokenkit.transformer import GPT, GPTConfig  # noqa: E402
+from tokenkit.transformer import GPT, GPTConfig, ops  # noqa: E402
 from tokenkit.transformer.optim import AdamW, clip_grad_norm  # noqa: E402
 
 VARIANTS = {
@@ -135,6 +135,99 @@ def test_loss_logits_and_every_gradient_match_autograd(variant, dtype, rtol, ato
         atol,
     )
     assert ok, f"{variant} {np.dtype(dtype).name}, max differences to autograd:\n{report}"
+
+
+def torch_rotate_half(x: "torch.Tensor") -> "torch.Tensor":
+    """HF Llama's rotate_half: (x1, x2) -> (-x2, x1) over the two halves of the last axis."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def torch_rope(x: "torch.Tensor", theta: float, start: int = 0) -> "torch.Tensor":
+    """x (B, heads, T, hd) rotated as HF's apply_rotary_pos_emb does (angles in float64)."""
+    hd, T = x.shape[-1], x.shape[-2]
+    inv_freq = theta ** -(torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    angle = torch.arange(start, start + T, dtype=torch.float64)[:, None] * inv_freq
+    emb = torch.cat([angle, angle], dim=-1)
+    return x * emb.cos().to(x.dtype) + torch_rotate_half(x) * emb.sin().to(x.dtype)
+
+
+def torch_rmsnorm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def torch_gqa(qkv, H, Hkv, causal, theta=None):
+    """qkv (B, T, (H + 2 Hkv) hd) -> (B, T, H hd) by torch's scaled_dot_product_attention,
+    K/V heads repeated for their groups (HF's repeat_kv); rotary positions first with theta."""
+    B, T, W = qkv.shape
+    hd = W // (H + 2 * Hkv)
+    q, k, v = qkv.split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
+    q, k, v = (t.reshape(B, T, -1, hd).transpose(1, 2) for t in (q, k, v))
+    if theta is not None:
+        q, k = torch_rope(q, theta), torch_rope(k, theta)
+    k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return y.transpose(1, 2).reshape(B, T, H * hd)
+
+
+def check_against_autograd(f_np, backward, f_torch, inputs, dtype, rtol, atol, seed=0):
+    """Our op (f_np -> (out, cache), backward(dout, cache) -> input gradient(s)) against torch's
+    autograd of f_torch: the output and every input's gradient under a random upstream gradient."""
+    rng = np.random.default_rng(seed)
+    tdtype = torch.float64 if dtype == np.float64 else torch.float32
+    out, cache = f_np(*inputs)
+    r = rng.standard_normal(out.shape).astype(dtype)
+    ours = backward(r, cache)
+    ours = ours if isinstance(ours, tuple) else (ours,)
+    tin = [torch.tensor(a, dtype=tdtype, requires_grad=True) for a in inputs]
+    t_out = f_torch(*tin)
+    (t_out * torch.from_numpy(r)).sum().backward()
+    ok, report = diff_report(
+        {"out": out, **{f"d{i}": g for i, g in enumerate(ours)}},
+        {"out": t_out.detach().numpy(), **{f"d{i}": t.grad.numpy() for i, t in enumerate(tin)}},
+        rtol,
+        atol,
+    )
+    assert ok, report
+
+
+OP_TOLERANCES = pytest.mark.parametrize(
+    "dtype, rtol, atol", [(np.float64, 1e-11, 1e-12), (np.float32, 2e-5, 2e-6)], ids=["float64", "float32"]
+)
+
+
+@OP_TOLERANCES
+def test_rmsnorm_and_swiglu_match_autograd(dtype, rtol, atol):
+    rng = np.random.default_rng(21)
+    x = (rng.standard_normal((2, 5, 12)) * 2 + 0.5).astype(dtype)
+    w = rng.standard_normal(12).astype(dtype)
+    check_against_autograd(lambda x, w: ops.rmsnorm_forward(x, w, 1e-6), ops.rmsnorm_backward,
+                           lambda x, w: torch_rmsnorm(x, w, 1e-6), (x, w), dtype, rtol, atol)  # fmt: skip
+    h = (rng.standard_normal((2, 5, 16)) * 2).astype(dtype)
+    check_against_autograd(ops.swiglu_forward, ops.swiglu_backward, lambda h: F.silu(h[..., :8]) * h[..., 8:], (h,),
+                           dtype, rtol, atol)  # fmt: skip
+
+
+@OP_TOLERANCES
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("H, Hkv", [(4, 1), (4, 2), (4, 4)], ids=["multi-query", "grouped", "multi-head"])
+def test_grouped_query_attention_and_rope_match_autograd(H, Hkv, causal, dtype, rtol, atol):
+    """Grouped-query attention against torch's scaled_dot_product_attention with repeated K/V
+    heads, with and without rotary positions (HF's rotate_half) applied first."""
+    qkv = np.random.default_rng(22).standard_normal((2, 6, (H + 2 * Hkv) * 4)).astype(dtype)
+    check_against_autograd(lambda a: ops.attention_forward(a, H, causal, n_kv_heads=Hkv), ops.attention_backward,
+                           lambda a: torch_gqa(a, H, Hkv, causal), (qkv,), dtype, rtol, atol)  # fmt: skip
+
+    def rope_attention(a):
+        rotated, rope = ops.rope_forward(a, H, Hkv, 500000.0)
+        out, attn = ops.attention_forward(rotated, H, causal, n_kv_heads=Hkv)
+        return out, (rope, attn)
+
+    def rope_attention_backward(dout, cache):
+        return ops.rope_backward(ops.attention_backward(dout, cache[1]), cache[0])
+
+    check_against_autograd(rope_attention, rope_attention_backward,
+                           lambda a: torch_gqa(a, H, Hkv, causal, theta=5e5), (qkv,), dtype, rtol, atol)  # fmt: skip
 
 
 @pytest.mark.parametrize(
