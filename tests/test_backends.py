@@ -384,7 +384,9 @@ def test_adamw_twin_is_bit_identical(dtype, decay):
 CONFIGS = [
     dict(),
     dict(norm="post", activation="relu", positional="sinusoidal", causal=False, bias=False),
-]
+    dict(positional="rope", norm_type="rmsnorm", activation="swiglu", mlp_hidden=72, bias=False, qkv_bias=True,
+         tie_embeddings=False, n_kv_heads=2),  # Llama's family: grouped-query attention, Qwen2's q, k, v biases
+]  # fmt: skip
 
 
 def _pair(kw, dtype):
