@@ -410,6 +410,34 @@ def test_gpt2_style_configs_are_written_as_before():
     for kw in LLAMA_VARIANTS.values():
         config = GPTConfig(**TINY, **kw)
         assert GPTConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    # one spelling per model: values that say the default are the default
+    assert GPTConfig(**TINY, n_kv_heads=2, mlp_hidden=32, qkv_bias=True) == GPTConfig(**TINY)
+    assert GPTConfig(**TINY, n_kv_heads=2).n_kv_heads is None and GPTConfig(**TINY, n_kv_heads=1).n_kv_heads == 1
+    assert llama_config(**TINY, mlp_hidden=64, qkv_bias=False) == llama_config(**TINY)
+    assert list(GPTConfig(**TINY, n_kv_heads=2, mlp_hidden=32, qkv_bias=True).to_dict()) == old_keys
+
+
+# sha256 of GPT(config, seed=3).save(path) as the code before Llama's family (main at e8da87a)
+# wrote these files: files written now are the same bytes, so the files it wrote load as they did
+MAIN_WRITTEN = {
+    "gpt2": ({}, "5885a0ba33d781c364a98d2c771aaa187378267044d9f26950e7f8c0cbf38699"),
+    "seed001": (dict(positional="sinusoidal", activation="relu", norm="post", bias=False, causal=False),
+                "88bb6f79055b5d1f4f5056a3ec940db1d179f2b25935529f0b4a4121aa2f8f97"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", MAIN_WRITTEN)
+def test_model_files_are_the_bytes_the_code_before_llama_wrote(tmp_path, name):
+    import hashlib
+
+    variant, digest = MAIN_WRITTEN[name]
+    config = GPTConfig(vocab_size=50, context_length=8, d_model=16, n_layers=1, n_heads=2, **variant)
+    path = tmp_path / "m.safetensors"
+    GPT(config, seed=3).save(path)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    loaded = GPT.load(path)
+    assert loaded.config == config and loaded.config.n_kv_heads is None and loaded.config.norm_type == "layernorm"
+    assert loaded.config.architecture == ("gpt2" if name == "gpt2" else "custom")
 
 
 def test_loads_gpt2_style_state_dicts(tmp_path):

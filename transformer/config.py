@@ -31,6 +31,15 @@ _CHOICES = {
 # The fields that came with Llama's family (issue 22); written to files only when not at their
 # default, so GPT-2-style configs keep their old JSON.
 LATER_FIELDS = ("norm_type", "norm_eps", "rope_theta", "mlp_hidden", "n_kv_heads", "tie_embeddings", "qkv_bias")
+# The variant choices of each architecture family; the sizes, n_kv_heads, rope_theta, norm_eps
+# and mlp_hidden are free within a family. `GPTConfig.architecture` names a config's family,
+# `llama_config` and train-model's --arch start from them.
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "gpt2": dict(positional="learned", activation="gelu", norm="pre", norm_type="layernorm", bias=True,
+                 tie_embeddings=True),
+    "llama": dict(positional="rope", activation="swiglu", norm="pre", norm_type="rmsnorm", bias=False,
+                  tie_embeddings=False),
+}  # fmt: skip
 
 # Upper bounds, so that a config read from a file cannot imply absurd work or allocations before
 # any tensor is looked at (whether the model then fits in memory is GPT's check: see
@@ -66,13 +75,17 @@ class GPTConfig:
     - norm_type: "layernorm" (with a bias when `bias`) or "rmsnorm" (a gain only), both with
       norm_eps; `norm` says where they sit (pre or post);
     - activation: "gelu", "relu" or "swiglu" (a gated MLP, silu(x W_gate) * (x W_up), its
-      mlp.c_fc holding W_gate and W_up side by side); mlp_hidden is the MLP's width (None:
-      4 * d_model);
+      mlp.c_fc holding W_gate and W_up side by side); mlp_hidden is the MLP's width (None: the
+      activation's usual one, `default_hidden`);
     - n_kv_heads: K/V heads, each shared by n_heads / n_kv_heads query heads (None: n_heads,
       ordinary attention; 1: multi-query);
     - tie_embeddings: logits from wte (GPT-2) or from a separate lm_head.weight;
     - bias: biases on every linear layer and LayerNorm; qkv_bias: on the q, k, v projection
       alone (None: as `bias`; Qwen2 is bias=False, qkv_bias=True).
+
+    A value that says what the default says is stored as the default (n_kv_heads equal to
+    n_heads, mlp_hidden equal to `default_hidden`, qkv_bias equal to bias become None), so two
+    configs of the same model are equal, and a GPT-2-style config keeps GPT-2's JSON.
 
     >>> GPTConfig(vocab_size=256, context_length=64, d_model=128, n_layers=4, n_heads=4).head_dim
     32
@@ -133,6 +146,13 @@ class GPTConfig:
                 f"config: rotary positions turn pairs of dimensions, so the head size d_model / n_heads must be"
                 f" even; got {self.head_dim}"
             )
+        # one spelling per model: values equal to their defaults' meaning are the defaults
+        if self.n_kv_heads == self.n_heads:
+            object.__setattr__(self, "n_kv_heads", None)
+        if self.mlp_hidden == default_hidden(self.activation, self.d_model):
+            object.__setattr__(self, "mlp_hidden", None)
+        if self.qkv_bias == self.bias:
+            object.__setattr__(self, "qkv_bias", None)
 
     @property
     def head_dim(self) -> int:
@@ -145,8 +165,21 @@ class GPTConfig:
 
     @property
     def hidden(self) -> int:
-        """The MLP's hidden width: mlp_hidden, or 4 * d_model when unset (GPT-2)."""
-        return 4 * self.d_model if self.mlp_hidden is None else self.mlp_hidden
+        """The MLP's hidden width: mlp_hidden, or the activation's usual one (`default_hidden`)."""
+        return default_hidden(self.activation, self.d_model) if self.mlp_hidden is None else self.mlp_hidden
+
+    @property
+    def architecture(self) -> str:
+        """The family whose variant choices this config makes (`ARCHITECTURES`: "gpt2" or
+        "llama"), or "custom" for another mix.
+
+        >>> GPTConfig().architecture, llama_config().architecture, GPTConfig(positional="rope").architecture
+        ('gpt2', 'llama', 'custom')
+        """
+        for name, choices in ARCHITECTURES.items():
+            if all(getattr(self, key) == value for key, value in choices.items()):
+                return name
+        return "custom"
 
     @property
     def has_qkv_bias(self) -> bool:
@@ -195,21 +228,30 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:30] + "..."
 
 
+def default_hidden(activation: str, d_model: int) -> int:
+    """The MLP's usual width: 4 * d_model (GPT-2), or for SwiGLU, whose three matrices hold as
+    many weights as two of 4 * d_model, 2/3 of that, rounded up to a multiple of 64 (Llama's
+    rule, with 64 for its 256).
+
+    >>> default_hidden("gelu", 768), default_hidden("swiglu", 768), default_hidden("swiglu", 4096)
+    (3072, 2048, 10944)
+    """
+    if activation == "swiglu":
+        return -(-(8 * d_model // 3) // 64) * 64
+    return 4 * d_model
+
+
 def llama_config(**overrides: Any) -> GPTConfig:
-    """A Llama-style decoder: rotary positions (theta 10,000), pre-norm RMSNorm (eps 1e-5), a
-    SwiGLU MLP of width about 8/3 d_model (rounded up to a multiple of 64, as Llama's is), no
-    biases, untied embeddings; n_kv_heads as given (None: ordinary attention). Any field can be
-    overridden; the sizes default to GPT-2 small's.
+    """A Llama-style decoder (`ARCHITECTURES["llama"]`): rotary positions (theta 10,000),
+    pre-norm RMSNorm (eps 1e-5), a SwiGLU MLP (`default_hidden`), no biases, untied embeddings;
+    n_kv_heads as given (None: ordinary attention). Any field can be overridden; the sizes
+    default to GPT-2 small's.
 
     >>> c = llama_config(vocab_size=256, context_length=64, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2)
     >>> c.positional, c.norm_type, c.activation, c.hidden, c.kv_heads, c.tie_embeddings
     ('rope', 'rmsnorm', 'swiglu', 384, 2, False)
     """
-    d_model = overrides.get("d_model", GPTConfig.d_model)
-    hidden = -(-(8 * d_model // 3) // 64) * 64
-    settings = dict(positional="rope", norm_type="rmsnorm", activation="swiglu", mlp_hidden=hidden, bias=False,
-                    tie_embeddings=False)  # fmt: skip
-    return GPTConfig(**{**settings, **overrides})
+    return GPTConfig(**{**ARCHITECTURES["llama"], **overrides})
 
 
 def param_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
