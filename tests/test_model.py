@@ -112,8 +112,10 @@ def test_loss_matches_plain_cross_entropy_of_forward():
     np.testing.assert_allclose(trace["logits"], trace["ln_f"] @ model.params["wte.weight"].T)
 
 
-def test_overfits_a_fixed_batch():
-    config = GPTConfig(vocab_size=16, context_length=8, d_model=32, n_layers=2, n_heads=4)
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_overfits_a_fixed_batch(arch):
+    sizes = dict(vocab_size=16, context_length=8, d_model=32, n_layers=2, n_heads=4)
+    config = GPTConfig(**sizes) if arch == "gpt2" else llama_config(**sizes, n_kv_heads=2)
     model = GPT(config, seed=0)
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 16, (4, 8))
