@@ -55,7 +55,8 @@ def _training_options(func):
         allowed, text = f.metadata["allowed"], f.metadata["help"]
         flag = "--" + f.name.replace("_", "-")
         if f.type == "bool":
-            func = click.option(f"{flag}/--no-{flag[2:]}", f.name, default=None, help=f"{text} [default: on]")(func)
+            text += f" [default: {'on' if f.default else 'off'}]"
+            func = click.option(f"{flag}/--no-{flag[2:]}", f.name, default=None, help=text)(func)
             continue
         if isinstance(allowed, Range):
             typ = Number(int if f.type == "int" else float, allowed)
@@ -501,6 +502,7 @@ def _info_model(path: Path) -> None:
     _row("file", path)
     what = "model + embedded tokenizer" if tok is not None else "model; no tokenizer embedded"
     _row("format", f"{meta.get('format')} v{meta.get('format_version')} ({what})")
+    _row("architecture", model.config.architecture)
     _row("config", json.dumps(model.config.to_dict()))
     _row("parameters", f"{n_params:,}")
     if tok is not None:

@@ -19,7 +19,7 @@ from typing import Any
 from tokenkit.common import FileError, jsonsafe, readfile
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.transformer import GPTConfig
-from tokenkit.transformer.config import MAX_CONTEXT_LENGTH, MAX_D_MODEL, MAX_LAYERS
+from tokenkit.transformer.config import ARCHITECTURES, MAX_CONTEXT_LENGTH, MAX_D_MODEL, MAX_LAYERS, MAX_MLP_HIDDEN
 
 try:  # Python >= 3.11
     import tomllib
@@ -30,7 +30,10 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
         tomllib = None  # type: ignore[assignment]
 
 DEFAULT_VOCAB_SIZE = 1024  # tokenizer trained when none is given: laptop-sized, like the model defaults
-MODEL_FIELDS = ("n_layers", "n_heads", "d_model", "context_length", "positional", "activation", "norm", "bias")
+MODEL_FIELDS = (
+    "n_layers", "n_heads", "d_model", "context_length", "positional", "activation", "norm", "bias", "norm_type",
+    "norm_eps", "rope_theta", "mlp_hidden", "n_kv_heads", "tie_embeddings", "qkv_bias",
+)  # fmt: skip
 MAX_STEPS = 10**12  # a million steps an hour for a century; also bounds --eval-interval and --warmup-steps
 MAX_BATCH = 1 << 20  # windows per step; the memory check refuses much less on most machines
 MAX_EVAL_BATCHES = 100_000  # validation batches per evaluation, each a forward pass
@@ -82,14 +85,30 @@ class TrainConfig:
     """
 
     # model (the vocabulary size comes from the tokenizer)
+    arch: str = _setting(
+        "gpt2",
+        "architecture: sets the variant settings not given (gpt2: learned positions, GELU, LayerNorm, biases, "
+        "tied embeddings; llama: rotary positions, SwiGLU, RMSNorm, no biases, untied embeddings)",
+        tuple(ARCHITECTURES),
+    )
     n_layers: int = _setting(2, "transformer blocks", Range(1, MAX_LAYERS))
     n_heads: int = _setting(4, "attention heads (must divide --d-model)", Range(1, MAX_D_MODEL))
     d_model: int = _setting(128, "width of the residual stream", Range(1, MAX_D_MODEL))
     context_length: int = _setting(64, "tokens of context (T)", Range(1, MAX_CONTEXT_LENGTH))
-    positional: str = _setting("learned", "positional encoding", ("learned", "sinusoidal"))
-    activation: str = _setting("gelu", "MLP activation", ("gelu", "relu"))
-    norm: str = _setting("pre", "LayerNorm placement", ("pre", "post"))
+    positional: str = _setting("learned", "positional encoding", ("learned", "sinusoidal", "rope"))
+    activation: str = _setting("gelu", "MLP activation (swiglu: a gated MLP)", ("gelu", "relu", "swiglu"))
+    norm: str = _setting("pre", "normalisation placement", ("pre", "post"))
     bias: bool = _setting(True, "biases in linear layers and LayerNorms")
+    norm_type: str = _setting("layernorm", "normalisation", ("layernorm", "rmsnorm"))
+    norm_eps: float = _setting(1e-5, "epsilon of the normalisation", Range(0, 1, low_open=True))
+    rope_theta: float = _setting(10000.0, "base of the rotary positions' wavelengths", Range(0, 1e12, low_open=True))
+    mlp_hidden: int = _setting(0, "MLP width (0: 4 x --d-model; with swiglu about 8/3 x)", Range(0, MAX_MLP_HIDDEN))
+    n_kv_heads: int = _setting(
+        0, "K/V heads, each shared by a group of query heads (must divide --n-heads; 0: one per head)",
+        Range(0, MAX_D_MODEL),
+    )  # fmt: skip
+    tie_embeddings: bool = _setting(True, "logits from the token embedding (off: a separate lm_head)")
+    qkv_bias: bool = _setting(False, "biases on q, k, v even without --bias (as Qwen2)")
     # optimisation
     batch_size: int = _setting(16, "windows per step (B)", Range(1, MAX_BATCH))
     steps: int = _setting(2000, "optimizer steps in total", Range(1, MAX_STEPS))
@@ -142,14 +161,27 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], base: TrainConfig | None = None) -> TrainConfig:
-        """`base` (or the defaults) updated with `values`; keys may use '-' or '_'; types are checked."""
+        """`base` (or the defaults) updated with `values`; keys may use '-' or '_'; types are checked.
+        An `arch` among the values sets its architecture's variant settings first
+        (`ARCHITECTURES`); the values given beside it win.
+
+        >>> c = TrainConfig.from_dict({"arch": "llama", "bias": True})
+        >>> c.positional, c.norm_type, c.activation, c.bias, c.tie_embeddings
+        ('rope', 'rmsnorm', 'swiglu', True, False)
+        """
         merged = (base or cls()).to_dict()
         types = {f.name: f.type for f in dataclasses.fields(cls)}
+        given = {}
         for raw_key, value in values.items():
             key = str(raw_key).replace("-", "_")
             if key not in types:
                 raise PipelineError(f"unknown training setting {raw_key!r}; known: {', '.join(types)}")
-            merged[key] = _coerce(key, types[key], value)
+            given[key] = _coerce(key, types[key], value)
+        if "arch" in given:
+            if given["arch"] not in ARCHITECTURES:
+                raise PipelineError(f"--arch must be one of {', '.join(ARCHITECTURES)}, got {_short(given['arch'])}")
+            merged.update(ARCHITECTURES[given["arch"]])
+        merged.update(given)
         return cls(**merged)
 
     @classmethod
@@ -158,10 +190,29 @@ class TrainConfig:
         return cls.from_dict(load_config_file(path), base)
 
     def model_config(self, vocab_size: int) -> dict[str, Any]:
-        """The GPTConfig fields for this run (dropout-free, causal)."""
+        """The GPTConfig fields for this run (dropout-free, causal); 0 and off say "the default" here
+        where GPTConfig says None (`model_settings` is the way back)."""
         cfg = {name: getattr(self, name) for name in MODEL_FIELDS}
+        cfg.update(mlp_hidden=self.mlp_hidden or None, n_kv_heads=self.n_kv_heads or None)
+        cfg["qkv_bias"] = self.qkv_bias or None
         cfg["vocab_size"] = vocab_size
         return cfg
+
+
+def model_settings(config: GPTConfig) -> dict[str, Any]:
+    """The TrainConfig settings of a model's shape (`MODEL_FIELDS`, and `arch` when the model is
+    of one of the families): `TrainConfig.model_config`'s inverse.
+
+    >>> from tokenkit.transformer.config import llama_config
+    >>> s = model_settings(llama_config(n_kv_heads=4))
+    >>> s["arch"], s["n_kv_heads"], s["mlp_hidden"], s["qkv_bias"]
+    ('llama', 4, 0, False)
+    """
+    values = {name: getattr(config, name) for name in MODEL_FIELDS}
+    values.update(mlp_hidden=config.mlp_hidden or 0, n_kv_heads=config.n_kv_heads or 0, qkv_bias=bool(config.qkv_bias))
+    if config.architecture in ARCHITECTURES:
+        values["arch"] = config.architecture
+    return values
 
 
 def _flag(name: str) -> str:

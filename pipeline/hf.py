@@ -95,6 +95,21 @@ def refuse_variant(config: GPTConfig) -> None:
             raise PipelineError(
                 f"cannot export a model with {name} as GPT-2: {why}, and transformers has no setting for it"
             )
+    llama_family = [  # GPT-2's config cannot say these; tk does not export Llama's yet
+        (config.positional == "rope", "rotary positions", "GPT-2 learns its position table (wpe)"),
+        (config.norm_type == "rmsnorm", "RMSNorm", "GPT-2 uses LayerNorm"),
+        (config.activation == "swiglu", "a SwiGLU MLP", "GPT-2's MLP is not gated"),
+        (config.kv_heads != config.n_heads, "grouped-query attention", "GPT-2 has a K/V head per query head"),
+        (not config.tie_embeddings, "untied embeddings", "GPT-2's lm_head is wte"),
+        (config.has_qkv_bias != config.bias, "biases on q, k, v alone", "GPT-2 has all biases or none"),
+        (config.hidden != 4 * config.d_model, f"an MLP {config.hidden} wide", "tk's GPT-2 MLP is 4 * d_model wide"),
+        (config.norm_eps != LN_EPS, f"norm_eps {config.norm_eps:g}", f"tk's GPT-2 LayerNorm uses {LN_EPS:g}"),
+    ]
+    for bad, name, why in llama_family:
+        if bad:
+            raise PipelineError(
+                f"cannot export a model with {name} as GPT-2: {why}; tk exports GPT-2's architecture only, for now"
+            )
 
 
 def hf_config(config: GPTConfig, tokenizer: Tokenizer) -> dict[str, Any]:

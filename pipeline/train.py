@@ -44,7 +44,7 @@ from tokenkit import __version__
 from tokenkit.bpe import Tokenizer
 from tokenkit.common.processes import note_interrupt
 from tokenkit.pipeline import checkpoint, data, rundir, sources
-from tokenkit.pipeline.config import DEFAULT_VOCAB_SIZE, MODEL_FIELDS, TrainConfig, _coerce, _flag
+from tokenkit.pipeline.config import DEFAULT_VOCAB_SIZE, TrainConfig, _coerce, _flag, model_settings
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.ranks import Ranks
 from tokenkit.transformer import GPT, AdamW, GPTConfig, clip_grad_norm, cosine_schedule
@@ -512,13 +512,15 @@ class StartFrom:
         return cls(Path(path), model.params, tokenizer, model.config)
 
     def settings(self, given: Mapping[str, Any]) -> dict[str, Any]:
-        """`given` (the user's settings) with the model's shape; a given shape that differs is an error."""
-        shape = {name: getattr(self.model_config, name) for name in MODEL_FIELDS}
+        """`given` (the user's settings) with the model's shape; a given shape that differs is an
+        error (an --arch too, when the model is not of that family)."""
+        shape = model_settings(self.model_config)
         for key, value in given.items():
             key = key.replace("-", "_")
-            if key in shape and value != shape[key]:
+            if (key in shape and value != shape[key]) or (key == "arch" and "arch" not in shape):
                 raise PipelineError(
-                    f"{_flag(key)} {value} contradicts the model {self.path} ({shape[key]}); "
+                    f"{_flag(key)} {value} contradicts the model {self.path} "
+                    f"({shape.get(key, self.model_config.architecture)}); "
                     "drop the flag: --init-from takes the model's shape"
                 )
         return {**given, **shape}
@@ -648,9 +650,11 @@ def encode_note(tokens: data.TokenData, run_dir: Path) -> str:
 
 def _describe(run: _Run, say: Callable[[str], None]) -> None:
     n_params = sum(int(p.size) for p in run.model.params.values())
-    cfg = run.config
+    cfg = run.model.config
+    family = "" if cfg.architecture == "gpt2" else f"{cfg.architecture}, "
+    heads = f"{cfg.n_heads} heads" + (f" ({cfg.kv_heads} K/V)" if cfg.kv_heads != cfg.n_heads else "")
     say(
-        f"model: {n_params:,} parameters ({cfg.n_layers} layers, {cfg.n_heads} heads, width {cfg.d_model}, "
+        f"model: {n_params:,} parameters ({family}{cfg.n_layers} layers, {heads}, width {cfg.d_model}, "
         f"context {cfg.context_length}, vocab {run.tokenizer.vocab_size})"
     )
     val = f" (--val {run.tokens.spec.describe(val=True)})" if run.tokens.val_ids is not None else ""

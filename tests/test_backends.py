@@ -266,9 +266,11 @@ def test_softmax_xent_twin_online_max_sees_every_thread():
 
 
 def _attention_case(rng, dtype):
+    """(qkv, H, Hkv): Hkv one of 1, 2 and H (multi-query, grouped, ordinary attention)."""
     B, T, H = int(rng.integers(1, 3)), int(rng.choice([1, 5, 33, 40])), int(rng.choice([1, 2, 4]))
+    Hkv = int(rng.choice([h for h in (1, 2, H) if H % h == 0]))
     hd = int(rng.choice([1, 3, 8]))
-    return (rng.standard_normal((B, T, 3 * H * hd)) * 2).astype(dtype), H
+    return (rng.standard_normal((B, T, (H + 2 * Hkv) * hd)) * 2).astype(dtype), H, Hkv
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -276,20 +278,20 @@ def _attention_case(rng, dtype):
 @pytest.mark.parametrize("seed", SEEDS)
 def test_attention_twin(seed, dtype, causal):
     rng = np.random.default_rng(seed)
-    qkv, H = _attention_case(rng, dtype)
-    out, cache = T_OPS.attention_forward(qkv, H, causal)
-    close(out, ref.attention(qkv.astype(np.float64), H, causal), tol_for(dtype), "forward vs reference")
+    qkv, H, Hkv = _attention_case(rng, dtype)
+    out, cache = T_OPS.attention_forward(qkv, H, causal, None, Hkv)
+    close(out, ref.attention(qkv.astype(np.float64), H, causal, Hkv), tol_for(dtype), "forward vs reference")
     dout = rng.standard_normal(out.shape).astype(dtype)
-    want = ops.attention_backward(dout, ops.attention_forward(qkv, H, causal)[1])
+    want = ops.attention_backward(dout, ops.attention_forward(qkv, H, causal, None, Hkv)[1])
     close(T_OPS.attention_backward(dout, cache), want, tol_for(dtype), "backward vs ops")
 
 
 def test_attention_twin_trace_matches_the_cpu_trace():
     rng = np.random.default_rng(0)
-    qkv, H = _attention_case(rng, np.float64)
+    qkv, H, Hkv = _attention_case(rng, np.float64)
     mine, theirs = {}, {}
-    T_OPS.attention_forward(qkv, H, True, mine)
-    ops.attention_forward(qkv, H, True, theirs)
+    T_OPS.attention_forward(qkv, H, True, mine, Hkv)
+    ops.attention_forward(qkv, H, True, theirs, Hkv)
     assert mine.keys() == theirs.keys()
     for key in theirs:
         finite = np.isfinite(theirs[key])
@@ -302,17 +304,49 @@ def test_attention_twin_trace_matches_the_cpu_trace():
 def test_attention_cached_twin(seed, dtype):
     """New positions in chunks through the KV cache give the full causal attention's rows."""
     rng = np.random.default_rng(seed)
-    qkv, H = _attention_case(rng, dtype)
-    B, T, C3 = qkv.shape
-    hd = C3 // (3 * H)
-    k_cache, v_cache = np.zeros((B, H, T + 3, hd), dtype), np.zeros((B, H, T + 3, hd), dtype)
-    full, _ = ops.attention_forward(qkv, H, True)
+    qkv, H, Hkv = _attention_case(rng, dtype)
+    B, T, W = qkv.shape
+    hd = W // (H + 2 * Hkv)
+    k_cache, v_cache = np.zeros((B, Hkv, T + 3, hd), dtype), np.zeros((B, Hkv, T + 3, hd), dtype)
+    full, _ = ops.attention_forward(qkv, H, True, n_kv_heads=Hkv)
     start = 0
     while start < T:
         n = int(rng.integers(1, T - start + 1))
-        out, _ = T_OPS.attention_forward_cached(qkv[:, start : start + n], k_cache, v_cache, start, H)
+        out, _ = T_OPS.attention_forward_cached(qkv[:, start : start + n], k_cache, v_cache, start, H, Hkv)
         close(out, full[:, start : start + n], tol_for(dtype), f"positions {start}..{start + n}")
         start += n
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_llama_ops_on_the_device_side(seed, dtype):
+    """RMSNorm, rotary positions, SiLU and SwiGLU as the GPU's ops compute them (plain xp code;
+    RMSNorm's dweight by the column sums twin) against the references and the CPU ops."""
+    rng = np.random.default_rng(seed)
+    N, C = rows_shape(rng)
+    x = (rng.standard_normal((1, N, C)) * 3 + 0.5).astype(dtype)
+    w = rng.standard_normal(C).astype(dtype)
+    out, cache = T_OPS.rmsnorm_forward(x, w, 1e-6)
+    close(out, ref.rmsnorm(x.astype(np.float64), w, 1e-6), tol_for(dtype), "rmsnorm vs reference")
+    dout = rng.standard_normal(x.shape).astype(dtype)
+    want = ops.rmsnorm_backward(dout, ops.rmsnorm_forward(x, w, 1e-6)[1])
+    for name, got, cpu in zip(("dx", "dweight"), T_OPS.rmsnorm_backward(dout, cache), want, strict=True):
+        close(got, cpu, tol_for(dtype), f"rmsnorm {name} vs ops")
+    qkv, H, Hkv = _attention_case(rng, dtype)
+    hd = qkv.shape[-1] // (H + 2 * Hkv)
+    if hd % 2 == 0:
+        start = int(rng.integers(0, 9))
+        out, cache = T_OPS.rope_forward(qkv, H, Hkv, 10000.0, start)
+        close(out, ref.rope(qkv.astype(np.float64), H, Hkv, 10000.0, start), tol_for(dtype), "rope vs reference")
+        d = rng.standard_normal(qkv.shape).astype(dtype)
+        want = ops.rope_backward(d, ops.rope_forward(qkv, H, Hkv, 10000.0, start)[1])
+        close(T_OPS.rope_backward(d, cache), want, tol_for(dtype), "rope backward vs ops")
+    h = (rng.standard_normal((2, 3, 2 * C)) * 4).astype(dtype)
+    out, cache = T_OPS.swiglu_forward(h)
+    close(out, ref.swiglu(h.astype(np.float64)), tol_for(dtype), "swiglu vs reference")
+    d = rng.standard_normal(out.shape).astype(dtype)
+    close(T_OPS.swiglu_backward(d, cache), ops.swiglu_backward(d, ops.swiglu_forward(h)[1]), tol_for(dtype), "dh")
+    assert T_OPS.swiglu_forward(h, grad=False)[1] is None and T_OPS.silu_forward(h, grad=False)[1] is None
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -350,7 +384,9 @@ def test_adamw_twin_is_bit_identical(dtype, decay):
 CONFIGS = [
     dict(),
     dict(norm="post", activation="relu", positional="sinusoidal", causal=False, bias=False),
-]
+    dict(positional="rope", norm_type="rmsnorm", activation="swiglu", mlp_hidden=72, bias=False, qkv_bias=True,
+         tie_embeddings=False, n_kv_heads=2),  # Llama's family: grouped-query attention, Qwen2's q, k, v biases
+]  # fmt: skip
 
 
 def _pair(kw, dtype):

@@ -678,6 +678,86 @@ def test_device_cuda_refuses_workers_in_one_line(capsys, tmp_path, corpus, run, 
     assert not (tmp_path / "r").exists()
 
 
+# --- --arch llama: Llama's family through train-model and pipeline ------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_tokenizer(corpus, tmp_path_factory) -> Path:
+    from tokenkit.bpe import Tokenizer
+
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.safetensors"
+    Tokenizer.train([corpus.read_bytes()[:20_000]], vocab_size=300, workers=1, quiet=True).save(path)
+    return path
+
+
+TINY_RUN = ["--n-layers", "1", "--n-heads", "4", "--d-model", "32", "--context-length", "12", "--batch-size", "4",
+            "--warmup-steps", "1", "--eval-interval", "3", "--eval-batches", "1", "--workers", "1",
+            "--quiet"]  # fmt: skip
+
+
+def test_arch_llama_trains_records_resumes_and_starts_others(corpus, small_tokenizer, tmp_path, capsys):
+    run_dir = tmp_path / "llama"
+    argv = ["train-model", str(corpus), "-t", str(small_tokenizer), "-o", str(run_dir), *TINY_RUN]
+    code, out, err = cli(capsys, *argv, "--arch", "llama", "--n-kv-heads", "2", "--steps", "6")
+    assert code == 0 and "step 6/6" in out, err
+    model, _, meta = load_model(run_dir)
+    cfg = model.config
+    assert (cfg.architecture, cfg.kv_heads, cfg.positional, cfg.norm_type, cfg.activation) == (
+        "llama", 2, "rope", "rmsnorm", "swiglu")  # fmt: skip
+    assert "lm_head.weight" in model.params and not any(k.endswith(".bias") for k in model.params)
+    recorded = json.loads(checkpoint.read_header(run_dir / "model.safetensors")["config"])
+    assert recorded["n_kv_heads"] == 2 and recorded["tie_embeddings"] is False  # the file says the architecture
+    state = load_train_state(run_dir / "train_state.safetensors")
+    assert state.train_config["arch"] == "llama" and state.model_config == cfg.to_dict()
+    code, out, _ = cli(capsys, "info", str(run_dir / "model.safetensors"))
+    assert code == 0 and "architecture:         llama" in out
+    code, out, err = cli(capsys, "train-model", "--resume", str(run_dir), "--arch", "llama", "--n-kv-heads", "2")
+    assert code == 0 and "nothing left to train" in out, err
+    code, _, err = cli(capsys, "train-model", "--resume", str(run_dir), "--arch", "gpt2")
+    assert_one_line_error(code, err, "--arch gpt2 contradicts the checkpoint")
+    code, out, err = cli(capsys, "generate", "-m", str(run_dir), "up 3", "-n", "20", "--temperature", "0")
+    assert code == 0, err  # past the 12-token context: the window shifts, the KV cache holds 2 heads
+
+    tuned = tmp_path / "tuned"  # --init-from takes the model's shape, its family included
+    code, out, err = cli(capsys, "train-model", str(corpus), "--init-from", str(run_dir), "-o", str(tuned),
+                         "--steps", "3", "--eval-interval", "3", "--batch-size", "4", "--workers", "1",
+                         "--quiet")  # fmt: skip
+    assert code == 0, err
+    assert load_model(tuned).model.config == cfg
+    assert load_train_state(tuned / "train_state.safetensors").train_config["arch"] == "llama"
+    code, _, err = cli(capsys, "train-model", str(corpus), "--init-from", str(run_dir), "-o", str(tmp_path / "x"),
+                       "--arch", "gpt2")  # fmt: skip
+    assert_one_line_error(code, err, "--arch gpt2 contradicts the model")
+    code, _, err = cli(capsys, "train-model", str(corpus), "-t", str(small_tokenizer), "-o", str(tmp_path / "y"),
+                       "--arch", "llama", "--n-kv-heads", "3")  # fmt: skip
+    assert_one_line_error(code, err, "must be divisible by n_kv_heads")
+
+
+def test_pipeline_with_arch_llama(corpus, tmp_path, capsys):
+    run_dir = tmp_path / "pipe"
+    argv = ["pipeline", str(corpus), "-o", str(run_dir), "--vocab-size", "300", "--arch", "llama", "--steps", "3",
+            "--prompt", "up 1", "-n", "3", *TINY_RUN]  # fmt: skip
+    code, out, err = cli(capsys, *argv)
+    assert code == 0, err
+    assert load_model(run_dir).model.config.architecture == "llama"
+    code, out, err = cli(capsys, *argv[:-1])  # the same settings: every stage up to date
+    assert code == 0 and "train: up to date" in err, err
+
+
+def test_arch_llama_on_the_device_backend(capsys, tmp_path, corpus, small_tokenizer, cuda_as_twins):
+    """--device cuda trains a Llama-style model (on the CUDA ops' NumPy twins here) as the CPU does."""
+    runs = {}
+    for device in ("cpu", "cuda"):
+        runs[device] = tmp_path / device
+        code, _, err = cli(capsys, "train-model", str(corpus), "-t", str(small_tokenizer), "-o", str(runs[device]),
+                           "--arch", "llama", "--n-kv-heads", "1", "--steps", "3", "--device", device,
+                           *TINY_RUN)  # fmt: skip
+        assert code == 0, err
+    cpu, gpu = (load_train_state(runs[d] / "train_state.safetensors") for d in ("cpu", "cuda"))
+    for name, p in cpu.params.items():
+        np.testing.assert_allclose(gpu.params[name], p, rtol=1e-3, atol=1e-4, err_msg=name)
+
+
 def test_tokenizer_commands_take_a_run_directory_or_model_file(capsys, run):
     code, expected, err = cli(capsys, "encode", "-t", str(run / "tokenizer.safetensors"), "up 3 4 5")
     assert code == 0, err

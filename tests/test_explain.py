@@ -15,6 +15,7 @@ from tokenkit.bpe import Tokenizer
 from tokenkit.cli.main import main
 from tokenkit.pipeline.checkpoint import save_model
 from tokenkit.transformer import GPT, GPTConfig, ModelError
+from tokenkit.transformer.config import llama_config
 from tokenkit.transformer.explain import EXAMPLES, explain_example, explain_model, parse_printed
 
 TEXT = "Once upon a time, a shy fox found a red ball."
@@ -299,6 +300,34 @@ def test_post_norm_bidirectional_sinusoidal_model_is_explained_in_its_own_order(
     np.testing.assert_array_equal(expl.step("pos_emb").value, trace["pos_emb"])
     np.testing.assert_array_equal(expl.step("logits").value, logits[0, -1])
     assert "MLP hidden after RELU" in [s.title for s in expl.steps]
+
+
+@pytest.mark.parametrize("n_kv_heads", [1, 2])
+def test_llama_style_model_is_explained(n_kv_heads):
+    """Rotary positions (no pos_emb step; q and k rotated), RMSNorm, SwiGLU's [gate | up] width,
+    grouped-query heads (k and v as the chosen query head sees them), an untied lm_head."""
+    config = llama_config(vocab_size=40, context_length=8, d_model=16, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads)
+    model = GPT(config, seed=5)
+    ids = [3, 1, 4, 1, 5]
+    shown = [repr(str(i)) for i in ids]
+    expl = explain_model(model, ids, shown, layer=1, head=3, top_k=3)
+    trace = {}
+    logits = model.forward(np.array(ids), trace=trace)
+    keys = [s.key for s in expl.steps]
+    assert "pos_emb" not in keys and keys[:2] == ["tok_emb", "x0"]
+    w = expl.step("h.1.attn.weights").value
+    q, k = expl.step("h.1.attn.q").value, expl.step("h.1.attn.k").value
+    np.testing.assert_allclose(w, naive_attention_weights(q, k, causal=True), atol=1e-6)
+    np.testing.assert_array_equal(k, trace["h.1.attn.k"][0, 3])
+    assert expl.step("h.1.attn.k").note.startswith(f"K/V head {3 // (4 // n_kv_heads)}") == (n_kv_heads != 4)
+    assert expl.step("h.1.mlp.pre").value.shape == (5, 2 * config.hidden)
+    assert expl.step("h.1.mlp.act").value.shape == (5, config.hidden)
+    titles = [s.title for s in expl.steps]
+    assert "RMSNorm ln_1 (the attention's input)" in titles and "final RMSNorm ln_f (all layers done)" in titles
+    np.testing.assert_array_equal(expl.step("logits").value, logits[0, -1])
+    assert "lm_head" in expl.step("logits").note
+    shares = [explain_model(model, ids, shown, layer=1, head=h).step("h.1.attn.head_out").value for h in range(4)]
+    np.testing.assert_allclose(sum(shares), expl.step("h.1.attn.out").value, atol=1e-6)
 
 
 def test_text_longer_than_the_context_is_one_line(capsys, saved):

@@ -177,8 +177,12 @@ def _models(dtype, **kw):
     return cfg, cpu, gpu
 
 
+LLAMA = dict(positional="rope", norm_type="rmsnorm", activation="swiglu", mlp_hidden=320, bias=False, qkv_bias=True,
+             tie_embeddings=False, n_kv_heads=2)  # fmt: skip
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("kw", [{}, dict(norm="post", activation="relu", positional="sinusoidal", causal=False)])
+@pytest.mark.parametrize("kw", [{}, dict(norm="post", activation="relu", positional="sinusoidal", causal=False), LLAMA])
 def test_training_step_matches_the_cpu(kw, dtype):
     cfg, cpu, gpu = _models(dtype, **kw)
     rng = np.random.default_rng(5)
@@ -212,8 +216,9 @@ def test_files_are_device_free(tmp_path):
     close(again.forward(ids), cpu.forward(ids), 1e-5, "logits after CPU -> file -> GPU")
 
 
-def test_generation_matches_the_cpu():
-    cfg, cpu, gpu = _models(np.float64)
+@pytest.mark.parametrize("kw", [{}, LLAMA])
+def test_generation_matches_the_cpu(kw):
+    cfg, cpu, gpu = _models(np.float64, **kw)
     for use_cache in (True, False):
         args = dict(temperature=0.9, seed=1, use_cache=use_cache)
         with pytest.warns(UserWarning, match="context"):

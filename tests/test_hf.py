@@ -143,6 +143,14 @@ def test_relu_and_bias_free_models_export_as_relu_with_zero_biases(tok, tmp_path
         ({"norm": "post"}, "post-norm"),
         ({"positional": "sinusoidal"}, "sinusoidal positions"),
         ({"causal": False}, "bidirectional attention"),
+        ({"positional": "rope"}, "rotary positions"),
+        ({"norm_type": "rmsnorm"}, "RMSNorm"),
+        ({"activation": "swiglu"}, "a SwiGLU MLP"),
+        ({"n_kv_heads": 1}, "grouped-query attention"),
+        ({"tie_embeddings": False}, "untied embeddings"),
+        ({"bias": False, "qkv_bias": True}, "biases on q, k, v alone"),
+        ({"mlp_hidden": 40}, "an MLP 40 wide"),
+        ({"norm_eps": 1e-6}, "norm_eps 1e-06"),
     ],
 )
 def test_variants_gpt2_cannot_express_are_refused_by_name(tok, tmp_path, capsys, variant, named):

@@ -766,6 +766,12 @@ def test_memory_estimate():
     s = GPTConfig(vocab_size=300, context_length=64, d_model=32, n_layers=2, n_heads=4, positional="sinusoidal")
     assert estimate_bytes(s) == 4 * s.n_params() + 4 * 64 * 32 + 2 * 4 * 2 * 64 * 32  # + the sinusoid table
     assert estimate_bytes(c, training=True, workers=3) == 7 * params
+    from tokenkit.transformer.config import llama_config
+
+    g = llama_config(vocab_size=300, context_length=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=1)
+    assert g.n_params() == sum(int(np.prod(p.shape)) for p in GPT(g).params.values())
+    # K/V caches of 1 head of 8 per layer, and the rotary cos and sin tables (64 positions, 4 + 4 columns)
+    assert estimate_bytes(g) == 4 * g.n_params() + 2 * 4 * 2 * 64 * 8 + 4 * 64 * 8
     assert available_bytes() is None or available_bytes() > 0
     import doctest
 

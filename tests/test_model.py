@@ -11,6 +11,7 @@ import pytest
 import safetensors.numpy
 
 from tokenkit.transformer import GPT, AdamW, GPTConfig, ModelError
+from tokenkit.transformer.config import llama_config, param_shapes
 from tokenkit.transformer.io import read_metadata
 from tokenkit.transformer.model import SINUSOIDAL_WTE_STD
 from tokenkit.transformer.parallel import DataParallel
@@ -25,6 +26,16 @@ VARIANTS = {
     "no-bias": dict(bias=False),
     "seed001-encoder": dict(positional="sinusoidal", activation="relu", norm="post", causal=False, bias=False),
 }
+# Llama's family (issue 22) on TINY: 2 heads of 4, so n_kv_heads 1 is multi-query
+LLAMA = dict(positional="rope", norm_type="rmsnorm", activation="swiglu", mlp_hidden=12, bias=False,
+             tie_embeddings=False)  # fmt: skip
+LLAMA_VARIANTS = {
+    "llama": {**LLAMA, "n_kv_heads": 1, "rope_theta": 50.0, "norm_eps": 1e-3},
+    "llama-mha-tied": {**LLAMA, "tie_embeddings": True},
+    "qwen2": {**LLAMA, "n_kv_heads": 1, "qkv_bias": True},  # biases on q, k, v only
+    "rope-layernorm-gelu-post": dict(positional="rope", norm="post", n_kv_heads=1),
+}
+VARIANTS.update(LLAMA_VARIANTS)
 
 
 def float64_model(config: GPTConfig, seed: int = 0, scale: float = 0.4, workers: int = 1):
@@ -69,7 +80,7 @@ def test_gradients_match_finite_differences(variant):
         assert err < 1e-6, f"{variant} {name}: rel error {err:.2e}, max diff {np.abs(grads[name] - numeric).max():.2e}"
 
 
-@pytest.mark.parametrize("variant", ["gpt2", "seed001-encoder"])
+@pytest.mark.parametrize("variant", ["gpt2", "seed001-encoder", "llama"])
 def test_batch_shards_in_worker_processes_give_the_same_results(variant):
     config = GPTConfig(**TINY, **VARIANTS[variant])
     one, three = float64_model(config, workers=1), float64_model(config, workers=3)
@@ -101,8 +112,10 @@ def test_loss_matches_plain_cross_entropy_of_forward():
     np.testing.assert_allclose(trace["logits"], trace["ln_f"] @ model.params["wte.weight"].T)
 
 
-def test_overfits_a_fixed_batch():
-    config = GPTConfig(vocab_size=16, context_length=8, d_model=32, n_layers=2, n_heads=4)
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_overfits_a_fixed_batch(arch):
+    sizes = dict(vocab_size=16, context_length=8, d_model=32, n_layers=2, n_heads=4)
+    config = GPTConfig(**sizes) if arch == "gpt2" else llama_config(**sizes, n_kv_heads=2)
     model = GPT(config, seed=0)
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 16, (4, 8))
@@ -152,6 +165,29 @@ def test_trace_records_the_forward(norm):
         np.testing.assert_allclose(trace["h.0.resid_2"], ln + trace["h.0.mlp.out"], rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("n_kv_heads", [1, 2, 4])
+def test_llama_trace_records_the_forward(n_kv_heads):
+    """Rotary positions add nothing to x0 (no pos_emb); q and k are recorded rotated, per query
+    head, k and v as each query head sees them; the MLP's pre-activation is SwiGLU's [gate | up]."""
+    config = llama_config(vocab_size=7, context_length=6, d_model=16, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads)
+    model = GPT(config, seed=1)
+    ids = np.array([[1, 2, 3, 4], [4, 3, 2, 1]])
+    trace = {}
+    logits = model.forward(ids, trace=trace)
+    np.testing.assert_array_equal(trace["logits"], logits)
+    keys = {"tok_emb", "x0", "ln_f", "logits"} | {f"h.{i}.{k}" for i in range(2) for k in TRACE_BLOCK_KEYS}
+    assert set(trace) == keys
+    B, T, C, H, F = 2, 4, 16, 4, config.hidden
+    shapes = {"x0": (B, T, C), "h.0.attn.q": (B, H, T, 4), "h.0.attn.k": (B, H, T, 4), "h.1.attn.weights": (B, H, T, T),
+              "h.0.mlp.pre": (B, T, 2 * F), "h.0.mlp.act": (B, T, F), "logits": (B, T, 7)}  # fmt: skip
+    assert {k: trace[k].shape for k in shapes} == shapes
+    np.testing.assert_array_equal(trace["x0"], trace["tok_emb"])
+    np.testing.assert_allclose(trace["h.0.resid_1"], trace["x0"] + trace["h.0.attn.out"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(trace["logits"], trace["ln_f"] @ model.params["lm_head.weight"].T, rtol=1e-5, atol=1e-6)
+    group = 4 // n_kv_heads
+    np.testing.assert_array_equal(trace["h.1.attn.v"][:, ::group], trace["h.1.attn.v"][:, group - 1 :: group])
+
+
 def test_trace_off_keeps_nothing_extra():
     config = GPTConfig(vocab_size=64, context_length=32, d_model=64, n_layers=6, n_heads=4)
     model = GPT(config)
@@ -192,6 +228,33 @@ def test_init_is_gpt2_and_seeded():
     assert not any(k.endswith(".bias") for k in nobias.params) and "wpe.weight" not in nobias.params
     sinusoidal = GPT(GPTConfig(**{**config.to_dict(), "positional": "sinusoidal"}), seed=5)
     assert sinusoidal.params["wte.weight"].std() == pytest.approx(SINUSOIDAL_WTE_STD, rel=0.05)
+
+
+def test_llama_params_names_shapes_and_init():
+    """GPT-2's names in Llama's places: c_attn holds q, k, v side by side ((H + 2 Hkv) hd wide),
+    c_fc holds SwiGLU's gate and up (2F wide), lm_head.weight only when untied, no biases but
+    c_attn's with qkv_bias; RMSNorm gains 1, residual projections scaled as GPT-2's."""
+    config = llama_config(vocab_size=512, context_length=64, d_model=64, n_layers=4, n_heads=8, n_kv_heads=2)
+    m = GPT(config, seed=3)
+    assert list(m.params) == list(param_shapes(config))
+    assert m.params["h.0.attn.c_attn.weight"].shape == (64, (8 + 2 * 2) * 8)
+    assert m.params["h.0.mlp.c_fc.weight"].shape == (64, 2 * 192) and m.params["h.0.mlp.c_proj.weight"].shape == (
+        192,
+        64,
+    )
+    assert m.params["lm_head.weight"].shape == (512, 64) and "wpe.weight" not in m.params
+    assert not any(k.endswith(".bias") for k in m.params)
+    assert np.all(m.params["h.1.ln_2.weight"] == 1) and np.all(m.params["ln_f.weight"] == 1)
+    assert m.params["lm_head.weight"].std() == pytest.approx(0.02, rel=0.05)
+    assert m.params["h.3.mlp.c_proj.weight"].std() == pytest.approx(0.02 / math.sqrt(8), rel=0.05)
+    assert not np.array_equal(m.params["lm_head.weight"], m.params["wte.weight"])
+    qwen = GPTConfig(**{**config.to_dict(), "qkv_bias": True, "tie_embeddings": True})
+    biases = [k for k in param_shapes(qwen) if k.endswith(".bias")]
+    assert biases == [f"h.{i}.attn.c_attn.bias" for i in range(4)] and "lm_head.weight" not in param_shapes(qwen)
+    assert param_shapes(qwen)["h.0.attn.c_attn.bias"] == (96,)
+    assert config.n_params() == sum(p.size for p in m.params.values())
+    layernorm_bias = GPTConfig(**{**config.to_dict(), "norm_type": "layernorm", "bias": True})
+    assert "h.0.ln_1.bias" in param_shapes(layernorm_bias) and "h.0.attn.c_attn.bias" in param_shapes(layernorm_bias)
 
 
 def _arithmetic_loss(positional: str, steps: int = 200) -> float:
@@ -242,6 +305,25 @@ def test_kv_cache_generates_the_same_tokens(norm, sampling):
         assert start == len(prompt) + 8 - T // 2  # one shift happened: 13 tokens do not fit in 12
 
 
+@pytest.mark.parametrize("n_kv_heads", [1, 2, 4])
+def test_kv_cache_generates_the_same_tokens_with_llama_configs(n_kv_heads):
+    """The KV cache holds n_kv_heads heads and rotary positions are applied at each new
+    position's offset: with and without it, the same tokens, through a context shift."""
+    config = llama_config(vocab_size=20, context_length=12, d_model=16, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads)
+    model = float64_model(config, scale=0.5)
+    prompt = [3, 1, 4, 1, 5]
+    runs = {}
+    for name, sampling in (("greedy", dict(temperature=0)), ("sampled", dict(temperature=0.9, seed=3))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            runs[name] = list(model.generate(prompt, 15, **sampling))
+            assert list(model.generate(prompt, 15, use_cache=False, **sampling)) == runs[name]
+        assert len(runs[name]) == 15
+    tokens = prompt + runs["greedy"]  # each token is the argmax of the full forward over its window
+    for n in range(len(prompt), 12):
+        assert tokens[n] == int(np.argmax(model.forward(tokens[:n])[0, -1])), n
+
+
 def test_generation_seeds_stops_and_crops():
     model = float64_model(GPTConfig(vocab_size=20, context_length=8, d_model=16, n_layers=1, n_heads=2), scale=0.5)
     run = lambda seed, **kw: list(model.generate([1, 2, 3], 30, temperature=1.0, seed=seed, **kw))  # noqa: E731
@@ -267,10 +349,15 @@ def test_bad_inputs_are_model_errors():
             model.forward(bad)
     with pytest.raises(ModelError):
         model.loss_and_grads(np.zeros((1, 3), int), np.zeros((1, 4), int))
-    for bad in (dict(d_model=10, n_heads=3), dict(norm="middle"), dict(n_layers=0), dict(causal="yes")):
+    for bad in (dict(d_model=10, n_heads=3), dict(norm="middle"), dict(n_layers=0), dict(causal="yes"),
+                dict(n_kv_heads=3, n_heads=2), dict(n_kv_heads=0), dict(n_kv_heads=True), dict(norm_type="batchnorm"),
+                dict(norm_eps=0.0), dict(norm_eps=float("nan")), dict(norm_eps="1e-5"), dict(rope_theta=-1.0),
+                dict(rope_theta=float("inf")), dict(mlp_hidden=0), dict(mlp_hidden=2.5), dict(tie_embeddings=None),
+                dict(qkv_bias="yes"), dict(activation="geglu"),
+                dict(positional="rope", d_model=6, n_heads=2)):  # fmt: skip
         with pytest.raises(ModelError) as err:
             GPTConfig(**{**TINY, **bad})
-        assert "\n" not in str(err.value)
+        assert "\n" not in str(err.value) and str(err.value).startswith("config: ")
     with pytest.raises(ModelError):
         GPTConfig.from_dict({**TINY, "dropout": 0.1})
     config = GPTConfig(**TINY, positional="sinusoidal")
@@ -293,6 +380,66 @@ def test_save_load_round_trip(tmp_path):
     assert meta["step"] == "12" and json.loads(meta["config"]) == config.to_dict()
     ids = np.array([[1, 2, 3]])
     np.testing.assert_array_equal(loaded.forward(ids), model.forward(ids))
+
+
+def test_llama_config_and_model_round_trip_through_a_file(tmp_path):
+    config = llama_config(vocab_size=11, context_length=8, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2,
+                          rope_theta=500000.0, norm_eps=1e-6, qkv_bias=True)  # fmt: skip
+    model = float64_model(config)
+    model.params = {k: v.astype(np.float32) for k, v in model.params.items()}
+    model.save(tmp_path / "llama.safetensors")
+    loaded = GPT.load(tmp_path / "llama.safetensors")
+    assert loaded.config == config and list(loaded.params) == list(model.params)
+    ids = np.array([[1, 2, 3, 4, 5]])
+    np.testing.assert_array_equal(loaded.forward(ids), model.forward(ids))
+    meta = json.loads(read_metadata(tmp_path / "llama.safetensors")["config"])
+    assert meta["positional"] == "rope" and meta["n_kv_heads"] == 2 and meta["tie_embeddings"] is False
+    assert meta["rope_theta"] == 500000.0 and meta["norm_type"] == "rmsnorm" and meta["qkv_bias"] is True
+
+
+def test_gpt2_style_configs_are_written_as_before():
+    """The fields of Llama's family stay out of a GPT-2-style config's JSON (older versions of
+    tk refuse unknown fields), and a config without them reads as GPT-2's choices."""
+    old_keys = ["vocab_size", "context_length", "d_model", "n_layers", "n_heads", "positional", "activation", "norm",
+                "causal", "bias"]  # fmt: skip
+    for kw in VARIANTS.values():
+        if not set(kw) & set(LLAMA) - {"bias"} and "n_kv_heads" not in kw:
+            assert list(GPTConfig(**TINY, **kw).to_dict()) == old_keys
+    old = dict(zip(old_keys, [7, 6, 8, 2, 2, "learned", "gelu", "pre", True, True], strict=True))
+    config = GPTConfig.from_dict(old)
+    assert (config.norm_type, config.norm_eps, config.kv_heads, config.hidden, config.tie_embeddings) == (
+        "layernorm", 1e-5, 2, 32, True)  # fmt: skip
+    for kw in LLAMA_VARIANTS.values():
+        config = GPTConfig(**TINY, **kw)
+        assert GPTConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    # one spelling per model: values that say the default are the default
+    assert GPTConfig(**TINY, n_kv_heads=2, mlp_hidden=32, qkv_bias=True) == GPTConfig(**TINY)
+    assert GPTConfig(**TINY, n_kv_heads=2).n_kv_heads is None and GPTConfig(**TINY, n_kv_heads=1).n_kv_heads == 1
+    assert llama_config(**TINY, mlp_hidden=64, qkv_bias=False) == llama_config(**TINY)
+    assert list(GPTConfig(**TINY, n_kv_heads=2, mlp_hidden=32, qkv_bias=True).to_dict()) == old_keys
+
+
+# sha256 of GPT(config, seed=3).save(path) as the code before Llama's family (main at e8da87a)
+# wrote these files: files written now are the same bytes, so the files it wrote load as they did
+MAIN_WRITTEN = {
+    "gpt2": ({}, "5885a0ba33d781c364a98d2c771aaa187378267044d9f26950e7f8c0cbf38699"),
+    "seed001": (dict(positional="sinusoidal", activation="relu", norm="post", bias=False, causal=False),
+                "88bb6f79055b5d1f4f5056a3ec940db1d179f2b25935529f0b4a4121aa2f8f97"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", MAIN_WRITTEN)
+def test_model_files_are_the_bytes_the_code_before_llama_wrote(tmp_path, name):
+    import hashlib
+
+    variant, digest = MAIN_WRITTEN[name]
+    config = GPTConfig(vocab_size=50, context_length=8, d_model=16, n_layers=1, n_heads=2, **variant)
+    path = tmp_path / "m.safetensors"
+    GPT(config, seed=3).save(path)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    loaded = GPT.load(path)
+    assert loaded.config == config and loaded.config.n_kv_heads is None and loaded.config.norm_type == "layernorm"
+    assert loaded.config.architecture == ("gpt2" if name == "gpt2" else "custom")
 
 
 def test_loads_gpt2_style_state_dicts(tmp_path):

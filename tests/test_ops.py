@@ -228,6 +228,173 @@ def test_cached_attention_matches_full(B, T, H, hd, n_new, seed):
     np.testing.assert_allclose(np.concatenate([first, rest], axis=1), full, rtol=1e-12, atol=1e-14)
 
 
+def gqa_heads(draw_heads: int, kind: int) -> tuple[int, int]:
+    """(H, Hkv) from a head count and a kind: 0 multi-query (Hkv 1), 1 two groups when H is
+    even (else ordinary), 2 ordinary attention (Hkv = H)."""
+    H = draw_heads
+    return H, (1, 2 if H % 2 == 0 else H, H)[kind]
+
+
+@few
+@given(*dims, st.sampled_from([1, 2, 4]), st.integers(1, 3), st.integers(0, 2), st.booleans(), st.integers(0, 2**31))
+def test_grouped_query_attention(B, T, H, hd, kind, causal, seed):
+    """K/V heads shared by groups of query heads (Hkv in 1, 2, H): values against the plain
+    twin, the trace per query head, and the gradient (a K/V head's sums its group's)."""
+    H, Hkv = gqa_heads(H, kind)
+    rng = np.random.default_rng(seed)
+    qkv = rng.standard_normal((B, T, (H + 2 * Hkv) * hd))
+    trace = {}
+    out, _ = ops.attention_forward(qkv, H, causal, trace, n_kv_heads=Hkv)
+    assert out.shape == (B, T, H * hd)
+    np.testing.assert_allclose(out, ref.attention(qkv, H, causal, n_kv_heads=Hkv), rtol=1e-10, atol=1e-12)
+    assert trace["q"].shape == trace["k"].shape == trace["mix"].shape == (B, H, T, hd)
+    assert trace["weights"].shape == trace["scores"].shape == (B, H, T, T)
+    np.testing.assert_allclose(trace["weights"].sum(-1), 1.0)
+    np.testing.assert_allclose(trace["mix"], trace["weights"] @ trace["v"], rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(trace["k"][:, :: H // Hkv], trace["k"][:, H // Hkv - 1 :: H // Hkv])  # shared
+    r = rng.standard_normal(out.shape)
+    _, cache = ops.attention_forward(qkv, H, causal, n_kv_heads=Hkv)
+    dqkv = ops.attention_backward(r, cache)
+    f = lambda: project(ops.attention_forward(qkv, H, causal, n_kv_heads=Hkv)[0], r)  # noqa: E731
+    check(f"gqa dqkv (H {H}, Hkv {Hkv})", dqkv, f, qkv)
+
+
+@pytest.mark.parametrize("n_kv_heads", [1, 2])
+@pytest.mark.parametrize("tile_scores", [1000, 1])
+def test_grouped_query_attention_in_query_tiles(monkeypatch, n_kv_heads, tile_scores):
+    """Query tiles with groups of 2 and 4 query heads per K/V head: values and gradient."""
+    monkeypatch.setattr(ops, "_TILE_SCORES", tile_scores)
+    rng = np.random.default_rng(14)
+    B, T, H, hd = 1, 37, 4, 2
+    qkv = rng.standard_normal((B, T, (H + 2 * n_kv_heads) * hd))
+    out, cache = ops.attention_forward(qkv, H, True, n_kv_heads=n_kv_heads)
+    np.testing.assert_allclose(out, ref.attention(qkv, H, True, n_kv_heads), rtol=1e-10, atol=1e-12)
+    r = rng.standard_normal(out.shape)
+    f = lambda: project(ops.attention_forward(qkv, H, True, n_kv_heads=n_kv_heads)[0], r)  # noqa: E731
+    check("gqa dqkv (tiles)", ops.attention_backward(r, cache), f, qkv)
+
+
+@pytest.mark.parametrize("n_kv_heads", [1, 2, 4])
+def test_cached_grouped_query_attention_matches_full(n_kv_heads):
+    """The KV cache holds n_kv_heads heads; positions added in three steps give the full rows."""
+    rng = np.random.default_rng(15)
+    B, T, H, hd = 2, 7, 4, 3
+    qkv = rng.standard_normal((B, T, (H + 2 * n_kv_heads) * hd))
+    full, _ = ops.attention_forward(qkv, H, causal=True, n_kv_heads=n_kv_heads)
+    k_cache = np.zeros((B, n_kv_heads, T + 1, hd))
+    v_cache = np.zeros_like(k_cache)
+    parts = [ops.attention_forward_cached(qkv[:, a:b], k_cache, v_cache, a, H, n_kv_heads)[0]
+             for a, b in ((0, 3), (3, 4), (4, 7))]  # fmt: skip
+    np.testing.assert_allclose(np.concatenate(parts, axis=1), full, rtol=1e-12, atol=1e-14)
+
+
+@few
+@given(*dims, st.sampled_from([1, 2, 4]), st.sampled_from([2, 4, 6]), st.integers(0, 2), st.integers(0, 5),
+       st.integers(0, 2**31))  # fmt: skip
+def test_rope(B, T, H, hd, kind, start, seed):
+    H, Hkv = gqa_heads(H, kind)
+    rng = np.random.default_rng(seed)
+    qkv = rng.standard_normal((B, T, (H + 2 * Hkv) * hd))
+    theta = float(rng.choice([10000.0, 500000.0, 7.5]))
+    out, cache = ops.rope_forward(qkv, H, Hkv, theta, start)
+    np.testing.assert_allclose(out, ref.rope(qkv, H, Hkv, theta, start), rtol=1e-12, atol=1e-13)
+    np.testing.assert_array_equal(out[..., (H + Hkv) * hd :], qkv[..., (H + Hkv) * hd :])  # v untouched
+    r = rng.standard_normal(out.shape)
+    f = lambda: project(ops.rope_forward(qkv, H, Hkv, theta, start)[0], r)  # noqa: E731
+    check("rope dqkv", ops.rope_backward(r, cache), f, qkv)
+
+
+def test_rope_scores_depend_on_the_offset_only():
+    """The point of rotary positions: q_t . k_s is a function of t - s; shifting every position
+    by 5 leaves the scores as they were (and position 0 is not rotated at all)."""
+    rng = np.random.default_rng(16)
+    H, hd = 2, 8
+    head = rng.standard_normal((1, 1, 3 * hd))  # one q, k, v
+    qkv = np.repeat(head, 4, axis=1).reshape(1, 4, 3 * hd)
+    qkv = np.concatenate(
+        [
+            qkv[..., :hd],
+            qkv[..., :hd],
+            qkv[..., hd : 2 * hd],
+            qkv[..., hd : 2 * hd],
+            qkv[..., 2 * hd :],
+            qkv[..., 2 * hd :],
+        ],
+        axis=-1,
+    )  # fmt: skip  H = Hkv = 2
+    a, _ = ops.rope_forward(qkv, H, None, 10000.0)
+    b, _ = ops.rope_forward(qkv, H, None, 10000.0, start=5)
+    np.testing.assert_array_equal(a[0, 0], qkv[0, 0])
+    scores = lambda x: x[0, :, :hd] @ x[0, :, 2 * hd : 3 * hd].T  # noqa: E731  q of head 0 against k of head 0
+    np.testing.assert_allclose(scores(a), scores(b), rtol=1e-12, atol=1e-12)
+    assert not np.allclose(a, b)
+
+
+def test_rope_tables_are_cached_per_shape_theta_and_dtype():
+    ops._rope_table.cache_clear()
+    for n in (5, 6, 7, 8):  # generation: one position more each step, one table
+        cos, sin = ops.rope_table(n, 4, 10000.0, np.float32)
+        assert cos.shape == sin.shape == (n, 2) and cos.dtype == np.float32
+    assert ops._rope_table.cache_info().misses == 1
+    ops.rope_table(8, 4, 10000.0, np.float64)
+    ops.rope_table(8, 4, 500000.0, np.float32)
+    ops.rope_table(8, 6, 10000.0, np.float32)
+    assert ops._rope_table.cache_info().misses == 4
+    with pytest.raises(ValueError):
+        ops.rope_table(8, 4, 10000.0)[0][0, 0] = 1.0  # read-only: shared between calls
+
+
+@few
+@given(*dims, st.integers(2, 8), st.integers(0, 2**31))  # C = 1: the output is +-weight whatever x
+def test_rmsnorm(B, T, C, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((B, T, C)) * 3 + 1
+    w = rng.standard_normal(C)
+    eps = float(rng.choice([1e-5, 1e-6, 0.1]))
+    out, cache = ops.rmsnorm_forward(x, w, eps)
+    np.testing.assert_allclose(out, ref.rmsnorm(x, w, eps), rtol=1e-10, atol=1e-12)
+    r = rng.standard_normal(out.shape)
+    dx, dw = ops.rmsnorm_backward(r, cache)
+    f = lambda: project(ops.rmsnorm_forward(x, w, eps)[0], r)  # noqa: E731
+    check("rmsnorm dx", dx, f, x)
+    check("rmsnorm dweight", dw, f, w)
+
+
+@pytest.mark.parametrize("row_block", [10, 40])
+def test_rmsnorm_in_row_blocks(monkeypatch, row_block):
+    monkeypatch.setattr(ops, "_ROW_BLOCK", row_block)
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((7, 5)) * 2 - 1
+    w = rng.standard_normal(5)
+    out, cache = ops.rmsnorm_forward(x, w)
+    np.testing.assert_allclose(out, ref.rmsnorm(x, w), rtol=1e-10, atol=1e-12)
+    r = rng.standard_normal(out.shape)
+    dx, dw = ops.rmsnorm_backward(r, cache)
+    f = lambda: project(ops.rmsnorm_forward(x, w)[0], r)  # noqa: E731
+    check("rmsnorm dx (blocks)", dx, f, x)
+    check("rmsnorm dweight (blocks)", dw, f, w)
+
+
+def test_silu_and_swiglu():
+    rng = np.random.default_rng(18)
+    x = rng.standard_normal((2, 3, 8)) * 3
+    x[0, 0, :3] = [-200.0, 0.0, 200.0]  # far tails: no overflow, no warning
+    out, cache = ops.silu_forward(x)
+    np.testing.assert_allclose(out, ref.silu(x), rtol=1e-12, atol=1e-15)
+    r = rng.standard_normal(x.shape)
+    check("silu dx", ops.silu_backward(r, cache), lambda: project(ops.silu_forward(x)[0], r), x)
+    assert ops.silu_forward(x, grad=False)[1] is None
+    h = rng.standard_normal((2, 3, 10)) * 2  # gate | up, F = 5
+    out, cache = ops.swiglu_forward(h)
+    assert out.shape == (2, 3, 5)
+    np.testing.assert_allclose(out, ref.swiglu(h), rtol=1e-12, atol=1e-15)
+    r = rng.standard_normal(out.shape)
+    check("swiglu dh", ops.swiglu_backward(r, cache), lambda: project(ops.swiglu_forward(h)[0], r), h)
+    eval_out, eval_cache = ops.swiglu_forward(h, grad=False)
+    np.testing.assert_array_equal(eval_out, out)
+    assert eval_cache is None
+
+
 @pytest.mark.parametrize("inplace", [False, True])
 def test_residual(inplace):
     rng = np.random.default_rng(8)
@@ -315,3 +482,13 @@ def test_float32_stays_float32():
     out, cache = ops.linear_forward(x, f32(8, 5), f32(5))
     assert out.dtype == np.float32 and all(g.dtype == np.float32 for g in ops.linear_backward(out, cache))
     assert ops.sinusoidal_table(4, 8).dtype == np.float32
+    out, cache = ops.rmsnorm_forward(x, f32(8))
+    assert out.dtype == np.float32 and all(g.dtype == np.float32 for g in ops.rmsnorm_backward(x, cache))
+    qkv = f32(2, 3, 16)  # H 2, Hkv 1, hd 4
+    out, cache = ops.rope_forward(qkv, 2, 1, 10000.0)
+    assert out.dtype == np.float32 and ops.rope_backward(out, cache).dtype == np.float32
+    out, cache = ops.attention_forward(qkv, 2, True, n_kv_heads=1)
+    assert out.dtype == np.float32 and ops.attention_backward(out, cache).dtype == np.float32
+    for name in ("silu", "swiglu"):
+        out, cache = getattr(ops, f"{name}_forward")(x)
+        assert out.dtype == np.float32 and getattr(ops, f"{name}_backward")(out, cache).dtype == np.float32

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from tokenkit.common import safetensors_file
 from tokenkit.pipeline import PipelineError, checkpoint, data, sources
-from tokenkit.pipeline.config import TrainConfig, load_config_file
+from tokenkit.pipeline.config import TrainConfig, load_config_file, model_settings
+from tokenkit.transformer import GPTConfig, ModelError
 
 # --- atomic writes ---------------------------------------------------------------------------
 
@@ -379,3 +380,39 @@ def test_docstring_examples():
     for module in (sources, data):
         result = doctest.testmod(module)
         assert result.failed == 0 and result.attempted > 0, module.__name__
+
+
+def test_arch_presets_fill_the_settings_not_given():
+    """--arch llama sets the variant settings (rotary positions, SwiGLU, RMSNorm, no biases, an
+    untied lm_head); settings given beside it win; the model's config comes out as llama_config's,
+    and model_settings gives the settings back."""
+    llama = TrainConfig.from_dict({"arch": "llama", "n_kv_heads": 2})
+    cfg = GPTConfig.from_dict(llama.model_config(vocab_size=300))
+    assert cfg.architecture == "llama" and cfg.kv_heads == 2 and cfg.hidden == 384 and not cfg.tie_embeddings
+    assert TrainConfig.from_dict(model_settings(cfg) | {"workers": llama.workers}) == llama
+    mixed = TrainConfig.from_dict({"positional": "learned", "arch": "llama"})  # the order does not matter
+    assert (mixed.positional, mixed.norm_type, mixed.arch) == ("learned", "rmsnorm", "llama")
+    assert GPTConfig.from_dict(mixed.model_config(300)).architecture == "custom"
+    back = TrainConfig.from_dict({"arch": "gpt2"}, base=llama)
+    assert back.positional == "learned" and back.bias and back.n_kv_heads == 2  # a preset's fields only
+    assert TrainConfig() == TrainConfig.from_dict({"arch": "gpt2"})
+    assert GPTConfig.from_dict(TrainConfig().model_config(300)).to_dict() == dict(
+        vocab_size=300,
+        context_length=64,
+        d_model=128,
+        n_layers=2,
+        n_heads=4,
+        positional="learned",
+        activation="gelu",
+        norm="pre",
+        causal=True,
+        bias=True,
+    )  # fmt: skip  GPT-2's JSON, as before
+    qwen = TrainConfig.from_dict({"arch": "llama", "qkv_bias": True})
+    assert GPTConfig.from_dict(qwen.model_config(300)).has_qkv_bias
+    for bad, message in (({"arch": "gpt3"}, "--arch must be one of gpt2, llama"),
+                         ({"arch": "llama", "n_kv_heads": 3}, "must be divisible by n_kv_heads"),
+                         ({"arch": "llama", "d_model": 36, "n_heads": 4}, "rotary positions"),
+                         ({"norm_eps": 0.0}, "--norm-eps must be positive")):  # fmt: skip
+        with pytest.raises((PipelineError, ModelError), match=message):
+            TrainConfig.from_dict(bad)

@@ -35,6 +35,7 @@ from tokenkit.pipeline import checkpoint
 from tokenkit.pipeline.checkpoint import STAGED_DIR, load_model, load_train_state
 from tokenkit.pipeline.rundir import RUN_FILES, RunDir
 from tokenkit.transformer import GPT, GPTConfig, memory
+from tokenkit.transformer.config import llama_config
 
 TEXT = "Once upon a time, there was a brave fox named Max. He lived in a cave near the pond. " * 20
 PROMPT = "Once upon a time, there was a"
@@ -500,6 +501,8 @@ def test_overwrite_that_needs_more_memory_than_is_free_is_one_line_before_any_fi
         (GPTConfig(vocab_size=300, context_length=64, d_model=64, n_layers=2, n_heads=4), 16),
         (GPTConfig(vocab_size=512, context_length=128, d_model=32, n_layers=2, n_heads=8), 8),  # tiled attention
         (GPTConfig(vocab_size=300, context_length=64, d_model=64, n_layers=2, n_heads=4, norm="post", bias=False), 16),
+        (llama_config(vocab_size=300, context_length=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2), 16),
+        (llama_config(vocab_size=300, context_length=64, d_model=64, n_layers=2, n_heads=8, n_kv_heads=1), 16),
     ],
 )
 def test_training_memory_estimate_covers_the_measured_peak_within_a_factor_of_two(config, rows):

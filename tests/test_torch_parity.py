@@ -3,8 +3,11 @@
 Runs only where PyTorch is installed (skipped cleanly elsewhere, e.g. in CI). The reference
 model below is written from GPT-2's definition with torch's own layers (F.layer_norm with eps
 1e-5, tanh F.gelu, F.cross_entropy), reading our parameter dict as GPT-2 checkpoints lay it out:
-linear weights are Conv1D-style (in, out), so a linear layer is x @ W + b. Every comparison
-prints the max difference of every tensor when one of them is off.
+linear weights are Conv1D-style (in, out), so a linear layer is x @ W + b. Llama's family's
+pieces are written as HF's modeling_llama writes them (rotate_half, repeat_kv, RMSNorm,
+silu(gate) * up). Where transformers is installed too, its own LlamaForCausalLM and
+Qwen2ForCausalLM, given our weights, give our logits. Every comparison prints the max difference
+of every tensor when one of them is off.
 """
 
 import math
@@ -15,7 +18,8 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from tokenkit.transformer import GPT, GPTConfig  # noqa: E402
+from tokenkit.transformer import GPT, GPTConfig, ops  # noqa: E402
+from tokenkit.transformer.config import llama_config  # noqa: E402
 from tokenkit.transformer.optim import AdamW, clip_grad_norm  # noqa: E402
 
 VARIANTS = {
@@ -23,25 +27,68 @@ VARIANTS = {
     "seed001-encoder": dict(positional="sinusoidal", activation="relu", norm="post", causal=False, bias=False),
     "post-causal": dict(norm="post"),
     "pre-bidirectional-relu-nobias": dict(causal=False, activation="relu", bias=False, positional="sinusoidal"),
-}
+    "llama-gqa": dict(positional="rope", norm_type="rmsnorm", activation="swiglu", mlp_hidden=20, bias=False,
+                      tie_embeddings=False, n_kv_heads=1, rope_theta=500.0, norm_eps=1e-6),
+    "qwen2-qkv-bias": dict(positional="rope", norm_type="rmsnorm", activation="swiglu", mlp_hidden=20, bias=False,
+                           qkv_bias=True),
+    "rope-post-layernorm-relu": dict(positional="rope", norm="post", activation="relu", n_kv_heads=3, causal=False),
+}  # fmt: skip
+
+
+def torch_rotate_half(x: "torch.Tensor") -> "torch.Tensor":
+    """HF Llama's rotate_half: (x1, x2) -> (-x2, x1) over the two halves of the last axis."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def torch_rope(x: "torch.Tensor", theta: float, start: int = 0) -> "torch.Tensor":
+    """x (B, heads, T, hd) rotated as HF's apply_rotary_pos_emb does (angles in float64)."""
+    hd, T = x.shape[-1], x.shape[-2]
+    inv_freq = theta ** -(torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    angle = torch.arange(start, start + T, dtype=torch.float64)[:, None] * inv_freq
+    emb = torch.cat([angle, angle], dim=-1)
+    return x * emb.cos().to(x.dtype) + torch_rotate_half(x) * emb.sin().to(x.dtype)
+
+
+def torch_rmsnorm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def torch_gqa(qkv, H, Hkv, causal, theta=None):
+    """qkv (B, T, (H + 2 Hkv) hd) -> (B, T, H hd) by torch's scaled_dot_product_attention,
+    K/V heads repeated for their groups (HF's repeat_kv); rotary positions first with theta."""
+    B, T, W = qkv.shape
+    hd = W // (H + 2 * Hkv)
+    q, k, v = qkv.split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
+    q, k, v = (t.reshape(B, T, -1, hd).transpose(1, 2) for t in (q, k, v))
+    if theta is not None:
+        q, k = torch_rope(q, theta), torch_rope(k, theta)
+    k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return y.transpose(1, 2).reshape(B, T, H * hd)
 
 
 def torch_gpt(p: dict, cfg: GPTConfig, ids: "torch.Tensor") -> "torch.Tensor":
     """GPT-2's forward on a dict of torch tensors with our names: ids (B, T) -> logits (B, T, V)."""
     B, T = ids.shape
-    C, H = cfg.d_model, cfg.n_heads
+    C, H, Hkv = cfg.d_model, cfg.n_heads, cfg.kv_heads
     hd = C // H
 
     def ln(name, x):
-        return F.layer_norm(x, (C,), p[f"{name}.weight"], p.get(f"{name}.bias"), eps=1e-5)
+        if cfg.norm_type == "rmsnorm":
+            return torch_rmsnorm(x, p[f"{name}.weight"], cfg.norm_eps)
+        return F.layer_norm(x, (C,), p[f"{name}.weight"], p.get(f"{name}.bias"), eps=cfg.norm_eps)
 
     def linear(name, x):
         y = x @ p[f"{name}.weight"]
         return y + p[f"{name}.bias"] if f"{name}.bias" in p else y
 
     def attention(i, x):
-        q, k, v = linear(f"h.{i}.attn.c_attn", x).split(C, dim=-1)
-        q, k, v = (t.reshape(B, T, H, hd).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hd)
+        q, k, v = linear(f"h.{i}.attn.c_attn", x).split([C, Hkv * hd, Hkv * hd], dim=-1)
+        q, k, v = (t.reshape(B, T, -1, hd).transpose(1, 2) for t in (q, k, v))  # (B, heads, T, hd)
+        if cfg.positional == "rope":
+            q, k = torch_rope(q, cfg.rope_theta), torch_rope(k, cfg.rope_theta)
+        k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)  # HF's repeat_kv
         scores = q @ k.transpose(-1, -2) / math.sqrt(hd)
         if cfg.causal:
             scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
@@ -50,13 +97,17 @@ def torch_gpt(p: dict, cfg: GPTConfig, ids: "torch.Tensor") -> "torch.Tensor":
 
     def mlp(i, x):
         pre = linear(f"h.{i}.mlp.c_fc", x)
-        act = F.gelu(pre, approximate="tanh") if cfg.activation == "gelu" else F.relu(pre)
+        if cfg.activation == "swiglu":
+            gate, up = pre.chunk(2, dim=-1)
+            act = F.silu(gate) * up
+        else:
+            act = F.gelu(pre, approximate="tanh") if cfg.activation == "gelu" else F.relu(pre)
         return linear(f"h.{i}.mlp.c_proj", act)
 
     x = p["wte.weight"][ids]
     if cfg.positional == "learned":
         x = x + p["wpe.weight"][:T]
-    else:  # "Attention is all you need": PE[t, 2j] = sin(t / 10000^(2j/C)), PE[t, 2j+1] = cos(...)
+    elif cfg.positional == "sinusoidal":  # "Attention is all you need": PE[t, 2j] = sin(t / 10000^(2j/C)), cos(...)
         t = torch.arange(T, dtype=x.dtype)[:, None]
         angle = t / 10000.0 ** (torch.arange(0, C, 2, dtype=x.dtype) / C)
         pe = torch.stack([angle.sin(), angle.cos()], dim=-1).reshape(T, C)
@@ -68,7 +119,7 @@ def torch_gpt(p: dict, cfg: GPTConfig, ids: "torch.Tensor") -> "torch.Tensor":
         else:
             x = ln(f"h.{i}.ln_1", x + attention(i, x))
             x = ln(f"h.{i}.ln_2", x + mlp(i, x))
-    return ln("ln_f", x) @ p["wte.weight"].T
+    return ln("ln_f", x) @ p["wte.weight" if cfg.tie_embeddings else "lm_head.weight"].T
 
 
 def randomised_model(cfg: GPTConfig, dtype, seed: int) -> GPT:
@@ -80,7 +131,7 @@ def randomised_model(cfg: GPTConfig, dtype, seed: int) -> GPT:
         if ".ln_" in name or name.startswith("ln_f"):
             new = (1.0 if name.endswith(".weight") else 0.0) + 0.2 * rng.standard_normal(value.shape)
         else:
-            fan_in = value.shape[0] if value.ndim == 2 and not name.startswith(("wte", "wpe")) else 1
+            fan_in = value.shape[0] if value.ndim == 2 and not name.startswith(("wte", "wpe", "lm_head")) else 1
             new = rng.standard_normal(value.shape) / math.sqrt(fan_in) * (0.5 if value.ndim == 2 else 0.2)
         model.params[name] = np.ascontiguousarray(new, dtype=dtype)
     return model
@@ -137,6 +188,66 @@ def test_loss_logits_and_every_gradient_match_autograd(variant, dtype, rtol, ato
     assert ok, f"{variant} {np.dtype(dtype).name}, max differences to autograd:\n{report}"
 
 
+def check_against_autograd(f_np, backward, f_torch, inputs, dtype, rtol, atol, seed=0):
+    """Our op (f_np -> (out, cache), backward(dout, cache) -> input gradient(s)) against torch's
+    autograd of f_torch: the output and every input's gradient under a random upstream gradient."""
+    rng = np.random.default_rng(seed)
+    tdtype = torch.float64 if dtype == np.float64 else torch.float32
+    out, cache = f_np(*inputs)
+    r = rng.standard_normal(out.shape).astype(dtype)
+    ours = backward(r, cache)
+    ours = ours if isinstance(ours, tuple) else (ours,)
+    tin = [torch.tensor(a, dtype=tdtype, requires_grad=True) for a in inputs]
+    t_out = f_torch(*tin)
+    (t_out * torch.from_numpy(r)).sum().backward()
+    ok, report = diff_report(
+        {"out": out, **{f"d{i}": g for i, g in enumerate(ours)}},
+        {"out": t_out.detach().numpy(), **{f"d{i}": t.grad.numpy() for i, t in enumerate(tin)}},
+        rtol,
+        atol,
+    )
+    assert ok, report
+
+
+OP_TOLERANCES = pytest.mark.parametrize(
+    "dtype, rtol, atol", [(np.float64, 1e-11, 1e-12), (np.float32, 2e-5, 2e-6)], ids=["float64", "float32"]
+)
+
+
+@OP_TOLERANCES
+def test_rmsnorm_and_swiglu_match_autograd(dtype, rtol, atol):
+    rng = np.random.default_rng(21)
+    x = (rng.standard_normal((2, 5, 12)) * 2 + 0.5).astype(dtype)
+    w = rng.standard_normal(12).astype(dtype)
+    check_against_autograd(lambda x, w: ops.rmsnorm_forward(x, w, 1e-6), ops.rmsnorm_backward,
+                           lambda x, w: torch_rmsnorm(x, w, 1e-6), (x, w), dtype, rtol, atol)  # fmt: skip
+    h = (rng.standard_normal((2, 5, 16)) * 2).astype(dtype)
+    check_against_autograd(ops.swiglu_forward, ops.swiglu_backward, lambda h: F.silu(h[..., :8]) * h[..., 8:], (h,),
+                           dtype, rtol, atol)  # fmt: skip
+
+
+@OP_TOLERANCES
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("H, Hkv", [(4, 1), (4, 2), (4, 4)], ids=["multi-query", "grouped", "multi-head"])
+def test_grouped_query_attention_and_rope_match_autograd(H, Hkv, causal, dtype, rtol, atol):
+    """Grouped-query attention against torch's scaled_dot_product_attention with repeated K/V
+    heads, with and without rotary positions (HF's rotate_half) applied first."""
+    qkv = np.random.default_rng(22).standard_normal((2, 6, (H + 2 * Hkv) * 4)).astype(dtype)
+    check_against_autograd(lambda a: ops.attention_forward(a, H, causal, n_kv_heads=Hkv), ops.attention_backward,
+                           lambda a: torch_gqa(a, H, Hkv, causal), (qkv,), dtype, rtol, atol)  # fmt: skip
+
+    def rope_attention(a):
+        rotated, rope = ops.rope_forward(a, H, Hkv, 500000.0)
+        out, attn = ops.attention_forward(rotated, H, causal, n_kv_heads=Hkv)
+        return out, (rope, attn)
+
+    def rope_attention_backward(dout, cache):
+        return ops.rope_backward(ops.attention_backward(dout, cache[1]), cache[0])
+
+    check_against_autograd(rope_attention, rope_attention_backward,
+                           lambda a: torch_gqa(a, H, Hkv, causal, theta=5e5), (qkv,), dtype, rtol, atol)  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "dtype, rtol, atol", [(np.float64, 1e-12, 1e-14), (np.float32, 1e-5, 1e-6)], ids=["float64", "float32"]
 )
@@ -171,3 +282,88 @@ def test_adamw_and_clipping_match_torch(dtype, rtol, atol):
         opt.step(grads, lr=lr)
         ok, report = diff_report(params, {n: t.detach().numpy() for n, t in tparams.items()}, rtol, atol)
         assert ok, f"after step {step + 1}:\n{report}"
+
+
+# ----------------------------------------------------------------------------- transformers' own models
+
+
+def hf_weights(model: GPT) -> dict[str, "torch.Tensor"]:
+    """Our parameters under HF Llama's (and Qwen2's) names: the fused c_attn split into q, k, v,
+    c_fc into gate and up, every (in, out) weight transposed to torch's (out, in)."""
+    cfg, p = model.config, model.params
+    C, F, kv = cfg.d_model, cfg.hidden, cfg.kv_heads * cfg.head_dim
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+    out = {"model.embed_tokens.weight": t(p["wte.weight"]), "model.norm.weight": t(p["ln_f.weight"])}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = t(p["lm_head.weight"])
+    for i in range(cfg.n_layers):
+        h, hf = f"h.{i}.", f"model.layers.{i}."
+        w = p[h + "attn.c_attn.weight"]
+        columns = {"q_proj": slice(0, C), "k_proj": slice(C, C + kv), "v_proj": slice(C + kv, C + 2 * kv)}
+        for name, cols in columns.items():
+            out[f"{hf}self_attn.{name}.weight"] = t(w[:, cols].T)
+            if cfg.has_qkv_bias:
+                out[f"{hf}self_attn.{name}.bias"] = t(p[h + "attn.c_attn.bias"][cols])
+        out[f"{hf}self_attn.o_proj.weight"] = t(p[h + "attn.c_proj.weight"].T)
+        out[f"{hf}mlp.gate_proj.weight"] = t(p[h + "mlp.c_fc.weight"][:, :F].T)
+        out[f"{hf}mlp.up_proj.weight"] = t(p[h + "mlp.c_fc.weight"][:, F:].T)
+        out[f"{hf}mlp.down_proj.weight"] = t(p[h + "mlp.c_proj.weight"].T)
+        out[f"{hf}input_layernorm.weight"] = t(p[h + "ln_1.weight"])
+        out[f"{hf}post_attention_layernorm.weight"] = t(p[h + "ln_2.weight"])
+    return out
+
+
+def in_float64(hf) -> None:
+    """HF computes its rotary angles and RMSNorm in float32 whatever the model's dtype (and its
+    eager attention's softmax: the test uses torch's SDPA); in a float64 model this does both in
+    float64 (the same arithmetic without the round trip through float32), as ours are, so the
+    two compare at float64's precision."""
+    cfg = hf.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    inv_freq = cfg.rope_parameters["rope_theta"] ** -(torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+
+    def rotary(x, position_ids):
+        emb = (position_ids[..., None].double() * inv_freq).repeat(1, 1, 2)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    def rmsnorm(module):
+        return lambda h: module.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + module.variance_epsilon))
+
+    hf.model.rotary_emb.forward = rotary
+    for module in hf.modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            module.forward = rmsnorm(module)
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-9), (np.float32, 1e-4)], ids=["float64", "float32"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_transformers_llama_and_qwen2_give_our_logits(arch, dtype, tol):
+    """transformers' LlamaForCausalLM (grouped-query, untied) and Qwen2ForCausalLM (q, k, v
+    biases, tied embeddings), randomly initialised and then given our weights under their
+    names: the same logits (the float64 run with HF's float32 steps made float64)."""
+    transformers = pytest.importorskip("transformers")
+    qwen2 = arch == "qwen2"
+    cfg = llama_config(vocab_size=37, context_length=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                       mlp_hidden=48, rope_theta=1e4 if qwen2 else 5e5, norm_eps=1e-6,
+                       qkv_bias=qwen2, tie_embeddings=qwen2)  # fmt: skip
+    model = randomised_model(cfg, dtype, seed=5)
+    hf_config = (transformers.Qwen2Config if qwen2 else transformers.LlamaConfig)(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.hidden,
+        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads,
+        max_position_embeddings=cfg.context_length, rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+    )  # fmt: skip
+    hf_config._attn_implementation = "sdpa"  # torch's attention: eager's softmax is float32 whatever the dtype
+    torch.manual_seed(0)
+    hf = (transformers.Qwen2ForCausalLM if qwen2 else transformers.LlamaForCausalLM)(hf_config)
+    hf = hf.to(torch.float64 if dtype == np.float64 else torch.float32).eval()
+    missing, unexpected = hf.load_state_dict(hf_weights(model), strict=False)
+    assert not unexpected and set(missing) <= ({"lm_head.weight"} if cfg.tie_embeddings else set()), missing
+    if dtype == np.float64:
+        in_float64(hf)
+    ids = np.random.default_rng(8).integers(0, cfg.vocab_size, size=(2, 11))
+    with torch.no_grad():
+        theirs = hf(torch.from_numpy(ids)).logits.numpy()
+    ours = model.forward(ids)
+    ok, report = diff_report({"logits": ours}, {"logits": theirs}, rtol=tol, atol=tol)
+    assert ok, f"{arch} {np.dtype(dtype).name}:\n{report}"

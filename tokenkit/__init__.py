@@ -3,7 +3,7 @@
 The public API in one place; each name lives in the subpackage that owns it:
 
 - `tokenkit.bpe`: text <-> token ids (`Tokenizer`, `Corpus`).
-- `tokenkit.transformer`: arrays in, arrays out (`GPT`, `GPTConfig`, `DataParallel`, `AdamW`).
+- `tokenkit.transformer`: arrays in, arrays out (`GPT`, `GPTConfig`, `llama_config`, `DataParallel`, `AdamW`).
 - `tokenkit.pipeline`: corpora to token files, training runs and their files.
 - `tokenkit.common`: file safety and process hygiene the packages share.
 - `tokenkit.cli`: the `tk` command, a thin layer over the above.
@@ -26,7 +26,16 @@ if TYPE_CHECKING:
     from tokenkit.bpe import Corpus, Tokenizer, TokenizerError
     from tokenkit.common import FileError
     from tokenkit.pipeline import PipelineError
-    from tokenkit.transformer import GPT, AdamW, DataParallel, GPTConfig, ModelError, clip_grad_norm, cosine_schedule
+    from tokenkit.transformer import (
+        GPT,
+        AdamW,
+        DataParallel,
+        GPTConfig,
+        ModelError,
+        clip_grad_norm,
+        cosine_schedule,
+        llama_config,
+    )
 
 __all__ = [
     "GPT",
@@ -42,6 +51,7 @@ __all__ = [
     "__version__",
     "clip_grad_norm",
     "cosine_schedule",
+    "llama_config",
 ]
 
 # Imported on first use (PEP 562), not here: every entry to `tk` imports this package first, and
@@ -59,6 +69,7 @@ _HOMES = {
     "ModelError": "transformer",
     "clip_grad_norm": "transformer",
     "cosine_schedule": "transformer",
+    "llama_config": "transformer",
 }
 _SUBPACKAGES = frozenset({"bpe", "cli", "common", "pipeline", "transformer"})
 

@@ -2,8 +2,16 @@
 
 The variant fields cover the seed documents: sinusoidal positions, ReLU, post-norm and a
 bidirectional encoder (seed 001), next to GPT-2's learned positions, tanh GELU, pre-norm and
-causal attention. A config validates itself on construction, so a bad value is reported once,
-in one line, before any array is allocated. It holds no weights and does no I/O.
+causal attention; and today's decoders (Llama's family): rotary positions (`positional="rope"`
+with `rope_theta`), RMSNorm (`norm_type`, with `norm_eps`), a SwiGLU MLP (`activation="swiglu"`
+with `mlp_hidden`), grouped-query attention (`n_kv_heads`), untied embeddings
+(`tie_embeddings=False`) and biases on q, k, v only (`bias=False, qkv_bias=True`, as Qwen2).
+`llama_config(...)` fills those in. A config validates itself on construction, so a bad value is
+reported once, in one line, before any array is allocated. It holds no weights and does no I/O.
+
+Files: `to_dict` leaves out the fields added for Llama's family while they hold their defaults,
+so a GPT-2-style config is written exactly as before (and older tk versions read it), and a
+file without them reads as GPT-2's choices.
 """
 
 from __future__ import annotations
@@ -15,10 +23,23 @@ from typing import Any
 from tokenkit.transformer.errors import ModelError
 
 _CHOICES = {
-    "positional": ("learned", "sinusoidal"),
-    "activation": ("gelu", "relu"),
+    "positional": ("learned", "sinusoidal", "rope"),
+    "activation": ("gelu", "relu", "swiglu"),
     "norm": ("pre", "post"),
+    "norm_type": ("layernorm", "rmsnorm"),
 }
+# The fields that came with Llama's family (issue 22); written to files only when not at their
+# default, so GPT-2-style configs keep their old JSON.
+LATER_FIELDS = ("norm_type", "norm_eps", "rope_theta", "mlp_hidden", "n_kv_heads", "tie_embeddings", "qkv_bias")
+# The variant choices of each architecture family; the sizes, n_kv_heads, rope_theta, norm_eps
+# and mlp_hidden are free within a family. `GPTConfig.architecture` names a config's family,
+# `llama_config` and train-model's --arch start from them.
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "gpt2": dict(positional="learned", activation="gelu", norm="pre", norm_type="layernorm", bias=True,
+                 tie_embeddings=True),
+    "llama": dict(positional="rope", activation="swiglu", norm="pre", norm_type="rmsnorm", bias=False,
+                  tie_embeddings=False),
+}  # fmt: skip
 
 # Upper bounds, so that a config read from a file cannot imply absurd work or allocations before
 # any tensor is looked at (whether the model then fits in memory is GPT's check: see
@@ -32,18 +53,39 @@ MAX_CONTEXT_LENGTH = 1 << 16
 MAX_VOCAB_SIZE = 1 << 24
 MAX_D_MODEL = 1 << 16
 MAX_LAYERS = 1 << 10
+MAX_MLP_HIDDEN = 1 << 18  # Llama 3 405B's MLP: 53,248
 _LIMITS = {
     "vocab_size": MAX_VOCAB_SIZE,
     "context_length": MAX_CONTEXT_LENGTH,
     "d_model": MAX_D_MODEL,
     "n_layers": MAX_LAYERS,
     "n_heads": MAX_D_MODEL,  # n_heads divides d_model, so this only bounds the message's number
+    "n_kv_heads": MAX_D_MODEL,  # divides n_heads
+    "mlp_hidden": MAX_MLP_HIDDEN,
 }
 
 
 @dataclass(frozen=True)
 class GPTConfig:
     """Hyperparameters of a GPT; head size is d_model // n_heads.
+
+    GPT-2's fields, then Llama's family's (each default is GPT-2's choice):
+    - positional: "learned" (wpe), "sinusoidal" (fixed), or "rope" (q and k rotated in every
+      layer, HF Llama's layout), with rope_theta, the base of its wavelengths;
+    - norm_type: "layernorm" (with a bias when `bias`) or "rmsnorm" (a gain only), both with
+      norm_eps; `norm` says where they sit (pre or post);
+    - activation: "gelu", "relu" or "swiglu" (a gated MLP, silu(x W_gate) * (x W_up), its
+      mlp.c_fc holding W_gate and W_up side by side); mlp_hidden is the MLP's width (None: the
+      activation's usual one, `default_hidden`);
+    - n_kv_heads: K/V heads, each shared by n_heads / n_kv_heads query heads (None: n_heads,
+      ordinary attention; 1: multi-query);
+    - tie_embeddings: logits from wte (GPT-2) or from a separate lm_head.weight;
+    - bias: biases on every linear layer and LayerNorm; qkv_bias: on the q, k, v projection
+      alone (None: as `bias`; Qwen2 is bias=False, qkv_bias=True).
+
+    A value that says what the default says is stored as the default (n_kv_heads equal to
+    n_heads, mlp_hidden equal to `default_hidden`, qkv_bias equal to bias become None), so two
+    configs of the same model are equal, and a GPT-2-style config keeps GPT-2's JSON.
 
     >>> GPTConfig(vocab_size=256, context_length=64, d_model=128, n_layers=4, n_heads=4).head_dim
     32
@@ -59,10 +101,19 @@ class GPTConfig:
     norm: str = "pre"
     causal: bool = True
     bias: bool = True
+    norm_type: str = "layernorm"
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    mlp_hidden: int | None = None
+    n_kv_heads: int | None = None
+    tie_embeddings: bool = True
+    qkv_bias: bool | None = None
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "context_length", "d_model", "n_layers", "n_heads"):
+        for name in ("vocab_size", "context_length", "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden"):
             value = getattr(self, name)
+            if value is None and name in ("n_kv_heads", "mlp_hidden"):
+                continue
             # bool is an int subclass; `n_layers=True` is a mistake, not a 1.
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ModelError(f"config: {name} must be a positive integer, got {_short(value)}")
@@ -73,17 +124,67 @@ class GPTConfig:
                 f"config: d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads});"
                 " pick a head count that divides it"
             )
+        if self.n_heads % self.kv_heads:
+            raise ModelError(
+                f"config: n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads}):"
+                " each K/V head serves a group of query heads of the same size"
+            )
         for name, allowed in _CHOICES.items():
             value = getattr(self, name)
             if value not in allowed:
                 raise ModelError(f"config: {name} must be one of {', '.join(allowed)}; got {value!r}")
-        for name in ("causal", "bias"):
-            if not isinstance(getattr(self, name), bool):
-                raise ModelError(f"config: {name} must be true or false, got {getattr(self, name)!r}")
+        for name in ("causal", "bias", "tie_embeddings", "qkv_bias"):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (name == "qkv_bias" and value is None):
+                raise ModelError(f"config: {name} must be true or false, got {_short(value)}")
+        for name, high in (("norm_eps", 1.0), ("rope_theta", 1e12)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= high:
+                raise ModelError(f"config: {name} must be a number above 0 and at most {high:g}, got {_short(value)}")
+        if self.positional == "rope" and self.head_dim % 2:
+            raise ModelError(
+                f"config: rotary positions turn pairs of dimensions, so the head size d_model / n_heads must be"
+                f" even; got {self.head_dim}"
+            )
+        # one spelling per model: values equal to their defaults' meaning are the defaults
+        if self.n_kv_heads == self.n_heads:
+            object.__setattr__(self, "n_kv_heads", None)
+        if self.mlp_hidden == default_hidden(self.activation, self.d_model):
+            object.__setattr__(self, "mlp_hidden", None)
+        if self.qkv_bias == self.bias:
+            object.__setattr__(self, "qkv_bias", None)
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """K/V heads per layer: n_kv_heads, or n_heads when unset."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def hidden(self) -> int:
+        """The MLP's hidden width: mlp_hidden, or the activation's usual one (`default_hidden`)."""
+        return default_hidden(self.activation, self.d_model) if self.mlp_hidden is None else self.mlp_hidden
+
+    @property
+    def architecture(self) -> str:
+        """The family whose variant choices this config makes (`ARCHITECTURES`: "gpt2" or
+        "llama"), or "custom" for another mix.
+
+        >>> GPTConfig().architecture, llama_config().architecture, GPTConfig(positional="rope").architecture
+        ('gpt2', 'llama', 'custom')
+        """
+        for name, choices in ARCHITECTURES.items():
+            if all(getattr(self, key) == value for key, value in choices.items()):
+                return name
+        return "custom"
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        """Whether the q, k, v projection (attn.c_attn) has a bias."""
+        return self.bias if self.qkv_bias is None else self.qkv_bias
 
     def n_params(self) -> int:
         """Number of parameters (float32 each: 4 bytes).
@@ -94,8 +195,15 @@ class GPTConfig:
         return sum(math.prod(shape) for shape in param_shapes(self).values())
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready dict; `GPTConfig.from_dict(c.to_dict()) == c`."""
-        return asdict(self)
+        """Plain JSON-ready dict; `GPTConfig.from_dict(c.to_dict()) == c`. Llama's family's
+        fields are left out while at their defaults (`LATER_FIELDS`): GPT-2-style configs keep
+        the JSON they always had.
+
+        >>> sorted(set(GPTConfig(norm_type="rmsnorm").to_dict()) - set(GPTConfig().to_dict()))
+        ['norm_type']
+        """
+        defaults = {f.name: f.default for f in fields(self)}
+        return {k: v for k, v in asdict(self).items() if k not in LATER_FIELDS or v != defaults[k]}
 
     @classmethod
     def from_dict(cls, d: Any) -> GPTConfig:
@@ -120,24 +228,68 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:30] + "..."
 
 
+def default_hidden(activation: str, d_model: int) -> int:
+    """The MLP's usual width: 4 * d_model (GPT-2), or for SwiGLU, whose three matrices hold as
+    many weights as two of 4 * d_model, 2/3 of that, rounded up to a multiple of 64 (Llama's
+    rule, with 64 for its 256).
+
+    >>> default_hidden("gelu", 768), default_hidden("swiglu", 768), default_hidden("swiglu", 4096)
+    (3072, 2048, 10944)
+    """
+    if activation == "swiglu":
+        return -(-(8 * d_model // 3) // 64) * 64
+    return 4 * d_model
+
+
+def llama_config(**overrides: Any) -> GPTConfig:
+    """A Llama-style decoder (`ARCHITECTURES["llama"]`): rotary positions (theta 10,000),
+    pre-norm RMSNorm (eps 1e-5), a SwiGLU MLP (`default_hidden`), no biases, untied embeddings;
+    n_kv_heads as given (None: ordinary attention). Any field can be overridden; the sizes
+    default to GPT-2 small's.
+
+    >>> c = llama_config(vocab_size=256, context_length=64, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2)
+    >>> c.positional, c.norm_type, c.activation, c.hidden, c.kv_heads, c.tie_embeddings
+    ('rope', 'rmsnorm', 'swiglu', 384, 2, False)
+    """
+    return GPTConfig(**{**ARCHITECTURES["llama"], **overrides})
+
+
 def param_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
-    """name -> shape for every parameter, in GPT-2's names and order (biases only with bias=True)."""
+    """name -> shape for every parameter, in GPT-2's names and order.
+
+    GPT-2's names serve Llama's family too, place for place (HF Llama's names on the right):
+    wte (embed_tokens), h.i.ln_1 (input_layernorm), h.i.attn.c_attn (q_proj, k_proj and v_proj
+    side by side: (C, (H + 2 Hkv) hd)), h.i.attn.c_proj (o_proj), h.i.ln_2
+    (post_attention_layernorm), h.i.mlp.c_fc (with SwiGLU gate_proj then up_proj side by side:
+    (C, 2 F)), h.i.mlp.c_proj (down_proj), ln_f (norm), and lm_head.weight (lm_head, (V, C))
+    when the embeddings are untied. Weights are (in, out), GPT-2's Conv1D layout. Biases only
+    with bias=True (c_attn's with qkv_bias); RMSNorm has none.
+
+    >>> from tokenkit.transformer.config import llama_config
+    >>> shapes = param_shapes(llama_config(vocab_size=10, d_model=8, n_layers=1, n_heads=4, n_kv_heads=1))
+    >>> shapes["h.0.attn.c_attn.weight"], shapes["h.0.mlp.c_fc.weight"], shapes["lm_head.weight"]
+    ((8, 12), (8, 128), (10, 8))
+    """
     V, T, C = config.vocab_size, config.context_length, config.d_model
+    hd, F = config.head_dim, config.hidden
     shapes: dict[str, tuple[int, ...]] = {"wte.weight": (V, C)}
     if config.positional == "learned":
         shapes["wpe.weight"] = (T, C)
+    norm_bias = config.bias and config.norm_type == "layernorm"
 
-    def add(name: str, weight_shape: tuple[int, ...], bias_len: int) -> None:
+    def add(name: str, weight_shape: tuple[int, ...], bias: bool) -> None:
         shapes[f"{name}.weight"] = weight_shape
-        if config.bias:
-            shapes[f"{name}.bias"] = (bias_len,)
+        if bias:
+            shapes[f"{name}.bias"] = weight_shape[-1:]
 
     for i in range(config.n_layers):
-        add(f"h.{i}.ln_1", (C,), C)
-        add(f"h.{i}.attn.c_attn", (C, 3 * C), 3 * C)
-        add(f"h.{i}.attn.c_proj", (C, C), C)
-        add(f"h.{i}.ln_2", (C,), C)
-        add(f"h.{i}.mlp.c_fc", (C, 4 * C), 4 * C)
-        add(f"h.{i}.mlp.c_proj", (4 * C, C), C)
-    add("ln_f", (C,), C)
+        add(f"h.{i}.ln_1", (C,), norm_bias)
+        add(f"h.{i}.attn.c_attn", (C, (config.n_heads + 2 * config.kv_heads) * hd), config.has_qkv_bias)
+        add(f"h.{i}.attn.c_proj", (C, C), config.bias)
+        add(f"h.{i}.ln_2", (C,), norm_bias)
+        add(f"h.{i}.mlp.c_fc", (C, 2 * F if config.activation == "swiglu" else F), config.bias)
+        add(f"h.{i}.mlp.c_proj", (F, C), config.bias)
+    add("ln_f", (C,), norm_bias)
+    if not config.tie_embeddings:
+        shapes["lm_head.weight"] = (V, C)
     return shapes

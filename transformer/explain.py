@@ -232,35 +232,57 @@ def explain_model(
     f64 = lambda a: np.asarray(as_host(a), dtype=np.float64)  # noqa: E731 — display in float64, values unchanged
     row = lambda key, title, a, cols, note: Step(key, title, f64(a), toks, cols, note)  # noqa: E731
 
-    steps = [
-        row("tok_emb", "token embeddings (rows of wte)", trace["tok_emb"][0], _dims(C), "wte[id] for each token."),
-        row(
-            "pos_emb",
-            f"positional encodings ({cfg.positional})",
-            trace["pos_emb"],
-            _dims(C),
-            "wpe[position]"
-            if cfg.positional == "learned"
-            else "PE[p, 2i] = sin(p / 10000^(2i/C)), PE[p, 2i+1] = cos(...)",
-        ),
-        row("x0", "input x0 = token embedding + positional encoding", trace["x0"][0], _dims(C), ""),
-    ]
+    norm_name = "RMSNorm" if cfg.norm_type == "rmsnorm" else "LayerNorm"
+    steps = [row("tok_emb", "token embeddings (rows of wte)", trace["tok_emb"][0], _dims(C), "wte[id] for each token.")]
+    if cfg.positional == "rope":  # nothing is added: q and k are rotated in every layer
+        steps.append(
+            row(
+                "x0",
+                "input x0 = token embedding",
+                trace["x0"][0],
+                _dims(C),
+                "rotary positions: Q and K of"
+                " every layer are turned by angles that grow with the position; nothing is added here.",
+            )
+        )
+    else:
+        steps += [
+            row(
+                "pos_emb",
+                f"positional encodings ({cfg.positional})",
+                trace["pos_emb"],
+                _dims(C),
+                "wpe[position]"
+                if cfg.positional == "learned"
+                else "PE[p, 2i] = sin(p / 10000^(2i/C)), PE[p, 2i+1] = cos(...)",
+            ),
+            row("x0", "input x0 = token embedding + positional encoding", trace["x0"][0], _dims(C), ""),
+        ]
     if layer > 0:
         prev = f"h.{layer - 1}." + ("resid_2" if cfg.norm == "pre" else "ln_2")
         steps.append(row("layer_input", f"residual stream entering layer {layer}", trace[prev][0], _dims(C), ""))
 
     scale = 1.0 / math.sqrt(hd)
     mask = "; positions after the query are masked (-inf)" if cfg.causal else " (bidirectional: no mask)"
+    q_note = f"rows of x W_Q for head {head} (c_attn's first third)."
+    kv_note = ""
+    if cfg.kv_heads != cfg.n_heads:
+        group = cfg.n_heads // cfg.kv_heads
+        q_note = f"rows of x W_Q for head {head} (c_attn's first {C} columns)."
+        first = head // group * group
+        kv_note = f"K/V head {head // group}, shared by query heads {first}..{first + group - 1}."
+    if cfg.positional == "rope":
+        q_note += " Rotated by position (RoPE)."
     attention_steps = [
         row(
             f"{h}attn.q",
             f"Q, head {head}",
             trace[h + "attn.q"][0, head],
             _dims(hd),
-            f"rows of x W_Q for head {head} (c_attn's first third).",
+            q_note,
         ),
-        row(f"{h}attn.k", f"K, head {head}", trace[h + "attn.k"][0, head], _dims(hd), ""),
-        row(f"{h}attn.v", f"V, head {head}", trace[h + "attn.v"][0, head], _dims(hd), ""),
+        row(f"{h}attn.k", f"K, head {head}", trace[h + "attn.k"][0, head], _dims(hd), kv_note),
+        row(f"{h}attn.v", f"V, head {head}", trace[h + "attn.v"][0, head], _dims(hd), kv_note),
         row(
             f"{h}attn.scores_raw",
             "raw scores Q K^T",
@@ -303,13 +325,15 @@ def explain_model(
         ),
     ]
     resid_1 = row(f"{h}resid_1", "residual: input + attention output", trace[h + "resid_1"][0], _dims(C), "")
+    pre, act = trace[h + "mlp.pre"][0], trace[h + "mlp.act"][0]
+    gated = "columns: gate then up; the next step is silu(gate) * up." if cfg.activation == "swiglu" else ""
     mlp = [
-        row(f"{h}mlp.pre", "MLP hidden pre-activation (c_fc)", trace[h + "mlp.pre"][0], _dims(4 * C), ""),
-        row(f"{h}mlp.act", f"MLP hidden after {cfg.activation.upper()}", trace[h + "mlp.act"][0], _dims(4 * C), ""),
+        row(f"{h}mlp.pre", "MLP hidden pre-activation (c_fc)", pre, _dims(pre.shape[-1]), gated),
+        row(f"{h}mlp.act", f"MLP hidden after {cfg.activation.upper()}", act, _dims(act.shape[-1]), ""),
         row(f"{h}mlp.out", "MLP output (c_proj)", trace[h + "mlp.out"][0], _dims(C), ""),
     ]
     resid_2 = row(f"{h}resid_2", "residual: + MLP output", trace[h + "resid_2"][0], _dims(C), "")
-    ln = lambda n, what: row(f"{h}ln_{n}", f"LayerNorm ln_{n} {what}", trace[f"{h}ln_{n}"][0], _dims(C), "")  # noqa: E731
+    ln = lambda n, what: row(f"{h}ln_{n}", f"{norm_name} ln_{n} {what}", trace[f"{h}ln_{n}"][0], _dims(C), "")  # noqa: E731
     if cfg.norm == "pre":  # GPT-2: x + attn(ln_1(x)), then x + mlp(ln_2(x))
         steps += [
             ln(1, "(the attention's input)"),
@@ -323,13 +347,10 @@ def explain_model(
         steps += [*attention_steps, resid_1, ln(1, "of the residual"), *mlp, resid_2, ln(2, "of the residual")]
 
     last = f64(logits[-1])
-    steps.append(row("ln_f", "final LayerNorm ln_f (all layers done)", trace["ln_f"][0], _dims(C), ""))
+    steps.append(row("ln_f", f"final {norm_name} ln_f (all layers done)", trace["ln_f"][0], _dims(C), ""))
     vocab = [label(i) for i in range(last.size)]
-    steps.append(
-        Step(
-            "logits", f"logits of the last position {toks[-1]}", last, None, vocab, "ln_f(x) @ wte^T (tied embedding)."
-        )
-    )
+    unembed = "ln_f(x) @ wte^T (tied embedding)." if cfg.tie_embeddings else "ln_f(x) @ lm_head^T (untied)."
+    steps.append(Step("logits", f"logits of the last position {toks[-1]}", last, None, vocab, unembed))
     probs = np.exp(last - last.max())
     probs /= probs.sum()
     best = np.argsort(-probs, kind="stable")[:top_k]

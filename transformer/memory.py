@@ -2,7 +2,8 @@
 of a MemoryError (or a machine swapping to a halt) for a model that cannot fit.
 
 What it counts: the float32 parameters, the sinusoid table of sinusoidal positions (no tensor
-backs it), and the per-layer K/V caches of generation; training adds the gradients, AdamW's two
+backs it; rotary positions' cos and sin tables are counted alike), and the per-layer K/V caches
+of generation (n_kv_heads heads each); training adds the gradients, AdamW's two
 moments and its scratch, and, given the batch (`batch_rows`), the activations of a step: every
 layer's cached intermediates, the attention weights, the logits and the backward's transients
 (`activation_bytes`). tests/test_reliability_files.py checks the training estimate against the
@@ -21,7 +22,6 @@ from tokenkit.transformer.errors import ModelError
 from tokenkit.transformer.ops import _query_tiles
 
 _F32 = 4  # bytes per parameter and per activation
-_CACHED = 17  # floats per token and unit of width that a layer keeps for its backward (pre-norm, GELU)
 _TRANSIENT = 16  # floats per token and unit of width alive besides: residual stream, embeddings, gradients
 _SCRATCH = 2 << 20  # the ops' row-block buffers and other small arrays of a step
 
@@ -30,10 +30,11 @@ def activation_bytes(config: GPTConfig, rows: int) -> int:
     """Bytes one process holds at the peak of a training step over `rows` rows of context_length
     tokens (N = rows x T, width C, L layers, H heads, vocabulary V), besides the parameters:
 
-    - each layer's caches for the backward: 17 x N x C (LayerNorm outputs and normalised inputs,
-      q, k, v, the attention output, the MLP's 4C activation and its derivative) and the
-      attention weights, rows x H x T x T (causal attention keeps the query tiles' share,
-      `ops._query_tiles`);
+    - each layer's caches for the backward: N x (6 C + W + 2 F) (`cached_per_token`: the two
+      norms' outputs and normalised inputs, the scaled q, the fused q|k|v of width W, the
+      attention output, the MLP's activation and its derivative of width F): 17 x N x C for
+      GPT-2; and the attention weights, rows x H x T x T (causal attention keeps the
+      query tiles' share, `ops._query_tiles`);
     - 16 x N x C of residual stream, embeddings and the backward's transients, plus the gradient
       of one tile's scores;
     - the logits, N x V (one buffer: the softmax and its gradient overwrite it).
@@ -45,15 +46,32 @@ def activation_bytes(config: GPTConfig, rows: int) -> int:
     N = rows * T
     tiles = [(hi - lo) * keys for lo, hi, keys in _query_tiles(T, config.causal, rows * H)]
     weights = rows * H * sum(tiles)
-    floats = N * C * (_CACHED * L + _TRANSIENT) + weights * L + rows * H * max(tiles) + N * config.vocab_size
-    return _F32 * floats + _SCRATCH
+    floats = N * (cached_per_token(config) * L + _TRANSIENT * C) + weights * L + rows * H * max(tiles)
+    return _F32 * (floats + N * config.vocab_size) + _SCRATCH
+
+
+def cached_per_token(config: GPTConfig) -> int:
+    """Floats per token that one layer keeps for its backward: 4 C for its two norms (output and
+    normalised input each), W + C for the fused q|k|v (W = (H + 2 Hkv) hd, the K/V views keep it
+    whole; the rotated copy replaces it under rotary positions) and the scaled q, C for the
+    attention output (one array: the output projection's input and the attention's cache), and
+    2 F for the MLP's activation and its derivative (F the hidden width; SwiGLU's gate and up
+    products die in the forward).
+
+    >>> cached_per_token(GPTConfig(d_model=10, n_heads=2))  # GPT-2: 17 C
+    170
+    """
+    C = config.d_model
+    W = (config.n_heads + 2 * config.kv_heads) * config.head_dim
+    return 4 * C + W + C + C + 2 * config.hidden
 
 
 def estimate_bytes(config: GPTConfig, *, training: bool = False, workers: int | None = 1, batch_rows: int = 0) -> int:
     """Bytes a model of `config` needs.
 
-    Inference: parameters + sinusoid table (sinusoidal positions) + K/V caches for generation
-    (2 x n_layers x context_length x d_model). Training: parameters, AdamW's two moments and its
+    Inference: parameters + sinusoid table (sinusoidal positions; rotary ones' cos and sin) +
+    K/V caches for generation (2 x n_layers x context_length x n_kv_heads x head size: d_model
+    per position and layer with ordinary attention). Training: parameters, AdamW's two moments and its
     scratch, and one gradient buffer per process computing batch shards (`workers`; 1: ~5x the
     parameters; None or 0: one per available core, as GPT and TrainConfig read them) + the
     sinusoid table + the activations of a step over `batch_rows` rows (0: not counted), which
@@ -68,6 +86,8 @@ def estimate_bytes(config: GPTConfig, *, training: bool = False, workers: int | 
     """
     params = _F32 * config.n_params()
     table = _F32 * config.context_length * config.d_model if config.positional == "sinusoidal" else 0
+    if config.positional == "rope":  # cos and sin, (T, hd / 2) each, T rounded up to a power of two
+        table = _F32 * (1 << (config.context_length - 1).bit_length()) * config.head_dim
     if training:
         n = _workers(workers)
         activations = 0
@@ -75,7 +95,7 @@ def estimate_bytes(config: GPTConfig, *, training: bool = False, workers: int | 
             per_process = -(-batch_rows // n)  # shard_rows' largest share
             activations = min(n, batch_rows) * activation_bytes(config, per_process)
         return (4 + n) * params + table + activations
-    kv_caches = 2 * _F32 * config.n_layers * config.context_length * config.d_model
+    kv_caches = 2 * _F32 * config.n_layers * config.context_length * config.kv_heads * config.head_dim
     return params + table + kv_caches
 
 
@@ -172,4 +192,4 @@ def check_memory(
     return need
 
 
-__all__ = ["activation_bytes", "available_bytes", "check_memory", "estimate_bytes"]
+__all__ = ["activation_bytes", "available_bytes", "cached_per_token", "check_memory", "estimate_bytes"]

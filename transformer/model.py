@@ -6,6 +6,12 @@ MLP with residuals and LayerNorm (pre- or post-norm), a final LayerNorm, and log
 tied token embedding. `_backward` walks the same list from the top down. The model computes in
 the dtype of its parameters: float32 to train, float64 for finite-difference checks.
 
+The same code runs Llama's family (transformer/config.py): with rotary positions nothing is
+added to the embeddings and q and k are rotated in each layer's attention; RMSNorm stands where
+LayerNorm does; the MLP's activation may be SwiGLU's gated product; attention may share K/V
+heads between groups of query heads (the KV cache then holds n_kv_heads heads); and the logits
+may come from an untied lm_head.
+
 The model is one process over plain arrays, as nanoGPT's model.py: it knows nothing of worker
 processes, ranks, BLAS threads or malloc. `transformer.parallel.DataParallel` wraps a GPT with
 the same call signature to split each batch over processes (as DDP wraps a module), and
@@ -53,8 +59,9 @@ SINUSOIDAL_WTE_STD = 0.2
 def init_params(config: GPTConfig, seed: int = 0) -> dict[str, np.ndarray]:
     """GPT-2's initialisation: weights N(0, 0.02), residual projections (attn.c_proj,
     mlp.c_proj) N(0, 0.02 / sqrt(2 * n_layers)) so the residual stream's variance does not grow
-    with depth, biases 0, LayerNorm gains 1; with sinusoidal positions the token embedding is
-    N(0, SINUSOIDAL_WTE_STD) instead. Drawn in a fixed order from one seeded generator."""
+    with depth, biases 0, LayerNorm (and RMSNorm) gains 1; with sinusoidal positions the token
+    embedding is N(0, SINUSOIDAL_WTE_STD) instead. An untied lm_head is N(0, 0.02) like wte.
+    Drawn in a fixed order from one seeded generator."""
     rng = np.random.default_rng(seed)
     resid_std = 0.02 / math.sqrt(2 * config.n_layers)
     params = {}
@@ -245,6 +252,29 @@ class GPT:
         names = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
         return {name: (p[h + name + ".weight"], p.get(h + name + ".bias")) for name in names}
 
+    def _norm(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None):
+        """The config's normalisation of x (..., C): LayerNorm (with its bias, if any) or RMSNorm."""
+        if self.config.norm_type == "rmsnorm":
+            return self.ops.rmsnorm_forward(x, weight, self.config.norm_eps)
+        return self.ops.layernorm_forward(x, weight, bias, self.config.norm_eps)
+
+    def _norm_backward(self, dout: np.ndarray, cache):
+        """-> dx, dweight, dbias (None for RMSNorm, or LayerNorm without a bias)."""
+        if self.config.norm_type == "rmsnorm":
+            return (*self.ops.rmsnorm_backward(dout, cache), None)
+        return self.ops.layernorm_backward(dout, cache)
+
+    def _unembedding(self) -> np.ndarray:
+        """(V, C): the logits' weights, wte itself when tied (GPT-2), else lm_head.weight."""
+        return self.params["wte.weight" if self.config.tie_embeddings else "lm_head.weight"]
+
+    def _rope(self, qkv: np.ndarray, start: int):
+        """qkv of positions start.. -> (q and k rotated, cache) with rotary positions, else (qkv, None)."""
+        if self.config.positional != "rope":
+            return qkv, None
+        cfg = self.config
+        return self.ops.rope_forward(qkv, cfg.n_heads, cfg.n_kv_heads, cfg.rope_theta, start)
+
     def _block_forward(self, i: int, x: np.ndarray, trace: dict | None, attend, grad: bool = False):
         """Block i: x (B, T, C) -> (B, T, C), cache. `attend(qkv)` is the attention op: full-sequence
         for training, incremental with a KV cache for generation. `grad`: a backward will follow
@@ -259,11 +289,11 @@ class GPT:
     def _pre_norm_block(self, p, x, attend, grad: bool, record: bool):
         """GPT-2: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)). The residuals add in place (x is in
         no cache), so a recorded residual stream is a copy."""
-        a, ln_1 = self.ops.layernorm_forward(x, *p["ln_1"])
+        a, ln_1 = self._norm(x, *p["ln_1"])
         ao, attn = self._attention_half(p, a, attend)
         x, _ = self.ops.residual_forward(x, ao, inplace=True)
         resid_1 = x.copy() if record else None
-        m, ln_2 = self.ops.layernorm_forward(x, *p["ln_2"])
+        m, ln_2 = self._norm(x, *p["ln_2"])
         mo, mlp, (pre, act) = self._mlp_half(p, m, grad)
         x, _ = self.ops.residual_forward(x, mo, inplace=True)
         seen = {
@@ -282,10 +312,10 @@ class GPT:
         """The original encoder (seed 001): x = ln_1(x + attn(x)); x = ln_2(x + mlp(x))."""
         ao, attn = self._attention_half(p, x, attend)
         r1, _ = self.ops.residual_forward(x, ao)  # not in place: x is in c_attn's cache
-        x1, ln_1 = self.ops.layernorm_forward(r1, *p["ln_1"])
+        x1, ln_1 = self._norm(r1, *p["ln_1"])
         mo, mlp, (pre, act) = self._mlp_half(p, x1, grad)
         r2, _ = self.ops.residual_forward(x1, mo)
-        x2, ln_2 = self.ops.layernorm_forward(r2, *p["ln_2"])
+        x2, ln_2 = self._norm(r2, *p["ln_2"])
         seen = {
             "attn.out": ao,
             "resid_1": r1,
@@ -299,22 +329,29 @@ class GPT:
         return x2, (ln_1, *attn, ln_2, *mlp), seen
 
     def _attention_half(self, p, a: np.ndarray, attend):
-        """a (B, T, C) -> c_proj(attention(c_attn(a))) (B, T, C), caches (c_attn, attention, c_proj)."""
-        qkv, c_attn = self.ops.linear_forward(a, *p["attn.c_attn"])  # (B, T, 3C)
+        """a (B, T, C) -> c_proj(attention(c_attn(a))) (B, T, C), caches (c_attn, attention, c_proj).
+        `attend` rotates q and k first when the positions are rotary."""
+        qkv, c_attn = self.ops.linear_forward(a, *p["attn.c_attn"])  # (B, T, (H + 2 Hkv) hd)
         y, attn = attend(qkv)  # (B, T, C)
         out, c_proj = self.ops.linear_forward(y, *p["attn.c_proj"])
         return out, (c_attn, attn, c_proj)
 
     def _mlp_half(self, p, m: np.ndarray, grad: bool):
-        """m (B, T, C) -> c_proj(act(c_fc(m))) (B, T, C), caches (c_fc, act, c_proj), (pre, act)."""
-        pre, c_fc = self.ops.linear_forward(m, *p["mlp.c_fc"])  # (B, T, 4C)
+        """m (B, T, C) -> c_proj(act(c_fc(m))) (B, T, C), caches (c_fc, act, c_proj), (pre, act).
+        SwiGLU's act takes c_fc's [gate | up] (B, T, 2F) to (B, T, F)."""
+        pre, c_fc = self.ops.linear_forward(m, *p["mlp.c_fc"])  # (B, T, F), or (B, T, 2F) with SwiGLU
         act, act_cache = getattr(self.ops, f"{self.config.activation}_forward")(pre, grad=grad)
         out, c_proj = self.ops.linear_forward(act, *p["mlp.c_proj"])
         return out, (c_fc, act_cache, c_proj), (pre, act)
 
     def _embed(self, ids: np.ndarray, trace: dict | None):
-        """ids (B, T) -> x0 (B, T, C) = token embedding + positional encoding, cache."""
+        """ids (B, T) -> x0 (B, T, C) = token embedding + positional encoding, cache. Rotary
+        positions add nothing here (they turn q and k in every layer): x0 is the token embedding."""
         tok, emb = self.ops.embedding_forward(self.backend.to_device(ids), self.params["wte.weight"])
+        if self.config.positional == "rope":
+            if trace is not None:  # copies: the pre-norm residuals add into x in place
+                trace["tok_emb"], trace["x0"] = tok.copy(), tok.copy()
+            return tok, (emb, None)
         pos, pos_cache = self.ops.positional_forward(self._positions(), ids.shape[1])
         x = tok + pos
         if trace is not None:
@@ -323,35 +360,37 @@ class GPT:
 
     def _forward(self, ids: np.ndarray, trace: dict | None, keep_cache: bool):
         """ids (B, T) -> final LayerNorm output (B, T, C), caches (None unless keep_cache)."""
-        H, causal = self.config.n_heads, self.config.causal
+        cfg = self.config
         x, embed_cache = self._embed(ids, trace)
         blocks = []
-        for i in range(self.config.n_layers):
+        for i in range(cfg.n_layers):
 
             def attend(qkv, i=i):
                 attn_trace = {} if trace is not None else None
-                out, cache = self.ops.attention_forward(qkv, H, causal, attn_trace)
+                qkv, rope = self._rope(qkv, 0)
+                out, cache = self.ops.attention_forward(qkv, cfg.n_heads, cfg.causal, attn_trace, cfg.n_kv_heads)
                 if trace is not None:
                     trace.update({f"h.{i}.attn.{key}": value for key, value in attn_trace.items()})
-                return out, cache
+                return out, (rope, cache)
 
             x, cache = self._block_forward(i, x, trace, attend, grad=keep_cache)
             if keep_cache:
                 blocks.append(cache)
             del cache  # without keep_cache, a block's intermediates die with the block
-        xf, ln_f = self.ops.layernorm_forward(x, self.params["ln_f.weight"], self.params.get("ln_f.bias"))
+        xf, ln_f = self._norm(x, self.params["ln_f.weight"], self.params.get("ln_f.bias"))
         if trace is not None:
             trace["ln_f"] = xf
         return xf, (embed_cache, blocks, ln_f) if keep_cache else None
 
     def forward(self, ids, trace: dict | None = None) -> np.ndarray:
-        """ids (B, T) or (T,) -> logits (B, T, V) from the tied embedding: logits = ln_f(x) W_e^T.
+        """ids (B, T) or (T,) -> logits (B, T, V) from the tied embedding: logits = ln_f(x) W_e^T
+        (or ln_f(x) lm_head^T when untied).
 
         With `trace` (a dict) the intermediates are recorded under the contract's names; when
         it is None nothing extra is computed or kept.
         """
         ids = self._check_ids(ids)
-        wte = self.params["wte.weight"]
+        wte = self._unembedding()
         xf, _ = self._forward(ids, trace, keep_cache=False)
         logits = (xf.reshape(-1, xf.shape[-1]) @ wte.T).reshape(*ids.shape, wte.shape[0])
         if trace is not None:
@@ -361,7 +400,7 @@ class GPT:
     def _unembed_loss(self, xf: np.ndarray, targets: np.ndarray):
         """xf (B, T, C), targets (B, T) -> mean loss, cache. The (B*T, V) logits go into a buffer
         reused across steps, and the loss exponentiates them in place."""
-        wte = self.params["wte.weight"]
+        wte = self._unembedding()
         x2 = xf.reshape(-1, xf.shape[-1])
         logits = self._buffer("logits", (x2.shape[0], wte.shape[0]), wte.dtype)
         self.xp.matmul(x2, wte.T, out=logits)  # (B*T, V)
@@ -406,23 +445,26 @@ class GPT:
 
     def _backward(self, xf: np.ndarray, xent, caches, n_total: int, grads: dict) -> dict[str, np.ndarray]:
         """The forward read from the top down: loss, tied unembedding, ln_f, blocks N-1..0,
-        positions, token embedding (whose gradient adds to the unembedding's). `n_total` is
-        the number of positions the mean loss runs over (more than this shard's). Fills and
-        returns `grads`."""
-        p = self.params
+        positions, token embedding (whose gradient adds to the unembedding's when tied).
+        `n_total` is the number of positions the mean loss runs over (more than this shard's).
+        Fills and returns `grads`."""
         embed_cache, blocks, ln_f = caches
-        wte = p["wte.weight"]
+        tied = self.config.tie_embeddings
+        unembed = "wte.weight" if tied else "lm_head.weight"
         dlogits = self.ops.softmax_xent_backward(xent, n_total)  # (B*T, V) = (y_hat - y) / n_total
         x2 = xf.reshape(-1, xf.shape[-1])
-        grads["wte.weight"] = dlogits.T @ x2  # (V, C)
-        dxf = (dlogits @ wte).reshape(xf.shape)  # (B, T, C)
-        dx, grads["ln_f.weight"], grads["ln_f.bias"] = self.ops.layernorm_backward(dxf, ln_f)
+        grads[unembed] = dlogits.T @ x2  # (V, C)
+        dxf = (dlogits @ self.params[unembed]).reshape(xf.shape)  # (B, T, C)
+        dx, grads["ln_f.weight"], grads["ln_f.bias"] = self._norm_backward(dxf, ln_f)
         for i in reversed(range(self.config.n_layers)):
             dx = self._block_backward(i, dx, blocks[i], grads)
         emb, pos_cache = embed_cache
         if self.config.positional == "learned":
             grads["wpe.weight"] = self.ops.positional_backward(dx, pos_cache)
-        self.ops.embedding_backward(dx, emb, dweight=grads["wte.weight"])
+        if tied:
+            self.ops.embedding_backward(dx, emb, dweight=grads["wte.weight"])
+        else:
+            grads["wte.weight"] = self.ops.embedding_backward(dx, emb)
         return grads
 
     def _block_backward(self, i: int, dx: np.ndarray, cache, grads: dict) -> np.ndarray:
@@ -436,29 +478,31 @@ class GPT:
         ln_1, c_attn, attn, c_proj, ln_2, c_fc, act_cache, mlp_proj = cache
         dx, dbranch = self.ops.residual_backward(dx, None)
         dm = self._mlp_half_backward(dbranch, (c_fc, act_cache, mlp_proj), g)
-        dm, g["ln_2.weight"], g["ln_2.bias"] = self.ops.layernorm_backward(dm, ln_2)
+        dm, g["ln_2.weight"], g["ln_2.bias"] = self._norm_backward(dm, ln_2)
         dx += dm  # x1 reaches x2 both through the skip and through the MLP
         dx, dbranch = self.ops.residual_backward(dx, None)
         da = self._attention_half_backward(dbranch, (c_attn, attn, c_proj), g)
-        da, g["ln_1.weight"], g["ln_1.bias"] = self.ops.layernorm_backward(da, ln_1)
+        da, g["ln_1.weight"], g["ln_1.bias"] = self._norm_backward(da, ln_1)
         dx += da
         return dx
 
     def _post_norm_block_backward(self, dx: np.ndarray, cache, g) -> np.ndarray:
         """`_post_norm_block` read backwards: x2 = ln_2(x1 + mlp(x1)), then x1 = ln_1(x0 + attn(x0))."""
         ln_1, c_attn, attn, c_proj, ln_2, c_fc, act_cache, mlp_proj = cache
-        dx, g["ln_2.weight"], g["ln_2.bias"] = self.ops.layernorm_backward(dx, ln_2)
+        dx, g["ln_2.weight"], g["ln_2.bias"] = self._norm_backward(dx, ln_2)
         dx, dbranch = self.ops.residual_backward(dx, None)
         dx += self._mlp_half_backward(dbranch, (c_fc, act_cache, mlp_proj), g)
-        dx, g["ln_1.weight"], g["ln_1.bias"] = self.ops.layernorm_backward(dx, ln_1)
+        dx, g["ln_1.weight"], g["ln_1.bias"] = self._norm_backward(dx, ln_1)
         dx, dbranch = self.ops.residual_backward(dx, None)
         dx += self._attention_half_backward(dbranch, (c_attn, attn, c_proj), g)
         return dx
 
     def _attention_half_backward(self, dout: np.ndarray, cache, g) -> np.ndarray:
-        c_attn, attn, c_proj = cache
+        c_attn, (rope, attn), c_proj = cache
         dy, g["attn.c_proj.weight"], g["attn.c_proj.bias"] = self.ops.linear_backward(dout, c_proj)
         dqkv = self.ops.attention_backward(dy, attn)
+        if rope is not None:
+            dqkv = self.ops.rope_backward(dqkv, rope)
         da, g["attn.c_attn.weight"], g["attn.c_attn.bias"] = self.ops.linear_backward(dqkv, c_attn)
         return da
 
@@ -552,7 +596,7 @@ class GPT:
 
     def _last_logits(self, xf_last: np.ndarray) -> np.ndarray:
         """xf_last (C,) final-normed last position -> logits (V,)."""
-        return self.params["wte.weight"] @ xf_last
+        return self._unembedding() @ xf_last
 
     def _steps_uncached(self):
         """Coroutine: receives (token list, window start), returns the next-token logits (V,) by
@@ -565,13 +609,13 @@ class GPT:
             logits = self._last_logits(xf[0, -1])
 
     def _steps_cached(self):
-        """Coroutine like `_steps_uncached` with per-layer K/V caches (1, H, T_max, hd): only
-        the positions not yet cached are computed. When the window shifts, every position
-        changes, so the caches are refilled from the new window."""
+        """Coroutine like `_steps_uncached` with per-layer K/V caches (1, Hkv, T_max, hd), one
+        slot per K/V head (n_kv_heads): only the positions not yet cached are computed. When the
+        window shifts, every position changes, so the caches are refilled from the new window."""
         cfg = self.config
-        T_max, H = cfg.context_length, cfg.n_heads
+        T_max = cfg.context_length
         dtype = self.params["wte.weight"].dtype
-        shape = (1, H, T_max, cfg.head_dim)
+        shape = (1, cfg.kv_heads, T_max, cfg.head_dim)
         k_cache = [self.xp.empty(shape, dtype=dtype) for _ in range(cfg.n_layers)]
         v_cache = [self.xp.empty(shape, dtype=dtype) for _ in range(cfg.n_layers)]
         cached = 0  # positions held in the caches
@@ -582,16 +626,20 @@ class GPT:
             if start != window_start:
                 window_start, cached = start, 0
             new = np.asarray(tokens[window_start + cached :], dtype=np.intp)[None, :]  # (1, n)
-            tok = self.params["wte.weight"][self.backend.to_device(new)]  # (1, n, C)
-            x = tok + self._positions()[cached : cached + new.shape[1]]
+            x = self.params["wte.weight"][self.backend.to_device(new)]  # (1, n, C)
+            if cfg.positional != "rope":
+                x = x + self._positions()[cached : cached + new.shape[1]]
             for i in range(cfg.n_layers):
 
                 def attend(qkv, i=i, start=cached):
-                    return self.ops.attention_forward_cached(qkv, k_cache[i], v_cache[i], start, H)
+                    qkv, _ = self._rope(qkv, start)
+                    return self.ops.attention_forward_cached(
+                        qkv, k_cache[i], v_cache[i], start, cfg.n_heads, cfg.n_kv_heads
+                    )
 
                 x, _ = self._block_forward(i, x, None, attend)
             cached += new.shape[1]
-            xf, _ = self.ops.layernorm_forward(x[:, -1], self.params["ln_f.weight"], self.params.get("ln_f.bias"))
+            xf, _ = self._norm(x[:, -1], self.params["ln_f.weight"], self.params.get("ln_f.bias"))
             logits = self._last_logits(xf[0])
 
     # ------------------------------------------------------------------------- files

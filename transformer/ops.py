@@ -16,6 +16,10 @@ array of the model is allocated once and its cache is good for one backward.
 Each fast op names its plain, obviously correct twin in `transformer/reference.py`, which the
 tests compare it with.
 
+Beside GPT-2's layers sit today's decoders' (Llama's family): rotary positions applied to q and
+k (`rope_*`), RMSNorm, SiLU and SwiGLU's gated product, and grouped-query attention (the
+attention ops take `n_kv_heads`: K/V heads shared by groups of query heads).
+
 These are the CPU backend's ops (transformer/backends/cpu.py); the GPU's have the same names
 and signatures (transformer/backends/device_ops.py over CUDA kernels).
 
@@ -96,6 +100,90 @@ def positional_backward(dout: np.ndarray, cache) -> np.ndarray:
     dtable = np.zeros(shape, dtype=dout.dtype)
     dout.sum(axis=0, out=dtable[:T])
     return dtable
+
+
+# ----------------------------------------------------------------------------- rotary positions
+
+
+def kv_heads(n_heads: int, n_kv_heads: int | None) -> int:
+    """The number of K/V heads: n_kv_heads, or n_heads when None (ordinary attention)."""
+    return n_heads if n_kv_heads is None else n_kv_heads
+
+
+@lru_cache(maxsize=16)
+def _rope_table(n_positions: int, head_dim: int, theta: float, dtype_name: str) -> tuple[np.ndarray, np.ndarray]:
+    half = head_dim // 2
+    inv_freq = theta ** -(np.arange(half, dtype=np.float64) * 2.0 / head_dim)  # (hd/2,)
+    angle = np.arange(n_positions, dtype=np.float64)[:, None] * inv_freq  # (T, hd/2), in float64
+    cos, sin = np.cos(angle).astype(dtype_name), np.sin(angle).astype(dtype_name)
+    cos.flags.writeable = sin.flags.writeable = False
+    return cos, sin
+
+
+def rope_table(n_positions: int, head_dim: int, theta: float, dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin (n_positions, head_dim / 2) of the rotary angles p * theta^(-2i / head_dim),
+    computed in float64 and cached per (length, head_dim, theta, dtype); the length is rounded
+    up to a power of two, so that generation, one position longer each step, reuses one table.
+    Plain twin: `transformer.reference.rope` computes its angles inline.
+
+    >>> cos, sin = rope_table(2, 4, 10000.0, np.float64)
+    >>> cos.shape, sin[1].round(3).tolist()
+    ((2, 2), [0.841, 0.01])
+    """
+    size = 1 << max(0, n_positions - 1).bit_length()
+    cos, sin = _rope_table(size, head_dim, float(theta), np.dtype(dtype).name)
+    return cos[:n_positions], sin[:n_positions]
+
+
+def _rotate_halves(x: np.ndarray, out: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
+    """out = x rotated by the angles of cos and sin (T, hd/2), x and out (B, T, heads, hd), in
+    HF's `rotate_half` layout: dimension i pairs with i + hd/2 (not with its neighbour), so
+    out1 = x1 cos - x2 sin and out2 = x2 cos + x1 sin for the halves x1, x2 of each head. A
+    negative sin rotates back."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    o1, o2 = out[..., :half], out[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]  # (T, 1, hd/2): every head of a position alike
+    np.multiply(x1, c, out=o1)
+    o1 -= x2 * s
+    np.multiply(x2, c, out=o2)
+    o2 += x1 * s
+
+
+def rope_forward(qkv: np.ndarray, n_heads: int, n_kv_heads: int | None, theta: float, start: int = 0):
+    """qkv (B, T, (H + 2 Hkv) hd) fused projections of positions start..start+T-1 -> the same
+    with every q and k head rotated by its position (RoPE, Su et al. 2021; HF Llama's
+    convention), v unchanged: a new array. After it, q_t . k_s depends on t - s only.
+
+    The rotation pairs dimension i of a head with i + hd/2 (`_rotate_halves`), as HF's
+    `rotate_half` does, so a Llama checkpoint's q and k projections work unpermuted. The cache
+    is the cos and sin of the positions: the backward rotates back.
+    Plain twin: `transformer.reference.rope`.
+    """
+    B, T, W = qkv.shape
+    Hkv = kv_heads(n_heads, n_kv_heads)
+    hd = W // (n_heads + 2 * Hkv)
+    cos, sin = rope_table(start + T, hd, theta, qkv.dtype)
+    cos, sin = cos[start:], sin[start:]
+    x = qkv.reshape(B, T, n_heads + 2 * Hkv, hd)
+    out = np.empty_like(x)
+    rotated = n_heads + Hkv  # the q and k heads
+    _rotate_halves(x[:, :, :rotated], out[:, :, :rotated], cos, sin)
+    out[:, :, rotated:] = x[:, :, rotated:]
+    return out.reshape(qkv.shape), (cos, sin, rotated)
+
+
+def rope_backward(dout: np.ndarray, cache) -> np.ndarray:
+    """dout (B, T, (H + 2 Hkv) hd) -> dqkv: a rotation's transpose is the rotation back (by
+    -angle), so the q and k heads' gradients are rotated back and v's passes through."""
+    cos, sin, rotated = cache
+    B, T, W = dout.shape
+    hd = 2 * cos.shape[-1]
+    d = dout.reshape(B, T, W // hd, hd)
+    dx = np.empty_like(d)
+    _rotate_halves(d[:, :, :rotated], dx[:, :, :rotated], cos, -sin)
+    dx[:, :, rotated:] = d[:, :, rotated:]
+    return dx.reshape(dout.shape)
 
 
 # ----------------------------------------------------------------------------- layernorm
@@ -182,6 +270,63 @@ def layernorm_backward(dout: np.ndarray, cache):
     return dx.reshape(dout.shape), dweight, dbias
 
 
+def rmsnorm_forward(x: np.ndarray, weight: np.ndarray, eps: float = LN_EPS):
+    """x (..., C) -> out (..., C) = x / sqrt(mean(x^2) + eps) * weight, per row (RMSNorm, Zhang &
+    Sennrich 2019: LayerNorm without the centring and without a bias, as Llama uses it).
+
+    The cache keeps xhat = x / rms and 1/rms, as LayerNorm's does; the passes run over the
+    same L2-sized row blocks.
+    Plain twin: `transformer.reference.rmsnorm`.
+    """
+    C = x.shape[-1]
+    x2 = x.reshape(-1, C)
+    N = x2.shape[0]
+    xhat = np.empty_like(x2)
+    out = np.empty_like(x2)
+    rstd = np.empty(N, dtype=x.dtype)
+    rows = _row_blocks(N, C, _ROW_BLOCK)
+    for lo in rows:
+        xb, xh, r = x2[lo : lo + rows.step], xhat[lo : lo + rows.step], rstd[lo : lo + rows.step]
+        np.vecdot(xb, xb, out=r)  # per-row sums of squares
+        r *= 1.0 / C
+        r += eps
+        np.sqrt(r, out=r)
+        np.divide(1.0, r, out=r)
+        np.multiply(xb, r[:, None], out=xh)
+        np.multiply(xh, weight, out=out[lo : lo + rows.step])
+    return out.reshape(x.shape), (xhat, rstd[:, None], weight)
+
+
+def rmsnorm_backward(dout: np.ndarray, cache):
+    """dout (..., C) -> dx (..., C), dweight (C,).
+
+    With g = dout * weight: dx = rstd * (g - xhat * mean(g * xhat)), LayerNorm's formula less
+    its mean(g) term (nothing was centred); mean(g * xhat) = (dout * xhat) @ weight / C is a
+    GEMV, and dout * xhat also gives dweight's column sums.
+    """
+    xhat, rstd, weight = cache
+    C = xhat.shape[-1]
+    d2 = dout.reshape(-1, C)
+    N = d2.shape[0]
+    dx = np.empty_like(d2)
+    dweight = np.zeros(C, dtype=d2.dtype)
+    w_over_c = weight / C
+    rows = _row_blocks(N, C, _ROW_BLOCK // 4)  # four (rows, C) streams, as in layernorm_backward
+    scratch = np.empty((min(rows.step, N), C), dtype=d2.dtype)
+    ones = np.ones(scratch.shape[0], dtype=d2.dtype)
+    for lo in rows:
+        d, xh, g = d2[lo : lo + rows.step], xhat[lo : lo + rows.step], dx[lo : lo + rows.step]
+        t, o = scratch[: d.shape[0]], ones[: d.shape[0]]
+        np.multiply(d, xh, out=t)  # dout * xhat
+        dweight += o @ t
+        mean_gx = t @ w_over_c
+        np.multiply(d, weight, out=g)
+        np.multiply(xh, mean_gx[:, None], out=t)
+        g -= t
+        g *= rstd[lo : lo + rows.step]
+    return dx.reshape(dout.shape), dweight
+
+
 # ----------------------------------------------------------------------------- linear
 
 
@@ -231,9 +376,17 @@ def residual_backward(dout: np.ndarray, cache) -> tuple[np.ndarray, np.ndarray]:
 
 
 @lru_cache(maxsize=16)
-def causal_mask(T: int, dtype_name: str) -> np.ndarray:
-    """(T, T) additive mask: 0 on and below the diagonal, -inf above (a query sees no later key)."""
+def causal_mask(T: int, dtype_name: str, group: int = 1) -> np.ndarray:
+    """(T * group, T) additive mask: 0 on and below the diagonal, -inf above (a query sees no
+    later key). With group > 1 each query position's row is repeated `group` times in a row:
+    the rows of a K/V head's group of query heads, laid out position by position.
+
+    >>> causal_mask(2, "float64", group=2).tolist()
+    [[0.0, -inf], [0.0, -inf], [0.0, 0.0], [0.0, 0.0]]
+    """
     mask = np.triu(np.full((T, T), -np.inf, dtype=np.dtype(dtype_name)), k=1)
+    if group > 1:
+        mask = np.repeat(mask, group, axis=0)
     mask.flags.writeable = False
     return mask
 
@@ -273,11 +426,30 @@ def _softmax_rows(s: np.ndarray) -> np.ndarray:
     return w
 
 
-def _split_heads(qkv: np.ndarray, n_heads: int):
-    """qkv (B, T, 3C) -> q, k, v views (B, H, T, hd) into the same buffer (no copies)."""
-    B, T, C3 = qkv.shape
-    parts = qkv.reshape(B, T, 3, n_heads, C3 // (3 * n_heads)).transpose(2, 0, 3, 1, 4)
-    return parts[0], parts[1], parts[2]
+def _split_heads(qkv: np.ndarray, n_heads: int, n_kv_heads: int | None = None):
+    """qkv (B, T, (H + 2 Hkv) hd) -> q (B, Hkv, T, g, hd), k (B, Hkv, T, hd), v (B, Hkv, T, hd):
+    views into the same buffer (no copies), with g = H / Hkv query heads per K/V head.
+
+    The fused layout is q's H heads, then k's Hkv heads, then v's. Query head h = kv * g + j
+    reads K/V head kv = h // g (HF's `repeat_kv` order); with Hkv = H (g = 1) this is ordinary
+    multi-head attention, with Hkv = 1 multi-query attention.
+    """
+    B, T, W = qkv.shape
+    Hkv = kv_heads(n_heads, n_kv_heads)
+    g = n_heads // Hkv
+    hd = W // (n_heads + 2 * Hkv)
+    x = qkv.reshape(B, T, n_heads + 2 * Hkv, hd)
+    q = x[:, :, :n_heads].reshape(B, T, Hkv, g, hd).transpose(0, 2, 1, 3, 4)
+    k = x[:, :, n_heads : n_heads + Hkv].transpose(0, 2, 1, 3)
+    v = x[:, :, n_heads + Hkv :].transpose(0, 2, 1, 3)
+    return q, k, v
+
+
+def _heads_first(a: np.ndarray) -> np.ndarray:
+    """(B, Hkv, T, g, ...) -> (B, H, T, ...) with H = Hkv * g, head h = kv * g + j (a copy):
+    the per-head layout of the trace."""
+    B, Hkv, T, g = a.shape[:4]
+    return a.swapaxes(2, 3).reshape(B, Hkv * g, T, *a.shape[4:])
 
 
 _TILE_SCORES = 1 << 18  # score elements of one query tile, all (batch, head) pairs together, on
@@ -304,98 +476,122 @@ def _query_tiles(T: int, causal: bool, pairs: int = 1) -> list[tuple[int, int, i
     return [(int(lo), int(hi), int(hi)) for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)]
 
 
-def attention_forward(qkv: np.ndarray, n_heads: int, causal: bool, trace: dict | None = None):
-    """qkv (B, T, 3C) fused projections -> out (B, T, C) = softmax(q k^T / sqrt(hd) + mask) v.
+def attention_forward(
+    qkv: np.ndarray, n_heads: int, causal: bool, trace: dict | None = None, n_kv_heads: int | None = None
+):
+    """qkv (B, T, (H + 2 Hkv) hd) fused projections -> out (B, T, H hd) =
+    softmax(q k^T / sqrt(hd) + mask) v, each query head attending with its group's K/V head
+    (`_split_heads`; n_kv_heads None: one K/V head per query head, the fused width 3C).
 
-    Heads are batched as (B, H, T, hd) views; the weighted sums are written straight into the
-    (B, T, C) layout the output projection reads. q is scaled before the product (T*hd work
-    instead of T*T). Causal attention runs in query tiles (`_query_tiles`), only each tile's
-    diagonal block masked. With `trace` (a dict) it records q, k, v, scores_raw, scores,
-    weights and mix, each (B, H, ...), the (T, T) ones whole (masked scores -inf, their weights 0).
+    A K/V head's g query heads are one batch of rows: q is scaled once into a (B, Hkv, T, g, hd)
+    buffer (T*hd work instead of T*T), whose (T, g) rows are then one axis of T * g queries, so
+    each product is one batched matmul per K/V head and k, v are never repeated. With g = 1
+    the weighted sums are written straight into the (B, T, C) layout the output projection
+    reads. Causal attention runs in query tiles (`_query_tiles`), only each tile's diagonal
+    block masked. With `trace` (a dict) it records q, k, v, scores_raw, scores, weights and
+    mix, each (B, H, ...) per query head (k and v as each query head sees them), the (T, T)
+    ones whole (masked scores -inf, their weights 0).
     Plain twin: `transformer.reference.attention`.
     """
-    B, T, C3 = qkv.shape
-    C = C3 // 3
-    hd = C // n_heads
+    B, T, _ = qkv.shape
+    q, k, v = _split_heads(qkv, n_heads, n_kv_heads)
+    _, Hkv, _, g, hd = q.shape
     scale = 1.0 / math.sqrt(hd)
-    q, k, v = _split_heads(qkv, n_heads)
-    qs = q * scale  # (B, H, T, hd)
-    out = np.empty((B, T, C), dtype=qkv.dtype)
-    mix = out.reshape(B, T, n_heads, hd).transpose(0, 2, 1, 3)  # (B, H, T, hd) view of out
+    qs = np.empty((B, Hkv, T, g, hd), dtype=qkv.dtype)
+    np.multiply(q, scale, out=qs)
+    out = np.empty((B, T, n_heads * hd), dtype=qkv.dtype)
+    mix = out.reshape(B, T, Hkv, g, hd).transpose(0, 2, 1, 3, 4)  # (B, Hkv, T, g, hd) view of out
     tiles = _query_tiles(T, causal, B * n_heads)
     weights = []
     if trace is not None:
-        trace["scores"] = np.full((B, n_heads, T, T), -np.inf, dtype=qkv.dtype)
-        trace["weights"] = np.zeros((B, n_heads, T, T), dtype=qkv.dtype)
+        scores5 = np.full((B, Hkv, T, g, T), -np.inf, dtype=qkv.dtype)
+        weights5 = np.zeros((B, Hkv, T, g, T), dtype=qkv.dtype)
     for lo, hi, keys in tiles:
-        scores = qs[:, :, lo:hi] @ k[:, :, :keys].swapaxes(-1, -2)  # (B, H, hi - lo, keys)
+        rows = (hi - lo) * g
+        scores = qs[:, :, lo:hi].reshape(B, Hkv, rows, hd) @ k[:, :, :keys].swapaxes(-1, -2)  # (B, Hkv, rows, keys)
         if causal:
-            scores[..., lo:hi] += causal_mask(hi - lo, scores.dtype.name)  # the diagonal block
+            scores[..., lo:hi] += causal_mask(hi - lo, scores.dtype.name, g)  # the diagonal block
         w = _softmax_rows(scores)
-        np.matmul(w, v[:, :, :keys], out=mix[:, :, lo:hi])
+        if g == 1:
+            np.matmul(w, v[:, :, :keys], out=mix[:, :, lo:hi, 0])
+        else:
+            mix[:, :, lo:hi] = (w @ v[:, :, :keys]).reshape(B, Hkv, hi - lo, g, hd)
         weights.append(w)
         if trace is not None:
-            trace["scores"][:, :, lo:hi, :keys] = scores
-            trace["weights"][:, :, lo:hi, :keys] = w
+            scores5[:, :, lo:hi, :, :keys] = scores.reshape(B, Hkv, hi - lo, g, keys)
+            weights5[:, :, lo:hi, :, :keys] = w.reshape(B, Hkv, hi - lo, g, keys)
     if trace is not None:
-        trace["q"], trace["k"], trace["v"] = q.copy(), k.copy(), v.copy()
-        trace["scores_raw"] = q @ k.swapaxes(-1, -2)
-        trace["mix"] = mix.copy()
+        trace["scores"], trace["weights"] = _heads_first(scores5), _heads_first(weights5)
+        trace["q"] = _heads_first(q)
+        trace["k"], trace["v"] = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+        trace["scores_raw"] = trace["q"] @ trace["k"].swapaxes(-1, -2)
+        trace["mix"] = _heads_first(mix)
     return out, (qs, k, v, tiles, weights, out, scale)
 
 
 def attention_backward(dout: np.ndarray, cache) -> np.ndarray:
-    """dout (B, T, C) -> dqkv (B, T, 3C).
+    """dout (B, T, H hd) -> dqkv (B, T, (H + 2 Hkv) hd).
 
     Softmax backward per row: ds = w * (dw - sum_j dw_j w_j). That row sum equals
     dmix . mix (sum_j (dmix . v_j) w_j = dmix . sum_j w_j v_j), a (T, hd) product instead of
     a (T, T) one, as FlashAttention computes it. Masked entries have w = 0, so they get no
-    gradient without looking at the mask. Tiles run last to first: the last one sees every key,
-    so it writes dk and dv; each earlier tile adds to the keys it saw.
+    gradient without looking at the mask. A K/V head's gradient is the sum over its group's
+    query heads: the group's rows are one axis of the products, so dk = ds^T q and dv = w^T dmix
+    add them up inside the GEMMs. Tiles run last to first: the last one sees every key, so it
+    writes dk and dv; each earlier tile adds to the keys it saw.
     """
     qs, k, v, tiles, weights, out, scale = cache
-    B, H, T, hd = qs.shape
-    dmix = dout.reshape(B, T, H, hd).transpose(0, 2, 1, 3)  # (B, H, T, hd) view
-    row_dot = _row_sums((dout * out).reshape(B, T, H, hd)).transpose(0, 2, 1)  # (B, H, T)
-    dqkv = np.empty((B, T, 3 * H * hd), dtype=dout.dtype)
-    dq, dk, dv = _split_heads(dqkv, H)
+    B, Hkv, T, g, hd = qs.shape
+    H = Hkv * g
+    dmix = dout.reshape(B, T, Hkv, g, hd).transpose(0, 2, 1, 3, 4)  # (B, Hkv, T, g, hd) view
+    row_dot = np.ascontiguousarray(_row_sums((dout * out).reshape(B, T, Hkv, g, hd)).transpose(0, 2, 1, 3))
+    dqkv = np.empty((B, T, (H + 2 * Hkv) * hd), dtype=dout.dtype)
+    dq, dk, dv = _split_heads(dqkv, H, Hkv)
     for (lo, hi, keys), w in reversed(list(zip(tiles, weights, strict=True))):
-        dm = dmix[:, :, lo:hi]
-        ds = dm @ v[:, :, :keys].swapaxes(-1, -2)  # (B, H, hi - lo, keys) d weights
-        ds -= row_dot[:, :, lo:hi, None]
+        rows = (hi - lo) * g
+        dm = dmix[:, :, lo:hi, 0] if g == 1 else np.ascontiguousarray(dmix[:, :, lo:hi]).reshape(B, Hkv, rows, hd)
+        ds = dm @ v[:, :, :keys].swapaxes(-1, -2)  # (B, Hkv, rows, keys) d weights
+        ds -= row_dot[:, :, lo:hi].reshape(B, Hkv, rows, 1)
         ds *= w  # now the gradient of the scaled scores
-        np.matmul(ds, k[:, :, :keys], out=dq[:, :, lo:hi])
+        if g == 1:
+            np.matmul(ds, k[:, :, :keys], out=dq[:, :, lo:hi, 0])
+        else:
+            dq[:, :, lo:hi] = (ds @ k[:, :, :keys]).reshape(B, Hkv, hi - lo, g, hd)
+        q_rows = qs[:, :, lo:hi].reshape(B, Hkv, rows, hd)
         if keys == T:
             np.matmul(w.swapaxes(-1, -2), dm, out=dv)
-            np.matmul(ds.swapaxes(-1, -2), qs[:, :, lo:hi], out=dk)
+            np.matmul(ds.swapaxes(-1, -2), q_rows, out=dk)
         else:
             dv[:, :, :keys] += w.swapaxes(-1, -2) @ dm
-            dk[:, :, :keys] += ds.swapaxes(-1, -2) @ qs[:, :, lo:hi]
+            dk[:, :, :keys] += ds.swapaxes(-1, -2) @ q_rows
     dq *= scale
     return dqkv
 
 
-def attention_forward_cached(qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int, n_heads: int):
+def attention_forward_cached(
+    qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int, n_heads: int, n_kv_heads: int | None = None
+):
     """Incremental causal attention for generation (inference only, no backward).
 
-    qkv (B, n, 3C) holds the projections of n new positions start..start+n-1; their k and v are
-    written into k_cache, v_cache (B, H, T_max, hd) and each new query attends to every cached
-    position up to its own. Returns out (B, n, C). Only the new positions are computed.
+    qkv (B, n, (H + 2 Hkv) hd) holds the projections of n new positions start..start+n-1; their
+    k and v are written into k_cache, v_cache (B, Hkv, T_max, hd) and each new query attends to
+    every cached position up to its own. Returns out (B, n, H hd). Only the new positions are
+    computed; the cache holds the K/V heads only, g query heads reading each.
     """
-    B, n, C3 = qkv.shape
-    C = C3 // 3
-    hd = C // n_heads
-    q, k, v = _split_heads(qkv, n_heads)
+    B, n, _ = qkv.shape
+    q, k, v = _split_heads(qkv, n_heads, n_kv_heads)
+    _, Hkv, _, g, hd = q.shape
     end = start + n
     k_cache[:, :, start:end] = k
     v_cache[:, :, start:end] = v
-    scores = (q * (1.0 / math.sqrt(hd))) @ k_cache[:, :, :end].swapaxes(-1, -2)  # (B, H, n, end)
+    qs = np.empty((B, Hkv, n, g, hd), dtype=qkv.dtype)
+    np.multiply(q, 1.0 / math.sqrt(hd), out=qs)
+    scores = qs.reshape(B, Hkv, n * g, hd) @ k_cache[:, :, :end].swapaxes(-1, -2)  # (B, Hkv, n g, end)
     if n > 1:
-        scores += causal_mask(end, scores.dtype.name)[start:end]  # rows of the new queries
+        scores += causal_mask(end, scores.dtype.name, g)[start * g : end * g]  # rows of the new queries
     w = _softmax_rows(scores)
-    out = np.empty((B, n, C), dtype=qkv.dtype)
-    np.matmul(w, v_cache[:, :, :end], out=out.reshape(B, n, n_heads, hd).transpose(0, 2, 1, 3))
-    return out, None
+    mix = (w @ v_cache[:, :, :end]).reshape(B, Hkv, n, g, hd)
+    return np.ascontiguousarray(mix.transpose(0, 2, 1, 3, 4)).reshape(B, n, n_heads * hd), None
 
 
 # ----------------------------------------------------------------------------- activations
@@ -461,6 +657,60 @@ def relu_forward(x: np.ndarray, grad: bool = True):
 def relu_backward(dout: np.ndarray, cache) -> np.ndarray:
     """dout (...) -> dx (...) = dout where the input was positive, else 0."""
     return np.where(cache > 0, dout, 0).astype(dout.dtype, copy=False)
+
+
+def silu_forward(x: np.ndarray, grad: bool = True):
+    """x (...) -> x * sigmoid(x) (SiLU, also called swish). The sigmoid is 0.5 (1 + tanh(x / 2)),
+    which never overflows (1 / (1 + exp(-x)) does for x below -88 in float32). With `grad` the
+    cache is the derivative, sigmoid + silu * (1 - sigmoid), computed while both are at hand;
+    without it (eval) None.
+    Plain twin: `transformer.reference.silu`.
+    """
+    s = np.multiply(x, 0.5)
+    np.tanh(s, out=s)
+    s *= 0.5
+    s += 0.5  # sigmoid(x)
+    out = x * s
+    if not grad:
+        return out, None
+    deriv = np.subtract(1.0, s)
+    deriv *= out
+    deriv += s
+    return out, deriv
+
+
+def silu_backward(dout: np.ndarray, cache) -> np.ndarray:
+    """dout (...) -> dx (...) = dout * silu'(x), the derivative the forward cached."""
+    return dout * cache
+
+
+def swiglu_forward(h: np.ndarray, grad: bool = True):
+    """h (..., 2F) = [gate | up], the fused projections x W_gate and x W_up -> (..., F) =
+    silu(gate) * up: the gated product of a SwiGLU MLP (Shazeer 2020, as Llama's MLP computes
+    it before its down projection).
+
+    With `grad` the cache is (silu(gate), up * silu'(gate)): the two factors the backward
+    multiplies dout by (up is folded into the derivative, one array fewer than keeping it).
+    Plain twin: `transformer.reference.swiglu`.
+    """
+    F = h.shape[-1] // 2
+    gate, up = h[..., :F], h[..., F:]
+    act, deriv = silu_forward(gate, grad)
+    out = act * up
+    if not grad:
+        return out, None
+    deriv *= up
+    return out, (act, deriv)
+
+
+def swiglu_backward(dout: np.ndarray, cache) -> np.ndarray:
+    """dout (..., F) -> dh (..., 2F) = [dout * up * silu'(gate) | dout * silu(gate)]."""
+    act, up_deriv = cache
+    F = act.shape[-1]
+    dh = np.empty((*dout.shape[:-1], 2 * F), dtype=dout.dtype)
+    np.multiply(dout, up_deriv, out=dh[..., :F])
+    np.multiply(dout, act, out=dh[..., F:])
+    return dh
 
 
 # ----------------------------------------------------------------------------- loss

@@ -43,27 +43,57 @@ def layernorm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: f
     return (x - mu) / np.sqrt(var + eps) * weight + (0 if bias is None else bias)
 
 
+def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float = LN_EPS) -> np.ndarray:
+    """(..., C) -> (..., C): each row divided by its root mean square (sqrt(mean(x^2) + eps)), scaled."""
+    return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * weight
+
+
 def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
     """(..., Cin) @ (Cin, Cout) (+ bias) -> (..., Cout)."""
     return x @ weight + (0 if bias is None else bias)
 
 
-def attention(qkv: np.ndarray, n_heads: int, causal: bool) -> np.ndarray:
-    """(B, T, 3C) fused q|k|v -> (B, T, C): one (batch, head, query) at a time, softmax written out."""
-    B, T, C3 = qkv.shape
-    C = C3 // 3
-    hd = C // n_heads
-    out = np.zeros((B, T, C), dtype=np.result_type(qkv.dtype, np.float64))
+def attention(qkv: np.ndarray, n_heads: int, causal: bool, n_kv_heads: int | None = None) -> np.ndarray:
+    """(B, T, (H + 2 Hkv) hd) fused q|k|v -> (B, T, H hd): one (batch, head, query) at a time,
+    softmax written out. Query head h reads K/V head h // (H / Hkv); Hkv defaults to H."""
+    B, T, W = qkv.shape
+    n_kv = n_heads if n_kv_heads is None else n_kv_heads
+    hd = W // (n_heads + 2 * n_kv)
+    group = n_heads // n_kv
+    out = np.zeros((B, T, n_heads * hd), dtype=np.result_type(qkv.dtype, np.float64))
     for b in range(B):
         for h in range(n_heads):
-            sl = slice(h * hd, (h + 1) * hd)
-            q, k, v = qkv[b, :, sl], qkv[b, :, C:][:, sl], qkv[b, :, 2 * C :][:, sl]
+            kv = h // group
+            q = qkv[b, :, h * hd : (h + 1) * hd]
+            k = qkv[b, :, (n_heads + kv) * hd : (n_heads + kv + 1) * hd]
+            v = qkv[b, :, (n_heads + n_kv + kv) * hd : (n_heads + n_kv + kv + 1) * hd]
             for t in range(T):
                 seen = t + 1 if causal else T
                 s = np.array([q[t] @ k[j] / math.sqrt(hd) for j in range(seen)])
                 w = np.exp(s - s.max())
                 w /= w.sum()
-                out[b, t, sl] = sum(w[j] * v[j] for j in range(seen))
+                out[b, t, h * hd : (h + 1) * hd] = sum(w[j] * v[j] for j in range(seen))
+    return out
+
+
+def rope(qkv: np.ndarray, n_heads: int, n_kv_heads: int | None, theta: float, start: int = 0) -> np.ndarray:
+    """(B, T, (H + 2 Hkv) hd) -> the same with each q and k head of position start + t rotated,
+    pair by pair, HF Llama's `rotate_half` way: dimension i with dimension i + hd/2, by the angle
+    (start + t) * theta^(-2i / hd). v is copied as it is."""
+    B, T, W = qkv.shape
+    n_kv = n_heads if n_kv_heads is None else n_kv_heads
+    hd = W // (n_heads + 2 * n_kv)
+    half = hd // 2
+    out = np.array(qkv, dtype=np.result_type(qkv.dtype, np.float64))
+    for b in range(B):
+        for t in range(T):
+            for head in range(n_heads + n_kv):  # the q heads, then the k heads
+                x = qkv[b, t, head * hd : (head + 1) * hd]
+                for i in range(half):
+                    angle = (start + t) / theta ** (2 * i / hd)
+                    c, s = math.cos(angle), math.sin(angle)
+                    out[b, t, head * hd + i] = x[i] * c - x[i + half] * s
+                    out[b, t, head * hd + i + half] = x[i + half] * c + x[i] * s
     return out
 
 
@@ -76,6 +106,18 @@ def gelu(x: np.ndarray) -> np.ndarray:
 def relu(x: np.ndarray) -> np.ndarray:
     """max(x, 0), element by element."""
     return np.where(x > 0, x, 0.0)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x), element by element."""
+    f = lambda z: z / (1 + math.exp(-z)) if z >= 0 else z * math.exp(z) / (1 + math.exp(z))  # noqa: E731
+    return np.vectorize(f, otypes=[np.float64])(x)
+
+
+def swiglu(h: np.ndarray) -> np.ndarray:
+    """(..., 2F) = [gate | up] -> (..., F): silu(gate) * up."""
+    F = h.shape[-1] // 2
+    return silu(h[..., :F]) * h[..., F:]
 
 
 def softmax_xent(logits: np.ndarray, targets: np.ndarray) -> float:

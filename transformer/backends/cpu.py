@@ -29,9 +29,17 @@ from tokenkit.transformer.ops import (
     relu_forward,
     residual_backward,
     residual_forward,
+    rmsnorm_backward,
+    rmsnorm_forward,
+    rope_backward,
+    rope_forward,
+    silu_backward,
+    silu_forward,
     sinusoidal_table,
     softmax_xent_backward,
     softmax_xent_forward,
+    swiglu_backward,
+    swiglu_forward,
 )
 
 OPS = (
@@ -39,6 +47,8 @@ OPS = (
     "layernorm_forward", "layernorm_backward", "linear_forward", "linear_backward", "residual_forward",
     "residual_backward", "attention_forward", "attention_backward", "attention_forward_cached", "gelu_forward",
     "gelu_backward", "relu_forward", "relu_backward", "softmax_xent_forward", "softmax_xent_backward", "adamw_update",
+    "rope_forward", "rope_backward", "rmsnorm_forward", "rmsnorm_backward", "silu_forward", "silu_backward",
+    "swiglu_forward", "swiglu_backward",
 )  # fmt: skip
 
 __all__ = ["LN_EPS", "OPS", *OPS]

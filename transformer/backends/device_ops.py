@@ -18,6 +18,10 @@ How it differs from the CPU ops, and why:
   order: the additions of NumPy's add.at, so it is bit-identical to the CPU op.
 - The cross-entropy keeps each row's max and sum of exponentials instead of writing the
   exponentials: one read of the logits forward, one read and write backward.
+- Llama's pieces (RMSNorm, rotary positions, SiLU and SwiGLU, grouped-query attention) are
+  plain array code over xp, no kernels of their own yet (RMSNorm's dweight uses the column
+  sums): correct on any device, not tuned. Grouped-query attention repeats each K/V head for
+  its group (HF's repeat_kv) and sums the group's gradients back.
 
 Kernel interface (what `kernels` provides; arrays C-contiguous, on the device):
     layernorm_forward(x (N, C), w, b or None, eps) -> out (N, C), xhat (N, C), rstd (N,)
@@ -56,6 +60,7 @@ class DeviceOps:
     def __init__(self, xp, kernels):
         self.xp = xp
         self.kernels = kernels
+        self._tables: dict[tuple, tuple] = {}  # rotary cos and sin tables on the device
 
     # ------------------------------------------------------------------------- embedding
 
@@ -143,41 +148,48 @@ class DeviceOps:
 
     # ------------------------------------------------------------------------- attention
 
-    def _heads(self, qkv, n_heads: int):
-        """qkv (B, T, 3C) -> q, k, v views (B, H, T, hd)."""
-        B, T, C3 = qkv.shape
-        parts = qkv.reshape(B, T, 3, n_heads, C3 // (3 * n_heads)).transpose(2, 0, 3, 1, 4)
-        return parts[0], parts[1], parts[2]
+    def _heads(self, qkv, n_heads: int, n_kv_heads: int | None = None):
+        """qkv (B, T, (H + 2 Hkv) hd) -> q (B, H, T, hd), k, v (B, Hkv, T, hd) views."""
+        B, T, W = qkv.shape
+        Hkv = cpu_ops.kv_heads(n_heads, n_kv_heads)
+        x = qkv.reshape(B, T, n_heads + 2 * Hkv, W // (n_heads + 2 * Hkv)).transpose(0, 2, 1, 3)
+        return x[:, :n_heads], x[:, n_heads : n_heads + Hkv], x[:, n_heads + Hkv :]
+
+    def _repeat(self, kv, group: int):
+        """(B, Hkv, T, hd) -> (B, Hkv * group, T, hd) contiguous: each K/V head for every query
+        head of its group (HF's repeat_kv)."""
+        return self.xp.ascontiguousarray(kv if group == 1 else self.xp.repeat(kv, group, axis=1))
 
     def _merge_heads(self, y):
         """(B, H, T, hd) -> (B, T, H * hd), contiguous."""
         B, H, T, hd = y.shape
         return self.xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(B, T, H * hd)
 
-    def attention_forward(self, qkv, n_heads: int, causal: bool, trace: dict | None = None):
-        """qkv (B, T, 3C) -> out (B, T, C) = softmax(q k^T / sqrt(hd) + mask) v.
+    def attention_forward(self, qkv, n_heads: int, causal: bool, trace: dict | None = None, n_kv_heads=None):
+        """qkv (B, T, (H + 2 Hkv) hd) -> out (B, T, H hd) = softmax(q k^T / sqrt(hd) + mask) v.
 
         Two batched GEMMs around one softmax kernel that masks in place; k and v are made
-        contiguous once, since a batched GEMM needs one stride per batch. `trace` records what
-        the CPU op records.
+        contiguous once (repeated for their groups of query heads), since a batched GEMM needs
+        one stride per batch. `trace` records what the CPU op records.
         """
         xp = self.xp
-        hd = qkv.shape[2] // (3 * n_heads)
+        q, k, v = self._heads(qkv, n_heads, n_kv_heads)
+        hd = q.shape[-1]
+        group = n_heads // k.shape[1]
         scale = 1.0 / math.sqrt(hd)
-        q, k, v = self._heads(qkv, n_heads)
         qs = q * scale  # (B, H, T, hd), contiguous
-        k, v = xp.ascontiguousarray(k), xp.ascontiguousarray(v)
+        k, v = self._repeat(k, group), self._repeat(v, group)
         w = qs @ k.swapaxes(-1, -2)  # (B, H, T, T) scores, then weights in place
         if trace is not None:
             trace["scores"] = self._masked(w.copy(), causal)  # before the kernel overwrites w
         self.kernels.attention_softmax(w, 0, causal)
-        out = self._merge_heads(w @ v)  # (B, T, C)
+        out = self._merge_heads(w @ v)  # (B, T, H hd)
         if trace is not None:
             trace["weights"] = w.copy()
-            trace["q"], trace["k"], trace["v"] = q.copy(), k.copy(), v.copy()
+            trace["q"], trace["k"], trace["v"] = xp.ascontiguousarray(q), k.copy(), v.copy()
             trace["scores_raw"] = q @ k.swapaxes(-1, -2)
             trace["mix"] = w @ v
-        return out, (qs, k, v, w, out, scale)
+        return out, (qs, k, v, w, out, scale, group)
 
     def _masked(self, scores, causal: bool):
         """(..., T, T) scores with -inf above the diagonal when causal (the trace's form)."""
@@ -188,35 +200,104 @@ class DeviceOps:
         return self.xp.where(above, scores.dtype.type(-np.inf), scores)
 
     def attention_backward(self, dout, cache):
-        """dout (B, T, C) -> dqkv (B, T, 3C). ds = w * (dw - dmix . mix) per row, as the CPU's
-        (a (T, hd) row dot instead of a (T, T) one); masked weights are 0, so masked scores get
-        no gradient."""
+        """dout (B, T, H hd) -> dqkv (B, T, (H + 2 Hkv) hd). ds = w * (dw - dmix . mix) per row,
+        as the CPU's (a (T, hd) row dot instead of a (T, T) one); masked weights are 0, so
+        masked scores get no gradient. A K/V head's gradient sums its group's."""
         xp = self.xp
-        qs, k, v, w, out, scale = cache
+        qs, k, v, w, out, scale, group = cache
         B, H, T, hd = qs.shape
+        Hkv = H // group
         dmix = xp.ascontiguousarray(dout.reshape(B, T, H, hd).transpose(0, 2, 1, 3))  # (B, H, T, hd)
         row_dot = xp.ascontiguousarray((dout * out).reshape(B, T, H, hd).sum(axis=-1).transpose(0, 2, 1))  # (B, H, T)
         ds = dmix @ v.swapaxes(-1, -2)  # (B, H, T, T) d weights, then d scaled scores in place
         self.kernels.softmax_backward(ds, w, row_dot)
         dq = ds @ k
         dq *= scale
-        dqkv = xp.empty((B, T, 3, H, hd), dtype=dout.dtype)
-        dqkv[:, :, 0] = dq.transpose(0, 2, 1, 3)
-        dqkv[:, :, 1] = (ds.swapaxes(-1, -2) @ qs).transpose(0, 2, 1, 3)
-        dqkv[:, :, 2] = (w.swapaxes(-1, -2) @ dmix).transpose(0, 2, 1, 3)
-        return dqkv.reshape(B, T, 3 * H * hd)
+        dk = (ds.swapaxes(-1, -2) @ qs).reshape(B, Hkv, group, T, hd).sum(axis=2)
+        dv = (w.swapaxes(-1, -2) @ dmix).reshape(B, Hkv, group, T, hd).sum(axis=2)
+        dqkv = xp.empty((B, T, H + 2 * Hkv, hd), dtype=dout.dtype)
+        dqkv[:, :, :H] = dq.transpose(0, 2, 1, 3)
+        dqkv[:, :, H : H + Hkv] = dk.transpose(0, 2, 1, 3)
+        dqkv[:, :, H + Hkv :] = dv.transpose(0, 2, 1, 3)
+        return dqkv.reshape(B, T, (H + 2 * Hkv) * hd)
 
-    def attention_forward_cached(self, qkv, k_cache, v_cache, start: int, n_heads: int):
-        """Incremental causal attention for generation: qkv (B, n, 3C) of positions
-        start..start+n-1; their k, v go into k_cache, v_cache (B, H, T_max, hd). -> out (B, n, C)."""
-        hd = qkv.shape[2] // (3 * n_heads)
-        q, k, v = self._heads(qkv, n_heads)
+    def attention_forward_cached(self, qkv, k_cache, v_cache, start: int, n_heads: int, n_kv_heads=None):
+        """Incremental causal attention for generation: qkv (B, n, (H + 2 Hkv) hd) of positions
+        start..start+n-1; their k, v go into k_cache, v_cache (B, Hkv, T_max, hd). -> out (B, n, H hd)."""
+        q, k, v = self._heads(qkv, n_heads, n_kv_heads)
+        hd = q.shape[-1]
+        group = n_heads // k.shape[1]
         end = start + k.shape[2]
         k_cache[:, :, start:end] = k
         v_cache[:, :, start:end] = v
-        w = (q * (1.0 / math.sqrt(hd))) @ k_cache[:, :, :end].swapaxes(-1, -2)  # (B, H, n, end)
+        keys = self._repeat(k_cache[:, :, :end], group)
+        w = (q * (1.0 / math.sqrt(hd))) @ keys.swapaxes(-1, -2)  # (B, H, n, end)
         self.kernels.attention_softmax(w, start, True)
-        return self._merge_heads(w @ v_cache[:, :, :end]), None
+        return self._merge_heads(w @ self._repeat(v_cache[:, :, :end], group)), None
+
+    # ------------------------------------------------------------------------- rotary positions
+
+    def rope_forward(self, qkv, n_heads: int, n_kv_heads, theta: float, start: int = 0):
+        """qkv (B, T, (H + 2 Hkv) hd) -> the same with q and k rotated (HF's rotate_half layout),
+        v unchanged; the CPU's cos and sin tables, copied to the device once per shape."""
+        B, T, W = qkv.shape
+        Hkv = cpu_ops.kv_heads(n_heads, n_kv_heads)
+        hd = W // (n_heads + 2 * Hkv)
+        cos, sin = self._rope_table(start + T, hd, theta, qkv.dtype)
+        cos, sin = cos[start : start + T], sin[start : start + T]
+        rotated = n_heads + Hkv
+        x = qkv.reshape(B, T, n_heads + 2 * Hkv, hd)
+        out = self.xp.empty_like(x)
+        self._rotate_halves(x[:, :, :rotated], out[:, :, :rotated], cos, sin)
+        out[:, :, rotated:] = x[:, :, rotated:]
+        return out.reshape(qkv.shape), (cos, sin, rotated)
+
+    def rope_backward(self, dout, cache):
+        """dout -> dqkv: q's and k's gradients rotated back, v's passed through."""
+        cos, sin, rotated = cache
+        B, T, W = dout.shape
+        hd = 2 * cos.shape[-1]
+        d = dout.reshape(B, T, W // hd, hd)
+        dx = self.xp.empty_like(d)
+        self._rotate_halves(d[:, :, :rotated], dx[:, :, :rotated], cos, -sin)
+        dx[:, :, rotated:] = d[:, :, rotated:]
+        return dx.reshape(dout.shape)
+
+    def _rope_table(self, n: int, hd: int, theta: float, dtype):
+        """cos, sin (n, hd / 2) on the device, made once per (n, hd, theta, dtype)."""
+        key = ("rope", n, hd, float(theta), np.dtype(dtype).name)
+        if key not in self._tables:
+            if len(self._tables) >= 16:
+                self._tables.clear()
+            self._tables[key] = tuple(self.xp.asarray(t) for t in cpu_ops.rope_table(n, hd, theta, dtype))
+        return self._tables[key]
+
+    def _rotate_halves(self, x, out, cos, sin):
+        """out = x rotated pair (i, i + hd/2) by pair (ops._rotate_halves)."""
+        half = x.shape[-1] // 2
+        c, s = cos[:, None, :], sin[:, None, :]
+        out[..., :half] = x[..., :half] * c - x[..., half:] * s
+        out[..., half:] = x[..., half:] * c + x[..., :half] * s
+
+    # ------------------------------------------------------------------------- rmsnorm
+
+    def rmsnorm_forward(self, x, weight, eps: float = LN_EPS):
+        """x (..., C) -> x / sqrt(mean(x^2) + eps) * weight; the cache keeps xhat and 1/rms."""
+        C = x.shape[-1]
+        x2 = x.reshape(-1, C)
+        rstd = 1.0 / self.xp.sqrt((x2 * x2).mean(axis=-1, keepdims=True) + eps)  # (N, 1)
+        xhat = self.xp.ascontiguousarray(x2 * rstd)
+        return (xhat * weight).reshape(x.shape), (xhat, rstd, weight)
+
+    def rmsnorm_backward(self, dout, cache):
+        """dout (..., C) -> dx (..., C) = rstd (g - xhat mean(g xhat)) with g = dout * weight,
+        dweight (C,) by the column sums kernel."""
+        xhat, rstd, weight = cache
+        C = xhat.shape[-1]
+        d2 = self.xp.ascontiguousarray(dout.reshape(xhat.shape))
+        mean_gx = (d2 * xhat) @ weight / C  # (N,)
+        dx = (d2 * weight - xhat * mean_gx[:, None]) * rstd
+        return dx.reshape(dout.shape), self.kernels.column_sums(d2, xhat)
 
     # ------------------------------------------------------------------------- activations
 
@@ -236,6 +317,29 @@ class DeviceOps:
     def relu_backward(self, dout, cache):
         """dout (...) -> dout where the input was positive, else 0."""
         return self.xp.where(cache > 0, dout, 0).astype(dout.dtype, copy=False)
+
+    def silu_forward(self, x, grad: bool = True):
+        """x (...) -> x * sigmoid(x), sigmoid as 0.5 (1 + tanh(x / 2)); with `grad` the cache is
+        silu'(x) = sigmoid + silu (1 - sigmoid) (as on the CPU)."""
+        s = 0.5 * (1.0 + self.xp.tanh(0.5 * x))
+        out = x * s
+        return out, (s + out * (1.0 - s)) if grad else None
+
+    def silu_backward(self, dout, cache):
+        """dout (...) -> dout * silu'(x)."""
+        return dout * cache
+
+    def swiglu_forward(self, h, grad: bool = True):
+        """h (..., 2F) = [gate | up] -> silu(gate) * up; the cache (silu(gate), up * silu'(gate))."""
+        F = h.shape[-1] // 2
+        gate, up = h[..., :F], h[..., F:]
+        act, deriv = self.silu_forward(gate, grad)
+        return act * up, (act, deriv * up) if grad else None
+
+    def swiglu_backward(self, dout, cache):
+        """dout (..., F) -> dh (..., 2F) = [dout * up * silu'(gate) | dout * silu(gate)]."""
+        act, up_deriv = cache
+        return self.xp.concatenate([dout * up_deriv, dout * act], axis=-1)
 
     # ------------------------------------------------------------------------- loss
 
