@@ -473,31 +473,49 @@ def _block(params: Mapping[str, Any], name: str, what: str, view: str, shape=Non
 def model_view(config, params: Mapping[str, Any]) -> dict[str, Any]:
     """/api/model: the model's blocks in the order data flows through them, each with its tensors'
     shapes and parameter count (from `params`, the model's own), and the page view that shows it
-    at work. The counts add up to the model's parameters; the output head is tied to wte."""
+    at work. The counts add up to the model's parameters. The pieces are named as the config
+    says: learned, sinusoidal or rotary positions; LayerNorm or RMSNorm; a GELU/ReLU or SwiGLU MLP;
+    K/V heads shared by groups of query heads; the head tied to wte or its own lm_head."""
     C, H, V, T = config.d_model, config.n_heads, config.vocab_size, config.context_length
-    pre, act = config.norm == "pre", config.activation.upper()
+    pre, hd, kv = config.norm == "pre", config.head_dim, config.kv_heads
+    norm = "RMSNorm" if config.norm_type == "rmsnorm" else "LayerNorm"
     blocks = [_block(params, "wte", "token embeddings: one row of d_model numbers per token id", "tokens")]
     if config.positional == "learned":
         blocks.append(
             _block(params, "wpe", "learned positional embeddings, added to the token embeddings", "attention")
         )
+    elif config.positional == "rope":
+        what = f"rotary positions: q and k rotated by their position (theta {config.rope_theta:g}; no parameters)"
+        blocks.append(_block(params, "rope", what, "attention", shape=(T, hd)))
     else:
         what = "sinusoidal positional encodings, added to the token embeddings (fixed: no parameters)"
         blocks.append(_block(params, "wpe", what, "attention", shape=(T, C)))
+    if kv == H:
+        qkv = f"Q, K and V for {H} heads of {hd} dimensions"
+    else:
+        qkv = f"Q for {H} heads, K and V for {kv} (each shared by {H // kv} query heads), {hd} dimensions each"
+    if config.activation == "swiglu":
+        up = f"MLP: gate and up, {config.hidden} dimensions each; SiLU(gate) * up"
+    else:
+        up = f"MLP: up to {config.hidden} dimensions, then {config.activation.upper()}"
     for i in range(config.n_layers):
         h = f"h.{i}."
         layer = [
-            ("ln_1", "LayerNorm of the attention's input" if pre else "LayerNorm of input + attention", {}),
-            ("attn.c_attn", f"Q, K and V for {H} heads of {config.head_dim} dimensions",
-             {"heads": H, "head_dim": config.head_dim}),
+            ("ln_1", f"{norm} of the attention's input" if pre else f"{norm} of input + attention", {}),
+            ("attn.c_attn", qkv, {"heads": H, "head_dim": hd, "kv_heads": kv}),
             ("attn.c_proj", "the heads' weighted sums, side by side, projected back", {}),
-            ("ln_2", "LayerNorm of the MLP's input" if pre else "LayerNorm of input + MLP", {}),
-            ("mlp.c_fc", f"MLP: up to {4 * C} dimensions, then {act}", {}),
+            ("ln_2", f"{norm} of the MLP's input" if pre else f"{norm} of input + MLP", {}),
+            ("mlp.c_fc", up, {}),
             ("mlp.c_proj", f"MLP: back down to {C} dimensions", {}),
-        ]  # fmt: skip
+        ]
         blocks += [_block(params, h + name, what, "attention", layer=i, **extra) for name, what, extra in layer]
-    blocks.append(_block(params, "ln_f", "final LayerNorm", "next"))
-    head = _block(params, "head", "logits = ln_f(x) @ wte^T (tied to wte: no parameters of its own)", "next", (C, V))
+    blocks.append(_block(params, "ln_f", f"final {norm}", "next"))
+    if config.tie_embeddings:
+        head = _block(
+            params, "head", "logits = ln_f(x) @ wte^T (tied to wte: no parameters of its own)", "next", (C, V)
+        )
+    else:
+        head = _block(params, "lm_head", "logits = ln_f(x) @ lm_head^T (its own weights, untied from wte)", "next")
     blocks.append(head)
     counted = {key for b in blocks for key in b["tensors"]}
     for key in sorted(set(params) - counted):  # not a tokenkit GPT's name: shown, so that the total still adds up

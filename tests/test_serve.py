@@ -30,6 +30,7 @@ from tokenkit.cli.main import main
 from tokenkit.pipeline import checkpoint, live, views
 from tokenkit.pipeline.run import load_model_and_tokenizer
 from tokenkit.transformer import GPT, GPTConfig
+from tokenkit.transformer.config import llama_config
 from tokenkit.transformer.explain import explain_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -303,6 +304,24 @@ def test_model_blocks_add_up_to_the_parameters(srv, files):
     assert {b["view"] for b in doc["blocks"]} <= set(views.VIEWS)
     attn = next(b for b in doc["blocks"] if b["name"] == "h.1.attn.c_attn")
     assert (attn["shape"], attn["heads"], attn["head_dim"], attn["layer"]) == ([32, 96], 2, 16, 1)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_model_blocks_of_a_llama_family_model_say_its_pieces(tied):
+    cfg = llama_config(vocab_size=40, context_length=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                       tie_embeddings=tied)  # fmt: skip
+    model = GPT(cfg)
+    doc = views.model_view(cfg, model.params)
+    tensors = {name: shape for b in doc["blocks"] for name, shape in b["tensors"].items()}
+    assert tensors == {name: list(p.shape) for name, p in model.params.items()}  # every tensor once
+    assert doc["parameters"] == sum(p.size for p in model.params.values())
+    by_name = {b["name"]: b for b in doc["blocks"]}
+    assert "wpe" not in by_name and by_name["rope"]["parameters"] == 0 and "rotary" in by_name["rope"]["what"]
+    assert "RMSNorm" in by_name["h.0.ln_1"]["what"] and "RMSNorm" in by_name["ln_f"]["what"]
+    assert "K and V for 2 (each shared by 2 query heads)" in by_name["h.1.attn.c_attn"]["what"]
+    assert by_name["h.1.attn.c_attn"]["kv_heads"] == 2 and "SiLU(gate) * up" in by_name["h.0.mlp.c_fc"]["what"]
+    assert doc["blocks"][-1]["name"] == ("head" if tied else "lm_head")
+    assert all(b["what"] != "other" for b in doc["blocks"])
 
 
 def test_info_says_what_is_served(srv, files):
