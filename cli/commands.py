@@ -10,6 +10,7 @@ process, this module's import included): a KeyboardInterrupt passes through `run
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -88,6 +89,14 @@ def run(argv: list[str] | None) -> int:
         return 1
     except MemoryError:  # last resort: the packages refuse what they can foresee before allocating
         click.echo("error: out of memory; use a smaller model, batch or file, or a machine with more memory", err=True)
+        return 1
+    except BrokenPipeError as err:
+        if err.filename is not None:
+            raise OSError(err.errno, err.strerror, err.filename) from None  # a file's broken pipe, said below
+        # the reader of our output stopped (`tk info ... | head`): nothing to say; stdout goes to
+        # /dev/null so that the interpreter's final flush does not fail a second time
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
         return 1
     except OSError as err:  # last resort: a disk or permission failure the packages did not name
         where = f"{err.filename}: " if err.filename else ""
