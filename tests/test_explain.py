@@ -330,6 +330,56 @@ def test_llama_style_model_is_explained(n_kv_heads):
     np.testing.assert_allclose(sum(shares), expl.step("h.1.attn.out").value, atol=1e-6)
 
 
+def test_llama_steps_are_numpy_recomputed_from_the_params():
+    """RoPE (q, k before and after, the angles), RMSNorm's rms and x / rms, SwiGLU's silu(gate) * up
+    and the GQA note, each against plain float64 NumPy from the params and the step before."""
+    config = llama_config(vocab_size=40, context_length=8, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2)
+    model = GPT(config, seed=7)
+    ids = [3, 1, 4, 1, 5, 9]
+    expl = explain_model(model, ids, [repr(str(i)) for i in ids], layer=1, head=3)
+    v = lambda key: expl.step(key).value  # noqa: E731
+    p = {name: np.asarray(a, dtype=np.float64) for name, a in model.params.items()}
+    T, hd, C = len(ids), config.head_dim, config.d_model
+    x = v("layer_input")  # resid_2 of layer 0
+    rms = np.sqrt((x**2).mean(-1, keepdims=True) + config.norm_eps)
+    np.testing.assert_allclose(v("h.1.ln_1.rms"), rms, rtol=1e-12)
+    np.testing.assert_allclose(v("h.1.ln_1.scaled"), x / rms, rtol=1e-12)
+    np.testing.assert_array_equal(v("h.1.ln_1.gain"), p["h.1.ln_1.weight"])
+    a = x / rms * p["h.1.ln_1.weight"]
+    np.testing.assert_allclose(v("h.1.ln_1"), a, atol=1e-5)
+    # head 3 is in group 1 (heads 2, 3) of 2 K/V heads: q columns 3 hd.., k columns C + 1 hd..
+    w = p["h.1.attn.c_attn.weight"]
+    q_pre, k_pre = a @ w[:, 3 * hd : 4 * hd], a @ w[:, C + hd : C + 2 * hd]
+    np.testing.assert_allclose(v("h.1.attn.q_pre"), q_pre, atol=1e-5)
+    np.testing.assert_allclose(v("h.1.attn.k_pre"), k_pre, atol=1e-5)
+    angle = np.arange(T)[:, None] * config.rope_theta ** (-np.arange(hd // 2) * 2 / hd)
+    np.testing.assert_allclose(v("rope_angle"), angle, rtol=1e-12)
+    cos, sin = np.cos(angle), np.sin(angle)
+
+    def rotate(z):
+        z1, z2 = z[:, : hd // 2], z[:, hd // 2 :]
+        return np.concatenate([z1 * cos - z2 * sin, z2 * cos + z1 * sin], axis=1)
+
+    np.testing.assert_allclose(v("h.1.attn.q"), rotate(q_pre), atol=1e-5)
+    np.testing.assert_allclose(v("h.1.attn.k"), rotate(k_pre), atol=1e-5)
+    assert "head 3 reads K/V head 1, shared with heads 2 and 3." in expl.step("h.1.attn.q_pre").note
+    assert expl.step("h.1.attn.k").title == "K rotated (RoPE), K/V head 1 (read by query head 3)"
+    assert expl.step("h.1.attn.v").title.startswith("V, K/V head 1")
+    m = v("h.1.ln_2")
+    gate, up = m @ p["h.1.mlp.c_fc.weight"][:, : config.hidden], m @ p["h.1.mlp.c_fc.weight"][:, config.hidden :]
+    np.testing.assert_allclose(v("h.1.mlp.gate"), gate, atol=1e-5)
+    np.testing.assert_allclose(v("h.1.mlp.up"), up, atol=1e-5)
+    silu = gate / (1 + np.exp(-gate))
+    np.testing.assert_allclose(v("h.1.mlp.silu_gate"), silu, atol=1e-5)
+    np.testing.assert_allclose(v("h.1.mlp.act"), silu * up, atol=1e-5)
+    np.testing.assert_allclose(v("h.1.ln_2.rms"), np.sqrt((v("h.1.resid_1") ** 2).mean(-1, keepdims=True) + 1e-5))
+    # --query keeps every key's rotated and unrotated k and the angles whole, the query's rows only elsewhere
+    doc = expl.to_dict(query=2)
+    steps = {s["key"]: s["value"] for s in doc["steps"]}
+    assert all(row is not None for row in steps["h.1.attn.k_pre"] + steps["rope_angle"])
+    assert [row is None for row in steps["h.1.attn.q_pre"]] == [t != 2 for t in range(T)]
+
+
 def test_text_longer_than_the_context_is_one_line(capsys, saved):
     path, model, _ = saved
     code, out, err = run(capsys, "-m", str(path), "fox " * (model.config.context_length + 1))

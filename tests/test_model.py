@@ -175,9 +175,13 @@ def test_llama_trace_records_the_forward(n_kv_heads):
     trace = {}
     logits = model.forward(ids, trace=trace)
     np.testing.assert_array_equal(trace["logits"], logits)
-    keys = {"tok_emb", "x0", "ln_f", "logits"} | {f"h.{i}.{k}" for i in range(2) for k in TRACE_BLOCK_KEYS}
+    rotary = ["attn.q_pre", "attn.k_pre"]  # q and k before the rotation, for explain
+    keys = {"tok_emb", "x0", "ln_f", "logits"} | {f"h.{i}.{k}" for i in range(2) for k in TRACE_BLOCK_KEYS + rotary}
     assert set(trace) == keys
     B, T, C, H, F = 2, 4, 16, 4, config.hidden
+    assert trace["h.0.attn.q_pre"].shape == trace["h.0.attn.k_pre"].shape == (B, H, T, 4)
+    np.testing.assert_array_equal(trace["h.0.attn.q_pre"][:, :, 0], trace["h.0.attn.q"][:, :, 0])  # position 0: angle 0
+    np.testing.assert_array_equal(trace["h.0.attn.k_pre"][:, :, 0], trace["h.0.attn.k"][:, :, 0])
     shapes = {"x0": (B, T, C), "h.0.attn.q": (B, H, T, 4), "h.0.attn.k": (B, H, T, 4), "h.1.attn.weights": (B, H, T, T),
               "h.0.mlp.pre": (B, T, 2 * F), "h.0.mlp.act": (B, T, F), "logits": (B, T, 7)}  # fmt: skip
     assert {k: trace[k].shape for k in shapes} == shapes

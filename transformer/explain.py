@@ -169,7 +169,8 @@ class Explanation:
             raise ModelError(f"query {query} is not a position of this text: it has {T} token(s), 0..{T - 1}")
         doc["query"] = query
         for step in doc["steps"]:
-            if len(step["shape"]) == 2 and step["shape"][0] == T and not step["key"].endswith((".attn.k", ".attn.v")):
+            whole = step["key"].endswith((".attn.k", ".attn.v", ".attn.k_pre")) or step["key"] == "rope_angle"
+            if len(step["shape"]) == 2 and step["shape"][0] == T and not whole:
                 step["value"] = [row if t == query else None for t, row in enumerate(step["value"])]
         if doc["attention_all_heads"] is not None:
             doc["attention_all_heads"] = [
@@ -189,6 +190,104 @@ def _dims(n: int, prefix: str = "") -> list[str]:
 
 
 # ----------------------------------------------------------------------------- real models
+
+
+def gqa_note(cfg, head: int) -> str:
+    """Which K/V head query head `head` reads, and which query heads share it."""
+    group = cfg.n_heads // cfg.kv_heads
+    kv = head // group
+    mates = list(range(kv * group, kv * group + group))
+    shared = ", ".join(map(str, mates[:-1])) + f" and {mates[-1]}" if group > 1 else str(head)
+    return f"head {head} reads K/V head {kv}, shared with heads {shared}."
+
+
+def rope_angles(T: int, head_dim: int, theta: float) -> np.ndarray:
+    """(T, head_dim / 2) rotary angles position * inv_freq, inv_freq_i = theta^(-2i / head_dim), in
+    float64 as ops.rope_table computes them (it then takes their cos and sin)."""
+    inv_freq = theta ** -(np.arange(head_dim // 2, dtype=np.float64) * 2.0 / head_dim)
+    return np.arange(T, dtype=np.float64)[:, None] * inv_freq
+
+
+def rope_steps(cfg, trace, h: str, head: int, toks, row, q_note: str, kv_name: str, kv_note: str) -> list[Step]:
+    """Q and K before and after the rotary rotation, and the rotation's angles (RoPE configs)."""
+    hd, T = cfg.head_dim, len(toks)
+    half = hd // 2
+    pairs = f"dimension i turns with i + {half} (HF's rotate_half): by the angle of column i mod {half}"
+    angles = Step(
+        "rope_angle",
+        f"rotation angles position * inv_freq (theta {cfg.rope_theta:g})",
+        rope_angles(T, hd, cfg.rope_theta),
+        toks,
+        _dims(half, "i"),
+        f"inv_freq_i = theta^(-2i/{hd}); the same angles turn q and k of every head and layer.",
+    )
+    return [
+        row(f"{h}attn.q_pre", f"Q before rotation, head {head}", trace[h + "attn.q_pre"][0, head], _dims(hd), q_note),
+        row(f"{h}attn.k_pre", f"K before rotation, {kv_name}", trace[h + "attn.k_pre"][0, head], _dims(hd), kv_note),
+        angles,
+        row(
+            f"{h}attn.q",
+            f"Q rotated (RoPE), head {head}",
+            trace[h + "attn.q"][0, head],
+            _dims(hd),
+            f"q_i cos - q_(i+{half}) sin, q_(i+{half}) cos + q_i sin: {pairs}.",
+        ),
+        row(
+            f"{h}attn.k",
+            f"K rotated (RoPE), {kv_name}",
+            trace[h + "attn.k"][0, head],
+            _dims(hd),
+            (kv_note + " " if kv_note else "")
+            + "The same rotation by each key's position; q . k then depends on their distance only.",
+        ),
+    ]
+
+
+def rmsnorm_steps(name: str, x, gain, eps: float, toks) -> list[Step]:
+    """RMSNorm's scale: each row's rms = sqrt(mean(x^2) + eps), and x / rms, before the gain
+    (computed here in float64 from the norm's input; the output after them is the model's)."""
+    x = np.asarray(as_host(x), dtype=np.float64)
+    rms = np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+    C = x.shape[-1]
+    return [
+        Step(
+            name + ".rms",
+            f"rms of each row ({name})",
+            rms,
+            toks,
+            ["rms"],
+            f"sqrt(mean(x^2) + {eps:g}); no mean subtracted.",
+        ),
+        Step(name + ".scaled", f"x / rms ({name})", x / rms, toks, _dims(C), "each row scaled to rms 1."),
+        Step(
+            name + ".gain",
+            f"gain ({name}.weight)",
+            np.asarray(as_host(gain), dtype=np.float64),
+            None,
+            _dims(C),
+            "no bias.",
+        ),
+    ]
+
+
+def swiglu_steps(pre, h: str, row) -> list[Step]:
+    """SwiGLU's halves of c_fc: the gate, silu(gate) (the library's op on the model's gate) and up."""
+    F = pre.shape[-1] // 2
+    gate, up = pre[..., :F], pre[..., F:]
+    silu, _ = ops.silu_forward(np.asarray(gate), grad=False)
+    return [
+        row(f"{h}mlp.gate", "gate (c_fc's first half)", gate, _dims(F), "x W_gate."),
+        row(
+            f"{h}mlp.silu_gate",
+            "silu(gate) = gate * sigmoid(gate)",
+            silu,
+            _dims(F),
+            "the gate's switch, 0 for a very negative gate.",
+        ),
+        row(
+            f"{h}mlp.up", "up (c_fc's second half)", up, _dims(F), "x W_up; multiplied by silu(gate) in the next step."
+        ),
+    ]
 
 
 def explain_model(
@@ -265,24 +364,23 @@ def explain_model(
     scale = 1.0 / math.sqrt(hd)
     mask = "; positions after the query are masked (-inf)" if cfg.causal else " (bidirectional: no mask)"
     q_note = f"rows of x W_Q for head {head} (c_attn's first third)."
-    kv_note = ""
+    kv_note, kv_name = "", f"head {head}"
     if cfg.kv_heads != cfg.n_heads:
         group = cfg.n_heads // cfg.kv_heads
-        q_note = f"rows of x W_Q for head {head} (c_attn's first {C} columns)."
-        first = head // group * group
-        kv_note = f"K/V head {head // group}, shared by query heads {first}..{first + group - 1}."
+        kv = head // group
+        q_note = f"rows of x W_Q for head {head} (c_attn's first {C} columns). {gqa_note(cfg, head)}"
+        kv_note = f"K/V head {kv}, shared by query heads {kv * group}..{kv * group + group - 1}."
+        kv_name = f"K/V head {kv} (read by query head {head})"
+    k_step = lambda key, a, note: row(key, f"K, {kv_name}", a, _dims(hd), note)  # noqa: E731
     if cfg.positional == "rope":
-        q_note += " Rotated by position (RoPE)."
-    attention_steps = [
-        row(
-            f"{h}attn.q",
-            f"Q, head {head}",
-            trace[h + "attn.q"][0, head],
-            _dims(hd),
-            q_note,
-        ),
-        row(f"{h}attn.k", f"K, head {head}", trace[h + "attn.k"][0, head], _dims(hd), kv_note),
-        row(f"{h}attn.v", f"V, head {head}", trace[h + "attn.v"][0, head], _dims(hd), kv_note),
+        attention_steps = rope_steps(cfg, trace, h, head, toks, row, q_note, kv_name, kv_note)
+    else:
+        attention_steps = [
+            row(f"{h}attn.q", f"Q, head {head}", trace[h + "attn.q"][0, head], _dims(hd), q_note),
+            k_step(f"{h}attn.k", trace[h + "attn.k"][0, head], kv_note),
+        ]
+    attention_steps += [
+        row(f"{h}attn.v", f"V, {kv_name}", trace[h + "attn.v"][0, head], _dims(hd), kv_note),
         row(
             f"{h}attn.scores_raw",
             "raw scores Q K^T",
@@ -327,27 +425,53 @@ def explain_model(
     resid_1 = row(f"{h}resid_1", "residual: input + attention output", trace[h + "resid_1"][0], _dims(C), "")
     pre, act = trace[h + "mlp.pre"][0], trace[h + "mlp.act"][0]
     gated = "columns: gate then up; the next step is silu(gate) * up." if cfg.activation == "swiglu" else ""
-    mlp = [
-        row(f"{h}mlp.pre", "MLP hidden pre-activation (c_fc)", pre, _dims(pre.shape[-1]), gated),
-        row(f"{h}mlp.act", f"MLP hidden after {cfg.activation.upper()}", act, _dims(act.shape[-1]), ""),
-        row(f"{h}mlp.out", "MLP output (c_proj)", trace[h + "mlp.out"][0], _dims(C), ""),
-    ]
+    mlp = [row(f"{h}mlp.pre", "MLP hidden pre-activation (c_fc)", pre, _dims(pre.shape[-1]), gated)]
+    if cfg.activation == "swiglu":
+        mlp += swiglu_steps(pre, h, row)
+        mlp.append(row(f"{h}mlp.act", "MLP hidden silu(gate) * up (SwiGLU)", act, _dims(act.shape[-1]), ""))
+    else:
+        mlp.append(row(f"{h}mlp.act", f"MLP hidden after {cfg.activation.upper()}", act, _dims(act.shape[-1]), ""))
+    mlp.append(row(f"{h}mlp.out", "MLP output (c_proj)", trace[h + "mlp.out"][0], _dims(C), ""))
     resid_2 = row(f"{h}resid_2", "residual: + MLP output", trace[h + "resid_2"][0], _dims(C), "")
-    ln = lambda n, what: row(f"{h}ln_{n}", f"{norm_name} ln_{n} {what}", trace[f"{h}ln_{n}"][0], _dims(C), "")  # noqa: E731
+    rms = cfg.norm_type == "rmsnorm"
+
+    def ln(n, what, x_in):
+        name = f"{h}ln_{n}"
+        out = row(name, f"{norm_name} ln_{n} {what}", trace[name][0], _dims(C), "x / rms * gain." if rms else "")
+        if not rms:
+            return [out]
+        return [*rmsnorm_steps(name, x_in, model.params[name + ".weight"], cfg.norm_eps, toks), out]
+
+    layer_in = trace["x0"][0] if layer == 0 else steps[-1].value
     if cfg.norm == "pre":  # GPT-2: x + attn(ln_1(x)), then x + mlp(ln_2(x))
         steps += [
-            ln(1, "(the attention's input)"),
+            *ln(1, "(the attention's input)", layer_in),
             *attention_steps,
             resid_1,
-            ln(2, "(the MLP's input)"),
+            *ln(2, "(the MLP's input)", resid_1.value),
             *mlp,
             resid_2,
         ]
     else:  # the original encoder: ln_1(x + attn(x)), then ln_2(x + mlp(x))
-        steps += [*attention_steps, resid_1, ln(1, "of the residual"), *mlp, resid_2, ln(2, "of the residual")]
+        steps += [
+            *attention_steps,
+            resid_1,
+            *ln(1, "of the residual", resid_1.value),
+            *mlp,
+            resid_2,
+            *ln(2, "of the residual", resid_2.value),
+        ]
 
     last = f64(logits[-1])
-    steps.append(row("ln_f", f"final {norm_name} ln_f (all layers done)", trace["ln_f"][0], _dims(C), ""))
+    steps.append(
+        row(
+            "ln_f",
+            f"final {norm_name} ln_f (all layers done)",
+            trace["ln_f"][0],
+            _dims(C),
+            "x / rms * gain." if rms else "",
+        )
+    )
     vocab = [label(i) for i in range(last.size)]
     unembed = "ln_f(x) @ wte^T (tied embedding)." if cfg.tie_embeddings else "ln_f(x) @ lm_head^T (untied)."
     steps.append(Step("logits", f"logits of the last position {toks[-1]}", last, None, vocab, unembed))

@@ -275,6 +275,17 @@ class GPT:
         cfg = self.config
         return self.ops.rope_forward(qkv, cfg.n_heads, cfg.n_kv_heads, cfg.rope_theta, start)
 
+    def _unrotated(self, qkv: np.ndarray) -> dict[str, np.ndarray]:
+        """q and k before the rotation (explain's trace only): q_pre (B, H, T, hd) per query head,
+        k_pre (B, H, T, hd) as each query head sees it (its group's K/V head), like the trace's k."""
+        cfg = self.config
+        H, Hkv = cfg.n_heads, cfg.kv_heads
+        B, T, W = qkv.shape
+        x = qkv.reshape(B, T, H + 2 * Hkv, W // (H + 2 * Hkv))
+        q = x[:, :, :H].transpose(0, 2, 1, 3).copy()
+        k = x[:, :, H : H + Hkv].transpose(0, 2, 1, 3).repeat(H // Hkv, axis=1)
+        return {"q_pre": q, "k_pre": k}
+
     def _block_forward(self, i: int, x: np.ndarray, trace: dict | None, attend, grad: bool = False):
         """Block i: x (B, T, C) -> (B, T, C), cache. `attend(qkv)` is the attention op: full-sequence
         for training, incremental with a KV cache for generation. `grad`: a backward will follow
@@ -367,7 +378,10 @@ class GPT:
 
             def attend(qkv, i=i):
                 attn_trace = {} if trace is not None else None
+                qkv_in = qkv
                 qkv, rope = self._rope(qkv, 0)
+                if trace is not None and rope is not None:
+                    trace.update({f"h.{i}.attn.{key}": value for key, value in self._unrotated(qkv_in).items()})
                 out, cache = self.ops.attention_forward(qkv, cfg.n_heads, cfg.causal, attn_trace, cfg.n_kv_heads)
                 if trace is not None:
                     trace.update({f"h.{i}.attn.{key}": value for key, value in attn_trace.items()})

@@ -373,10 +373,19 @@
     };
     const swatch = (x) => { const s = el("span", {class: "swatch"}); s.style.background = colour(x); return s; };
     const keyChip = (j) => tokenChip(tokens[j].text, j);
+    // Llama-family pieces, known by their steps: rotary q and k, RMSNorm's scale, SwiGLU's gate, shared K/V heads
+    const rope = (h + "attn.q_pre") in step, swiglu = (h + "mlp.gate") in step;
+    const rmsOf = (name) => (name + ".rms") in step;
+    const nKv = cfg.n_kv_heads || cfg.n_heads, group = cfg.n_heads / nKv, kvHead = Math.floor(head / group);
+    const mates = Array.from({length: group}, (_, n) => kvHead * group + n);
+    const shared = group > 1 ? `head ${head} reads K/V head ${kvHead}, shared with heads ${mates.slice(0, -1).join(", ")} and ${mates[mates.length - 1]}` : null;
+    const kvTag = group > 1 ? ` (K/V head ${kvHead})` : "";
 
     const scoreTable = expandable([
       ["key j", keyChip],
-      [["k", el("sub", {}, "j")], (j) => vec(h + "attn.k", j), "left"],
+      ...(rope ? [[["k", el("sub", {}, "j"), " before rotation", kvTag], (j) => vec(h + "attn.k_pre", j), "left"],
+        [["angles j × inv_freq"], (j) => vec("rope_angle", j), "left"]] : []),
+      [["k", el("sub", {}, "j"), rope ? " rotated" : "", rope ? "" : kvTag], (j) => vec(h + "attn.k", j), "left"],
       [["q", el("sub", {}, i), " · k", el("sub", {}, "j")], (j) => value(step[h + "attn.scores_raw"].value[i][j], {key: h + "attn.scores_raw", row: i, col: j})],
       [["a", el("sub", {}, "j"), ` = q·k / √${hd}`], (j) => value(step[h + "attn.scores"].value[i][j], {key: h + "attn.scores", row: i, col: j})],
       [["exp(a", el("sub", {}, "j"), " − max)"], (j, n) => value(e[n], {derived: "exp", row: i, col: j})],
@@ -385,7 +394,7 @@
     const mixTable = expandable([
       ["key j", keyChip],
       [["w", el("sub", {}, "j")], (j, n) => value(w[n], {key: h + "attn.weights", row: i, col: j})],
-      [["v", el("sub", {}, "j")], (j) => vec(h + "attn.v", j), "left"],
+      [["v", el("sub", {}, "j"), kvTag], (j) => vec(h + "attn.v", j), "left"],
     ]);
     const later = causal && i < tokens.length - 1
       ? el("p", {class: "muted"}, `keys ${i + 1}..${tokens.length - 1} come after the query: masked (score −∞, weight 0), not listed.`) : null;
@@ -398,16 +407,33 @@
       const variance = values.reduce((x, y) => x + (y - mean) ** 2, 0) / values.length;
       return [value(mean, {derived: "mean", row: i}), value(Math.sqrt(variance), {derived: "std", row: i})];
     };
-    const [mean1, std1] = stats(rowOf(`${h}resid_1`));
+    const [mean1, std1] = rmsOf(mlpIn) ? [null, null] : stats(rowOf(`${h}resid_1`));
+    // RMSNorm's rows: rms of the input, input / rms, and that times the gain (the norm's output)
+    const rmsRows = (name, input) => [
+      row(["rms of ", input, " = √(mean(x²) + ε)"], value(step[name + ".rms"].value[i][0], {key: name + ".rms", row: i, col: 0})),
+      row([input, " / rms"], vec(name + ".scaled")),
+      row("gain", vector(step[name + ".gain"].value, {key: name + ".gain"})),
+      row([input, " / rms · gain = ", name.slice(h.length)], vec(name))];
     const section = (title, ...content) => el("section", {class: "arith-step"}, el("h4", {}, title), content);
 
     const S = (name, index) => [name, el("sub", {}, String(index))];  // a name with its subscript
     return [
       section(["1. the query at ", me],
         row([S("x", i), layer > 0 ? ", entering the layer" : " = x0 (embedding + position)"], vec(inputKey)),
-        pre ? row(["ln_1(", S("x", i), "), the attention's input"], vec(lnIn)) : null,
-        row([S("q", i), " = ", pre ? ["ln_1(", S("x", i), ")"] : S("x", i), " W", el("sub", {}, "Q")], vec(h + "attn.q")),
-        el("p", {class: "muted note"}, `W_Q: head ${head}'s ${hd} columns of c_attn's first third.`)),
+        pre && rmsOf(lnIn) ? [el("p", {class: "muted note"}, "RMSNorm ln_1: no mean is subtracted; the row is divided by its rms."),
+          rmsRows(lnIn, S("x", i))] : null,
+        pre && !rmsOf(lnIn) ? row(["ln_1(", S("x", i), "), the attention's input"], vec(lnIn)) : null,
+        rope ? [
+          row([S("q", i), " before rotation = ln_1(", S("x", i), ") W", el("sub", {}, "Q")], vec(h + "attn.q_pre")),
+          row(["angles ", i, " × inv_freq"], vec("rope_angle")),
+          row([S("q", i), " rotated (RoPE)"], vec(h + "attn.q")),
+          el("p", {class: "muted note"}, `RoPE: dimension d turns with d + ${hd / 2} by angle d mod ${hd / 2} of the position ` +
+            `(q_d cos − q_{d+${hd / 2}} sin, q_{d+${hd / 2}} cos + q_d sin); each key's k turns by its own position (below).`),
+        ] : row([S("q", i), " = ", pre ? ["ln_1(", S("x", i), ")"] : S("x", i), " W", el("sub", {}, "Q")], vec(h + "attn.q")),
+        el("p", {class: "muted note"}, shared ? `W_Q: head ${head}'s ${hd} columns of c_attn's first ${cfg.n_heads * hd}.`
+          : `W_Q: head ${head}'s ${hd} columns of c_attn's first third.`),
+        shared ? el("p", {class: "note gqa", dataset: {kvHead}}, shared + ": its keys and values below are K/V head " +
+          `${kvHead}'s.`) : null),
       section("2. scores, exp and softmax over the keys",
         el("p", {class: "formula"}, S("a", "j"), " = ", S("q", i), " · ", S("k", "j"), ` / √${hd}  (× ${fmt(1 / Math.sqrt(hd), 6)})`,
           el("br"), S("w", "j"), " = exp(", S("a", "j"), " − max) / Σ", el("sub", {}, "k"), " exp(", S("a", "k"), " − max)"),
@@ -431,12 +457,21 @@
         row([S("x", i)], vec(inputKey)),
         row(["+ ", S("o", i)], vec(h + "attn.out")),
         row(["= resid_1"], vec(h + "resid_1"))),
-      section(`7. LayerNorm ${pre ? "ln_2 (the MLP's input)" : "ln_1 of the residual"}`,
-        row("mean, std of resid_1", mean1, ",  ", std1),
-        row(["(resid_1 − mean) / √(var + ε) · γ + β"], vec(mlpIn))),
+      rmsOf(mlpIn) ? section(`7. RMSNorm ${pre ? "ln_2 (the MLP's input)" : "ln_1 of the residual"}`, rmsRows(mlpIn, "resid_1"))
+        : section(`7. LayerNorm ${pre ? "ln_2 (the MLP's input)" : "ln_1 of the residual"}`,
+          row("mean, std of resid_1", mean1, ",  ", std1),
+          row(["(resid_1 − mean) / √(var + ε) · γ + β"], vec(mlpIn))),
       section(`8. the MLP (${cfg.activation.toUpperCase()}), back to d_model = ${cfg.d_model}`,
-        row(`pre-activation (${4 * cfg.d_model})`, vec(h + "mlp.pre")),
-        row(`after ${cfg.activation.toUpperCase()}`, vec(h + "mlp.act")),
+        swiglu ? [
+          row(`pre-activation [gate | up] (${step[h + "mlp.pre"].shape[1]})`, vec(h + "mlp.pre")),
+          row("gate", vec(h + "mlp.gate")),
+          row("SiLU(gate) = gate · sigmoid(gate)", vec(h + "mlp.silu_gate")),
+          row("up", vec(h + "mlp.up")),
+          row("SiLU(gate) × up", vec(h + "mlp.act")),
+        ] : [
+          row(`pre-activation (${4 * cfg.d_model})`, vec(h + "mlp.pre")),
+          row(`after ${cfg.activation.toUpperCase()}`, vec(h + "mlp.act")),
+        ],
         row("c_proj (back to d_model)", vec(h + "mlp.out")),
         row(pre ? "resid_2 = resid_1 + MLP" : "resid_2 = ln_1 + MLP", vec(h + "resid_2")),
         pre ? null : row("ln_2 (the layer's output)", vec(h + "ln_2"))),

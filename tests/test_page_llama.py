@@ -1,0 +1,76 @@
+"""The attention view's worked arithmetic for a Llama-family model (rotary positions, RMSNorm,
+SwiGLU, 4 query heads sharing 2 K/V heads), in a real browser: it says RMSNorm and shows the rms
+and the scaled row (no mean or std), q and k before and after the rotation with their angles,
+SwiGLU's gate, SiLU(gate), up and their product, and which K/V head the query head shares; every
+number's data-key/data-value is `tk explain --json`'s. A tiny run is trained here (a few seconds).
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlencode
+
+import pytest
+from browser import open_page, shot
+from test_page import attrs, same, step_values
+from test_serve import REPO, Running, cli_json
+
+from tokenkit.bpe import Tokenizer
+from tokenkit.cli import serve
+from tokenkit.cli.main import main
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llama")
+    corpus = d / "corpus.txt"
+    corpus.write_bytes((REPO / "corpora" / "tiny_tales.txt").read_bytes()[:20_000])
+    Tokenizer.train([corpus], vocab_size=300, workers=1, quiet=True).save(d / "tok.safetensors")
+    flags = ["--arch", "llama", "--n-layers", "2", "--n-heads", "4", "--n-kv-heads", "2", "--d-model", "32"]
+    flags += ["--context-length", "32", "--batch-size", "4", "--steps", "20", "--eval-interval", "20"]
+    flags += ["--eval-batches", "1", "--quiet"]
+    assert main(["train-model", str(corpus), "-t", str(d / "tok.safetensors"), "-o", str(d / "run"), *flags]) == 0
+    return d / "run"
+
+
+@pytest.fixture(scope="module")
+def srv(run):
+    running = Running(serve.make_server(run, port=0))
+    running.base = f"http://127.0.0.1:{running.port}/"
+    yield running
+    running.stop()
+
+
+def test_llama_arithmetic_shows_rope_rmsnorm_swiglu_and_the_shared_kv_head(browser, srv, run, capsys):
+    text, layer, head, query = "Once upon a time", 1, 3, 2
+    address = urlencode({"view": "attention", "text": text, "layer": layer, "head": head, "query": query})
+    p = open_page(browser, srv.base + "?" + address)
+    try:
+        p.wait_for_selector("#arith [data-key]", timeout=10_000)
+        argv = ["explain", "-m", str(run), text, "--layer", str(layer), "--head", str(head), "--query", str(query)]
+        values = step_values(cli_json(capsys, *argv, "--json"))
+        p.eval_on_selector_all("#arith .vec > button.more", "buttons => buttons.forEach(b => b.click())")
+        h = f"h.{layer}."
+        whole = (h + "attn.k", h + "attn.v", h + "attn.k_pre", "rope_angle")  # every key's row
+        checked = set()
+        for key, value, row, col in attrs(p, "#arith [data-key]", "key", "value", "row", "col"):
+            want = values[key] if row is None else values[key][int(row)]  # a gain has no rows
+            if col is None:
+                assert json.loads(value) == want, key
+            else:
+                assert same(value, want[int(col)]), (key, row, col)
+            assert row is None or int(row) == query or key in whole, key
+            checked.add(key)
+        new = ["ln_1.rms", "ln_1.scaled", "ln_1.gain", "attn.q_pre", "attn.k_pre", "attn.q", "attn.k", "ln_2.rms"]
+        new += ["ln_2.scaled", "mlp.gate", "mlp.silu_gate", "mlp.up", "mlp.act"]
+        assert {h + k for k in new} | {"rope_angle"} <= checked
+        rows = {r for k, r in attrs(p, "#arith [data-key]", "key", "row") if k == h + "attn.k_pre"}
+        assert rows == {str(j) for j in range(query + 1)}  # k before the rotation for each key
+        arith = p.inner_text("#arith")
+        assert "RMSNorm" in arith and "LayerNorm" not in arith and "mean, std" not in arith
+        assert "SiLU(gate) × up" in arith and "rotated (RoPE)" in arith
+        assert p.inner_text("#arith .gqa").startswith("head 3 reads K/V head 1, shared with heads 2 and 3")
+        assert p.tk_errors == []
+        shot(p, "attention-llama")
+    finally:
+        p.context.close()
