@@ -243,7 +243,10 @@ def _pattern_of_hf(pre, what: str) -> str | None:
     if len(steps) == 1:
         return GPT2_PATTERN if byte_level(steps[0]) else None
     if len(steps) != 2 or not isinstance(steps[0], dict) or steps[0].get("type") != "Split":
-        raise TokenizerError(f"{what}: pre-tokenizer Sequence must be [Split, ByteLevel] for tk")
+        first = next((_type(p) for p in steps if not (isinstance(p, dict) and p.get("type") in ("Split", "ByteLevel"))),
+                     None)  # fmt: skip
+        named = f" (it holds {first})" if first else ""
+        raise TokenizerError(f"{what}: pre-tokenizer Sequence must be [Split, ByteLevel] for tk{named}")
     split = steps[0]
     pattern = split.get("pattern")
     if not isinstance(pattern, dict) or not isinstance(pattern.get("Regex", pattern.get("String")), str):
@@ -395,6 +398,15 @@ def from_hf(data, what: str = "tokenizer.json") -> dict:
                 f"{what}: the byte token {char!r} must have an id in 0..255 (got {i}); tk's ids 0-255 are the bytes"
             )
         byte_order[i] = b
+    listed = data.get("added_tokens") if isinstance(data.get("added_tokens"), list) else []
+    added_ids = {t.get("id") for t in listed if isinstance(t, dict) and type(t.get("id")) is int}
+    merged = sum(1 for i in vocab.values() if i not in added_ids) - 256
+    if len(merges_in) > merged:
+        raise TokenizerError(
+            f"{what}: {len(merges_in):,} merges for {merged:,} merged tokens: several merges make the same token "
+            "(as in a tokenizer converted from tiktoken's ranks, Llama 3's); tk's merge r makes id 256 + r, one "
+            "merge per token"
+        )
     merges = []
     for r, m in enumerate(merges_in):
         pair = m.split(" ") if isinstance(m, str) else m
