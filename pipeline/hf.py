@@ -566,7 +566,7 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *, overwrite
     if not os.path.lexists(directory / CONFIG_FILE):
         raise PipelineError(f"{directory} has no {CONFIG_FILE}; is it a transformers model directory?")
     hf = _read_json(directory / CONFIG_FILE, "model config")
-    llama = isinstance(hf, dict) and hf.get("model_type") in hf_llama.MODEL_TYPES
+    llama = isinstance(hf, dict) and isinstance(hf.get("model_type"), str) and hf["model_type"] in hf_llama.MODEL_TYPES
     imported = hf_llama.gpt_config(directory / CONFIG_FILE, hf) if llama else None
     config = imported.config if imported else gpt_config(directory / CONFIG_FILE, hf)
     sources, shards = _headers(directory)

@@ -145,7 +145,7 @@ def gpt_config(path: Any, hf: dict) -> Imported:
         and isinstance(heads, int)
         and isinstance(d_model, int)
         and heads > 0
-        and head_dim * heads != d_model
+        and (type(head_dim) is not int or head_dim * heads != d_model)
     ):
         raise refuse(
             f"head_dim {head_dim!r} is not hidden_size / num_attention_heads ({d_model} / {heads}); tk's heads "
@@ -226,8 +226,9 @@ def _check_sliding_window(hf: dict, kind: str, context: Any, refuse) -> None:
             return
         if isinstance(layer_types, list):
             sliding = "sliding_attention" in layer_types
-        else:
-            sliding = hf.get("num_hidden_layers", 0) > hf.get("max_window_layers", 28)
+        else:  # transformers makes the layers from max_window_layers on slide
+            layers, first = hf.get("num_hidden_layers"), hf.get("max_window_layers", 28)
+            sliding = not (isinstance(layers, int) and isinstance(first, int) and layers <= first)
         if not sliding:
             return
     if window is None or (isinstance(window, int) and isinstance(context, int) and window >= context):

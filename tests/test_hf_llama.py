@@ -21,13 +21,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_tokenizer_options import LLAMA3_PATTERN, ODD_MERGES, hf_bpe  # the same tokenizers
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.bpe.interop import QWEN2_PATTERN
 from tokenkit.cli.main import main
 from tokenkit.common import safetensors_file
-from tokenkit.pipeline import checkpoint
+from tokenkit.pipeline import PipelineError, checkpoint, hf_llama
 from tokenkit.transformer import GPT
 from tokenkit.transformer.config import llama_config
 
@@ -215,6 +217,39 @@ def test_what_tk_does_not_compute_is_refused_naming_it(kind, changes, fragments,
     edit_config(hf, **changes)
     one_line_error(cli(capsys, "import-hf", hf, "-o", tmp_path / "x.safetensors"), *fragments)
     assert not (tmp_path / "x.safetensors").exists()
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 70_000) | st.floats(allow_nan=True) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=12), inner, max_size=3),
+    max_leaves=5,
+)
+CONFIG_KEYS = ["hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act",
+               "intermediate_size", "max_position_embeddings", "rms_norm_eps", "rope_parameters", "rope_theta",
+               "rope_scaling", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
+               "tie_word_embeddings", "attention_bias", "mlp_bias", "vocab_size", "num_hidden_layers"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def exported_once(tk_tok, tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("once")
+    make_model(base / "m.safetensors", tk_tok)
+    assert main([str(a) for a in ("export-hf", base / "m.safetensors", "-o", base / "hf")]) == 0
+    return base / "hf"
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(["llama", "mistral", "qwen2"]), key=st.sampled_from(CONFIG_KEYS), value=JSON_VALUES)
+def test_any_config_value_imports_or_fails_in_one_line(kind, key, value, exported_once, tmp_path_factory):
+    """config.json with any value in any of the keys tk reads: a model, or one PipelineError line."""
+    config = json.loads((exported_once / "config.json").read_text(encoding="utf-8"))
+    config.update({"model_type": kind, key: value})
+    try:
+        imported = hf_llama.gpt_config("config.json", config)
+    except PipelineError as err:
+        assert "\n" not in str(err) and str(err).startswith("config.json: "), err
+        return
+    assert imported.config.positional == "rope"
 
 
 @pytest.mark.parametrize(
