@@ -360,7 +360,7 @@ def from_hf(data, what: str = "tokenizer.json") -> dict:
     if style is not None:
         raise TokenizerError(
             f"{what}: a SentencePiece-style tokenizer ({style}, as Llama 2's and Mistral v0.1's); tk reads "
-            "byte-level BPE (GPT-2's, Llama 3's, Qwen2's)"
+            "byte-level BPE, GPT-2's kind (Llama 3 and Qwen2 use it)"
         )
     if model.get("type", "BPE") != "BPE":
         raise TokenizerError(f"{what}: model type {model.get('type')!r} is not BPE; tk reads byte-level BPE tokenizers")
