@@ -230,13 +230,17 @@ def _slices(buf: bytes, ends: np.ndarray) -> list[bytes]:
 
 class ChunkCache(_BatchCache):
     """Pre-token chunk (str) -> its ids as raw bytes of `dtype`; new chunks are merged together
-    with `merge_batch`."""
+    with `merge_batch`. With `whole` (token bytes -> id: HF's ignore_merges), a new chunk whose
+    bytes are a token is that token, and only the others are merged."""
 
-    def __init__(self, table: PairTable, byte_ids: bytes | None, dtype, max_chunk: int) -> None:
+    def __init__(
+        self, table: PairTable, byte_ids: bytes | None, dtype, max_chunk: int, whole: dict[bytes, int] | None = None
+    ) -> None:
         super().__init__(max_chunk)
         self._table = table
         self._byte_ids = byte_ids  # bytes.translate table from a byte to its id, None for identity
         self._dtype = np.dtype(dtype)
+        self._whole = whole
 
     def _compute(self, chunks: list[str]) -> list[bytes]:
         try:
@@ -245,6 +249,19 @@ class ChunkCache(_BatchCache):
             raise TokenizerError(
                 "text contains a lone surrogate that is not an escaped byte; it cannot be encoded as UTF-8"
             ) from None
+        if self._whole is None:
+            return self._merged(raw)
+        found = list(map(self._whole.get, raw))
+        if found.count(None) == len(found):
+            return self._merged(raw)
+        at = _nones(found)
+        out = [np.array(i, dtype=self._dtype).tobytes() if i is not None else b"" for i in found]
+        for k, value in zip(at, self._merged(list(map(raw.__getitem__, at))), strict=True):
+            out[k] = value
+        return out
+
+    def _merged(self, raw: list[bytes]) -> list[bytes]:
+        """The ids of each chunk's bytes, merged together in batches."""
         lengths = np.fromiter(map(len, raw), dtype=np.int64, count=len(raw))
         ends = np.cumsum(lengths)
         out: list[bytes] = []

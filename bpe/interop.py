@@ -15,14 +15,15 @@ What it does, as pure functions on plain values (no files, no BPE):
 
 Every vocabulary that a format cannot express exactly is refused with one-line TokenizerError:
 two ids with the same bytes, a merge whose result is not the next id, a special token the other
-library would read as another token, settings that change ids (normalizers, prefix spaces,
-dropout, post-processors that add tokens), for tiktoken special tokens one of which begins
-another. What adds nothing is read: the no-op templates transformers writes when it saves.
+library would read as another token, settings that change ids (normalizers other than NFC,
+prefix spaces, dropout, post-processors that add tokens), for tiktoken special tokens one of
+which begins another. What adds nothing is read: the no-op templates transformers writes when it
+saves. HF's `ignore_merges` and NFC normalizer are tk's tokenizer options of those names.
 
 What it deliberately does not do: read or write files (bpe/io.py does), or check that the merges
-give the same ids as the other library's algorithm where that needs encoding: tiktoken (and HF
-with `ignore_merges`) looks a whole chunk up before merging, which equals merging only when every
-token's bytes merge back into that token. `Tokenizer` checks that (`_check_whole_tokens`).
+give the same ids as the other library's algorithm where that needs encoding: tiktoken looks a
+whole chunk up before merging, which equals merging only when every token's bytes merge back
+into that token. `Tokenizer` checks that (`_check_whole_tokens`).
 
 >>> hf = to_hf([(97, 98)], list(range(256)), {"<|end|>": 257}, pattern_regex=None)
 >>> hf["model"]["merges"], hf["added_tokens"][0]["id"], hf["pre_tokenizer"]["use_regex"]
@@ -128,9 +129,15 @@ def _byte_level(use_regex: bool) -> dict:
 
 
 def to_hf(
-    merges: list[tuple[int, int]], byte_order: list[int], special_tokens: dict[str, int], pattern_regex: str | None
+    merges: list[tuple[int, int]],
+    byte_order: list[int],
+    special_tokens: dict[str, int],
+    pattern_regex: str | None,
+    *,
+    ignore_merges: bool = False,
+    normalizer: str | None = None,
 ) -> dict:
-    """The `tokenizer.json` dict of a tokenizer (ids, merges and specials exactly ours)."""
+    """The `tokenizer.json` dict of a tokenizer (ids, merges, specials and options exactly ours)."""
     check_custom_pattern(pattern_regex)
     table = bytes_to_unicode()
     names = ["".join(table[b] for b in token) for token in token_bytes(merges, byte_order)]
@@ -164,7 +171,7 @@ def to_hf(
         "truncation": None,
         "padding": None,
         "added_tokens": added,
-        "normalizer": None,
+        "normalizer": {"type": "NFC"} if normalizer == "nfc" else None,
         "pre_tokenizer": pre,
         "post_processor": None,
         "decoder": _byte_level(True),
@@ -176,7 +183,7 @@ def to_hf(
             "end_of_word_suffix": None,
             "fuse_unk": False,
             "byte_fallback": False,
-            "ignore_merges": False,
+            "ignore_merges": ignore_merges,
             "vocab": vocab,
             "merges": [f"{names[a]} {names[b]}" for a, b in merges],
         },
@@ -236,7 +243,10 @@ def _pattern_of_hf(pre, what: str) -> str | None:
     if len(steps) == 1:
         return GPT2_PATTERN if byte_level(steps[0]) else None
     if len(steps) != 2 or not isinstance(steps[0], dict) or steps[0].get("type") != "Split":
-        raise TokenizerError(f"{what}: pre-tokenizer Sequence must be [Split, ByteLevel] for tk")
+        first = next((_type(p) for p in steps if not (isinstance(p, dict) and p.get("type") in ("Split", "ByteLevel"))),
+                     None)  # fmt: skip
+        named = f" (it holds {first})" if first else ""
+        raise TokenizerError(f"{what}: pre-tokenizer Sequence must be [Split, ByteLevel] for tk{named}")
     split = steps[0]
     pattern = split.get("pattern")
     if not isinstance(pattern, dict) or not isinstance(pattern.get("Regex", pattern.get("String")), str):
@@ -316,23 +326,54 @@ def _type(value) -> str:
     return repr(value.get("type")) if isinstance(value, dict) else type(value).__name__
 
 
+def _sentencepiece_style(data: dict) -> str | None:
+    """What makes a tokenizer.json SentencePiece-style (Llama 2's, Mistral v0.1's), or None:
+    a Unigram model, or BPE over a Metaspace pre-tokenizer or with byte fallback, whose
+    tokens are UTF-8 pieces with '▁' for spaces, not GPT-2's byte stand-ins."""
+    model = data["model"]
+    if model.get("type") == "Unigram":
+        return "a Unigram model"
+    if model.get("byte_fallback"):
+        return "BPE with byte_fallback"
+    for key, inner in (("pre_tokenizer", "pretokenizers"), ("decoder", "decoders"), ("normalizer", "normalizers")):
+        try:
+            steps = _steps(data.get(key), inner, "")
+        except TokenizerError:
+            continue
+        kinds = {step.get("type") for step in steps if isinstance(step, dict) and isinstance(step.get("type"), str)}
+        if "Metaspace" in kinds or (key == "normalizer" and "Prepend" in kinds):
+            return f"a Metaspace {key}" if "Metaspace" in kinds else "a normalizer that prepends '▁'"
+    return None
+
+
 def from_hf(data, what: str = "tokenizer.json") -> dict:
     """Parts of a byte-level BPE tokenizer from a `tokenizer.json` dict.
 
-    Returns merges, byte_order, special_tokens, pattern (tk's name or regex) and whole_tokens
-    (True when the model looks whole chunks up first: `ignore_merges`).
+    Returns merges, byte_order, special_tokens, pattern (tk's name or regex) and the options
+    ignore_merges (the model looks a whole chunk up before merging) and normalizer ("nfc" or
+    None). A SentencePiece-style tokenizer is refused naming what makes it one.
     """
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
         raise TokenizerError(f"{what}: not a Hugging Face tokenizer.json (no model)")
     model = data["model"]
+    style = _sentencepiece_style(data)
+    if style is not None:
+        raise TokenizerError(
+            f"{what}: a SentencePiece-style tokenizer ({style}, as Llama 2's and Mistral v0.1's); tk reads "
+            "byte-level BPE, GPT-2's kind (Llama 3 and Qwen2 use it)"
+        )
     if model.get("type", "BPE") != "BPE":
         raise TokenizerError(f"{what}: model type {model.get('type')!r} is not BPE; tk reads byte-level BPE tokenizers")
     for key in ("dropout", "continuing_subword_prefix", "end_of_word_suffix", "byte_fallback"):
         if model.get(key):  # None, "", 0 and false are all "off"
             raise TokenizerError(f"{what}: model {key} = {model.get(key)!r} changes ids; tk reads plain byte-level BPE")
-    if _steps(data.get("normalizer"), "normalizers", what):  # an empty Sequence does nothing
+    if model.get("ignore_merges") not in (None, False, True):
+        raise TokenizerError(f"{what}: model ignore_merges must be true or false, got {model['ignore_merges']!r}")
+    normalizers = _steps(data.get("normalizer"), "normalizers", what)  # an empty Sequence does nothing
+    if normalizers and normalizers != [{"type": "NFC"}]:
         raise TokenizerError(
-            f"{what}: normalizer {_type(data['normalizer'])} changes the text; tk encodes the text as it is"
+            f"{what}: normalizer {_type(data['normalizer'])} changes the text; tk encodes the text as it is "
+            "(or in NFC, HF's NFC normalizer)"
         )
     _check_post_processor(data.get("post_processor"), what)
     decoders = _steps(data.get("decoder"), "decoders", what)
@@ -357,6 +398,15 @@ def from_hf(data, what: str = "tokenizer.json") -> dict:
                 f"{what}: the byte token {char!r} must have an id in 0..255 (got {i}); tk's ids 0-255 are the bytes"
             )
         byte_order[i] = b
+    listed = data.get("added_tokens") if isinstance(data.get("added_tokens"), list) else []
+    added_ids = {t.get("id") for t in listed if isinstance(t, dict) and type(t.get("id")) is int}
+    merged = sum(1 for i in vocab.values() if i not in added_ids) - 256
+    if len(merges_in) > merged:
+        raise TokenizerError(
+            f"{what}: {len(merges_in):,} merges for {merged:,} merged tokens: several merges make the same token "
+            "(as in a tokenizer converted from tiktoken's ranks, Llama 3's); tk's merge r makes id 256 + r, one "
+            "merge per token"
+        )
     merges = []
     for r, m in enumerate(merges_in):
         pair = m.split(" ") if isinstance(m, str) else m
@@ -403,38 +453,77 @@ def from_hf(data, what: str = "tokenizer.json") -> dict:
         "byte_order": byte_order,
         "special_tokens": specials,
         "pattern": pattern,
-        "whole_tokens": bool(model.get("ignore_merges", False)),
+        "ignore_merges": model.get("ignore_merges") is True,
+        "normalizer": "nfc" if normalizers else None,
     }
 
 
 _GPT2_CLASSES = ("GPT2Tokenizer", "GPT2TokenizerFast")
+_QWEN2_CLASSES = ("Qwen2Tokenizer", "Qwen2TokenizerFast")
+# transformers' Qwen2Tokenizer's split (PRETOKENIZE_REGEX in tokenization_qwen2.py); its
+# Oniguruma reading is Python's
+QWEN2_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 
 
-def check_transformers_class(tokenizer_config, model_config, pattern: str, what: str) -> None:
-    """Refuse a directory that transformers loads as GPT2Tokenizer where that changes the ids.
+def check_transformers_class(tokenizer_config, model_config, parts: dict, what: str) -> dict:
+    """The parts of a directory's tokenizer as transformers reads them, or TokenizerError where
+    its class reads tokenizer.json otherwise (ids would change).
 
-    transformers (5.x) builds a GPT2Tokenizer from the vocabulary and merges with GPT-2's own split
-    and `add_prefix_space` from tokenizer_config.json, whatever tokenizer.json's pre-tokenizer says;
-    it loads a directory so when tokenizer_config.json names that class, or names none and
-    config.json's model_type is gpt2. The configs are the parsed JSON files (None when absent).
+    transformers (5.x) builds two classes from tokenizer.json's vocabulary and merges with a
+    pipeline of their own, whatever tokenizer.json says:
+    - GPT2Tokenizer: GPT-2's split and `add_prefix_space` from tokenizer_config.json; when
+      tokenizer_config.json names it, or names none and config.json's model_type is gpt2;
+    - Qwen2Tokenizer: Qwen2's split, an NFC normalizer, no ignore_merges, and its special tokens
+      (unk, eos and pad default to <|endoftext|>) added when the vocabulary lacks them; for
+      config.json's model_type qwen2 whatever tokenizer_config.json names, or when it names it.
+    Other classes read tokenizer.json as it is. The configs are the parsed JSON files (None when
+    absent). Returns `parts`; for Qwen2Tokenizer with ignore_merges false, and the class's name
+    as `parts["dropped"]`, where the caller checks that dropping it changes no id.
     """
     config = tokenizer_config if isinstance(tokenizer_config, dict) else {}
+    model_type = model_config.get("model_type") if isinstance(model_config, dict) else None
     name, source = config.get("tokenizer_class"), "tokenizer_config.json"
-    if name is None and isinstance(model_config, dict) and model_config.get("model_type") == "gpt2":
+    if model_type == "qwen2":
+        name, source = "Qwen2Tokenizer", "config.json's model_type qwen2"
+    elif name is None and model_type == "gpt2":
         name, source = "GPT2Tokenizer", "config.json's model_type gpt2"
-    if name not in _GPT2_CLASSES:
-        return
+    pattern = parts["pattern"]
+    if name in _GPT2_CLASSES:
+        expected = "gpt2"
+    elif name in _QWEN2_CLASSES:
+        expected = QWEN2_PATTERN
+    else:
+        return parts
+    why = None
     if config.get("add_prefix_space"):
         why = "adds a space before every text (add_prefix_space); tk encodes the text as it is"
-    elif pattern != "gpt2":
-        why = f"splits text with GPT-2's pattern whatever tokenizer.json's pre-tokenizer says ({pattern[:40]!r})"
-    else:
-        return
-    raise TokenizerError(
-        f"{what}: transformers loads this directory as {name} ({source}), which {why}; set "
-        '"tokenizer_class": "PreTrainedTokenizerFast" in tokenizer_config.json, or give tokenizer.json itself '
-        "to import it as it is"
-    )
+    elif pattern != expected:
+        whose = "GPT-2's" if expected == "gpt2" else "Qwen2's"
+        why = f"splits text with {whose} pattern whatever tokenizer.json's pre-tokenizer says ({pattern[:40]!r})"
+    elif name in _QWEN2_CLASSES and parts["normalizer"] != "nfc":
+        why = "puts the text in NFC whatever tokenizer.json's normalizer says (it has none)"
+    elif name in _QWEN2_CLASSES:
+        for key, default in (("unk_token", "<|endoftext|>"), ("eos_token", "<|endoftext|>"),
+                             ("pad_token", "<|endoftext|>"), ("bos_token", None)):  # fmt: skip
+            token = config.get(key, default)
+            token = token.get("content") if isinstance(token, dict) else token
+            if token is not None and token not in parts["special_tokens"]:
+                why = f"adds its {key} {str(token)[:40]!r} to the vocabulary as a new token, which tokenizer.json lacks"
+                break
+    if why is not None:
+        fix = (
+            "give tokenizer.json itself to import it as it is (transformers reads every qwen2 directory so)"
+            if model_type == "qwen2"
+            else 'set "tokenizer_class": "PreTrainedTokenizerFast" in tokenizer_config.json, or give tokenizer.json '
+            "itself to import it as it is"
+        )
+        raise TokenizerError(f"{what}: transformers loads this directory as {name} ({source}), which {why}; {fix}")
+    if name in _QWEN2_CLASSES and parts["ignore_merges"]:
+        parts = {**parts, "ignore_merges": False, "dropped": name}
+    return parts
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,6 +24,10 @@ File layout (format "tokenkit.bpe", version 1):
     vocab_offsets  int64 (256+M+1,)  token i is vocab_bytes[off[i]:off[i+1]]
     metadata: format, format_version, pattern (name or regex as given), pattern_regex
     (the regex actually used; "" for none), special_tokens (JSON str -> id), training (JSON).
+Version 2 is version 1 with encoding options that change ids (`OPTIONS`, imported from Hugging
+Face tokenizers): `ignore_merges` "true", `normalizer` "nfc". A file is version 2 only when it
+has one, so every other file is the bytes it always was, and a tk that predates the options
+refuses the file (it would give other ids) instead of reading it without them.
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ from tokenkit.common import FileError, atomic, jsonsafe, readfile, safetensors_f
 
 FORMAT = "tokenkit.bpe"
 FORMAT_VERSION = "1"
+OPTIONS_VERSION = "2"  # the version of a file with OPTIONS
+# option -> (its metadata value when set, the value of a tokenizer without it)
+OPTIONS = {"ignore_merges": ("true", False), "normalizer": ("nfc", None)}
 TENSOR_NAMES = ("merges", "vocab_bytes", "vocab_offsets")
 
 
@@ -63,8 +70,10 @@ def pack(
     pattern: str,
     pattern_regex: str | None,
     training: dict,
+    options: dict | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """The tensors and string metadata of a tokenizer file (no I/O)."""
+    """The tensors and string metadata of a tokenizer file (no I/O); `options` as `unpack`
+    returns them (those at their defaults are left out)."""
     lengths = np.fromiter((len(t) for t in vocab), dtype=np.int64, count=len(vocab))
     offsets = np.zeros(len(vocab) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -81,6 +90,10 @@ def pack(
         "special_tokens": json.dumps(special_tokens, sort_keys=True),
         "training": json.dumps(training, sort_keys=True),
     }
+    for name, value in (options or {}).items():
+        if value != OPTIONS[name][1]:
+            metadata[name] = OPTIONS[name][0] if value is True else value
+            metadata["format_version"] = OPTIONS_VERSION
     return tensors, metadata
 
 
@@ -88,7 +101,8 @@ def unpack(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None) -> d
     """Validate tensors + metadata of a tokenizer file and return its parts.
 
     Returns a dict with merges (list of (a, b)), byte_order (the byte value of ids 0..255),
-    special_tokens, pattern, pattern_regex (None for no split) and training (dict).
+    special_tokens, pattern, pattern_regex (None for no split), training (dict) and options
+    (ignore_merges: bool, normalizer: "nfc" or None).
     Raises TokenizerError with one line for anything that is not a valid tokenizer.
     """
     metadata = metadata or {}
@@ -96,11 +110,22 @@ def unpack(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None) -> d
     if fmt != FORMAT:
         raise TokenizerError(f"not a tokenkit tokenizer (format {fmt!r}, expected {FORMAT!r})")
     version = metadata.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in (FORMAT_VERSION, OPTIONS_VERSION):
         raise TokenizerError(
             f"tokenizer format version {version!r} is not supported (this tokenkit reads "
-            f"version {FORMAT_VERSION}); upgrade tokenkit or re-train the tokenizer"
+            f"versions {FORMAT_VERSION} and {OPTIONS_VERSION}); upgrade tokenkit or re-train the tokenizer"
         )
+    options = {name: default for name, (_, default) in OPTIONS.items()}
+    for name, (value, _) in OPTIONS.items():
+        if name in metadata:
+            if metadata[name] != value or version != OPTIONS_VERSION:
+                raise TokenizerError(
+                    f"tokenizer metadata {name} is {str(metadata[name])[:20]!r} in a version {version} file (version "
+                    f"{OPTIONS_VERSION} files may set it to {value!r}); the file is damaged"
+                )
+            options[name] = True if value == "true" else value
+    if version == OPTIONS_VERSION and options == {name: default for name, (_, default) in OPTIONS.items()}:
+        raise TokenizerError(f"a version {OPTIONS_VERSION} tokenizer file without options; the file is damaged")
     missing = [k for k in ("pattern", "pattern_regex", "special_tokens", "training") if k not in metadata]
     if missing:
         raise TokenizerError(f"tokenizer metadata lacks {', '.join(missing)}; the file is damaged")
@@ -179,6 +204,7 @@ def unpack(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None) -> d
         "pattern": metadata["pattern"],
         "pattern_regex": pattern_regex,
         "training": training,
+        "options": options,
     }
 
 

@@ -12,7 +12,10 @@ touch files (bpe/io.py does, for it).
 
 Encoding, in short: split the text at allowed special tokens, split each stretch with the pattern
 into chunks, and turn each chunk into ids by repeatedly merging the adjacent pair with the lowest
-rank. Text repeats a lot, so each distinct chunk is merged once and its ids are cached.
+rank. Text repeats a lot, so each distinct chunk is merged once and its ids are cached. Two
+options of Hugging Face tokenizers change that, for tokenizers imported from them:
+`ignore_merges` (Llama 3's: a chunk that is itself a token is that token, unmerged) and
+`normalizer="nfc"` (Qwen2's: each stretch is put in Unicode NFC before it is split).
 
 >>> tok = Tokenizer([(97, 97), (256, 97)])            # "aa" -> 256, then "aa"+"a" -> 257
 >>> tok.encode("aaabdaaabac")
@@ -27,6 +30,7 @@ import hashlib
 import heapq
 import os
 import time
+import unicodedata
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +56,13 @@ _CACHE_LIMIT = 1 << 20  # distinct chunks kept in the cache before it is emptied
 _CACHE_MAX_CHUNK = 256  # longer chunks are rare; caching them would only cost memory
 _WORD_CACHE_LIMIT = 1 << 18  # distinct words (and pieces) kept (GPT-2's pattern), like _CACHE_LIMIT
 MERGE_COUNTS = 1024  # merges whose pair count the tokenizer file records (a few KB; the rest are small)
+NORMALIZERS = ("nfc",)  # Unicode normalizations a tokenizer may apply before splitting (HF's NFC)
+_TIKTOKEN_WHOLE = "tiktoken looks whole chunks up before merging and would give {id} for that text"
+# with ignore_merges tk gives the token for its bytes too, but not inside a longer chunk
+_TIKTOKEN_IGNORE_MERGES = (
+    "tiktoken merges by the rank of the merged bytes, so it can make {id} inside a longer chunk where these "
+    "merges do not"
+)
 
 
 @dataclass
@@ -101,6 +112,11 @@ class Tokenizer:
     Ids 0-255 are the 256 bytes (in `byte_order`, identity unless imported from GPT-2), id 256 + r
     is the result of merge r, and special tokens follow the merges.
 
+    `ignore_merges`: a chunk whose bytes are a token is that token without merging (HF's
+    `ignore_merges`, Llama 3's tokenizer: its vocabulary has tokens its merges never make).
+    `normalizer="nfc"`: the text between special tokens is put in Unicode NFC first (HF's NFC
+    normalizer, Qwen2's). Both change ids, so both are stored in the tokenizer's file.
+
     Build one with `Tokenizer.train`, `Tokenizer.load`, `Tokenizer.from_gpt2`, `Tokenizer.from_hf`,
     `Tokenizer.from_tiktoken` or `Tokenizer.from_tensors`; the constructor takes the merges directly.
     """
@@ -113,6 +129,8 @@ class Tokenizer:
         pattern: str = "gpt2",
         byte_order: Sequence[int] | None = None,
         training: dict | None = None,
+        ignore_merges: bool = False,
+        normalizer: str | None = None,
         _pattern_regex: str | None | bool = False,
     ) -> None:
 
@@ -147,6 +165,13 @@ class Tokenizer:
         self._special_bytes = {i: s.encode("utf-8") for s, i in self._specials.items()}
         self._id_bytes = vocab + [self._special_bytes[i] for i in sorted(self._special_bytes)]
 
+        if not isinstance(ignore_merges, bool):
+            raise TokenizerError(f"ignore_merges must be true or false, got {ignore_merges!r}")
+        if normalizer is not None and normalizer not in NORMALIZERS:
+            raise TokenizerError(f"normalizer must be one of {', '.join(NORMALIZERS)} or None, got {normalizer!r}")
+        self._ignore_merges = ignore_merges
+        self._normalizer = normalizer
+        self._whole: dict[bytes, int] | None = None  # token bytes -> id, for ignore_merges (`_token_of`)
         self._pattern_name = pattern
         self._pattern = resolve_pattern(pattern) if _pattern_regex is False else _pattern_regex
         self._training = dict(training or {})
@@ -190,10 +215,25 @@ class Tokenizer:
         imported from."""
         return dict(self._training)
 
+    @property
+    def ignore_merges(self) -> bool:
+        """Whether a chunk that is itself a token is that token, unmerged (HF's ignore_merges)."""
+        return self._ignore_merges
+
+    @property
+    def normalizer(self) -> str | None:
+        """The Unicode normalization applied before splitting ("nfc"), or None."""
+        return self._normalizer
+
+    @property
+    def _options(self) -> dict:
+        return {"ignore_merges": self._ignore_merges, "normalizer": self._normalizer}
+
     def __repr__(self) -> str:
+        options = "".join(f", {k}={v!r}" for k, v in self._options.items() if v not in (False, None))
         return (
             f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self._merges)}, pattern={self._pattern_name!r}, "
-            f"specials={list(self._specials)})"
+            f"specials={list(self._specials)}{options})"
         )
 
     # ------------------------------------------------------------------------------- training
@@ -359,14 +399,32 @@ class Tokenizer:
         ids = list(raw) if self._identity else [self._byte_ids[b] for b in raw]
         if len(ids) < 2:
             return tuple(ids)
+        if self._ignore_merges and raw in self._token_of:
+            return (self._token_of[raw],)
         return tuple(self._merge_long(ids) if len(ids) >= _LONG_CHUNK else self._merge_short(ids))
+
+    @property
+    def _token_of(self) -> dict[bytes, int]:
+        """The bytes of every merged token -> its id (ignore_merges looks chunks up in it), built
+        on first use; two ids with the same bytes are refused (which would the chunk be?)."""
+        if self._whole is None:
+            whole = {t: i for i, t in enumerate(self._vocab[256:], 256)}
+            if len(whole) != len(self._vocab) - 256:
+                first = next(t for i, t in enumerate(self._vocab[256:], 256) if whole[t] != i)
+                raise TokenizerError(
+                    f"ids {self._vocab.index(first)} and {whole[first]} have the same bytes {first!r}; with "
+                    "ignore_merges a chunk of those bytes would be either"
+                )
+            self._whole = whole
+        return self._whole
 
     @property
     def _chunk_cache(self) -> ChunkCache:
         """The chunk cache, built on first use (its pair table takes a moment for a big vocabulary)."""
         if self._cache is None:
             byte_ids = None if self._identity else bytes(self._byte_ids)
-            self._cache = ChunkCache(PairTable(self._merges), byte_ids, self.ids_dtype, _CACHE_MAX_CHUNK)
+            whole = self._token_of if self._ignore_merges else None
+            self._cache = ChunkCache(PairTable(self._merges), byte_ids, self.ids_dtype, _CACHE_MAX_CHUNK, whole)
             if self._pattern == GPT2_PATTERN:
                 split = lambda text: split_text(text, GPT2_PATTERN)  # noqa: E731
                 self._word_cache = WordCache(self._cache, split, _CACHE_MAX_CHUNK)
@@ -381,8 +439,11 @@ class Tokenizer:
         not seen before (chunks, not whole words: new text brings few new chunks; BENCHMARKS.md).
         With GPT-2's pattern, the pieces between single spaces are looked up first, then whole
         words, and only new words are split into chunks: cheaper splits and fewer lookups (see
-        `bpe.encoder.PieceCache` and `WordCache`).
+        `bpe.encoder.PieceCache` and `WordCache`). A tokenizer with a normalizer applies it first
+        (HF normalizes each stretch between special tokens, as this is called).
         """
+        if self._normalizer is not None:
+            text = unicodedata.normalize("NFC", text)
         cache = self._chunk_cache
         if len(cache) > _CACHE_LIMIT:
             cache.clear()
@@ -608,7 +669,9 @@ class Tokenizer:
 
     def to_tensors(self) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         """The tensors and string metadata of `tokenizer.safetensors` (see bpe/io.py)."""
-        return io.pack(self._merges, self._vocab, self._specials, self._pattern_name, self._pattern, self._training)
+        return io.pack(
+            self._merges, self._vocab, self._specials, self._pattern_name, self._pattern, self._training, self._options
+        )
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> Tokenizer:
@@ -621,6 +684,7 @@ class Tokenizer:
             byte_order=parts["byte_order"],
             training=parts["training"],
             _pattern_regex=parts["pattern_regex"],
+            **parts["options"],
         )
 
     def save(self, path: str | os.PathLike) -> None:
@@ -671,14 +735,26 @@ class Tokenizer:
     def export_files(self, format: str = "gpt2") -> dict[str, bytes]:
         """The files `export` writes, name -> contents, validated (TokenizerError) and not written."""
         if format == "gpt2":
+            if self._ignore_merges or self._normalizer is not None:
+                what = "ignore_merges" if self._ignore_merges else f"its {self._normalizer.upper()} normalizer"
+                raise TokenizerError(
+                    f"vocab.json + merges.txt cannot say {what}, which changes ids; export it with --format hf"
+                )
             return io.gpt2_files(self._vocab, self._merges, self._specials)
         if format == "hf":
-            data = interop.to_hf(self._merges, self._byte_order, self._specials, self._pattern)
+            data = interop.to_hf(self._merges, self._byte_order, self._specials, self._pattern, **self._options)
             return io.hf_files(data, *interop.hf_configs(self._specials))
         if format == "tiktoken":
             ranks = interop.to_tiktoken(self._merges, self._byte_order)
             interop.check_tiktoken_specials(self._specials, "exported to tiktoken")
-            self._check_whole_tokens("tiktoken looks whole chunks up before merging and", "exported to tiktoken")
+            if self._normalizer is not None:
+                raise TokenizerError(
+                    f"the tokenizer puts text in {self._normalizer.upper()} before splitting and tiktoken has no "
+                    "normalizer, so it cannot be exported to tiktoken"
+                )
+            self._check_whole_tokens(
+                _TIKTOKEN_IGNORE_MERGES if self._ignore_merges else _TIKTOKEN_WHOLE, "exported to tiktoken"
+            )
             pat_str = interop.tiktoken_pat_str(self._pattern)
             return io.tiktoken_files(ranks, pat_str, self._specials, self._pattern_name)
         raise TokenizerError(f"unknown export format {format!r}; use one of {', '.join(self.EXPORT_FORMATS)}")
@@ -706,31 +782,42 @@ class Tokenizer:
         longest of them, as tk does (`interop.check_tiktoken_specials`)."""
         return self.export(directory, "tiktoken", overwrite=overwrite)
 
-    def _check_whole_tokens(self, who: str, action: str) -> None:
-        """Refuse a vocabulary where some token's bytes do not merge back into that token: `who`
-        (tiktoken, HF with ignore_merges) would give the token where these merges do not."""
+    def _check_whole_tokens(self, why: str, action: str) -> None:
+        """Refuse a vocabulary where some token's bytes do not merge back into that token, saying
+        `why` that matters (a template: "{id}" is the token's id) and what cannot be done."""
         for i in range(256, len(self._vocab)):
-            ids = self._chunk_ids(self._vocab[i].decode("utf-8", errors="surrogateescape"))
-            if ids != (i,):
+            ids = self._merged_ids(self._vocab[i])
+            if ids != [i]:
                 raise TokenizerError(
-                    f"token {i} ({self._vocab[i]!r}) is not what its own bytes merge into ({list(ids)}); {who} would "
-                    f"give {i} for that text, so this vocabulary cannot be {action}"
+                    f"token {i} ({self._vocab[i]!r}) is not what its own bytes merge into ({ids}); "
+                    f"{why.format(id=i)}, so this vocabulary cannot be {action}"
                 )
+
+    def _merged_ids(self, raw: bytes) -> list[int]:
+        """The ids the merges alone make of `raw` (ignore_merges aside)."""
+        ids = [self._byte_ids[b] for b in raw]
+        return self._merge_long(ids) if len(ids) >= _LONG_CHUNK else self._merge_short(ids) if len(ids) > 1 else ids
 
     @classmethod
     def from_hf(cls, path: str | os.PathLike) -> Tokenizer:
         """Import a Hugging Face byte-level BPE tokenizer: a tokenizer.json, or a directory holding
         tokenizer.json or vocab.json + merges.txt (GPT-2's pair, split with GPT-2's pattern).
 
-        The result gives the library's ids; what tk cannot reproduce (normalizers, prefix spaces,
-        merges out of id order, post-processors that add tokens, ...) is refused in one line. For
-        a directory, also what its tokenizer_config.json makes transformers do (a GPT2Tokenizer
-        splits with GPT-2's pattern whatever tokenizer.json says).
+        The result gives the library's ids, with `ignore_merges` and an NFC normalizer as the
+        file sets them; what tk cannot reproduce (other normalizers, prefix spaces, merges out of
+        id order, post-processors that add tokens, SentencePiece-style tokenizers, ...) is refused
+        in one line. For a directory, also what transformers' class for it does (a GPT2Tokenizer
+        splits with GPT-2's pattern whatever tokenizer.json says, a Qwen2Tokenizer with Qwen2's:
+        `interop.check_transformers_class`).
         """
         files = io.find_hf(path)
-        parts = io.read_hf(files[0]) if len(files) == 1 else {"pattern": "gpt2", "whole_tokens": False}
+        parts = (
+            io.read_hf(files[0])
+            if len(files) == 1
+            else {"pattern": "gpt2", "special_tokens": {}, "ignore_merges": False, "normalizer": None}
+        )
         if Path(path).is_dir():  # transformers' configs there decide how it reads the files
-            interop.check_transformers_class(*io.read_hf_configs(path), parts["pattern"], str(path))
+            parts = interop.check_transformers_class(*io.read_hf_configs(path), parts, str(path))
         if len(files) == 2:
             return cls.from_gpt2(*files)
         tok = cls(
@@ -739,9 +826,14 @@ class Tokenizer:
             pattern=parts["pattern"],
             byte_order=parts["byte_order"],
             training={"imported": "Hugging Face tokenizer.json"},
+            ignore_merges=parts["ignore_merges"],
+            normalizer=parts["normalizer"],
         )
-        if parts["whole_tokens"]:
-            tok._check_whole_tokens(f"{files[0]} sets ignore_merges (HF looks whole chunks up first) and", "imported")
+        if "dropped" in parts:  # tokenizer.json's ignore_merges, which transformers drops: fine if it changes nothing
+            tok._check_whole_tokens(
+                f"{files[0]} sets ignore_merges, with which HF tokenizers give {{id}} for that text",
+                f"read as transformers' {parts['dropped']} reads it (without ignore_merges)",
+            )
         return tok
 
     @classmethod
@@ -786,7 +878,7 @@ class Tokenizer:
             byte_order=parts["byte_order"],
             training={"imported": "tiktoken rank file"},
         )
-        tok._check_whole_tokens("tiktoken looks whole chunks up before merging and", "imported")
+        tok._check_whole_tokens(_TIKTOKEN_WHOLE, "imported")
         return tok
 
 

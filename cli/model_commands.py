@@ -697,22 +697,20 @@ def pipeline_command(
     help="replace the model and tokenizer files of a directory that is not an earlier export",
 )
 def export_hf_command(model_path, directory, tokenizer_path, overwrite) -> int:
-    """Write a model as a Hugging Face transformers GPT-2 directory.
+    """Write a model as a Hugging Face transformers directory (GPT-2's or Llama's).
 
     DIR gets config.json, model.safetensors, generation_config.json and the tokenizer's files;
     transformers' AutoModelForCausalLM.from_pretrained(DIR) and AutoTokenizer.from_pretrained(DIR)
-    load them (GPT2LMHeadModel). Post-norm, sinusoidal and bidirectional models have no GPT-2 form.
+    load them: GPT2LMHeadModel, or LlamaForCausalLM for a model with rotary positions, RMSNorm
+    and SwiGLU (--arch llama). Post-norm, sinusoidal and bidirectional models have neither form.
 
     \b
     Example:
       tk export-hf runs/demo -o demo-hf
     """
     result = hf.export_hf(model_path, directory, tokenizer_path=tokenizer_path, overwrite=overwrite)
-    cfg = result.config
-    click.echo(
-        f"wrote {result.directory}: GPT2LMHeadModel, {result.n_params:,} parameters ({cfg.n_layers} layers, "
-        f"{cfg.n_heads} heads, width {cfg.d_model}, context {cfg.context_length}, vocab {cfg.vocab_size})"
-    )
+    shape = _shape(result.config)
+    click.echo(f"wrote {result.directory}: {result.architecture}, {result.n_params:,} parameters ({shape})")
     click.echo(f"files: {', '.join(sorted(p.name for p in result.files))}")
     if result.removed:
         click.echo(f"removed the earlier export's {', '.join(p.name for p in result.removed)}")
@@ -731,26 +729,34 @@ def export_hf_command(model_path, directory, tokenizer_path, overwrite) -> int:
 )
 @click.option("--overwrite", is_flag=True, help="replace OUT if it exists")
 def import_hf_command(directory, out, overwrite) -> int:
-    """Read a transformers GPT-2 checkpoint directory into one tokenkit model file.
+    """Read a transformers checkpoint directory into one tokenkit model file.
 
-    DIR holds config.json, model.safetensors (or model.safetensors.index.json and its shards)
-    and the tokenizer (tokenizer.json, or vocab.json + merges.txt). The -o file works with
-    predict-next, generate, explain and info, and train-model --init-from fine-tunes it.
-    pytorch_model.bin is a pickle and is refused: convert it to safetensors first.
+    DIR holds config.json (GPT-2's, or Llama's, Mistral's or Qwen2's), model.safetensors (or
+    model.safetensors.index.json and its shards) and the tokenizer (a byte-level BPE
+    tokenizer.json, or vocab.json + merges.txt). The -o file works with predict-next,
+    generate, explain and info, and train-model --init-from fine-tunes it. pytorch_model.bin
+    is a pickle and is refused: convert it to safetensors first.
 
     \b
     Example:
       tk import-hf gpt2-hf -o gpt2.safetensors
     """
     result = hf.import_hf(directory, out, overwrite=overwrite)
-    cfg = result.config
     shards = f" in {result.shards} shards" if result.shards > 1 else ""
+    source = "" if result.architecture == "GPT2LMHeadModel" else f" of {result.architecture}"
     click.echo(
-        f"wrote {result.path}: {result.n_params:,} parameters ({cfg.n_layers} layers, {cfg.n_heads} heads, "
-        f"width {cfg.d_model}, context {cfg.context_length}, vocab {cfg.vocab_size}; "
+        f"wrote {result.path}: {result.n_params:,} parameters{source} ({_shape(result.config)}; "
         f"{'/'.join(result.dtypes)}{shards} -> float32) + tokenizer"
     )
     return 0
+
+
+def _shape(cfg) -> str:
+    """A model's sizes in a few words (K/V heads and an untied head where a Llama-style model has them)."""
+    heads = f"{cfg.n_heads} heads" + (f" ({cfg.kv_heads} K/V)" if cfg.kv_heads != cfg.n_heads else "")
+    untied = "" if cfg.tie_embeddings else ", untied head"
+    sizes = f"width {cfg.d_model}, context {cfg.context_length}, vocab {cfg.vocab_size}"
+    return f"{cfg.n_layers} layers, {heads}, {sizes}{untied}"
 
 
 COMMANDS = (

@@ -1,14 +1,19 @@
-"""Models to and from Hugging Face transformers' GPT-2 checkpoint directories.
+"""Models to and from Hugging Face transformers' checkpoint directories: GPT-2's, and Llama's
+family's (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM; pipeline/hf_llama.py says
+how their configs and names translate).
 
 tk's model *is* GPT-2's architecture when it is pre-norm, causal, with learned positions: the
 same parameter names (`transformer.` prefixed in a `GPT2LMHeadModel` checkpoint), the same
 Conv1D (in, out) weight layout, LayerNorm epsilon 1e-5, tanh GELU (`gelu_new`), attention
 scaled by 1/sqrt(head size), and the output projection tied to `wte`. So both directions copy
-tensors and translate the config; no weight is transposed or renamed beyond the prefix.
+tensors and translate the config; no weight is transposed or renamed beyond the prefix. With
+rotary positions, RMSNorm and SwiGLU it is Llama's: q, k, v (and gate, up) are columns of one
+tk parameter, and torch's Linear weights are transposed.
 
     export_hf(model, DIR)   config.json, model.safetensors, generation_config.json and the
                             tokenizer's files: `AutoModelForCausalLM.from_pretrained(DIR)`
-                            and `AutoTokenizer.from_pretrained(DIR)` load them
+                            and `AutoTokenizer.from_pretrained(DIR)` load them (GPT2LMHeadModel
+                            or LlamaForCausalLM)
     import_hf(DIR, FILE)    config.json + model.safetensors (or model.safetensors.index.json
                             and its shards) + tokenizer -> one tokenkit model file
 
@@ -16,13 +21,15 @@ Reading never unpickles (`pytorch_model.bin` is refused), validates every safete
 against its file before reading, and reads one tensor at a time, converting it to float32
 (F16, BF16 and F64 checkpoints included): the checkpoint is never held twice. A weight holding
 NaN or infinity is refused by name, and so is an `lm_head.weight` that differs from `wte`:
-transformers then predicts with that head, untied even under `tie_word_embeddings`, and tk's GPT
-cannot. Everything is checked before the first file is written; every failure is one
-PipelineError line.
+transformers then predicts with that head, untied even under `tie_word_embeddings`, and tk's
+GPT-2 cannot (a Llama-family model is imported untied then, as transformers predicts). Each
+weight is read, transposed or placed in its columns one at a time, so the import holds the
+model and one tensor more. Everything is checked before the first file is written; every
+failure is one PipelineError line.
 
 What it deliberately does not do: import transformers or torch (tests do, to check the round
-trip), or express variants GPT-2 has no field for (post-norm, sinusoidal positions,
-bidirectional attention: refused by name).
+trip), or express variants neither family has a field for (post-norm, sinusoidal positions,
+bidirectional attention, rotary positions with LayerNorm or a GELU MLP: refused by name).
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ import numpy as np
 from tokenkit import __version__
 from tokenkit.bpe import Tokenizer, TokenizerError
 from tokenkit.common import FileError, atomic, jsonsafe, readfile, safetensors_file
-from tokenkit.pipeline import checkpoint
+from tokenkit.pipeline import checkpoint, hf_llama
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.run import load_model_and_tokenizer
 from tokenkit.transformer import GPTConfig, ModelError
@@ -63,6 +70,7 @@ EXPORT_FILES = (
 )
 PREFIX = "transformer."
 EOT = "<|endoftext|>"
+EOS_NAMES = (EOT, "<|end_of_text|>", "<|im_end|>", "</s>")  # a Llama-family export's eos, the first the tokenizer has
 MARKER = "tokenkit_version"  # in an export's config.json: the directory may be exported into again
 MAX_JSON_BYTES = 16 << 20  # config.json is ~1 KB; an index of a huge sharded model is under 1 MB
 
@@ -81,22 +89,37 @@ class ExportResult:
     removed: list[Path]
     config: GPTConfig
     n_params: int
+    architecture: str = "GPT2LMHeadModel"
 
 
-def refuse_variant(config: GPTConfig) -> None:
-    """One line naming the first choice of `config` that GPT-2's config cannot express."""
+def export_architecture(config: GPTConfig) -> str:
+    """The transformers class a tk model is written as: LlamaForCausalLM for rotary positions,
+    GPT2LMHeadModel otherwise; one line naming the first choice of `config` that class's config
+    cannot express."""
+    llama = config.positional == "rope"
+    family = "Llama" if llama else "GPT-2"
     variants = [
-        (config.norm == "post", "post-norm (LayerNorm after each residual add)", "GPT-2 normalises before (pre-norm)"),
+        (config.norm == "post", "post-norm (a norm after each residual add)", f"{family} normalises before (pre-norm)"),
         (config.positional == "sinusoidal", "sinusoidal positions", "GPT-2 learns its position table (wpe)"),
-        (not config.causal, "bidirectional attention", "GPT-2 attends causally"),
+        (not config.causal, "bidirectional attention", f"{family} attends causally"),
     ]
     for bad, name, why in variants:
         if bad:
             raise PipelineError(
-                f"cannot export a model with {name} as GPT-2: {why}, and transformers has no setting for it"
+                f"cannot export a model with {name} as {family}: {why}, and transformers has no setting for it"
             )
-    llama_family = [  # GPT-2's config cannot say these; tk does not export Llama's yet
-        (config.positional == "rope", "rotary positions", "GPT-2 learns its position table (wpe)"),
+    if llama:
+        for bad, name, why in [
+            (config.norm_type != "rmsnorm", "LayerNorm", "Llama normalises with RMSNorm"),
+            (config.activation != "swiglu", f"a {config.activation.upper()} MLP", "Llama's MLP is SwiGLU"),
+        ]:
+            if bad:
+                raise PipelineError(
+                    f"cannot export a model with rotary positions and {name} as Llama: {why}, and transformers has "
+                    "no setting for it"
+                )
+        return "LlamaForCausalLM"
+    llama_family = [  # GPT-2's config cannot say these; with rotary positions the model would be Llama's
         (config.norm_type == "rmsnorm", "RMSNorm", "GPT-2 uses LayerNorm"),
         (config.activation == "swiglu", "a SwiGLU MLP", "GPT-2's MLP is not gated"),
         (config.kv_heads != config.n_heads, "grouped-query attention", "GPT-2 has a K/V head per query head"),
@@ -108,8 +131,10 @@ def refuse_variant(config: GPTConfig) -> None:
     for bad, name, why in llama_family:
         if bad:
             raise PipelineError(
-                f"cannot export a model with {name} as GPT-2: {why}; tk exports GPT-2's architecture only, for now"
+                f"cannot export a model with {name} as GPT-2: {why}; a model with learned positions is exported as "
+                "GPT-2 (one with rotary positions, RMSNorm and SwiGLU as Llama)"
             )
+    return "GPT2LMHeadModel"
 
 
 def hf_config(config: GPTConfig, tokenizer: Tokenizer) -> dict[str, Any]:
@@ -155,6 +180,22 @@ def hf_tensors(config: GPTConfig, params: dict[str, np.ndarray]) -> dict[str, np
     }
 
 
+def hf_llama_tensors(config: GPTConfig, params: dict[str, np.ndarray], names: set[str]) -> dict[str, np.ndarray]:
+    """LlamaForCausalLM's state dict (`names`): each tensor tk's columns for it, transposed for a
+    Linear layer, or zeros where tk has no such parameter (a bias the config implies)."""
+    widest = param_shapes(hf_llama.widest(config))
+    out = {}
+    for link in hf_llama.links(config):
+        if link.hf not in names:
+            continue
+        if link.tk not in params:
+            out[link.hf] = np.zeros(link.hf_shape(widest[link.tk]), np.float32)
+            continue
+        a = params[link.tk] if link.cols is None else params[link.tk][..., link.cols[0] : link.cols[1]]
+        out[link.hf] = np.ascontiguousarray(a.T if link.transposed else a, dtype=np.float32)
+    return out
+
+
 def _is_tk_model(path: Path) -> bool:
     try:
         return safetensors_file.read_header(path, bfloat16=True)[1].get("format") == checkpoint.MODEL_FORMAT
@@ -190,7 +231,7 @@ def export_hf(
     directory = Path(directory)
     model, tokenizer = load_model_and_tokenizer(model_path, tokenizer_path)
     config = model.config
-    refuse_variant(config)
+    architecture = export_architecture(config)
     if directory.exists() and not directory.is_dir():
         raise PipelineError(f"{directory} is a file; give a directory to export into")
     if (directory / WEIGHTS_FILE).is_file() and _is_tk_model(directory / WEIGHTS_FILE):
@@ -207,13 +248,19 @@ def export_hf(
         files: dict[str, atomic.Data] = dict(tokenizer.export_files("hf"))
     except TokenizerError as err:
         raise PipelineError(f"cannot export the tokenizer into {directory}: {err}") from None
-    tensors = hf_tensors(config, model.params)
-    eot = tokenizer.special_tokens.get(EOT)
+    if architecture == "GPT2LMHeadModel":
+        tensors = hf_tensors(config, model.params)
+        bos = eos = tokenizer.special_tokens.get(EOT)
+        hf = hf_config(config, tokenizer)
+    else:
+        bos, eos = None, next((tokenizer.special_tokens[s] for s in EOS_NAMES if s in tokenizer.special_tokens), None)
+        hf, names = hf_llama.hf_config(config, eos, {MARKER: __version__})
+        tensors = hf_llama_tensors(config, model.params, names)
     files[WEIGHTS_FILE] = lambda f: safetensors_file.write(f, tensors, {"format": "pt"})
     files[GENERATION_FILE] = checkpoint.json_bytes(
-        {"_from_model_config": True, "bos_token_id": eot, "eos_token_id": eot}
+        {"_from_model_config": True, "bos_token_id": bos, "eos_token_id": eos}
     )
-    files[CONFIG_FILE] = checkpoint.json_bytes(hf_config(config, tokenizer))
+    files[CONFIG_FILE] = checkpoint.json_bytes(hf)
     try:
         removed = atomic.replace_files(directory, files, remove=[n for n in EXPORT_FILES if n not in files])
     except FileError as err:
@@ -224,6 +271,7 @@ def export_hf(
         [directory / name for name in removed],
         config,
         sum(int(a.size) for a in model.params.values()),
+        architecture,
     )
 
 
@@ -238,6 +286,7 @@ class ImportResult:
     tokenizer: Tokenizer
     dtypes: list[str] = field(default_factory=list)  # the checkpoint's float types
     shards: int = 1
+    architecture: str = "GPT2LMHeadModel"  # the checkpoint's transformers class
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -253,7 +302,8 @@ def gpt_config(path: Path, hf: Any) -> GPTConfig:
         raise PipelineError(f"{path} is not a JSON object; is this a transformers model directory?")
     kind = hf.get("model_type")
     if kind != "gpt2":
-        raise PipelineError(f"{path}: model_type {kind!r}; tk imports GPT-2's architecture (model_type 'gpt2') only")
+        known = ", ".join(repr(k) for k in ("gpt2", *hf_llama.MODEL_TYPES))
+        raise PipelineError(f"{path}: model_type {kind!r}; tk imports the model types {known}")
 
     def get(key: str, default: Any) -> Any:
         return hf[key] if hf.get(key) is not None else default
@@ -430,6 +480,72 @@ def read_checkpoint(
     return params, dtypes
 
 
+def read_llama_checkpoint(
+    directory: Path, sources: dict[str, _Source], imported: hf_llama.Imported
+) -> tuple[dict[str, np.ndarray], list[str], GPTConfig]:
+    """(params keyed by tk's names, the checkpoint's dtypes, the config) of a Llama-family
+    checkpoint: every name and shape checked before the first tensor is read, then one tk
+    parameter at a time from its tensors (transposed, or placed in its columns), zeros for a bias
+    tk has and the checkpoint lacks. Biases that are all zero add nothing and are left out (a
+    Qwen2-style model exported as Llama, with a zero o_proj bias, comes back as it was). A
+    stored lm_head.weight under tie_word_embeddings is read too: when it differs from the
+    embeddings transformers predicts with it, so the model is imported untied."""
+    config, what = imported.config, imported.architecture
+    expected = set(imported.hf_names)
+    maybe_untied = config.tie_embeddings and "lm_head.weight" in sources
+    if maybe_untied:
+        expected.add("lm_head.weight")
+    present = {name for name in sources if not name.endswith(hf_llama.BUFFER_SUFFIX)}
+    missing, extra = sorted(expected - present), sorted(present - expected)
+    if "lm_head.weight" in missing:
+        raise PipelineError(f"{directory}: tie_word_embeddings is false but there is no lm_head.weight")
+    if missing:
+        raise PipelineError(
+            f"{directory}: the checkpoint lacks {len(missing)} tensor(s) of its config ({what}), e.g. {missing[0]}"
+        )
+    if extra:
+        raise PipelineError(
+            f"{directory}: tensor {extra[0]!r} is not part of {what}'s language model as config.json describes it; "
+            "tk cannot use it"
+        )
+    shapes = param_shapes(hf_llama.widest(config))
+    for link in hf_llama.links(config):
+        shape = link.hf_shape(shapes[link.tk])
+        if link.hf in expected and sources[link.hf].shape != shape:
+            found = sources[link.hf].shape
+            raise PipelineError(f"{directory}: {link.hf} has shape {found}; config.json implies {shape}")
+    biased = {"qkv": False, "rest": False}  # tk's qkv_bias and bias: whether any such bias is not zero
+    for name in sorted(n for n in expected if n.endswith(".bias")):
+        group = "qkv" if ".self_attn." in name and ".o_proj." not in name else "rest"
+        biased[group] = biased[group] or bool(_read_weight(name, sources[name]).any())
+    config = GPTConfig.from_dict({**config.to_dict(), "bias": biased["rest"], "qkv_bias": biased["qkv"]})
+    untied = GPTConfig.from_dict({**config.to_dict(), "tie_embeddings": False})
+    shapes = param_shapes(untied)
+    parts: dict[str, list[hf_llama.Link]] = {}
+    for link in hf_llama.links(config):
+        if link.hf in expected and link.tk in shapes:
+            parts.setdefault(link.tk, []).append(link)
+    params = {name: _assemble(shape, parts.get(name, []), sources) for name, shape in param_shapes(config).items()}
+    if maybe_untied:
+        head = _read_weight("lm_head.weight", sources["lm_head.weight"])
+        if not np.array_equal(head, params["wte.weight"]):  # transformers unties them, whatever the config says
+            config, params["lm_head.weight"] = untied, head
+    dtypes = sorted({sources[name].dtype for name in expected})
+    return params, dtypes, config
+
+
+def _assemble(shape: tuple[int, ...], links: list[hf_llama.Link], sources: dict[str, _Source]) -> np.ndarray:
+    """One tk parameter from its checkpoint tensors (none: a zero bias)."""
+    if len(links) == 1 and links[0].cols is None:
+        a = _read_weight(links[0].hf, sources[links[0].hf])
+        return np.ascontiguousarray(a.T) if links[0].transposed else a
+    out = np.zeros(shape, np.float32)
+    for link in links:
+        a = _read_weight(link.hf, sources[link.hf])
+        out[..., link.cols[0] : link.cols[1]] = a.T if link.transposed else a
+    return out
+
+
 def read_tokenizer(directory: Path) -> Tokenizer:
     """The checkpoint's tokenizer (tokenizer.json, or vocab.json + merges.txt) with the library's ids."""
     try:
@@ -450,7 +566,9 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *, overwrite
     if not os.path.lexists(directory / CONFIG_FILE):
         raise PipelineError(f"{directory} has no {CONFIG_FILE}; is it a transformers model directory?")
     hf = _read_json(directory / CONFIG_FILE, "model config")
-    config = gpt_config(directory / CONFIG_FILE, hf)
+    llama = isinstance(hf, dict) and isinstance(hf.get("model_type"), str) and hf["model_type"] in hf_llama.MODEL_TYPES
+    imported = hf_llama.gpt_config(directory / CONFIG_FILE, hf) if llama else None
+    config = imported.config if imported else gpt_config(directory / CONFIG_FILE, hf)
     sources, shards = _headers(directory)
     tokenizer = read_tokenizer(directory)
     if tokenizer.vocab_size != config.vocab_size:
@@ -458,7 +576,12 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *, overwrite
             f"{directory}: the tokenizer has {tokenizer.vocab_size:,} tokens and the model {config.vocab_size:,}; "
             "tk needs them equal (a padded vocabulary cannot be imported)"
         )
-    params, dtypes = read_checkpoint(directory, sources, config, tied=hf.get("tie_word_embeddings", True) is not False)
+    if imported:
+        params, dtypes, config = read_llama_checkpoint(directory, sources, imported)
+    else:
+        params, dtypes = read_checkpoint(
+            directory, sources, config, tied=hf.get("tie_word_embeddings", True) is not False
+        )
     provenance = {"tokenkit": __version__, "imported_from": str(directory), "imported_dtypes": dtypes}
     checkpoint.save_model(
         out,
@@ -470,4 +593,5 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *, overwrite
         best_val_loss=None,
         provenance=provenance,
     )
-    return ImportResult(out, config, sum(int(a.size) for a in params.values()), tokenizer, dtypes, shards)
+    architecture = imported.architecture if imported else "GPT2LMHeadModel"
+    return ImportResult(out, config, sum(int(a.size) for a in params.values()), tokenizer, dtypes, shards, architecture)

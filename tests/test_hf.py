@@ -290,7 +290,7 @@ def test_import_refuses_what_tk_cannot_read_in_one_line(tok, tmp_path, capsys):
     _, hf = _hf_dir(tmp_path, tok, capsys)
     out = tmp_path / "x.safetensors"
     for changes, fragment in [
-        ({"model_type": "llama"}, "model_type 'llama'"),
+        ({"model_type": "bert"}, "model_type 'bert'; tk imports the model types 'gpt2', 'llama', 'mistral', 'qwen2'"),
         ({"activation_function": "gelu"}, "exact erf GELU"),
         ({"layer_norm_epsilon": 1e-6}, "layer_norm_epsilon"),
         ({"n_inner": 64}, "n_inner"),

@@ -208,7 +208,22 @@ def hf_dict(**changes) -> dict:
 @pytest.mark.parametrize(
     "changes, words",
     [
-        ({"normalizer": {"type": "NFC"}}, "normalizer"),
+        ({"normalizer": {"type": "NFKC"}}, "normalizer"),
+        ({"normalizer": {"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Lowercase"}]}}, "normalizer"),
+        ({"model__type": "Unigram"}, "SentencePiece-style tokenizer .a Unigram model"),
+        ({"model__byte_fallback": True}, "SentencePiece-style tokenizer .BPE with byte_fallback"),
+        ({"pre_tokenizer": {"type": "Metaspace", "replacement": "▁"}}, "SentencePiece-style tokenizer .a Metaspace"),
+        ({"model__ignore_merges": "yes"}, "ignore_merges must be true or false"),
+        ({"model__merges": ["Ġ a", "a b", "ab c", "Ġ abc", "b c"]}, "5 merges for 3 merged tokens"),
+        (
+            {
+                "pre_tokenizer": {
+                    "type": "Sequence",
+                    "pretokenizers": [{"type": "Digits", "individual_digits": True}, {"type": "ByteLevel"}],
+                }
+            },
+            "must be \\[Split, ByteLevel\\] for tk \\(it holds 'Digits'\\)",
+        ),
         ({"pre_tokenizer__add_prefix_space": True}, "add_prefix_space"),
         ({"pre_tokenizer": {"type": "Whitespace"}}, "pre-tokenizer"),
         ({"model__type": "WordPiece"}, "not BPE"),

@@ -1,0 +1,431 @@
+"""Llama's family to and from transformers (issue 22): `tk import-hf` of LlamaForCausalLM,
+MistralForCausalLM and Qwen2ForCausalLM directories, `tk export-hf` of a Llama-style tk model.
+
+With transformers and torch (`pip install -e '.[interop]'`): random tiny models of each family
+(tied and untied, fewer K/V heads than heads, Qwen2's q, k, v biases, Llama's attention and MLP
+biases, float32 and bfloat16, one file and shards) saved by `save_pretrained` beside a
+byte-level BPE tokenizer.json made by the tokenizers library (Llama 3's split, one with
+`ignore_merges` where it matters; Qwen2's split and NFC), imported by `tk import-hf`: the
+next-token probabilities are transformers' within 1e-4 (float32) and the tokenizer gives
+AutoTokenizer's ids; exported back by `tk export-hf`, transformers loads LlamaForCausalLM and
+predicts the same. Without them: tk's own export read back gives identical weights and
+probabilities, and what tk does not compute is refused in one line, naming it (RoPE scaling,
+sliding window, head_dim, activation, SentencePiece tokenizers, a BOS template). Nothing is
+downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_tokenizer_options import LLAMA3_PATTERN, ODD_MERGES, hf_bpe  # the same tokenizers
+
+from tokenkit.bpe import Tokenizer
+from tokenkit.bpe.interop import QWEN2_PATTERN
+from tokenkit.cli.main import main
+from tokenkit.common import safetensors_file
+from tokenkit.pipeline import PipelineError, checkpoint, hf_llama
+from tokenkit.transformer import GPT
+from tokenkit.transformer.config import llama_config
+
+ROOT = Path(__file__).parents[1]
+BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
+TEXTS = ["Once upon a time, there was a fox named Max.", "  it's 2024!\n\nDON'T  stop", "café cafe\u0301 naïve",
+         "abc abcd xabc", f"{EOS}The end."]  # fmt: skip
+SIZES = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+             max_position_embeddings=64)  # fmt: skip
+
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    capsys.readouterr()  # what came before (transformers' progress bars)
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(result: tuple[int, str, str], *fragments: str) -> str:
+    code, _, err = result
+    assert code == 1, err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    for fragment in fragments:
+        assert fragment in err, err
+    return err
+
+
+def corpus() -> str:
+    return (ROOT / "corpora" / "tiny_tales.txt").read_text(encoding="utf-8")[:20_000] + " café naïve 2024 " * 40
+
+
+# --- without transformers: tk's own Llama export, read back and edited --------------------------
+
+
+@pytest.fixture(scope="module")
+def tk_tok() -> Tokenizer:
+    return Tokenizer.train([corpus().encode()], vocab_size=300, pattern=LLAMA3_PATTERN, special_tokens=[BOS, EOS],
+                           quiet=True, workers=1)  # fmt: skip
+
+
+def make_model(path: Path, tok: Tokenizer, seed: int = 0, **variant) -> GPT:
+    """A random Llama-style tk model whose every weight matters (gains far from 1, biases from 0)."""
+    shape = dict(vocab_size=tok.vocab_size, context_length=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                 mlp_hidden=48, rope_theta=5e5, norm_eps=1e-5)  # fmt: skip
+    config = llama_config(**{**shape, **variant})
+    model = GPT(config, seed=seed)
+    rng = np.random.default_rng(seed)
+    for name, value in model.params.items():
+        value[...] = rng.normal(1.0 if "ln" in name else 0.0, 0.3, value.shape)
+    checkpoint.save_model(
+        path, model.params, tok, config=config.to_dict(), step=0, val_loss=None, best_val_loss=None, provenance={}
+    )
+    return model
+
+
+def probs(model: GPT, ids: np.ndarray) -> np.ndarray:
+    logits = model.forward(ids).astype(np.float64)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    return p / p.sum(-1, keepdims=True)
+
+
+def exported(tmp_path: Path, capsys, tok: Tokenizer, **variant) -> tuple[GPT, Path]:
+    model = make_model(tmp_path / "m.safetensors", tok, **variant)
+    code, out, err = cli(capsys, "export-hf", tmp_path / "m.safetensors", "-o", tmp_path / "hf")
+    assert code == 0 and "LlamaForCausalLM" in out, err
+    return model, tmp_path / "hf"
+
+
+def edit_config(directory: Path, **changes) -> None:
+    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    config.update(changes)
+    (directory / "config.json").write_text(json.dumps(config), encoding="utf-8")
+
+
+VARIANTS = {
+    "gqa-untied": dict(),
+    "mqa-tied": dict(n_kv_heads=1, tie_embeddings=True),
+    "qwen2-biases": dict(bias=False, qkv_bias=True, tie_embeddings=True),
+    "all-biases": dict(bias=True),
+    "biases-but-qkv": dict(bias=True, qkv_bias=False),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_export_then_import_gives_the_same_model(variant, tk_tok, tmp_path, capsys):
+    """Every Llama-style shape comes back as it went: biases Llama's config makes the export
+    hold as zeros (o_proj's beside Qwen2-style q, k, v biases; q, k, v's beside the others) are
+    left out again."""
+    model, hf = exported(tmp_path, capsys, tk_tok, **VARIANTS[variant])
+    config = json.loads((hf / "config.json").read_text(encoding="utf-8"))
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
+    assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 5e5}
+    assert (config["num_key_value_heads"], config["tie_word_embeddings"]) == (model.config.kv_heads,
+                                                                             model.config.tie_embeddings)  # fmt: skip
+    entries, _ = safetensors_file.read_header(hf / "model.safetensors")
+    assert ("lm_head.weight" in entries) is not model.config.tie_embeddings
+    assert entries["model.layers.0.self_attn.q_proj.weight"]["shape"] == [32, 32]  # torch's (out, in)
+    assert entries["model.layers.0.self_attn.k_proj.weight"]["shape"] == [model.config.kv_heads * 8, 32]
+    code, out, err = cli(capsys, "import-hf", hf, "-o", tmp_path / "back.safetensors")
+    assert code == 0 and "of LlamaForCausalLM" in out, err
+    back = checkpoint.load_model(tmp_path / "back.safetensors").model
+    assert back.config == model.config
+    for name, value in model.params.items():
+        np.testing.assert_array_equal(back.params[name], value, err_msg=name)
+    assert set(back.params) == set(model.params)
+
+
+def test_a_llama_file_is_its_configs_names_transposed(tk_tok, tmp_path, capsys):
+    """The layout itself, not only the round trip: q, k, v are c_attn's columns, torch's (out, in)."""
+    model, hf = exported(tmp_path, capsys, tk_tok, bias=False, qkv_bias=True)
+    tensors, _ = safetensors_file.read(hf / "model.safetensors")
+    p = model.params
+    np.testing.assert_array_equal(
+        tensors["model.layers.1.self_attn.q_proj.weight"], p["h.1.attn.c_attn.weight"][:, :32].T
+    )
+    np.testing.assert_array_equal(tensors["model.layers.1.self_attn.v_proj.bias"], p["h.1.attn.c_attn.bias"][48:])
+    np.testing.assert_array_equal(tensors["model.layers.0.mlp.up_proj.weight"], p["h.0.mlp.c_fc.weight"][:, 48:].T)
+    np.testing.assert_array_equal(tensors["model.layers.0.mlp.down_proj.weight"], p["h.0.mlp.c_proj.weight"].T)
+    np.testing.assert_array_equal(tensors["model.norm.weight"], p["ln_f.weight"])
+    assert not tensors["model.layers.0.self_attn.o_proj.bias"].any()  # Qwen2's biases as Llama's attention_bias
+    config = json.loads((hf / "config.json").read_text(encoding="utf-8"))
+    assert (config["attention_bias"], config["mlp_bias"], config["head_dim"]) == (True, False, 8)
+
+
+def test_mistral_and_qwen2_configs_read_as_their_families(tk_tok, tmp_path, capsys):
+    model, hf = exported(tmp_path, capsys, tk_tok, bias=False, qkv_bias=True)
+    edit_config(hf, model_type="qwen2", attention_bias=None, use_sliding_window=False, sliding_window=4096)
+    tensors, _ = safetensors_file.read(hf / "model.safetensors")
+    qwen2 = {n: a for n, a in tensors.items() if "o_proj.bias" not in n}  # Qwen2 has no o_proj bias
+    (hf / "model.safetensors").write_bytes(safetensors_file.serialize(qwen2, {"format": "pt"}))
+    tk_tok.export_hf(hf, overwrite=True)  # its split is not Qwen2's: transformers would split otherwise
+    one_line_error(cli(capsys, "import-hf", hf, "-o", tmp_path / "q.safetensors"), "Qwen2Tokenizer", "Qwen2's pattern")
+    (hf / "tokenizer_config.json").unlink()
+    qwen2_tok = Tokenizer(tk_tok.merges, special_tokens=["<|endoftext|>", "<|im_start|>"], pattern=QWEN2_PATTERN,
+                          normalizer="nfc")  # fmt: skip
+    qwen2_tok.export_hf(hf, overwrite=True)
+    code, out, err = cli(capsys, "import-hf", hf, "-o", tmp_path / "q.safetensors")
+    assert code == 0 and "of Qwen2ForCausalLM" in out, err
+    back, tok, _ = checkpoint.load_model(tmp_path / "q.safetensors")
+    assert back.config == model.config and tok.normalizer == "nfc"
+    for name, value in model.params.items():
+        np.testing.assert_array_equal(back.params[name], value, err_msg=name)
+    # Mistral: no biases at all; a sliding window at least the context long never bites
+    (tmp_path / "m").mkdir()
+    _, hf = exported(tmp_path / "m", capsys, tk_tok)
+    edit_config(hf, model_type="mistral", attention_bias=None, mlp_bias=None, sliding_window=64)
+    code, out, err = cli(capsys, "import-hf", hf, "-o", tmp_path / "mistral.safetensors")
+    assert code == 0 and "of MistralForCausalLM" in out, err
+
+
+@pytest.mark.parametrize(
+    "kind, changes, fragments",
+    [
+        ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}},
+         ["RoPE scaling 'llama3'", "tk computes the default RoPE only"]),
+        ("llama", {"rope_parameters": None, "rope_theta": 1e4, "rope_scaling": {"type": "linear", "factor": 2.0}},
+         ["RoPE scaling 'linear'"]),
+        ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+         ["partial_rotary_factor 0.5"]),
+        ("mistral", {"sliding_window": 16}, ["sliding_window 16 is shorter than the context (64)"]),
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "layer_types": ["full_attention",
+                                                                                    "sliding_attention"]},
+         ["sliding_window 16"]),
+        ("llama", {"head_dim": 16}, ["head_dim 16 is not hidden_size / num_attention_heads (32 / 4)"]),
+        ("llama", {"hidden_act": "gelu"}, ["hidden_act 'gelu' is not SiLU"]),
+        ("llama", {"max_position_embeddings": 131072}, ["max_position_embeddings 131,072 is beyond"]),
+        ("llama", {"num_key_value_heads": 3}, ["n_heads (4) must be divisible by n_kv_heads (3)"]),
+        ("llama", {"attention_bias": True}, ["lacks 8 tensor(s)", "self_attn.", "_proj.bias"]),
+        ("llama", {"tie_word_embeddings": False, "_drop": "lm_head.weight"}, ["there is no lm_head.weight"]),
+    ],
+)  # fmt: skip
+def test_what_tk_does_not_compute_is_refused_naming_it(kind, changes, fragments, tk_tok, tmp_path, capsys):
+    _, hf = exported(tmp_path, capsys, tk_tok, tie_embeddings=kind != "llama")
+    changes = dict(changes)
+    drop = changes.pop("_drop", None)
+    if drop:
+        tensors, _ = safetensors_file.read(hf / "model.safetensors")
+        tensors.pop(drop, None)
+        (hf / "model.safetensors").write_bytes(safetensors_file.serialize(tensors, {"format": "pt"}))
+    if kind != "llama":
+        edit_config(hf, model_type=kind, attention_bias=None, mlp_bias=None)
+    if kind == "qwen2":  # its tokenizer as Qwen2Tokenizer reads it, so that only the model is refused
+        Tokenizer(tk_tok.merges, special_tokens=["<|endoftext|>", BOS], pattern=QWEN2_PATTERN,
+                  normalizer="nfc").export_hf(hf, overwrite=True)  # fmt: skip
+    edit_config(hf, **changes)
+    one_line_error(cli(capsys, "import-hf", hf, "-o", tmp_path / "x.safetensors"), *fragments)
+    assert not (tmp_path / "x.safetensors").exists()
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 70_000) | st.floats(allow_nan=True) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=12), inner, max_size=3),
+    max_leaves=5,
+)
+CONFIG_KEYS = ["hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act",
+               "intermediate_size", "max_position_embeddings", "rms_norm_eps", "rope_parameters", "rope_theta",
+               "rope_scaling", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
+               "tie_word_embeddings", "attention_bias", "mlp_bias", "vocab_size", "num_hidden_layers"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def exported_once(tk_tok, tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("once")
+    make_model(base / "m.safetensors", tk_tok)
+    assert main([str(a) for a in ("export-hf", base / "m.safetensors", "-o", base / "hf")]) == 0
+    return base / "hf"
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(["llama", "mistral", "qwen2"]), key=st.sampled_from(CONFIG_KEYS), value=JSON_VALUES)
+def test_any_config_value_imports_or_fails_in_one_line(kind, key, value, exported_once, tmp_path_factory):
+    """config.json with any value in any of the keys tk reads: a model, or one PipelineError line."""
+    config = json.loads((exported_once / "config.json").read_text(encoding="utf-8"))
+    config.update({"model_type": kind, key: value})
+    try:
+        imported = hf_llama.gpt_config("config.json", config)
+    except PipelineError as err:
+        assert "\n" not in str(err) and str(err).startswith("config.json: "), err
+        return
+    assert imported.config.positional == "rope"
+
+
+@pytest.mark.parametrize(
+    "variant, named",
+    [
+        ({"norm_type": "layernorm"}, "rotary positions and LayerNorm as Llama: Llama normalises with RMSNorm"),
+        ({"activation": "gelu", "mlp_hidden": 128}, "rotary positions and a GELU MLP as Llama"),
+        ({"norm": "post"}, "post-norm (a norm after each residual add) as Llama"),
+        ({"causal": False}, "bidirectional attention as Llama"),
+        ({"positional": "learned"}, "RMSNorm as GPT-2"),
+    ],
+)
+def test_variants_llama_cannot_express_are_refused_by_name(variant, named, tk_tok, tmp_path, capsys):
+    make_model(tmp_path / "m.safetensors", tk_tok, **variant)
+    one_line_error(cli(capsys, "export-hf", tmp_path / "m.safetensors", "-o", tmp_path / "hf"), named)
+    assert not (tmp_path / "hf").exists()
+
+
+# --- with transformers: their models, their tokenizers --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def transformers():
+    pytest.importorskip("torch")
+    return pytest.importorskip("transformers")
+
+
+def hf_tokenizer(kind: str, odd: bool = False):
+    """A byte-level BPE tokenizer made by the tokenizers library: trained on a small text with
+    Llama 3's split and ignore_merges (or, `odd`, hand-made merges where ignore_merges matters),
+    or Qwen2's split and NFC normalizer; its special tokens after the merges."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, normalizers, pre_tokenizers
+
+    pattern = QWEN2_PATTERN if kind == "qwen2" else LLAMA3_PATTERN
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] if kind == "qwen2" else [BOS, EOS]
+    if odd:
+        hf = hf_bpe(Tokenizer(ODD_MERGES, special_tokens=specials), ignore_merges=True, nfc=False)
+        return hf, len(ODD_MERGES) + 256 + len(specials)
+    hf = tokenizers.Tokenizer(models.BPE(ignore_merges=kind != "qwen2"))
+    split = pre_tokenizers.Split(tokenizers.Regex(pattern), "isolated")
+    hf.pre_tokenizer = pre_tokenizers.Sequence(
+        [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    if kind == "qwen2":
+        hf.normalizer = normalizers.NFC()
+    hf.decoder = decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=360, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                             show_progress=False)  # fmt: skip
+    hf.train_from_iterator([corpus()], trainer)
+    hf.add_special_tokens(specials)
+    return hf, hf.get_vocab_size()
+
+
+def hf_checkpoint(transformers, directory: Path, kind: str, *, seed: int = 0, shards: bool = False,
+                  bf16: bool = False, odd: bool = False, **config):  # fmt: skip
+    """A random model of `kind` saved by save_pretrained beside a tokenizer.json; its weights
+    far from their init (gains around 1, biases around 0) so that every one matters."""
+    import torch
+
+    tok, vocab = hf_tokenizer(kind, odd)
+    classes = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
+    cfg = getattr(transformers, classes[kind] + "Config")(vocab_size=vocab, rms_norm_eps=1e-5, **{**SIZES, **config})
+    torch.manual_seed(seed)
+    model = getattr(transformers, classes[kind] + "ForCausalLM")(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * 0.3 + (1.0 if "norm" in name else 0.0))
+    if bf16:
+        model = model.to(torch.bfloat16)
+    model.save_pretrained(directory, max_shard_size="40KB" if shards else "5GB")
+    tok.save(str(directory / "tokenizer.json"))
+    return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+
+
+def hf_probs(model, ids: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return torch.softmax(model(torch.from_numpy(ids)).logits.double(), -1).numpy()
+
+
+def check_same(transformers, hf_model, directory: Path, tk_path: Path) -> tuple[GPT, Tokenizer]:
+    """tk's model file predicts as `hf_model` (1e-4 float32), its tokenizer gives AutoTokenizer's ids."""
+    model, tok, _ = checkpoint.load_model(tk_path)
+    ids = np.random.default_rng(3).integers(0, model.config.vocab_size, size=(2, 40))
+    diff = np.abs(probs(model, ids) - hf_probs(hf_model, ids)).max()
+    assert diff < 1e-4, f"max probability difference {diff:.2e}"
+    theirs = transformers.AutoTokenizer.from_pretrained(directory)
+    for text in TEXTS:
+        ours = tok.encode(text, allowed_special="all")
+        assert ours == theirs(text).input_ids, text
+        diff = np.abs(probs(model, np.array([ours]))[0, -1] - hf_probs(hf_model, np.array([ours]))[0, -1]).max()
+        assert diff < 1e-4, (text, diff)
+    return model, tok
+
+
+CHECKPOINTS = {
+    "llama-gqa-untied": ("llama", dict(num_key_value_heads=2, rope_parameters={"rope_type": "default",
+                                                                               "rope_theta": 5e5})),
+    "llama-mqa-tied-sharded-bf16": ("llama", dict(num_key_value_heads=1, tie_word_embeddings=True, shards=True,
+                                                   bf16=True)),
+    "llama-ignore-merges-odd": ("llama", dict(num_key_value_heads=2, odd=True)),
+    "llama-attention-bias": ("llama", dict(attention_bias=True, tie_word_embeddings=True)),
+    "llama-mlp-bias": ("llama", dict(mlp_bias=True)),
+    "mistral-gqa-untied-sharded": ("mistral", dict(num_key_value_heads=2, shards=True)),
+    "qwen2-tied": ("qwen2", dict(num_key_value_heads=2, tie_word_embeddings=True)),
+    "qwen2-untied-sharded": ("qwen2", dict(num_key_value_heads=4, shards=True)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", CHECKPOINTS)
+def test_transformers_checkpoints_import_and_export_with_their_probabilities(name, transformers, tmp_path, capsys):
+    kind, config = CHECKPOINTS[name]
+    hf_model = hf_checkpoint(transformers, tmp_path / "hf", kind, **config)
+    if config.get("shards"):
+        assert (tmp_path / "hf" / "model.safetensors.index.json").exists()
+    code, out, err = cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "m.safetensors")
+    assert code == 0, err
+    assert f"of {type(hf_model).__name__}" in out and ("BF16" in out) == bool(config.get("bf16")), out
+    model, tok = check_same(transformers, hf_model, tmp_path / "hf", tmp_path / "m.safetensors")
+    assert model.config.kv_heads == config.get("num_key_value_heads", 4)
+    assert model.config.tie_embeddings is bool(config.get("tie_word_embeddings"))
+    assert tok.ignore_merges is (kind != "qwen2") and tok.normalizer == ("nfc" if kind == "qwen2" else None)
+    if config.get("odd"):  # the premise: without ignore_merges the tokenizer would give other ids
+        assert Tokenizer(tok.merges).encode("abc") != tok.encode("abc") == [258]
+    # and back: transformers loads tk's export as LlamaForCausalLM and predicts as the original
+    code, out, err = cli(capsys, "export-hf", tmp_path / "m.safetensors", "-o", tmp_path / "out")
+    assert code == 0 and "LlamaForCausalLM" in out, err
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert type(again).__name__ == "LlamaForCausalLM"
+    check_same(transformers, again, tmp_path / "out", tmp_path / "m.safetensors")
+
+
+def test_a_stored_head_that_differs_from_the_embeddings_is_imported_untied(transformers, tmp_path, capsys):
+    """transformers predicts with a stored lm_head.weight that differs from the embeddings, even
+    under tie_word_embeddings (it unties them); tk imports such a model untied, as it predicts."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    hf_checkpoint(transformers, tmp_path / "hf", "llama", tie_word_embeddings=True)
+    tensors = load_file(tmp_path / "hf" / "model.safetensors")
+    tensors["lm_head.weight"] = torch.randn_like(tensors["model.embed_tokens.weight"])
+    save_file(tensors, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert torch.equal(hf_model.lm_head.weight, tensors["lm_head.weight"])  # the premise
+    assert cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "m.safetensors")[0] == 0
+    model, _ = check_same(transformers, hf_model, tmp_path / "hf", tmp_path / "m.safetensors")
+    assert model.config.tie_embeddings is False
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()  # the same head: tied
+    save_file(tensors, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    assert cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "t.safetensors")[0] == 0
+    assert checkpoint.load_model(tmp_path / "t.safetensors").model.config.tie_embeddings is True
+
+
+def test_tokenizers_tk_does_not_read_are_refused_naming_them(transformers, tmp_path, capsys):
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, processors
+
+    hf_checkpoint(transformers, tmp_path / "hf", "llama")
+    vocab = HFTokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json")).get_vocab()
+    # Llama 2's and Mistral v0.1's kind: BPE over '▁'-marked UTF-8 pieces with byte fallback
+    sp = HFTokenizer(models.BPE(vocab, [], byte_fallback=True))
+    sp.pre_tokenizer = pre_tokenizers.Metaspace()
+    sp.decoder = decoders.Metaspace()
+    sp.save(str(tmp_path / "hf" / "tokenizer.json"))
+    refused = cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "x.safetensors")
+    one_line_error(refused, "a SentencePiece-style tokenizer (BPE with byte_fallback, as Llama 2's and Mistral v0.1's)")
+    # Llama 3's post-processor adds <|begin_of_text|> to every text: refused, as for GPT-2's (tk adds no token)
+    tok, _ = hf_tokenizer("llama")
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B:1",
+                                      special_tokens=[(BOS, tok.token_to_id(BOS))]),
+    ])  # fmt: skip
+    tok.save(str(tmp_path / "hf" / "tokenizer.json"))
+    one_line_error(cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "x.safetensors"),
+                   f"adds {BOS!r} to every text", '"post_processor": null')  # fmt: skip
+    assert not (tmp_path / "x.safetensors").exists()
