@@ -560,8 +560,9 @@ class Tokenizer:
         disallowed_special: Iterable[str] | str = "all",
     ) -> Replay:
         """`text` from bytes to tokens, merge by merge (see `bpe.replay`): its byte ids (a special
-        token, read as `encode` reads it, is one id and a chunk of its own), its pre-token chunks,
-        and the steps in rank order. The result's `ids` are `encode(text)`'s.
+        token, read as `encode` reads it, is one id and a chunk of its own; with ignore_merges, so
+        is a chunk that is a token), its pre-token chunks, and the steps in rank order, on the
+        text as the tokenizer sees it (after its normalizer). The result's `ids` are `encode(text)`'s.
 
         >>> r = Tokenizer([(97, 97), (256, 97)]).replay("aaab aa")
         >>> r.chunks, [(s.new_id, s.at) for s in r.steps], r.ids
@@ -576,6 +577,8 @@ class Tokenizer:
             if isinstance(segment, int):
                 pieces.append([segment])
                 continue
+            if self._normalizer is not None:  # as _encode_ordinary: each stretch between specials
+                segment = unicodedata.normalize("NFC", segment)
             for chunk in split_text(segment, self._pattern):
                 try:
                     raw = chunk.encode("utf-8", errors="surrogateescape")
@@ -583,6 +586,9 @@ class Tokenizer:
                     raise TokenizerError(
                         "text contains a lone surrogate that is not an escaped byte; it cannot be encoded as UTF-8"
                     ) from None
+                if self._ignore_merges and len(raw) > 1 and raw in self._token_of:
+                    pieces.append([self._token_of[raw]])  # a whole token from the start, never merged
+                    continue
                 pieces.append(list(raw) if self._identity else [self._byte_ids[b] for b in raw])
         steps, ids = replay_merges(pieces, self._pair_id)
         bounds = list(accumulate(map(len, pieces), initial=0))

@@ -280,3 +280,18 @@ def test_a_qwen2_directory_that_transformers_reads_otherwise_is_refused(change, 
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "Qwen2Tokenizer" in err, err
     Tokenizer.from_hf(directory / "tokenizer.json")  # the file alone is read as it says
+
+
+def test_the_merge_replay_honours_the_options():
+    # the page's BPE replay (Tokenizer.replay) must end where encode does with either option:
+    # a chunk that is a token starts whole; the text is replayed as normalized
+    from test_replay import check_replay
+
+    rng = random.Random(3)
+    pieces = ["abc", " abc", "ab", "c", " ", "\n", "x", "bc", "a", "cafe\u0301", "é", "<|end|>"]
+    tokens = [odd(ignore_merges=True), odd(normalizer="nfc"), odd(ignore_merges=True, normalizer="nfc")]
+    for tok in tokens:
+        for text in [*ODD_TEXTS, *("".join(rng.choice(pieces) for _ in range(rng.randint(0, 30))) for _ in range(150))]:
+            check_replay(tok, text, allowed_special="all")
+    whole = tokens[0].replay("abc abc")
+    assert whole.initial == [258, 260] and whole.steps == []  # two whole tokens, nothing to merge
