@@ -18,7 +18,7 @@ import click
 
 from tokenkit.cli.launch import check_device, device_option, end_together, mpi_world
 from tokenkit.cli.params import Number, count, real
-from tokenkit.cli.specials import special_options
+from tokenkit.cli.specials import policy_name, special_options
 from tokenkit.cli.tokenizer_commands import corpus_options
 from tokenkit.pipeline import PipelineError, checkpoint, hf, views
 from tokenkit.pipeline.config import Range, load_config_file
@@ -32,7 +32,7 @@ from tokenkit.pipeline.run import (
     run_pipeline,
     token_text,
 )
-from tokenkit.pipeline.sources import CorpusSpec
+from tokenkit.pipeline.sources import SPECIALS, CorpusSpec
 from tokenkit.pipeline.train import (
     DEFAULT_VOCAB_SIZE,
     StartFrom,
@@ -109,7 +109,7 @@ def _run_corpus_options(func):
     return func
 
 
-def _corpus_spec(corpus, val, eot, glob, text_field, binary) -> CorpusSpec:
+def _corpus_spec(corpus, val, eot, glob, text_field, binary, special_policy) -> CorpusSpec:
     return CorpusSpec(
         tuple(str(p) for p in corpus),
         glob=glob,
@@ -117,6 +117,7 @@ def _corpus_spec(corpus, val, eot, glob, text_field, binary) -> CorpusSpec:
         binary=binary,
         eot=eot,
         val=tuple(str(p) for p in val),
+        specials=policy_name(special_policy),
     )
 
 
@@ -230,6 +231,7 @@ def _interrupted(result: TrainResult) -> int:
 @click.option("-q", "--quiet", is_flag=True, help="no progress bar or notes, only the summary")
 @device_option
 @_on_ranks
+@special_options
 def train_model_command(
     ranks,
     corpus,
@@ -245,6 +247,7 @@ def train_model_command(
     text_field,
     binary,
     device,
+    special_policy,
     **kwargs,
 ) -> int:
     """Train a GPT on CORPUS; checkpoints, log and token cache go in RUN_DIR.
@@ -252,7 +255,10 @@ def train_model_command(
     CORPUS: files and directories (every file below, sorted by path), gzip, bzip2, xz and zstd
     files, JSON Lines with --text-field; several are read in order. - (stdin) and pipes
     (<(zcat a.gz)) are read once and kept as they came in RUN_DIR/corpus.stream (--val's in
-    val.stream), which the run reads from then on, --resume too (not under mpirun).
+    val.stream), which the run reads from then on, --resume too (not under mpirun). Text in
+    CORPUS or --val that looks like a special token of the tokenizer is an error unless
+    --allow-special (read as the special token) or --specials-as-text (its bytes); the token
+    cache is per policy, and --resume keeps the run's.
 
     RUN_DIR/model.safetensors holds the best evaluated weights with the tokenizer inside (one
     file is enough to predict); RUN_DIR/train_state.safetensors the last state for --resume.
@@ -294,6 +300,7 @@ def train_model_command(
             "text_field": text_field,
             "binary": binary or None,
             "eot": eot,
+            "specials": policy_name(special_policy) if special_policy != SPECIALS["refuse"] else None,
         }
         changes = {name: value for name, value in flags.items() if value}  # what was given: in place of the recorded
         result = resume_training(
@@ -313,7 +320,7 @@ def train_model_command(
             raise click.UsageError("missing -o RUN_DIR: where the checkpoints and logs go")
         init = StartFrom.load(init_from) if init_from is not None else None
         config = TrainConfig.from_dict(init.settings(given) if init is not None else given)
-        inputs = _corpus_spec(corpus, val, eot, glob, text_field, binary).open(warn=_warn_line)
+        inputs = _corpus_spec(corpus, val, eot, glob, text_field, binary, special_policy).open(warn=_warn_line)
         tok = load_tokenizer(tokenizer_path) if tokenizer_path is not None else None
         result = train_model(
             inputs,
@@ -620,7 +627,8 @@ def pipeline_command(
     """Tokenizer -> encode -> train -> sample, each stage skipped when RUN_DIR already has it.
 
     CORPUS is read as train-model reads it (files, directories, compressed files, JSONL; - and
-    pipes kept in RUN_DIR/corpus.stream); --eot and --val too.
+    pipes kept in RUN_DIR/corpus.stream); --eot and --val too. --allow-special and
+    --specials-as-text apply to the corpus, --val and --prompt, as train-model's and generate's.
 
     Rerunning continues an interrupted training run and reuses finished stages. A stage whose
     inputs changed (a new corpus, another vocabulary size or training settings) would replace
@@ -636,7 +644,7 @@ def pipeline_command(
     _check_val(val, given)
     _check_workers_on(device, given)
     config = TrainConfig.from_dict(given)
-    inputs = _corpus_spec(corpus, val, eot, glob, text_field, binary).open(warn=_warn_line)
+    inputs = _corpus_spec(corpus, val, eot, glob, text_field, binary, special_policy).open(warn=_warn_line)
     result = run_pipeline(
         inputs,
         run_dir,

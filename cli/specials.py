@@ -1,12 +1,13 @@
 """`--allow-special` and `--specials-as-text`: tiktoken's special-token policy as flags, defined
 once for every command that encodes a user's text (`encode`, `predict-next`, `generate`,
-`explain`, `pipeline --prompt`).
+`explain`; `train-model` and `pipeline` for the corpus and --val, `pipeline` for --prompt too).
 
 By default text that looks like a special token is an error (it may be injected); the first flag
 reads it as the special token, the second as plain text. A command decorated with
 `special_options` gets the policy as `special_policy`, the keyword arguments of `Tokenizer.encode`
 (and of `predict_next` / `generate`), and its errors about such text name these flags, which it
-has, instead of the Python API's arguments.
+has, instead of the Python API's arguments. `policy_name` gives the policy's name in
+`pipeline.sources.SPECIALS` (a run's corpus records it).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import click
 
 from tokenkit.bpe import DisallowedSpecialError
+from tokenkit.pipeline.sources import SPECIALS
 
 ALLOW = "--allow-special"
 AS_TEXT = "--specials-as-text"
@@ -52,3 +54,8 @@ def flags_in_errors() -> Iterator[None]:
         yield
     except DisallowedSpecialError as err:
         raise err.advise(ALLOW, AS_TEXT) from None
+
+
+def policy_name(special_policy: dict[str, Any]) -> str:
+    """The name in SPECIALS ("refuse", "allow", "text") of a policy `special_options` gave."""
+    return next(name for name, policy in SPECIALS.items() if policy == special_policy)

@@ -5,7 +5,7 @@ with the tokenizer into `tokens.npy` beside the run (the validation corpus into
 `val_tokens.npy`; uint16 when the vocabulary fits, else uint32) and opened with
 `np.load(mmap_mode="r")`, so a corpus larger than memory still trains: a batch reads only its
 windows. `tokens.json` records what each file was made from (the corpus fingerprint, the
-tokenizer's fingerprint, the eot token); while they still match, a file is reused instead of
+tokenizer's fingerprint, the eot token, the special-token policy); while they still match, a file is reused instead of
 encoding again.
 
 Without `val`, the last `val_fraction` of the tokens is the validation split. Training batches
@@ -36,13 +36,16 @@ from tokenkit.pipeline.sources import CorpusSpec, check_eot, open_corpus, remove
 
 _MASK64 = (1 << 64) - 1
 # What a token file's ids depend on: the fields of `TokenData.key()` and of a run's data record.
-KEY_FIELDS = ("corpus_fingerprint", "val_fingerprint", "tokenizer_fingerprint", "eot")
+KEY_FIELDS = ("corpus_fingerprint", "val_fingerprint", "tokenizer_fingerprint", "eot", "specials")
 
 
 def record_key(record: Mapping[str, Any]) -> dict[str, Any]:
     """The KEY_FIELDS of a recorded data table (a run's, or a tokens.json entry); a v1 record's
-    `corpus_sha256` is its fingerprint (for one plain file, the fingerprint is the sha256)."""
+    `corpus_sha256` is its fingerprint (for one plain file, the fingerprint is the sha256); a
+    record without `specials` (made before the policy was recorded) refused such text."""
     key = {name: record.get(name) for name in KEY_FIELDS}
+    if key["specials"] is None:
+        key["specials"] = "refuse"
     if key["corpus_fingerprint"] is None and "corpus_sha256" in record:
         key["corpus_fingerprint"] = record["corpus_sha256"]
     return key
@@ -97,11 +100,17 @@ class TokenData:
             "val_fingerprint": self.val_fingerprint,
             "tokenizer_fingerprint": self.tokenizer_fingerprint,
             "eot": self.spec.eot,
+            "specials": self.spec.specials,
         }
 
     def files(self) -> dict[str, dict[str, Any]]:
         """tokens.json's entry for each token file: what it was made from."""
-        common = {"tokenizer_fingerprint": self.tokenizer_fingerprint, "eot": self.spec.eot, **self.spec.reading()}
+        common = {
+            "tokenizer_fingerprint": self.tokenizer_fingerprint,
+            "eot": self.spec.eot,
+            "specials": self.spec.specials,
+            **self.spec.reading(),
+        }
         entries = {
             checkpoint.TOKENS_FILE: {
                 **common,
@@ -160,7 +169,7 @@ def _cache_entries(run_dir: Path) -> dict[str, dict[str, Any]]:
 
 def cached_tokens(run_dir: str | os.PathLike, name: str, key: dict[str, Any], dtype) -> np.ndarray | None:
     """run_dir/NAME (tokens.npy, val_tokens.npy) memory-mapped when tokens.json says it was made
-    with `key` (corpus_fingerprint, tokenizer_fingerprint, eot), else None."""
+    with `key` (corpus_fingerprint, tokenizer_fingerprint, eot, specials), else None."""
     run_dir = Path(run_dir)
     entry = _cache_entries(run_dir).get(name)
     if entry is None or any(record_key(entry).get(k) != v for k, v in key.items()) or not (run_dir / name).exists():
@@ -180,8 +189,8 @@ def prepare_tokens(
     commit: bool = True,
 ) -> TokenData:
     """Encode `corpus` (a RunCorpus, CorpusSpec or path) for `run_dir/tokens.npy` (and its
-    validation corpus for `val_tokens.npy`), or reuse each file when its corpus, the tokenizer
-    and the eot token are unchanged.
+    validation corpus for `val_tokens.npy`), or reuse each file when its corpus, the tokenizer,
+    the eot token and the special-token policy (`spec.specials`) are unchanged.
 
     Returns the ids memory-mapped; the split is made later (`TokenData.split`) because it depends
     on training settings, not on the encoding. With `commit=False` fresh ids stay in temp files
@@ -214,13 +223,18 @@ def prepare_tokens(
         if rc.val is not None:
             parts.append((checkpoint.VAL_TOKENS_FILE, rc.val, tokens.val_fingerprint, "validation corpus"))
         for name, source, digest, what in parts:
-            key = {"corpus_fingerprint": digest, "tokenizer_fingerprint": fingerprint, "eot": spec.eot}
+            key = {
+                "corpus_fingerprint": digest,
+                "tokenizer_fingerprint": fingerprint,
+                "eot": spec.eot,
+                "specials": spec.specials,
+            }
             ids = cached_tokens(run_dir, name, key, dtype)
             if ids is None:
                 tokens.reused = False
                 tmp = atomic.temp_path(run_dir / name)
                 tokens.pending[name] = tmp
-                tokenizer.encode_file(source, out_path=tmp, quiet=quiet, eot=spec.eot)
+                tokenizer.encode_file(source, out_path=tmp, quiet=quiet, eot=spec.eot, **spec.encode_options())
                 ids = _open_ids(tmp)
                 if ids is None:
                     raise PipelineError(f"encoding the {what} wrote an unreadable {tmp}")

@@ -320,18 +320,18 @@ def run_pipeline(
 ) -> PipelineResult:
     """Stages 1-3 (tokenizer, encode, train), each skipped or resumed when its output is current.
 
-    `corpus`: a path, a list of paths, a `sources.CorpusSpec` (directories, compressed files, JSONL,
-    an eot token, a validation corpus) or one already opened (`sources.RunCorpus`). Stdin ("-") and
-    pipes are copied into the run directory once it is locked (`sources.store_streams`), and the
-    stages read that copy; a copy with the contents already there leaves the stages up to date.
-    The run directory is locked for the whole call. A stage whose output exists but is stale (a
-    new corpus, --val or --eot, vocabulary size or training settings) is redone only with `overwrite`; without
-    it the call stops in one line before touching anything, as it does for a directory holding
-    files not made by the pipeline. New outputs are committed only once training is known to
-    start. Returns where things are and a prompt from the validation text for stage 4
-    (`predict_next` and `generate` on `checkpoint.load_model(run_dir)`), which the caller runs
-    so it can stream. `ranks`: this is rank 0 of an MPI job; the other ranks join the training
-    stage (`pipeline.train.follow`), the others are rank 0's alone.
+    `corpus`: a path, a list of paths, a `sources.CorpusSpec` (directories, compressed files,
+    JSONL, an eot token, a validation corpus) or one already opened (`sources.RunCorpus`). Stdin
+    ("-") and pipes are copied into the run directory once it is locked (`sources.store_streams`),
+    and the stages read that copy; a copy with the contents already there leaves the stages up to
+    date. The run directory is locked for the whole call. A stage whose output exists but is stale
+    (a new corpus, --val, --eot or special-token policy, vocabulary size or training settings) is
+    redone only with `overwrite`; without it the call stops in one line before touching anything,
+    as it does for a directory holding files not made by the pipeline. New outputs are committed
+    only once training is known to start. Returns where things are and a prompt from the validation
+    text for stage 4 (`predict_next` and `generate` on `checkpoint.load_model(run_dir)`), which the
+    caller runs so it can stream. `ranks`: this is rank 0 of an MPI job; the other ranks join the
+    training stage (`pipeline.train.follow`), the others are rank 0's alone.
     """
     corpus = sources.open_corpus(corpus, warn=lambda msg: say(f"warning: {msg}"))
     refuse_streams_under_mpi(corpus.spec, ranks)
@@ -406,7 +406,7 @@ def _train_stage(
             say(encode_note(tokens, run_dir))
             return "resumed", resume_training(run_dir, corpus=corpus, ranks=ranks, device=device, quiet=quiet, say=say)
         why = (
-            "the corpus, --val, --eot or tokenizer changed"
+            "the corpus, --val, --eot, --allow-special/--specials-as-text or tokenizer changed"
             if not (stamp is None and same_data)
             else "the training settings changed"
         )

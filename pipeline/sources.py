@@ -2,8 +2,9 @@
 
 A run's corpus is a `CorpusSpec`: its inputs (files, directories, compressed files, JSONL;
 read by `bpe.corpus.Corpus`, the one place a corpus is read), how to read them (`glob`,
-`text_field`, `binary`), the special token put between documents (`eot`), and optionally an
-explicit validation corpus (`val`) read the same way. The spec and the corpus's fingerprint
+`text_field`, `binary`), the special token put between documents (`eot`), what text that looks
+like a special token becomes (`specials`: one of SPECIALS), and optionally an explicit validation
+corpus (`val`) read the same way. The spec and the corpus's fingerprint
 (`Corpus.fingerprint`: for one plain file its sha256) are what a run records and what `--resume`
 checks.
 
@@ -37,6 +38,20 @@ from tokenkit.common import atomic
 from tokenkit.pipeline import checkpoint
 from tokenkit.pipeline.errors import PipelineError
 
+# The special-token policies by name: keyword arguments of `Tokenizer.encode`, as cli/specials.py's
+# flags give them. A corpus's policy is part of what its token files were made from.
+SPECIALS = {
+    "refuse": {"allowed_special": (), "disallowed_special": "all"},  # the default: such text is an error
+    "allow": {"allowed_special": "all", "disallowed_special": "all"},  # --allow-special
+    "text": {"allowed_special": (), "disallowed_special": ()},  # --specials-as-text
+}
+# How each policy is asked for on the command line, for messages.
+SPECIAL_FLAGS = {
+    "refuse": "neither --allow-special nor --specials-as-text",
+    "allow": "--allow-special",
+    "text": "--specials-as-text",
+}
+
 
 @dataclass(frozen=True)
 class CorpusSpec:
@@ -45,8 +60,10 @@ class CorpusSpec:
     inputs: files and directories (as given); glob, text_field, binary: as `bpe.corpus.Corpus`
     reads them; eot: a special token whose id goes between documents in the token files; val:
     inputs of an explicit validation corpus (read with the same options), used instead of the
-    held-out fraction; streams: (path, what it was) of each input that is a run's copy of a stream
-    (`store_streams`), e.g. ("runs/a/corpus.stream", "stdin").
+    held-out fraction; specials: how text that looks like a special token of the tokenizer is
+    encoded (SPECIALS: "refuse" is an error, "allow" reads the special token, "text" its bytes; a
+    run recorded before the field existed refused); streams: (path, what it was) of each input
+    that is a run's copy of a stream (`store_streams`), e.g. ("runs/a/corpus.stream", "stdin").
 
     >>> CorpusSpec.of("tales.txt").to_dict()["inputs"]
     ['tales.txt']
@@ -61,6 +78,11 @@ class CorpusSpec:
     eot: str | None = None
     val: tuple[str, ...] = ()
     streams: tuple[tuple[str, str], ...] = ()
+    specials: str = "refuse"
+
+    def __post_init__(self) -> None:
+        if self.specials not in SPECIALS:
+            raise PipelineError(f"unknown special-token policy {self.specials!r}; one of {', '.join(SPECIALS)}")
 
     @classmethod
     def of(cls, corpus: CorpusSpec | RunCorpus | str | os.PathLike | Iterable[str | os.PathLike]) -> CorpusSpec:
@@ -81,6 +103,7 @@ class CorpusSpec:
             "binary": self.binary,
             "eot": self.eot,
             "val": list(self.val),
+            "specials": self.specials,
         }
         streams = self._streams()
         if streams:
@@ -113,16 +136,21 @@ class CorpusSpec:
                     value.get("eot"),
                     tuple(value.get("val", [])),
                     tuple(value.get("streams", {}).items()),
+                    value.get("specials") or "refuse",
                 )
                 if ok
                 else None
             )
-        except (TypeError, KeyError):
+        except (TypeError, KeyError, PipelineError):
             spec = None
         names = spec.inputs + spec.val + tuple(x for pair in spec.streams for x in pair) if spec is not None else ()
         if spec is None or not all(isinstance(p, str) for p in names) or not spec.inputs:
             raise PipelineError(f"{where} records no readable corpus; it is corrupt")
         return spec
+
+    def encode_options(self) -> dict[str, Any]:
+        """`specials` as keyword arguments of `Tokenizer.encode_file`."""
+        return dict(SPECIALS[self.specials])
 
     def reading(self) -> dict[str, Any]:
         """How the inputs are read (what tokens.json records beside each file's inputs)."""

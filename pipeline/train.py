@@ -680,16 +680,16 @@ def resume_training(
 ) -> TrainResult:
     """Continue the run in `run_dir` exactly where its train_state.safetensors left off.
 
-    `overrides` are settings the user gave explicitly: any that differs from the checkpoint's is
-    a one-line error (a resumed run must be the same run). The corpus is the recorded one
+    `overrides` are settings the user gave explicitly: any that differs from the checkpoint's is a
+    one-line error (a resumed run must be the same run). The corpus is the recorded one
     (`sources.CorpusSpec`; a v1 run's one file; a stream's copy kept in `run_dir`), with `corpus`
     (paths: other inputs; a CorpusSpec or RunCorpus: all of it) or `corpus_overrides` (CorpusSpec
-    fields the user gave, e.g. a moved --val) in its place; it must have the recorded
-    fingerprints and eot token, and a given `tokenizer` the run's fingerprint. A stream given in
-    its place is copied into `run_dir` as a fresh run's is, and checked the same way. The run
-    uses the worker count recorded in the checkpoint, so it continues bit for bit on any core
-    count, and on any number of MPI `ranks` that divides it (with or without MPI before). On
-    another `device` it continues numerically close, not bit-identical.
+    fields the user gave, e.g. a moved --val) in its place; it must have the recorded fingerprints,
+    eot token and special-token policy (`CorpusSpec.specials`), and a given `tokenizer` the run's
+    fingerprint. A stream given in its place is copied into `run_dir` as a fresh run's is, and
+    checked the same way. The run uses the worker count recorded in the checkpoint, so it continues
+    bit for bit on any core count, and on any number of MPI `ranks` that divides it (with or
+    without MPI before). On another `device` it continues numerically close, not bit-identical.
     """
     get_backend(device)  # a missing GPU is one line before anything is read
     run_dir = Path(run_dir)
@@ -779,6 +779,12 @@ def _resumed_corpus(run_dir: Path, state: checkpoint.TrainState, corpus, overrid
             )
         _check_kept_streams(spec, run_dir)
         rc = spec.open(warn=lambda msg: say(f"warning: {msg}"))
+    if rc.spec.specials != key["specials"]:  # the run's tokens keep the policy they were encoded with
+        flags = sources.SPECIAL_FLAGS
+        raise PipelineError(
+            f"{flags[rc.spec.specials]} contradicts the checkpoint in {run_dir} (its corpus was encoded with "
+            f"{flags.get(key['specials'], repr(key['specials']))}); drop the flag to resume"
+        )
     refuse_streams_under_mpi(rc.spec, ranks)
     rc = sources.store_streams(rc, run_dir, say)
     try:

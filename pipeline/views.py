@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from tokenkit import __version__
-from tokenkit.pipeline import checkpoint
+from tokenkit.pipeline import checkpoint, sources
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.live import TrainingLog
 from tokenkit.pipeline.run import generate_ids, predict_next
@@ -45,13 +45,9 @@ NEW_TOKENS_MAX = 200  # tokens one /api/generate makes: each is a forward pass u
 TEMPERATURE_MAX = 10.0
 SEED_MAX = 2**32 - 1
 
-# The special-token policies by name (docs/serve.md's `specials`): keyword arguments of
-# `Tokenizer.encode`, as cli/specials.py's flags give them.
-SPECIALS: dict[str, dict[str, Any]] = {
-    "refuse": {"allowed_special": (), "disallowed_special": "all"},  # the default, as tk encode's
-    "allow": {"allowed_special": "all", "disallowed_special": "all"},  # --allow-special
-    "text": {"allowed_special": (), "disallowed_special": ()},  # --specials-as-text
-}
+# The special-token policies by name (docs/serve.md's `specials`), as a run's corpus has them
+# (`sources.SPECIALS`: keyword arguments of `Tokenizer.encode`, as cli/specials.py's flags give them).
+SPECIALS: dict[str, dict[str, Any]] = sources.SPECIALS
 REFUSE = SPECIALS["refuse"]
 
 # The page's views (docs/serve.md), and which of them show each block of a model at work.

@@ -373,3 +373,88 @@ def test_bad_inputs_are_one_line_and_write_nothing(files, tmp_path, capsys):
         code, _, err = cli(capsys, *argv, "-o", run, *TINY)
         one_line_error(code, err, fragment)
         assert not run.exists(), argv
+
+
+# --- special-token text in the corpus -----------------------------------------------------------
+
+
+@pytest.fixture
+def spec_corpus(docs, tmp_path) -> tuple[Path, Path, str]:
+    """A corpus with the text of the eot token between two stories, and its --val twin."""
+    text = docs[0] + EOT + docs[1]
+    corpus, val = tmp_path / "joined.txt", tmp_path / "joined_val.txt"
+    corpus.write_text(text, encoding="utf-8")
+    val.write_text(docs[2] + EOT + docs[0], encoding="utf-8")
+    return corpus, val, text
+
+
+def _drop_specials(run: Path) -> None:
+    """Rewrite a run's records as tokenkit wrote them before the special-token policy was recorded."""
+    state = load_train_state(run / checkpoint.STATE_FILE)
+    del state.data["specials"], state.data["corpus"]["specials"]
+    checkpoint.save_train_state(run / checkpoint.STATE_FILE, state)
+    entries = json.loads((run / "tokens.json").read_text(encoding="utf-8"))
+    for entry in entries.values():
+        del entry["specials"]
+    (run / "tokens.json").write_text(json.dumps(entries), encoding="utf-8")
+
+
+def test_special_text_in_the_corpus_takes_the_flags_and_keys_the_cache(files, spec_corpus, tmp_path, capsys):
+    corpus, val, text = spec_corpus
+    tok = Tokenizer.load(files["tok"])
+    eot_id = tok.special_tokens[EOT]
+    run = tmp_path / "run"
+    # without a flag: one line naming the flags, for the corpus and for --val; nothing written
+    for argv in ([corpus], [files["plain"], "--val", val]):
+        code, _, err = cli(capsys, "train-model", *argv, "-t", files["tok"], "-o", run, *TINY)
+        one_line_error(code, err, "pass --allow-special; to encode it as plain text, pass --specials-as-text")
+        assert not run.exists() or not any(run.iterdir()), argv
+    code, _, err = cli(capsys, "train-model", corpus, "-o", run, *TINY, "--allow-special", "--specials-as-text")
+    one_line_error(code, err, "exclude each other")
+
+    # --allow-special: the special's id where the text had it
+    code, _, err = cli(capsys, "train-model", corpus, "-t", files["tok"], "-o", run, *TINY, "--allow-special")
+    assert code == 0, err
+    ids = np.load(run / "tokens.npy")
+    assert ids.tolist() == tok.encode(text, allowed_special="all") and int((ids == eot_id).sum()) == 1
+    assert json.loads((run / "tokens.json").read_text(encoding="utf-8"))["tokens.npy"]["specials"] == "allow"
+    # --resume keeps it (the cache is reused) and refuses another flag in one line
+    before = (run / "tokens.npy").stat().st_mtime_ns
+    code, _, err = cli(capsys, "train-model", "--resume", run, "-q")
+    assert code == 0 and (run / "tokens.npy").stat().st_mtime_ns == before, err
+    code, _, err = cli(capsys, "train-model", "--resume", run, "--specials-as-text")
+    one_line_error(code, err, "--specials-as-text contradicts the checkpoint")
+
+    # --specials-as-text: another policy, so the same corpus is encoded again, as its bytes
+    code, _, err = cli(
+        capsys, "train-model", corpus, "-t", files["tok"], "-o", run, *TINY[:-1], "--specials-as-text", "--overwrite"
+    )
+    assert code == 0 and "encode: encoded" in err, err
+    ids = np.load(run / "tokens.npy")
+    assert ids.tolist() == tok.encode(text, disallowed_special=()) and eot_id not in ids
+    assert tok.decode(ids.tolist()) == text
+
+
+def test_pipeline_takes_the_flags_and_old_runs_stay_up_to_date(files, spec_corpus, tmp_path, capsys):
+    corpus, _, _ = spec_corpus
+    run = tmp_path / "pipe"
+    flags = [*TINY, "--vocab-size", "290", "-n", "2", "--eot", EOT]
+    code, _, err = cli(capsys, "pipeline", corpus, "-o", run, *flags)
+    one_line_error(code, err, "pass --allow-special; to encode it as plain text, pass --specials-as-text")
+    assert not run.exists() or not any(run.iterdir())
+    code, _, err = cli(capsys, "pipeline", corpus, "-o", run, *flags, "--allow-special")
+    assert code == 0, err
+    assert EOT in Tokenizer.load(run / "tokenizer.safetensors").special_tokens
+    code, _, err = cli(capsys, "pipeline", corpus, "-o", run, *flags, "--specials-as-text")
+    one_line_error(code, err, "--allow-special/--specials-as-text")  # a stale stage, as another --eot is
+
+    # a run recorded before the policy was: read as the default (refuse), and up to date
+    old = tmp_path / "old"
+    flags = [*TINY[:-1], "--vocab-size", "290", "-n", "2"]
+    assert main([str(a) for a in ("pipeline", files["plain"], "-o", old, *flags)]) == 0
+    _drop_specials(old)
+    capsys.readouterr()
+    code, _, err = cli(capsys, "pipeline", files["plain"], "-o", old, *flags)
+    assert code == 0 and "encode: up to date" in err and "train: up to date" in err, err
+    code, out, err = cli(capsys, "train-model", "--resume", old)
+    assert code == 0 and "nothing left to train" in out, err
