@@ -32,7 +32,7 @@ from tokenkit.pipeline.run import (
     run_pipeline,
     token_text,
 )
-from tokenkit.pipeline.sources import SPECIALS, CorpusSpec
+from tokenkit.pipeline.sources import SPECIAL_FLAGS, SPECIALS, CorpusSpec
 from tokenkit.pipeline.train import (
     DEFAULT_VOCAB_SIZE,
     StartFrom,
@@ -554,6 +554,7 @@ def _corpus_rows(record: dict[str, Any], sizes: str = "") -> None:
         f"--text-field {spec.text_field}" if spec.text_field else "",
         "--binary" if spec.binary else "",
         f"--eot {spec.eot!r}" if spec.eot is not None else "",
+        SPECIAL_FLAGS[spec.specials] if spec.specials != "refuse" else "",
     ]
     flags = [f for f in flags if f]
     _row("corpus", spec.describe() + (f" ({', '.join(flags)})" if flags else "") + sizes)

@@ -424,6 +424,8 @@ def test_special_text_in_the_corpus_takes_the_flags_and_keys_the_cache(files, sp
     assert code == 0 and (run / "tokens.npy").stat().st_mtime_ns == before, err
     code, _, err = cli(capsys, "train-model", "--resume", run, "--specials-as-text")
     one_line_error(code, err, "--specials-as-text contradicts the checkpoint")
+    code, out, _ = cli(capsys, "info", run / "train_state.safetensors")
+    assert code == 0 and "(--allow-special)" in out, out
 
     # --specials-as-text: another policy, so the same corpus is encoded again, as its bytes
     code, _, err = cli(
