@@ -1,6 +1,6 @@
 """Training and generation speed of our NumPy GPT next to PyTorch CPU eager, side by side.
 
-    flock /tmp/tokenkit-bench.lock python bench/model.py [--configs S,M,L] [--steps 10] [--quick]
+    flock /tmp/tokenkit-bench.lock python bench/model.py [--arch gpt2|llama] [--configs S,M,L] [--steps 10] [--quick]
 
 For each config it times the whole training step (forward + backward + AdamW) of both
 frameworks on the same random batches, float32, medians over --steps after --warmup steps,
@@ -14,6 +14,13 @@ The PyTorch model is nanoGPT's, written out below with GPT-2's tanh GELU so that
 the same function: pre-norm blocks, fused qkv, scaled_dot_product_attention, tied unembedding,
 torch.optim.AdamW with nanoGPT's decay groups. PyTorch is optional: without it only our figures
 are printed.
+
+With --arch llama both sides are Llama-family decoders of the same shapes (`llama_config`:
+RoPE, RMSNorm, SwiGLU with its default width, grouped-query attention with half as many K/V
+heads as query heads, no biases, an untied lm_head). The PyTorch twin is written below as HF's
+modeling_llama computes it (rotate_half RoPE, RMSNorm, SwiGLU, scaled_dot_product_attention with
+enable_gqa, PyTorch's fastest GQA path on CPU: no repeated K/V), its weights copied from ours, and
+the logits of both are checked to agree before anything is timed.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tokenkit.transformer import GPT, AdamW, GPTConfig  # noqa: E402
+from tokenkit.transformer.config import llama_config  # noqa: E402
+from tokenkit.transformer.model import init_params  # noqa: E402
 from tokenkit.transformer.parallel import DataParallel  # noqa: E402
 
 CONFIGS = {  # name: (vocab, context, d_model, layers, heads, batch)
@@ -48,9 +57,18 @@ N_CORES = len(os.sched_getaffinity(0))
 PAUSE_S = 0.02
 
 
-def gpt_config(name: str) -> GPTConfig:
+ARCHS = ("gpt2", "llama")
+LOGIT_TOL = 1e-4  # max |ours - torch| of the logits, checked once per config before timing
+
+
+def gpt_config(name: str, arch: str = "gpt2") -> GPTConfig:
+    """The config `name`'s shape as GPT-2 (learned positions, LayerNorm, GELU, tied) or as a
+    Llama-family decoder with n_heads / 2 K/V heads."""
     V, T, C, n_layers, n_heads, _ = CONFIGS[name]
-    return GPTConfig(vocab_size=V, context_length=T, d_model=C, n_layers=n_layers, n_heads=n_heads)
+    shape = dict(vocab_size=V, context_length=T, d_model=C, n_layers=n_layers, n_heads=n_heads)
+    if arch == "llama":
+        return llama_config(**shape, n_kv_heads=max(1, n_heads // 2))
+    return GPTConfig(**shape)
 
 
 def batches(name: str, n: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -74,8 +92,8 @@ def median_ms(times: list[float]) -> float:
 class Ours:
     """Our GPT (batches split over one process per core) + AdamW behind the small interface the bench drives."""
 
-    def __init__(self, name: str):
-        self.model = DataParallel(GPT(gpt_config(name), seed=0))
+    def __init__(self, name: str, arch: str = "gpt2"):
+        self.model = DataParallel(GPT(gpt_config(name, arch), seed=0))
         self.opt = AdamW(self.model.params, lr=LR)
 
     def train_step(self, ids, targets) -> dict[str, float]:
@@ -167,19 +185,109 @@ def torch_classes():
             logits = x @ self.wte.weight.T
             return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
-    return torch, TorchGPT
+    class LlamaBlock(nn.Module):
+        """HF modeling_llama's decoder layer in nanoGPT's shape: q, k, v fused as our c_attn
+        holds them (H, then Hkv, then Hkv heads), gate and up fused as our c_fc."""
+
+        def __init__(self, C, n_heads, n_kv_heads, hidden, eps):
+            super().__init__()
+            self.n_heads, self.n_kv_heads, self.hd = n_heads, n_kv_heads, C // n_heads
+            self.ln_1 = nn.RMSNorm(C, eps=eps)
+            self.c_attn = nn.Linear(C, (n_heads + 2 * n_kv_heads) * self.hd, bias=False)
+            self.attn_proj = nn.Linear(C, C, bias=False)
+            self.ln_2 = nn.RMSNorm(C, eps=eps)
+            self.c_fc = nn.Linear(C, 2 * hidden, bias=False)
+            self.mlp_proj = nn.Linear(hidden, C, bias=False)
+
+        def attn(self, x, cos, sin, cache=None, pos=0):
+            B, T, C = x.shape
+            H, Hkv, hd = self.n_heads, self.n_kv_heads, self.hd
+            q, k, v = self.c_attn(x).split([H * hd, Hkv * hd, Hkv * hd], dim=2)
+            q = q.view(B, T, H, hd).transpose(1, 2)  # (B, H, T, hd)
+            k, v = (t.view(B, T, Hkv, hd).transpose(1, 2) for t in (k, v))  # (B, Hkv, T, hd)
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+            if cache is None:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            else:  # cache: (k_all, v_all), each (1, Hkv, T_max, hd)
+                cache[0][:, :, pos : pos + T] = k
+                cache[1][:, :, pos : pos + T] = v
+                k, v = cache[0][:, :, : pos + T], cache[1][:, :, : pos + T]
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=True)
+            return self.attn_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+        def forward(self, x, cos, sin, cache=None, pos=0):
+            x = x + self.attn(self.ln_1(x), cos, sin, cache, pos)
+            gate, up = self.c_fc(self.ln_2(x)).chunk(2, dim=-1)
+            return x + self.mlp_proj(F.silu(gate) * up)
+
+    def rotate_half(x):
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    class TorchLlama(nn.Module):
+        """A Llama-family decoder with our config's choices; `load(params)` copies our weights
+        ((in, out) matrices transposed into nn.Linear's (out, in))."""
+
+        def __init__(self, cfg):
+            super().__init__()
+            self.T = cfg.context_length
+            self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+            block = (cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.hidden, cfg.norm_eps)
+            self.h = nn.ModuleList(LlamaBlock(*block) for _ in range(cfg.n_layers))
+            self.ln_f = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+            self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+            # HF's cos and sin: (T, hd) with both halves alike, angles in float64 as ours
+            hd = cfg.head_dim
+            inv_freq = cfg.rope_theta ** -(torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+            angle = torch.arange(cfg.context_length, dtype=torch.float64)[:, None] * inv_freq
+            angle = torch.cat((angle, angle), dim=-1)
+            self.register_buffer("cos", angle.cos().float(), persistent=False)
+            self.register_buffer("sin", angle.sin().float(), persistent=False)
+
+        @torch.no_grad()
+        def load(self, params):
+            ours = {"wte.weight": "wte.weight", "ln_f.weight": "ln_f.weight", "lm_head.weight": "lm_head.weight"}
+            for i in range(len(self.h)):
+                for mine, theirs in (("ln_1", "ln_1"), ("attn.c_attn", "c_attn"), ("attn.c_proj", "attn_proj"),
+                                     ("ln_2", "ln_2"), ("mlp.c_fc", "c_fc"), ("mlp.c_proj", "mlp_proj")):  # fmt: skip
+                    ours[f"h.{i}.{mine}.weight"] = f"h.{i}.{theirs}.weight"
+            state = self.state_dict()
+            assert set(ours) == set(params) and set(ours.values()) == set(state), (sorted(params), sorted(state))
+            for mine, theirs in ours.items():
+                w = torch.from_numpy(np.asarray(params[mine], dtype=np.float32))
+                state[theirs].copy_(w.T if mine.startswith("h.") and w.dim() == 2 else w)
+
+        def forward(self, idx, targets=None, caches=None, pos=0, all_logits=False):
+            T = idx.shape[1]
+            cos, sin = self.cos[pos : pos + T], self.sin[pos : pos + T]
+            x = self.wte(idx)
+            for i, block in enumerate(self.h):
+                x = block(x, cos, sin, None if caches is None else caches[i], pos)
+            x = self.ln_f(x)
+            if all_logits:
+                return self.lm_head(x)
+            if targets is None:
+                return self.lm_head(x[:, -1])  # (B, V) logits of the last position
+            logits = self.lm_head(x)
+            return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+    return torch, TorchGPT, TorchLlama
 
 
 class Torch:
     """PyTorch eager CPU, float32, one thread per core, with nanoGPT's AdamW groups."""
 
-    def __init__(self, name: str):
-        torch, TorchGPT = torch_classes()
+    def __init__(self, name: str, arch: str = "gpt2"):
+        torch, TorchGPT, TorchLlama = torch_classes()
         torch.set_num_threads(N_CORES)
         torch.manual_seed(0)
         self.torch = torch
         V, T, C, n_layers, n_heads, _ = CONFIGS[name]
-        self.model = TorchGPT(V, T, C, n_layers, n_heads)
+        if arch == "llama":  # our initial weights, so that both compute the same function
+            self.model = TorchLlama(gpt_config(name, arch))
+            self.model.load(init_params(gpt_config(name, arch), seed=0))
+        else:
+            self.model = TorchGPT(V, T, C, n_layers, n_heads)
         params = list(self.model.parameters())
         groups = [
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
@@ -208,15 +316,17 @@ class Torch:
     def generate(self, prompt: np.ndarray, n_new: int) -> float:
         """Sample n_new tokens with a per-layer KV cache, with our GPT.generate's policy: when the
         window of T tokens is full it shifts to the last T // 2 tokens and, positions being
-        learned, the cache is refilled from those (the same tokens as without a cache)."""
+        learned (or rotary from 0), the cache is refilled from those (the same tokens as without
+        a cache)."""
         torch = self.torch
         m = self.model
         C, T = m.wte.weight.shape[1], m.T
         H = m.h[0].n_heads
+        H_kv = getattr(m.h[0], "n_kv_heads", H)  # the Llama twin caches its K/V heads only
         gen = torch.Generator().manual_seed(0)
         t0 = time.perf_counter()
         with torch.no_grad():
-            caches = [(torch.empty(1, H, T, C // H), torch.empty(1, H, T, C // H)) for _ in m.h]
+            caches = [(torch.empty(1, H_kv, T, C // H), torch.empty(1, H_kv, T, C // H)) for _ in m.h]
             tokens = prompt.tolist()
             seq = torch.tensor([tokens[-T:]])
             logits, pos = m(seq, caches=caches, pos=0), seq.shape[1]
@@ -276,12 +386,12 @@ print(status, usage.ru_maxrss, workers_kib)
 """
 
 
-def peak_rss_mb(framework: str, name: str, steps: int) -> float:
+def peak_rss_mb(framework: str, name: str, steps: int, arch: str = "gpt2") -> float:
     """Peak memory (MB) of training `framework`'s model for config `name` `steps` steps in a
     fresh process: that process's ru_maxrss (from os.wait4 in a small launcher) plus the private
     memory (USS) of the worker processes it forked, if any. Their memory shared with it (the
     interpreter, NumPy, the shared parameters) is counted once, in its RSS."""
-    cmd = [sys.executable, __file__, "--child", framework, "--configs", name, "--steps", str(steps)]
+    cmd = [sys.executable, __file__, "--child", framework, "--configs", name, "--steps", str(steps), "--arch", arch]
     out = subprocess.run([sys.executable, "-c", _LAUNCHER, *cmd], capture_output=True, text=True, check=True)
     status, maxrss_kib, workers_kib = (int(v) for v in out.stdout.split())
     if status != 0:
@@ -306,11 +416,27 @@ def children_private_kib() -> int:
     return total
 
 
-def child_main(framework: str, name: str, steps: int) -> None:
-    runner = Ours(name) if framework == "ours" else Torch(name)
+def child_main(framework: str, name: str, steps: int, arch: str) -> None:
+    runner = Ours(name, arch) if framework == "ours" else Torch(name, arch)
     for ids, targets in batches(name, steps):
         runner.train_step(ids, targets)
     print(children_private_kib())
+
+
+def same_function(ours: Ours, theirs: Torch, ids: np.ndarray) -> list:
+    """[ours, theirs] after checking, for the Llama twin (whose weights are ours), that both give
+    the same logits for `ids` within LOGIT_TOL; a twin that computes something else stops the
+    bench. (The GPT-2 twin draws its own weights, as nanoGPT does: nothing to compare.)"""
+    if hasattr(theirs.model, "load"):
+        torch = theirs.torch
+        mine = ours.model.forward(ids)
+        with torch.no_grad():
+            other = theirs.model(torch.from_numpy(ids), all_logits=True).numpy()
+        diff = float(np.abs(mine - other).max())
+        if not diff <= LOGIT_TOL:
+            raise SystemExit(f"the PyTorch twin's logits differ from ours by {diff:.3g} (> {LOGIT_TOL}): another model")
+        print(f"  logits agree: max |ours - torch| = {diff:.2g}", flush=True)
+    return [ours, theirs]
 
 
 def fmt_ratio(ours: float, theirs: float | None, higher_is_better: bool = True) -> str:
@@ -321,6 +447,7 @@ def fmt_ratio(ours: float, theirs: float | None, higher_is_better: bool = True) 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", choices=ARCHS, default="gpt2", help="GPT-2's pieces or Llama's (see the docstring)")
     ap.add_argument("--configs", default="S,M,L", help="comma-separated subset of S,M,L")
     ap.add_argument("--steps", type=int, default=10, help="timed training steps per framework and config")
     ap.add_argument("--warmup", type=int, default=2, help="untimed training steps first")
@@ -335,12 +462,14 @@ def main(argv: list[str] | None = None) -> None:
         if n not in CONFIGS:
             ap.error(f"unknown config {n!r}; choose from {', '.join(CONFIGS)}")
     if args.child:
-        child_main(args.child, names[0], args.steps)
+        child_main(args.child, names[0], args.steps, args.arch)
         return
     if args.quick:
         args.steps, args.warmup, args.gen_tokens = 3, 1, 40
     have_torch = torch_available()
     print(f"load average before: {os.getloadavg()[0]:.2f} on {N_CORES} cores (figures are only comparable when low)")
+    llama = " (RoPE, RMSNorm, SwiGLU, n_heads / 2 K/V heads, untied lm_head)" if args.arch == "llama" else ""
+    print(f"architecture: {args.arch}{llama}")
     if have_torch:
         import torch
 
@@ -356,9 +485,9 @@ def main(argv: list[str] | None = None) -> None:
         V, T, C, n_layers, n_heads, B = CONFIGS[name]
         data = batches(name, args.warmup + args.steps)
         ours, theirs = (
-            time_training([Ours(name), Torch(name)], data, args.warmup)
+            time_training(same_function(Ours(name, args.arch), Torch(name, args.arch), data[0][0]), data, args.warmup)
             if have_torch
-            else (time_training([Ours(name)], data, args.warmup)[0], None)
+            else (time_training([Ours(name, args.arch)], data, args.warmup)[0], None)
         )
         rows.append((name, B * T, ours, theirs))
         print(
@@ -396,8 +525,8 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_generate:
         V, T, *_ = CONFIGS["M"]
         prompt = np.random.default_rng(1).integers(0, V, size=16)
-        ours = Ours("M")
-        runner = Torch("M") if have_torch else None
+        ours = Ours("M", args.arch)
+        runner = Torch("M", args.arch) if have_torch else None
         ours.generate(prompt, 8, use_cache=True)  # warm up
         if runner:
             runner.generate(prompt, 8)
@@ -427,8 +556,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"Peak memory of training ({steps} steps, fresh process each: ru_maxrss + our workers' private memory)")
         print(f"{'cfg':<4}{'ours MB':>9}{'torch MB':>10}{'ours / torch':>14}")
         for name in names:
-            mine = peak_rss_mb("ours", name, steps)
-            theirs = peak_rss_mb("torch", name, steps) if have_torch else None
+            mine = peak_rss_mb("ours", name, steps, args.arch)
+            theirs = peak_rss_mb("torch", name, steps, args.arch) if have_torch else None
             print(f"{name:<4}{mine:>9.0f}" + (f"{theirs:>10.0f}{mine / theirs:>13.2f}x" if theirs else f"{'-':>10}"))
         print("(includes each interpreter and its imports: PyTorch's own import is a few hundred MB)")
 
