@@ -118,7 +118,10 @@ def main() -> None:
         make_checkpoint(directory, args.dtype, args.shape)
         size = (directory / "model.safetensors").stat().st_size
         t0 = time.perf_counter()
-        subprocess.run(["tk", "import-hf", str(directory), "-o", str(scratch / "model.safetensors")], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "tokenkit", "import-hf", str(directory), "-o", str(scratch / "model.safetensors")],
+            check=True,
+        )
         seconds = time.perf_counter() - t0
         peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # Linux: KiB
         print(
