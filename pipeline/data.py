@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,21 @@ from tokenkit.pipeline.sources import CorpusSpec, check_eot, open_corpus, remove
 _MASK64 = (1 << 64) - 1
 # What a token file's ids depend on: the fields of `TokenData.key()` and of a run's data record.
 KEY_FIELDS = ("corpus_fingerprint", "val_fingerprint", "tokenizer_fingerprint", "eot", "specials")
+
+
+def same_ids(recorded: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    """Whether ids made as `recorded` says (a `record_key`) are the ids `wanted` asks for: the same
+    KEY_FIELDS, except that ids encoded under the refusing policy serve every policy. That
+    encoding succeeded, so the text held no special-token text, and allowing it or reading it as
+    text would change nothing (a --allow-special given for `tk pipeline --prompt` keeps the run).
+
+    >>> key = {"corpus_fingerprint": "c", "eot": None, "specials": "refuse"}
+    >>> same_ids(key, {**key, "specials": "allow"}), same_ids({**key, "specials": "allow"}, key)
+    (True, False)
+    """
+    if recorded.get("specials") == "refuse":
+        return all(recorded.get(k) == v for k, v in wanted.items() if k != "specials")
+    return all(recorded.get(k) == v for k, v in wanted.items())
 
 
 def record_key(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -172,7 +187,7 @@ def cached_tokens(run_dir: str | os.PathLike, name: str, key: dict[str, Any], dt
     with `key` (corpus_fingerprint, tokenizer_fingerprint, eot, specials), else None."""
     run_dir = Path(run_dir)
     entry = _cache_entries(run_dir).get(name)
-    if entry is None or any(record_key(entry).get(k) != v for k, v in key.items()) or not (run_dir / name).exists():
+    if entry is None or not same_ids(record_key(entry), key) or not (run_dir / name).exists():
         return None
     ids = _open_ids(run_dir / name)
     if ids is None or ids.dtype != dtype or len(ids) != entry.get("n_tokens"):
@@ -244,6 +259,12 @@ def prepare_tokens(
                 tokens.ids = ids
             else:
                 tokens.val_ids = ids
+        if tokens.reused and spec.specials != "refuse":
+            entries = _cache_entries(run_dir)
+            if all(record_key(entries[name])["specials"] == "refuse" for name, *_ in parts):
+                # ids made under the refusing policy (see same_ids) are recorded as such, so that the
+                # run stays up to date for every policy, not only for the one given this time
+                tokens.spec = replace(spec, specials="refuse")
     except BaseException:
         tokens.discard()
         raise

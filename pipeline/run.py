@@ -390,7 +390,7 @@ def _train_stage(
                 recorded_config = dataclasses.replace(recorded_config, workers=0)
             same_config = recorded_config == config
             recorded = _json(meta.get("data"))
-            same_data = data.record_key(recorded) == tokens.key()
+            same_data = data.same_ids(data.record_key(recorded), tokens.key())
             step = int(meta.get("step", -1))
         except (PipelineError, ValueError, TypeError):
             same_config = same_data = False

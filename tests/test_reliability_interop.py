@@ -528,3 +528,9 @@ def test_pipeline_samples_a_prompt_holding_the_eot_and_takes_the_flags_for_its_o
     refused_by_default(capsys, *args)
     code, out, err = cli(capsys, *args, "--allow-special")
     assert code == 0 and f"predict-next {PROMPT!r}" in out, err
+    # the flag was for the prompt: the corpus held no special-token text (it encoded refusing
+    # such text), so its tokens and the model serve every policy, and the run stays up to date
+    for flags in ([], ["--specials-as-text"], ["--allow-special"]):
+        code, out, err = cli(capsys, *args[:-2], *flags)
+        assert code == 0 and "not up to date" not in err, (flags, err)
+    assert not list((tmp_path / "run").glob(".tk-new-run*"))
