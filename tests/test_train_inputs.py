@@ -227,6 +227,9 @@ def test_val_corpus_is_used_recorded_and_checked_on_resume(files, tmp_path, caps
     one_line_error(code, err, "is not the one")
     code, _, err = cli(capsys, "train-model", "--resume", run, "--eot", EOT)
     one_line_error(code, err, "--eot '<|endoftext|>' contradicts the checkpoint")
+    for flag in ("--allow-special", "--specials-as-text"):  # encoded refusing such text: it held none
+        code, out, err = cli(capsys, "train-model", "--resume", run, flag)
+        assert code == 0 and "nothing left to train" in out, err
     code, _, err = cli(
         capsys, "train-model", files["dir"], "-o", tmp_path / "x", "--val", files["val"], "--val-fraction", "0.2"
     )
