@@ -9,7 +9,7 @@ What it does:
 - Hugging Face's `tokenizer.json` (`read_hf`, `hf_files`, with tokenizer_config.json and
   special_tokens_map.json) and tiktoken's rank files (`read_tiktoken`, `tiktoken_files`, with a
   `NAME_tiktoken.json` of pat_str and special tokens); the conversions are `bpe.interop`'s.
-  `write_files` puts an export's files into a directory as one change (`common.atomic.replace_files`),
+  `write_files` puts an export's files into a directory as one change (`common.atomic_dir.replace_files`),
   replacing files already there only when asked to.
 - The atomic `.npy` writer for token ids, and unnamed temporary files of ids (`spill_ids`,
   `read_id_blocks`) where MPI ranks keep theirs until rank 0 takes them. (Corpora are read by
@@ -49,7 +49,7 @@ from tokenkit.bpe import interop
 from tokenkit.bpe.bytelevel import bytes_to_unicode  # also bpe.io's name for it, as before
 from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.patterns import PATTERNS, resolve_pattern
-from tokenkit.common import FileError, atomic, jsonsafe, readfile, safetensors_file
+from tokenkit.common import FileError, atomic, atomic_dir, jsonsafe, readfile, safetensors_file
 
 FORMAT = "tokenkit.bpe"
 FORMAT_VERSION = "1"
@@ -501,7 +501,7 @@ def gpt2_files(vocab: list[bytes], merges: list[tuple[int, int]], special_tokens
 
 def write_files(directory: str | os.PathLike, files: dict[str, bytes], *, overwrite: bool = False) -> list[Path]:
     """Put an export's `files` (name -> contents) into `directory` (created if missing) as one
-    change: a reader sees all the old ones or all the new ones (`common.atomic.replace_files`),
+    change: a reader sees all the old ones or all the new ones (`common.atomic_dir.replace_files`),
     and the directory's other files stay. Files of the same names already there are replaced only
     with `overwrite`; a path that is a file is refused, never replaced. Returns the paths."""
     directory = Path(directory)
@@ -514,7 +514,7 @@ def write_files(directory: str | os.PathLike, files: dict[str, bytes], *, overwr
             "or pass --overwrite to replace them"
         )
     try:
-        atomic.replace_files(directory, files)
+        atomic_dir.replace_files(directory, files)
     except FileError as err:
         raise TokenizerError(str(err)) from None
     return [directory / name for name in files]

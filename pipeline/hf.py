@@ -44,7 +44,7 @@ import numpy as np
 
 from tokenkit import __version__
 from tokenkit.bpe import Tokenizer, TokenizerError
-from tokenkit.common import FileError, atomic, jsonsafe, readfile, safetensors_file
+from tokenkit.common import FileError, atomic, atomic_dir, jsonsafe, readfile, safetensors_file
 from tokenkit.pipeline import checkpoint, hf_llama
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.run import load_model_and_tokenizer
@@ -223,7 +223,7 @@ def export_hf(
 
     A non-empty `directory` must be an earlier export (its config.json says so) unless
     `overwrite`. The export's files replace the old ones as one change
-    (`common.atomic.replace_files`): a reader, or a crash at any moment, finds the whole earlier
+    (`common.atomic_dir.replace_files`): a reader, or a crash at any moment, finds the whole earlier
     export or the whole new one, never config.json of one beside the weights of the other. An
     earlier export's files that this one does not write are removed; files in the directory
     that are not an export's stay.
@@ -262,7 +262,7 @@ def export_hf(
     )
     files[CONFIG_FILE] = checkpoint.json_bytes(hf)
     try:
-        removed = atomic.replace_files(directory, files, remove=[n for n in EXPORT_FILES if n not in files])
+        removed = atomic_dir.replace_files(directory, files, remove=[n for n in EXPORT_FILES if n not in files])
     except FileError as err:
         raise PipelineError(str(err)) from None
     return ExportResult(

@@ -16,7 +16,7 @@ again, so a failed first run leaves nothing behind.
 
 A fresh run that replaces another's files writes its own into `checkpoint.STAGED_DIR` inside the
 directory (`NewRun`) and moves them in at its first checkpoint, as one step that survives a kill
-(`common.atomic.commit_staged`): until then the directory holds the old run whole. Taking the
+(`common.staging.commit_staged`): until then the directory holds the old run whole. Taking the
 lock finishes such a step that a killed process began, or drops the staged files of a run that
 never reached its first checkpoint, before anything else reads the directory.
 
@@ -30,7 +30,7 @@ import errno
 import os
 from pathlib import Path
 
-from tokenkit.common import FileError, atomic, readfile
+from tokenkit.common import FileError, atomic, readfile, staging
 from tokenkit.pipeline import checkpoint
 from tokenkit.pipeline.errors import PipelineError
 
@@ -105,7 +105,7 @@ class RunDir:
         fd = self._lock()
         _held[self._key] = [fd, 1]
         try:  # a killed run's new files: moved in if it had committed them, else dropped
-            atomic.recover_staged(path, path / checkpoint.STAGED_DIR)
+            staging.recover_staged(path, path / checkpoint.STAGED_DIR)
         except OSError as err:
             self.__exit__(type(err), err, None)
             raise PipelineError(
@@ -209,7 +209,7 @@ class NewRun:
         self.run_dir = run_dir
         self.dir = run_dir / checkpoint.STAGED_DIR if staged else run_dir
         if staged:
-            atomic.recover_staged(run_dir, self.dir)  # none: the lock's recovery ran
+            staging.recover_staged(run_dir, self.dir)  # none: the lock's recovery ran
             try:
                 self.dir.mkdir()
             except OSError as err:
@@ -228,7 +228,7 @@ class NewRun:
             return
         try:
             # the old run's model and state go even when the new run has none yet (no finite evaluation)
-            atomic.commit_staged(self.run_dir, self.dir, remove=(checkpoint.MODEL_FILE, checkpoint.STATE_FILE))
+            staging.commit_staged(self.run_dir, self.dir, remove=(checkpoint.MODEL_FILE, checkpoint.STATE_FILE))
         except FileError as err:
             raise PipelineError(str(err)) from None
         self.dir = self.run_dir
@@ -238,7 +238,7 @@ class NewRun:
         commit that failed midway is finished instead, as after a kill)."""
         if self.staged:
             with contextlib.suppress(OSError):  # else the next lock finishes it
-                atomic.recover_staged(self.run_dir, self.dir)
+                staging.recover_staged(self.run_dir, self.dir)
 
 
 def refuse_conflicts(run_dir: Path, names: list[str], *, what: str = "another run") -> None:

@@ -30,7 +30,7 @@ from test_hf import _write_checkpoint as write_checkpoint  # one hand-made safet
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli.main import main
-from tokenkit.common import FileError, atomic, safetensors_file
+from tokenkit.common import FileError, atomic, atomic_dir, safetensors_file
 from tokenkit.pipeline import checkpoint
 from tokenkit.pipeline.checkpoint import STAGED_DIR, load_model, load_train_state
 from tokenkit.pipeline.rundir import RUN_FILES, RunDir
@@ -313,7 +313,7 @@ def test_export_hf_killed_at_random_moments_is_all_old_or_all_new(two_models, tm
         assert state in (old_state, new_state)
         seen.add(read_like_transformers(d))
         assert cli(capsys, "import-hf", d, "-o", tmp_path / "back.safetensors", "--overwrite")[0] == 0
-        atomic.recover_replacements(d)  # what the next export does first
+        atomic_dir.recover_replacements(d)  # what the next export does first
         assert_users_files(d)
         no_leftovers(d)
     assert cli(capsys, "export-hf", new_model, "-o", d)[0] == 0
@@ -324,10 +324,10 @@ def test_export_hf_killed_at_random_moments_is_all_old_or_all_new(two_models, tm
 KILLED_MIDWAY = """
 import os, sys
 from pathlib import Path
-from tokenkit.common import atomic
+from tokenkit.common import atomic_dir
 d, when = Path(sys.argv[1]).resolve(), sys.argv[2]
 if when == "aside":
-    atomic._exchange = lambda a, b: False  # a system without RENAME_EXCHANGE: two renames
+    atomic_dir._exchange = lambda a, b: False  # a system without RENAME_EXCHANGE: two renames
 real = os.rename
 def rename(src, dst):
     real(src, dst)
@@ -336,7 +336,7 @@ def rename(src, dst):
     if when == "moving" and Path(src).parent == d:  # one of the user's entries is in the new directory
         os._exit(9)
 os.rename = rename
-atomic.replace_files(d, {"a": b"new a", "b": b"new b"})
+atomic_dir.replace_files(d, {"a": b"new a", "b": b"new b"})
 """
 
 
@@ -346,7 +346,7 @@ def test_a_replacement_killed_midway_is_undone_by_the_next_one(tmp_path, when):
     between the two renames: the old set is whole or the directory briefly absent, never mixed,
     and the next call for the directory puts everything back before it starts."""
     d = tmp_path / "d"
-    atomic.replace_files(d, {"a": b"old a", "b": b"old b"})
+    atomic_dir.replace_files(d, {"a": b"old a", "b": b"old b"})
     users_files(d)
     assert subprocess.run([sys.executable, "-c", KILLED_MIDWAY, str(d), when]).returncode == 9
     if when == "aside":
@@ -354,13 +354,13 @@ def test_a_replacement_killed_midway_is_undone_by_the_next_one(tmp_path, when):
     else:
         assert (d / "a").read_bytes() == b"old a" and (d / "b").read_bytes() == b"old b"
         assert not (d / ".git").exists()  # moved across, and left there by the kill
-    atomic.recover_replacements(d)
+    atomic_dir.recover_replacements(d)
     assert (d / "a").read_bytes() == b"old a" and (d / "b").read_bytes() == b"old b"
     assert_users_files(d)
     no_leftovers(d)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(atomic, "_exchange", lambda a, b: False)
-        assert atomic.replace_files(d, {"a": b"new a"}, remove=["b", "c"]) == ["b"]
+        m.setattr(atomic_dir, "_exchange", lambda a, b: False)
+        assert atomic_dir.replace_files(d, {"a": b"new a"}, remove=["b", "c"]) == ["b"]
     assert sorted(p.name for p in d.iterdir()) == [".git", "a", "notes.txt"] and (d / "a").read_bytes() == b"new a"
     assert_users_files(d)
     no_leftovers(d)
@@ -368,24 +368,24 @@ def test_a_replacement_killed_midway_is_undone_by_the_next_one(tmp_path, when):
 
 def test_replace_files_keeps_the_directory_and_refuses_a_directory_in_the_way(tmp_path):
     d = tmp_path / "d"
-    atomic.replace_files(d, {"a": b"1"})
+    atomic_dir.replace_files(d, {"a": b"1"})
     d.chmod(0o750)
     link = tmp_path / "link"
     link.symlink_to(d)
-    atomic.replace_files(link, {"a": b"2"})
+    atomic_dir.replace_files(link, {"a": b"2"})
     assert link.is_symlink() and (d / "a").read_bytes() == b"2" and d.stat().st_mode & 0o777 == 0o750
     (d / "b").mkdir()
     with pytest.raises(FileError, match="is a directory where a file goes"):
-        atomic.replace_files(d, {"a": b"3", "b": b"3"})
+        atomic_dir.replace_files(d, {"a": b"3", "b": b"3"})
     assert (d / "a").read_bytes() == b"2" and (d / "b").is_dir()
     no_leftovers(d)
     with pytest.raises(FileError, match="not a directory"):
-        atomic.replace_files(d / "a", {"x": b""})
+        atomic_dir.replace_files(d / "a", {"x": b""})
     deep = tmp_path / "new" / "deeper" / "d"
     with pytest.MonkeyPatch.context() as m:
         Interrupt(m, 0, OSError(errno.ENOSPC, "No space left on device"))
         with pytest.raises(FileError, match="disk is full"):
-            atomic.replace_files(deep, {"x": b""})
+            atomic_dir.replace_files(deep, {"x": b""})
     assert not (tmp_path / "new").exists()  # a failed first write leaves no directory it made
 
 
@@ -659,12 +659,12 @@ def test_sigkill_during_an_overwrite_leaves_the_old_run_or_the_new_first_checkpo
 
 KILLED_IN_THE_SWITCH = """
 import os, sys
-from tokenkit.common import atomic
+from tokenkit.common import staging
 def finish(directory, staged, note):  # killed after moving two of the new run's files in
     for name in note["move"][:2]:
         os.replace(staged / name, directory / name)
     os._exit(9)
-atomic._finish_staged = finish
+staging.finish_staged = finish
 from tokenkit.cli.main import main
 main(sys.argv[1:])
 """
