@@ -183,6 +183,24 @@ def page_times(base: str, text: str, repeats: int) -> dict[str, float]:
     return out
 
 
+def page_open_ms(url: str, repeats: int) -> float:
+    """Median ms from navigating Chromium to `url` until the page has drawn (each time a fresh load:
+    the page's own answer cache starts empty)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            page.goto(url)
+            page.wait_for_selector('body[data-ready="1"]', timeout=60_000)
+            times.append(time.perf_counter() - start)
+        browser.close()
+    return median_ms(times)
+
+
 def gpt2_times(repeats: int) -> dict[str, float] | None:
     if not (GPT2 / "vocab.json").is_file():
         print("GPT-2 part skipped: ../shared/data/gpt2 is absent")
@@ -213,6 +231,9 @@ def gpt2_times(repeats: int) -> dict[str, float] | None:
                 took = [served.get(path, **params) for _ in range(repeats)]
                 out[name] = median_ms([t for t, _ in took])
                 out[name + " bytes"] = len(took[0][1])
+            out["page: attention view with one query's arithmetic, opened (64 tokens)"] = page_open_ms(
+                served.base + f"?view=attention&layer=5&head=7&query=40&text={urllib.parse.quote(text)}", repeats
+            )
         try:
             import torch
             from transformers import GPT2LMHeadModel
