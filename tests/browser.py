@@ -41,14 +41,25 @@ def browser():
         chromium.close()
 
 
-def open_page(browser, url: str, **options):
-    """A new page at `url`, waited until it has drawn (body[data-ready="1"]). The page records its
-    console errors and every URL it requested in `page.tk_errors` and `page.tk_requests`."""
-    page = browser.new_page(viewport={"width": 1280, "height": 900}, **options)
+def watched(page, requests: bool = True):
+    """`page`, recording its console errors in `page.tk_errors` and (with `requests`) every URL it
+    asks for in `page.tk_requests`."""
     page.tk_errors, page.tk_requests = [], []
     page.on("console", lambda m: m.type == "error" and page.tk_errors.append(m.text))
     page.on("pageerror", lambda e: page.tk_errors.append(str(e)))
-    page.on("request", lambda r: page.tk_requests.append(r.url))
+    if requests:
+        page.on("request", lambda r: page.tk_requests.append(r.url))
+    return page
+
+
+def open_page(browser, url: str, **options):
+    """A new, `watched` page at `url`, waited until it has drawn (body[data-ready="1"])."""
+    return open_in(browser, url, viewport={"width": 1280, "height": 900}, **options)
+
+
+def open_in(owner, url: str, **options):
+    """A new, `watched` page of `owner` (a browser, or a context a test made) at `url`, drawn."""
+    page = watched(owner.new_page(**options))
     page.goto(url)
     wait_drawn(page)
     return page

@@ -23,7 +23,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
-from browser import open_page, shot, wait_drawn
+from browser import open_in, open_page, shot, wait_drawn
 from test_serve import EOT, Running, cli_json, train_files
 
 from tokenkit.bpe import Tokenizer
@@ -89,18 +89,6 @@ def page(browser, srv):  # noqa: F811 -- the fixture imported above
         errors = [e for e in p.tk_errors if e not in p.tk_allowed]
         assert errors == [], "the page logged console errors"
         p.context.close()
-
-
-def open_in(context, url: str):
-    """open_page's recording, in a context the test made (clipboard permissions)."""
-    p = context.new_page()
-    p.tk_errors, p.tk_requests = [], []
-    p.on("console", lambda m: m.type == "error" and p.tk_errors.append(m.text))
-    p.on("pageerror", lambda e: p.tk_errors.append(str(e)))
-    p.on("request", lambda r: p.tk_requests.append(r.url))
-    p.goto(url)
-    wait_drawn(p)
-    return p
 
 
 def state(p) -> dict[str, str]:

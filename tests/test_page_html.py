@@ -18,7 +18,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from browser import shot, wait_drawn
+from browser import shot, wait_drawn, watched
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli import page_file
@@ -76,8 +76,7 @@ def offline(browser, path: Path, query: str = ""):  # noqa: F811
     requests (`page.tk_errors`, `page.tk_requests`)."""
     context = browser.new_context(offline=True, viewport={"width": 1280, "height": 900})
     url = path.as_uri()
-    page = context.new_page()
-    page.tk_errors, page.tk_requests = [], []
+    page = watched(context.new_page(), requests=False)  # the route below records them: aborted ones too
 
     def route(r):
         page.tk_requests.append(r.request.url)
@@ -87,8 +86,6 @@ def offline(browser, path: Path, query: str = ""):  # noqa: F811
             r.abort()
 
     context.route("**/*", route)
-    page.on("console", lambda m: m.type == "error" and page.tk_errors.append(m.text))
-    page.on("pageerror", lambda e: page.tk_errors.append(str(e)))
     page.goto(url + query)
     wait_drawn(page)
     try:
