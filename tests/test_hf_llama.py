@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_reliability_interop import cli, one_line_error  # the same one-line checks
 from test_tokenizer_options import LLAMA3_PATTERN, ODD_MERGES, hf_bpe  # the same tokenizers
 
 from tokenkit.bpe import Tokenizer
@@ -39,22 +40,6 @@ TEXTS = ["Once upon a time, there was a fox named Max.", "  it's 2024!\n\nDON'T 
          "abc abcd xabc", f"{EOS}The end."]  # fmt: skip
 SIZES = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
              max_position_embeddings=64)  # fmt: skip
-
-
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    capsys.readouterr()  # what came before (transformers' progress bars)
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line_error(result: tuple[int, str, str], *fragments: str) -> str:
-    code, _, err = result
-    assert code == 1, err
-    assert err.startswith("error: ") and err.count("\n") == 1, err
-    for fragment in fragments:
-        assert fragment in err, err
-    return err
 
 
 def corpus() -> str:

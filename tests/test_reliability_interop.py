@@ -69,6 +69,7 @@ def no_tiktoken_cache(monkeypatch):
 
 
 def cli(capsys, *argv) -> tuple[int, str, str]:
+    capsys.readouterr()  # what came before (transformers' progress bars, say) is not this command's
     code = main([str(a) for a in argv])
     out, err = capsys.readouterr()
     return code, out, err
