@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_hf import _write_checkpoint as write_checkpoint  # one hand-made safetensors writer
+from test_run_dir import TINY as RUN_TINY
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli.main import main
@@ -422,25 +423,7 @@ def test_bpe_export_replaces_only_with_overwrite_and_as_one(fmt, tmp_path, capsy
 
 # --- 1. --overwrite keeps the old run until the new one's first checkpoint -------------------------
 
-TINY = [
-    "--n-layers",
-    "1",
-    "--n-heads",
-    "2",
-    "--d-model",
-    "32",
-    "--context-length",
-    "16",
-    "--batch-size",
-    "8",
-    "--warmup-steps",
-    "2",
-    "--eval-batches",
-    "2",
-    "--workers",
-    "1",
-    "--quiet",
-]
+TINY = [*RUN_TINY, "--workers", "1"]  # test_run_dir's tiny model, in one process
 
 
 @pytest.fixture(scope="module")
