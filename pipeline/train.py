@@ -779,9 +779,8 @@ def _resumed_corpus(run_dir: Path, state: checkpoint.TrainState, corpus, overrid
             )
         _check_kept_streams(spec, run_dir)
         rc = spec.open(warn=lambda msg: say(f"warning: {msg}"))
-    # the run's tokens keep the policy they were encoded with; tokens encoded refusing special-token
-    # text held none, and serve every policy (data.same_ids)
-    if rc.spec.specials != key["specials"] and key["specials"] != "refuse":
+    # the run's tokens keep the policy they were encoded with (or serve any: data.same_ids)
+    if not data.same_ids({"specials": key["specials"]}, {"specials": rc.spec.specials}):
         flags = sources.SPECIAL_FLAGS
         raise PipelineError(
             f"{flags[rc.spec.specials]} contradicts the checkpoint in {run_dir} (its corpus was encoded with "
