@@ -301,11 +301,6 @@ def examples_list() -> list[dict[str, str]]:
 # ----------------------------------------------------------------------------- next tokens
 
 
-def _token_text(tokenizer, token_id: int) -> str:
-    """A token's text; bytes that are part of a character written as \\xNN (as `piece`)."""
-    return tokenizer.decode_bytes([token_id]).decode("utf-8", "backslashreplace")
-
-
 def _finite(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
@@ -321,7 +316,8 @@ def next_view(
 ) -> dict[str, Any]:
     """/api/next and `tk predict-next --json`: the top_k most likely next tokens and the prompt's ids."""
     pred = predict_next(model, tokenizer, text, top_k=top_k, say=say, **policy)
-    top = [{"id": i, "token": _token_text(tokenizer, i), "p": p} for i, p in pred.top]
+    texts = tokenizer.token_pieces([i for i, _ in pred.top])  # a part of a character as \xNN
+    top = [{"id": i, "token": t, "p": p} for (i, p), t in zip(pred.top, texts, strict=True)]
     return {"top": top, "prompt_ids": pred.prompt_ids}
 
 
@@ -366,10 +362,10 @@ def generate_view(
             model_p = softmax(logits)
         best = np.argsort(-logits, kind="stable")[:show].tolist()  # ties: the smaller id first
         top = [
-            {"id": i, "token": _token_text(tokenizer, i), "p": _finite(probs[i]), "p_model": _finite(model_p[i])}
+            {"id": i, "token": tokenizer.token_pieces([i])[0], "p": _finite(probs[i]), "p_model": _finite(model_p[i])}
             for i in best
         ]
-        steps.append({"id": token, "token": _token_text(tokenizer, token), "p": _finite(probs[token]), "top": top})
+        steps.append({"id": token, "token": tokenizer.token_pieces([token])[0], "p": _finite(probs[token]), "top": top})
     new_ids = [s["id"] for s in steps]
     return {"prompt_ids": prompt_ids, "steps": steps, "text": tokenizer.decode(new_ids)}
 
