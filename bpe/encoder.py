@@ -36,14 +36,21 @@ _BATCH_BYTES = 1 << 18  # bytes of new chunks merged per merge_batch call (~40 b
 
 
 class PairTable:
-    """The merges as a hash table in NumPy arrays: (left, right) -> merged id (= 256 + rank), for
-    many pairs at once. Byte pairs, which every chunk starts with, are a direct 256 x 256 table."""
+    """The merges as a hash table in NumPy arrays: (left, right) -> rank key (256 + rank), for
+    many pairs at once; `made[key - 256]` is the id the merge makes, None when that is the key
+    (the canonical layout, `bpe.layout`). Pairs of ids below 256, which every chunk of the
+    canonical layout starts with, are a direct 256 x 256 table. `monotone`: no merge creates a
+    pair that outranks it, so all places of one pair may merge at once (`merge_batch`)."""
 
     _MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the top bits of key * this
 
-    def __init__(self, merges: Sequence[tuple[int, int]]) -> None:
-        self.n_ids = 256 + len(merges)
+    def __init__(
+        self, merges: Sequence[tuple[int, int]], made: Sequence[int] | None = None, monotone: bool = True
+    ) -> None:
+        self.made = None if made is None else np.asarray(made, dtype=np.int32)
+        self.monotone = monotone
         pairs = np.fromiter(chain.from_iterable(merges), dtype=np.int64, count=2 * len(merges)).reshape(-1, 2)
+        self.n_ids = 256 + len(merges) if made is None else max(256 + len(merges), int(pairs.max(initial=0)) + 1)
         bits = max(8, int(4 * len(merges)).bit_length())  # at most a quarter full: probes stay short
         self._shift = np.uint64(64 - bits)
         keys = pairs[:, 0] * self.n_ids + pairs[:, 1]
@@ -67,7 +74,7 @@ class PairTable:
         return ((keys.astype(np.uint64) * self._MULTIPLIER) >> self._shift).astype(np.int64)
 
     def lookup(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
-        """Merged id of each pair (left[i], right[i]), NO_MERGE where the pair has none."""
+        """Rank key of each pair (left[i], right[i]), NO_MERGE where the pair has none."""
         keys = left.astype(np.int64) * self.n_ids + right
         slot = self._home(keys)
         there = self._keys[slot]  # the key in each one's slot
@@ -91,8 +98,9 @@ def merge_batch(ids: np.ndarray, lengths: np.ndarray, table: PairTable) -> tuple
 
     Each round, every chunk merges all occurrences of its lowest-rank pair, left to right (in a
     run like a a a of the pair (a, a), the first and third position merge). That is what merging
-    the leftmost lowest pair one at a time does (`Tokenizer._merge_short`), because a merge only
-    creates pairs of higher rank. A chunk with no pair left to merge leaves the working set.
+    the leftmost lowest pair one at a time does (`Tokenizer._merge_short`) when a merge only
+    creates pairs of higher rank (`table.monotone`); otherwise each round merges the leftmost
+    occurrence alone. A chunk with no pair left to merge leaves the working set.
     Example, merges (a,a)->256, (256,a)->257: [a,a,a,b] -> [256,a,b] -> [257,b].
     """
     ids = np.array(ids, dtype=np.int32)
@@ -103,7 +111,8 @@ def merge_batch(ids: np.ndarray, lengths: np.ndarray, table: PairTable) -> tuple
     inside = np.ones(ids.size, dtype=bool)
     inside[np.cumsum(lengths) - 1] = False
     inside = np.flatnonzero(inside)
-    lookup = table.lookup_bytes if ids.size == 0 or ids.max() < 256 else table.lookup
+    small = table.made is None and (ids.size == 0 or ids.max() < 256)
+    lookup = table.lookup_bytes if small else table.lookup
     rank[inside] = lookup(ids[inside], ids[inside + 1])
     out_ids, out_which, out_lengths = [], [], []
     while ids.size:
@@ -113,6 +122,10 @@ def merge_batch(ids: np.ndarray, lengths: np.ndarray, table: PairTable) -> tuple
         best[done] = -1  # matches no pair
         target = np.repeat(best, lengths)
         hit = rank == target
+        if not table.monotone:  # the leftmost hit of each chunk alone
+            at = np.flatnonzero(hit)
+            chunk = np.repeat(np.arange(lengths.size), lengths)[at]
+            hit[at[1:][chunk[1:] == chunk[:-1]]] = False
         after = np.empty_like(hit)  # hit[i - 1]: position i is the right half of a merging pair
         after[0] = False
         after[1:] = hit[:-1]
@@ -122,7 +135,7 @@ def merge_batch(ids: np.ndarray, lengths: np.ndarray, table: PairTable) -> tuple
             hit &= (pos - run_start) % 2 == 0
             after[1:] = hit[:-1]
         merged_at = np.flatnonzero(hit)
-        ids[merged_at] = target[merged_at]
+        ids[merged_at] = target[merged_at] if table.made is None else table.made[target[merged_at] - 256]
         rank[merged_at] = rank[merged_at + 1]  # END stays END: the right half was its chunk's last
         if done.any():
             gone = np.repeat(done, lengths)
@@ -234,11 +247,18 @@ class ChunkCache(_BatchCache):
     bytes are a token is that token, and only the others are merged."""
 
     def __init__(
-        self, table: PairTable, byte_ids: bytes | None, dtype, max_chunk: int, whole: dict[bytes, int] | None = None
+        self,
+        table: PairTable,
+        byte_ids: Sequence[int] | None,
+        dtype,
+        max_chunk: int,
+        whole: dict[bytes, int] | None = None,
     ) -> None:
         super().__init__(max_chunk)
         self._table = table
-        self._byte_ids = byte_ids  # bytes.translate table from a byte to its id, None for identity
+        # byte -> its id: a bytes.translate table when every id is below 256, else an array; None for identity
+        fits = byte_ids is None or max(byte_ids) < 256
+        self._byte_ids = None if byte_ids is None else bytes(byte_ids) if fits else np.asarray(byte_ids, np.int32)
         self._dtype = np.dtype(dtype)
         self._whole = whole
 
@@ -269,9 +289,12 @@ class ChunkCache(_BatchCache):
         while start < len(raw):  # batches of about _BATCH_BYTES: NumPy's temporaries stay small
             stop = max(start + 1, int(np.searchsorted(ends, ends[start] + _BATCH_BYTES)))
             data = b"".join(raw[start:stop])
-            if self._byte_ids is not None:
+            if isinstance(self._byte_ids, bytes):
                 data = data.translate(self._byte_ids)
-            ids, new_lengths = merge_batch(np.frombuffer(data, dtype=np.uint8), lengths[start:stop], self._table)
+            byte_ids = np.frombuffer(data, dtype=np.uint8)
+            if isinstance(self._byte_ids, np.ndarray):
+                byte_ids = self._byte_ids[byte_ids]
+            ids, new_lengths = merge_batch(byte_ids, lengths[start:stop], self._table)
             out += _slices(ids.astype(self._dtype).tobytes(), np.cumsum(new_lengths) * self._dtype.itemsize)
             start = stop
         return out

@@ -25,7 +25,7 @@ give the same ids as the other library's algorithm where that needs encoding: ti
 whole chunk up before merging, which equals merging only when every token's bytes merge back
 into that token. `Tokenizer` checks that (`_check_whole_tokens`).
 
->>> hf = to_hf([(97, 98)], list(range(256)), {"<|end|>": 257}, pattern_regex=None)
+>>> hf = to_hf(token_bytes([(97, 98)], list(range(256))), [(97, 98)], {"<|end|>": 257}, pattern_regex=None)
 >>> hf["model"]["merges"], hf["added_tokens"][0]["id"], hf["pre_tokenizer"]["use_regex"]
 (['a b'], 257, False)
 >>> from_hf(hf)["merges"] == [(97, 98)]
@@ -48,6 +48,10 @@ from tokenkit.bpe.regex_dialect import from_oniguruma, to_fancy_regex, to_onigur
 TIKTOKEN_GPT2 = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 TIKTOKEN_GPT2_OLD = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 WHOLE_TEXT = r"(?s:.+)"  # the pat_str of "none": each stretch between special tokens is one piece
+# HF's Digits(individual_digits) then ByteLevel's GPT-2 regex on the stretches between digits
+# (SmolLM's and StarCoder's pre-tokenizer), as one regex: each digit alone, and whitespace before a
+# digit ends its run there (`(?!\S)` holds at the end of a stretch).
+DIGITS_GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+"""
 _KNOWN = {GPT2_PATTERN: "gpt2", TIKTOKEN_GPT2: "gpt2", TIKTOKEN_GPT2_OLD: "gpt2", GPT4_PATTERN: "gpt4"}
 # Split regexes that Oniguruma reads as a built-in pattern: the ones tk writes, and tiktoken's
 # spellings of GPT-2's (`\s++$` ends only the text there too). GPT-4's own spelling is not one.
@@ -69,15 +73,7 @@ def token_bytes(merges: list[tuple[int, int]], byte_order: list[int]) -> list[by
     vocab = [bytes([b]) for b in byte_order]
     for a, b in merges:
         vocab.append(vocab[a] + vocab[b])
-    if len(set(vocab)) != len(vocab):
-        first: dict[bytes, int] = {}
-        for i, t in enumerate(vocab):
-            if t in first:
-                raise TokenizerError(
-                    f"ids {first[t]} and {i} have the same bytes {t!r}; Hugging Face and tiktoken map each token's "
-                    "bytes to one id, so this vocabulary cannot be exported"
-                )
-            first[t] = i
+    _distinct(vocab)
     return vocab
 
 
@@ -128,20 +124,34 @@ def _byte_level(use_regex: bool) -> dict:
     return {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": use_regex}
 
 
+def _distinct(tokens: list[bytes | None]) -> None:
+    """Refuse two ids with the same bytes, which neither format can hold (both map a token's
+    text to one id)."""
+    first: dict[bytes, int] = {}
+    for i, t in enumerate(tokens):
+        if t is not None and first.setdefault(t, i) != i:
+            raise TokenizerError(
+                f"ids {first[t]} and {i} have the same bytes {t!r}; Hugging Face and tiktoken map each token's "
+                "bytes to one id, so this vocabulary cannot be exported"
+            )
+
+
 def to_hf(
+    tokens: list[bytes | None],
     merges: list[tuple[int, int]],
-    byte_order: list[int],
     special_tokens: dict[str, int],
     pattern_regex: str | None,
     *,
     ignore_merges: bool = False,
     normalizer: str | None = None,
 ) -> dict:
-    """The `tokenizer.json` dict of a tokenizer (ids, merges, specials and options exactly ours)."""
+    """The `tokenizer.json` dict of a tokenizer (ids, merges, specials and options exactly ours);
+    tokens[i] is the bytes of id i (None for a special token's)."""
     check_custom_pattern(pattern_regex)
+    _distinct(tokens)
     table = bytes_to_unicode()
-    names = ["".join(table[b] for b in token) for token in token_bytes(merges, byte_order)]
-    vocab = {name: i for i, name in enumerate(names)}
+    names = ["".join(table[b] for b in token) if token is not None else None for token in tokens]
+    vocab = {name: i for i, name in enumerate(names) if name is not None}
     inverse = {c: b for b, c in table.items()}
     added = []
     for s, i in sorted(special_tokens.items(), key=lambda kv: kv[1]):
@@ -224,8 +234,9 @@ def _steps(value, key: str, what: str) -> list:
 def _pattern_of_hf(pre, what: str) -> str | None:
     """The split regex of a tokenizer.json pre-tokenizer (None for no split), or TokenizerError.
 
-    tk reads ByteLevel (with GPT-2's regex or none) and Split + ByteLevel, also when they come
-    wrapped in Sequences (as some converters write them)."""
+    tk reads ByteLevel (with GPT-2's regex or none), Split + ByteLevel and Digits (each digit
+    alone) + ByteLevel with GPT-2's regex, also when they come wrapped in Sequences (as some
+    converters write them)."""
 
     def byte_level(p) -> bool:  # a ByteLevel pre-tokenizer we can read; returns its use_regex
         if not isinstance(p, dict) or p.get("type") != "ByteLevel":
@@ -242,6 +253,13 @@ def _pattern_of_hf(pre, what: str) -> str | None:
     steps = _steps(pre, "pretokenizers", what)
     if len(steps) == 1:
         return GPT2_PATTERN if byte_level(steps[0]) else None
+    if len(steps) == 2 and isinstance(steps[0], dict) and steps[0].get("type") == "Digits":
+        if steps[0].get("individual_digits") is not True or not byte_level(steps[1]):
+            raise TokenizerError(
+                f"{what}: pre-tokenizer Digits must split each digit alone (individual_digits) before a ByteLevel "
+                "with its regex; tk reads that one (SmolLM's)"
+            )
+        return DIGITS_GPT2
     if len(steps) != 2 or not isinstance(steps[0], dict) or steps[0].get("type") != "Split":
         first = next((_type(p) for p in steps if not (isinstance(p, dict) and p.get("type") in ("Split", "ByteLevel"))),
                      None)  # fmt: skip
@@ -390,38 +408,30 @@ def from_hf(data, what: str = "tokenizer.json") -> dict:
     ):
         raise TokenizerError(f"{what}: model vocab must map token strings to ids and merges must be a list")
     byte_of = {c: b for b, c in bytes_to_unicode().items()}
-    byte_order: list = [None] * 256
-    for char, b in byte_of.items():
-        i = vocab.get(char)
-        if i is None or not 0 <= i < 256:
-            raise TokenizerError(
-                f"{what}: the byte token {char!r} must have an id in 0..255 (got {i}); tk's ids 0-255 are the bytes"
-            )
-        byte_order[i] = b
-    listed = data.get("added_tokens") if isinstance(data.get("added_tokens"), list) else []
-    added_ids = {t.get("id") for t in listed if isinstance(t, dict) and type(t.get("id")) is int}
-    merged = sum(1 for i in vocab.values() if i not in added_ids) - 256
-    if len(merges_in) > merged:
-        raise TokenizerError(
-            f"{what}: {len(merges_in):,} merges for {merged:,} merged tokens: several merges make the same token "
-            "(as in a tokenizer converted from tiktoken's ranks, Llama 3's); tk's merge r makes id 256 + r, one "
-            "merge per token"
-        )
+    specials = _hf_specials(data, vocab, byte_of, what)
+    tokens = _hf_tokens(vocab, specials, byte_of, what)
     merges = []
     for r, m in enumerate(merges_in):
         pair = m.split(" ") if isinstance(m, str) else m
         if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(p, str) for p in pair):
             raise TokenizerError(f"{what}: merge {r} is {str(m)[:40]!r}, expected 'left right' or [left, right]")
-        ids = vocab.get(pair[0]), vocab.get(pair[1]), vocab.get(pair[0] + pair[1])
-        if None in ids:
+        ids = vocab.get(pair[0]), vocab.get(pair[1])
+        if None in ids or any(tokens[i] is None for i in ids):
             raise TokenizerError(f"{what}: merge {r} {pair!r} uses a token missing from the vocab")
-        if ids[2] != 256 + r:
-            raise TokenizerError(
-                f"{what}: merge {r} makes id {ids[2]}, expected {256 + r}; tk needs merge r to make id 256 + r "
-                "(its rank order is its id order)"
-            )
-        merges.append((ids[0], ids[1]))
-    n_tokens = 256 + len(merges)
+        merges.append(ids)
+    return {
+        "vocab": tokens,
+        "merges": merges,
+        "special_tokens": specials,
+        "pattern": pattern,
+        "ignore_merges": model.get("ignore_merges") is True,
+        "normalizer": "nfc" if normalizers else None,
+    }
+
+
+def _hf_specials(data: dict, vocab: dict[str, int], byte_of: dict[str, int], what: str) -> dict[str, int]:
+    """The special tokens of a tokenizer.json (its added tokens), name -> id, each checked to be
+    read by Hugging Face as tk reads it."""
     specials: dict[str, int] = {}
     added = data.get("added_tokens") or []
     if not isinstance(added, list):
@@ -439,23 +449,37 @@ def from_hf(data, what: str = "tokenizer.json") -> dict:
                 "tk matches it exactly"
             )
         _check_hf_special(t["content"], t["id"], vocab, byte_of, "tk would give it other ids or bytes")
-        specials[t["content"]] = t["id"]
-    extra = {s: i for s, i in vocab.items() if i >= n_tokens}
-    if any(specials.get(s) != i for s, i in extra.items()) or len(vocab) != n_tokens + len(extra):
-        raise TokenizerError(
-            f"{what}: the vocab has {len(vocab)} entries, expected 256 bytes + {len(merges)} merges "
-            "(+ the special tokens)"
-        )
-    if sorted(specials.values()) != list(range(n_tokens, n_tokens + len(specials))):
-        raise TokenizerError(f"{what}: special tokens must have consecutive ids right after the merges ({n_tokens}...)")
-    return {
-        "merges": merges,
-        "byte_order": byte_order,
-        "special_tokens": specials,
-        "pattern": pattern,
-        "ignore_merges": model.get("ignore_merges") is True,
-        "normalizer": "nfc" if normalizers else None,
-    }
+        if specials.setdefault(t["content"], t["id"]) != t["id"] or list(specials.values()).count(t["id"]) > 1:
+            raise TokenizerError(f"{what}: added token {t['content']!r} or its id {t['id']} is listed twice")
+    return specials
+
+
+def _hf_tokens(vocab: dict[str, int], specials: dict[str, int], byte_of: dict[str, int], what: str) -> list:
+    """Every id's bytes (None at a special token's id) from a byte-level vocab: token strings of
+    GPT-2's byte stand-ins -> id. A special token may be in the vocab too, under its own id."""
+    n = len(vocab) + len(specials)  # every id below n when nothing is missing: bounded before allocating
+    tokens: list[bytes | None] = [None] * n
+    special_of = {i: s for s, i in specials.items()}
+    for name, i in vocab.items():
+        if not 0 <= i < n:
+            raise TokenizerError(f"{what}: vocab id {i} of {name[:40]!r} leaves a gap; ids run 0..{n - 1} at most")
+        if i in special_of:
+            if name != special_of[i]:
+                raise TokenizerError(f"{what}: vocab entry {name[:40]!r} has the id of special token {special_of[i]!r}")
+            continue
+        if tokens[i] is not None:
+            raise TokenizerError(f"{what}: two vocab entries have id {i}")
+        try:
+            tokens[i] = bytes(byte_of[c] for c in name)
+        except KeyError:
+            raise TokenizerError(
+                f"{what}: vocab entry {name[:40]!r} holds characters that are not byte stand-ins; tk reads byte-level "
+                "BPE vocabularies (GPT-2's byte-to-character table)"
+            ) from None
+        if not tokens[i]:
+            raise TokenizerError(f"{what}: the vocab holds an empty token (id {i})")
+    last = max([-1, *(i for i, t in enumerate(tokens) if t is not None), *specials.values()])
+    return tokens[: last + 1]
 
 
 _GPT2_CLASSES = ("GPT2Tokenizer", "GPT2TokenizerFast")

@@ -28,6 +28,9 @@ Version 2 is version 1 with encoding options that change ids (`OPTIONS`, importe
 Face tokenizers): `ignore_merges` "true", `normalizer` "nfc". A file is version 2 only when it
 has one, so every other file is the bytes it always was, and a tk that predates the options
 refuses the file (it would give other ids) instead of reading it without them.
+Version 3 holds a listed vocabulary (`bpe.layout`: merges that do not make ids 256, 257, ...):
+vocab_offsets cut every id's bytes, a special token's id as an empty token, and merge r makes
+the id whose bytes are its pair's together; it may set the options too.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from tokenkit.common import FileError, atomic, atomic_dir, jsonsafe, readfile, s
 FORMAT = "tokenkit.bpe"
 FORMAT_VERSION = "1"
 OPTIONS_VERSION = "2"  # the version of a file with OPTIONS
+LISTED_VERSION = "3"  # the version of a file with a listed vocabulary
 # option -> (its metadata value when set, the value of a tokenizer without it)
 OPTIONS = {"ignore_merges": ("true", False), "normalizer": ("nfc", None)}
 TENSOR_NAMES = ("merges", "vocab_bytes", "vocab_offsets")
@@ -71,9 +75,13 @@ def pack(
     pattern_regex: str | None,
     training: dict,
     options: dict | None = None,
+    *,
+    listed: bool = False,
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The tensors and string metadata of a tokenizer file (no I/O); `options` as `unpack`
-    returns them (those at their defaults are left out)."""
+    returns them (those at their defaults are left out); `listed`: `vocab` is every id's bytes,
+    None at special tokens' ids (version 3)."""
+    vocab = [t or b"" for t in vocab]
     lengths = np.fromiter((len(t) for t in vocab), dtype=np.int64, count=len(vocab))
     offsets = np.zeros(len(vocab) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -94,15 +102,18 @@ def pack(
         if value != OPTIONS[name][1]:
             metadata[name] = OPTIONS[name][0] if value is True else value
             metadata["format_version"] = OPTIONS_VERSION
+    if listed:
+        metadata["format_version"] = LISTED_VERSION
     return tensors, metadata
 
 
 def unpack(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None) -> dict:
     """Validate tensors + metadata of a tokenizer file and return its parts.
 
-    Returns a dict with merges (list of (a, b)), byte_order (the byte value of ids 0..255),
-    special_tokens, pattern, pattern_regex (None for no split), training (dict) and options
-    (ignore_merges: bool, normalizer: "nfc" or None).
+    Returns a dict with merges (list of (a, b)), byte_order (the byte value of ids 0..255) or,
+    for version 3, vocab (every id's bytes, None at special tokens), special_tokens, pattern,
+    pattern_regex (None for no split), training (dict) and options (ignore_merges: bool,
+    normalizer: "nfc" or None).
     Raises TokenizerError with one line for anything that is not a valid tokenizer.
     """
     metadata = metadata or {}
@@ -110,15 +121,15 @@ def unpack(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None) -> d
     if fmt != FORMAT:
         raise TokenizerError(f"not a tokenkit tokenizer (format {fmt!r}, expected {FORMAT!r})")
     version = metadata.get("format_version")
-    if version not in (FORMAT_VERSION, OPTIONS_VERSION):
+    if version not in (FORMAT_VERSION, OPTIONS_VERSION, LISTED_VERSION):
         raise TokenizerError(
             f"tokenizer format version {version!r} is not supported (this tokenkit reads "
-            f"versions {FORMAT_VERSION} and {OPTIONS_VERSION}); upgrade tokenkit or re-train the tokenizer"
+            f"versions {FORMAT_VERSION} to {LISTED_VERSION}); upgrade tokenkit or re-train the tokenizer"
         )
     options = {name: default for name, (_, default) in OPTIONS.items()}
     for name, (value, _) in OPTIONS.items():
         if name in metadata:
-            if metadata[name] != value or version != OPTIONS_VERSION:
+            if metadata[name] != value or version == FORMAT_VERSION:
                 raise TokenizerError(
                     f"tokenizer metadata {name} is {str(metadata[name])[:20]!r} in a version {version} file (version "
                     f"{OPTIONS_VERSION} files may set it to {value!r}); the file is damaged"
@@ -148,6 +159,10 @@ def unpack(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None) -> d
     n_merges = merges_arr.shape[0]
     if merges_arr.shape[1] != 2:
         raise TokenizerError(f"tokenizer merges have shape {merges_arr.shape}, expected (M, 2)")
+    specials, training = _json_metadata(metadata)
+    common = {"pattern": metadata["pattern"], "pattern_regex": pattern_regex, "training": training, "options": options}
+    if version == LISTED_VERSION:
+        return {**_unpack_listed(merges_arr, vbytes, offsets, specials), **common}
     n_tokens = 256 + n_merges
     if offsets.shape[0] != n_tokens + 1:
         raise TokenizerError(
@@ -178,6 +193,20 @@ def unpack(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None) -> d
     for r, (a, b) in enumerate(merges):
         if tokens[256 + r] != tokens[a] + tokens[b]:
             raise TokenizerError(f"vocab_bytes of token {256 + r} disagree with merge {r}; the file is damaged")
+    expected = set(range(n_tokens, n_tokens + len(specials)))
+    if (
+        any(not isinstance(k, str) or not k or type(v) is not int for k, v in specials.items())
+        or set(specials.values()) != expected
+    ):
+        raise TokenizerError(
+            f"special tokens must be non-empty strings with the ids {n_tokens}..{n_tokens + len(specials) - 1}"
+            " right after the merges; the file is damaged"
+        )
+    return {"merges": merges, "byte_order": byte_order, "special_tokens": specials, **common}
+
+
+def _json_metadata(metadata: dict) -> tuple[dict, dict]:
+    """The special_tokens and training objects of a tokenizer file's metadata."""
     for key in ("special_tokens", "training"):
         if not isinstance(metadata[key], str):
             raise TokenizerError(f"tokenizer metadata {key} must be a JSON string, got {type(metadata[key]).__name__}")
@@ -188,24 +217,30 @@ def unpack(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None) -> d
         raise TokenizerError(f"{err}; the file is damaged") from None
     if not isinstance(specials, dict) or not isinstance(training, dict):
         raise TokenizerError("tokenizer metadata special_tokens/training must be JSON objects")
-    expected = set(range(n_tokens, n_tokens + len(specials)))
+    return specials, training
+
+
+def _unpack_listed(merges_arr: np.ndarray, vbytes: np.ndarray, offsets: np.ndarray, specials: dict) -> dict:
+    """merges, vocab and special_tokens of a version 3 file; what the merges make and whether
+    every byte has an id is `bpe.layout.listed`'s to check."""
+    n = offsets.shape[0] - 1
+    lengths = np.diff(offsets)
+    if n < 1 or offsets[0] != 0 or offsets[-1] != vbytes.shape[0] or (lengths < 0).any():
+        raise TokenizerError("vocab_offsets do not cut vocab_bytes into tokens; the file is damaged")
+    if merges_arr.size and (merges_arr.min() < 0 or merges_arr.max() >= n):
+        raise TokenizerError("a merge uses an id past the vocabulary; the file is damaged")
+    ids = list(specials.values())
     if (
         any(not isinstance(k, str) or not k or type(v) is not int for k, v in specials.items())
-        or set(specials.values()) != expected
+        or sorted(ids) != np.flatnonzero(lengths == 0).tolist()
     ):
         raise TokenizerError(
-            f"special tokens must be non-empty strings with the ids {n_tokens}..{n_tokens + len(specials) - 1}"
-            " right after the merges; the file is damaged"
+            "special tokens must be non-empty strings with exactly the ids of the empty tokens; the file is damaged"
         )
-    return {
-        "merges": merges,
-        "byte_order": byte_order,
-        "special_tokens": specials,
-        "pattern": metadata["pattern"],
-        "pattern_regex": pattern_regex,
-        "training": training,
-        "options": options,
-    }
+    raw = vbytes.tobytes()
+    off = offsets.tolist()
+    tokens = [raw[off[i] : off[i + 1]] or None for i in range(n)]
+    return {"merges": [tuple(p) for p in merges_arr.tolist()], "vocab": tokens, "special_tokens": specials}
 
 
 def _check_pattern(pattern, pattern_regex) -> str | None:

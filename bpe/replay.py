@@ -9,7 +9,9 @@ before the step. Chunks never merge across each other.
 Why the text's steps in rank order give what encoding gives: inside one chunk, encoding merges
 the lowest-rank pair first, and a merge only creates pairs of higher rank (they hold the new id,
 256 + rank), so each chunk's merges come in increasing rank, each rank once. Interleaving the
-chunks by rank changes no chunk's own order.
+chunks by rank changes no chunk's own order. A listed vocabulary may break that (`bpe.layout`:
+Llama 3's makes "abcd" from "abc" + "d" before it makes "abc"); where it does (`monotone`
+false), a step is one merge: the lowest-rank pair, leftmost, as encoding merges.
 
 `replay_merges` does it with a heap over one linked list (O(n log n) in the text's bytes) and
 finds each step's positions with a Fenwick tree of the tokens still there; `replay_merges_naive`
@@ -35,16 +37,13 @@ __all__ = ["MergeStep", "Replay", "replay_merges", "replay_merges_naive"]
 
 @dataclass(frozen=True)
 class MergeStep:
-    """One step: `pair` became `new_id` (= 256 + its rank) at positions `at` of the sequence
-    before the step (the left half's index, ascending)."""
+    """One step: `pair`, merge `rank`, became `new_id` at positions `at` of the sequence before
+    the step (the left half's index, ascending)."""
 
     new_id: int
     pair: tuple[int, int]
     at: list[int]
-
-    @property
-    def rank(self) -> int:
-        return self.new_id - 256
+    rank: int
 
 
 @dataclass(frozen=True)
@@ -92,11 +91,14 @@ class _Alive:
 
 
 def replay_merges(
-    chunks: Sequence[Sequence[int]], pair_id: Mapping[tuple[int, int], int]
+    chunks: Sequence[Sequence[int]],
+    pair_id: Mapping[tuple[int, int], int],
+    made: Sequence[int] | None = None,
+    monotone: bool = True,
 ) -> tuple[list[MergeStep], list[int]]:
     """(the steps that merge `chunks` (each a list of ids) into tokens, the ids after the last
-    step); pair_id[(a, b)] is the id the pair merges into (256 + rank), absent for a pair with no
-    merge.
+    step); pair_id[(a, b)] is the pair's rank key (256 + rank), absent for a pair with no merge;
+    made[rank] the id it makes (None: the key itself); `monotone` as above.
 
     One linked list holds every chunk, a pair is pushed only inside a chunk, and heap entries
     (merged id, place) pop lowest rank first and, for one rank, left to right: the pops of one
@@ -124,38 +126,43 @@ def replay_merges(
         at: list[int] = []
         pair = None
         removed = 0  # right halves removed earlier in this step: all to the left of the next place
-        while heap and heap[0][0] == new:
+        new_id = new if made is None else made[new - 256]
+        while heap and heap[0][0] == new and (monotone or not at):
             _, i = heapq.heappop(heap)
             j = nxt[i]
             if val[i] < 0 or j < 0 or get((val[i], val[j])) != new:
                 continue  # stale
             pair = (val[i], val[j])
             at.append(alive.before(i) + removed)
-            val[i], val[j] = new, -1
+            val[i], val[j] = new_id, -1
             alive.remove(j)
             removed += 1
             k = nxt[j]
             nxt[i] = k
             if k >= 0:
                 prv[k] = i
-                r = get((new, val[k]))
+                r = get((new_id, val[k]))
                 if r is not None:
-                    heapq.heappush(heap, (r, i))  # a higher rank: popped in a later step
+                    heapq.heappush(heap, (r, i))  # a later step's (a higher rank when monotone)
             p = prv[i]
             if p >= 0:
-                r = get((val[p], new))
+                r = get((val[p], new_id))
                 if r is not None:
                     heapq.heappush(heap, (r, p))
         if at:
-            steps.append(MergeStep(new, pair, at))
+            steps.append(MergeStep(new_id, pair, at, new - 256))
     return steps, [v for v in val if v >= 0]
 
 
 def replay_merges_naive(
-    chunks: Sequence[Sequence[int]], pair_id: Mapping[tuple[int, int], int]
+    chunks: Sequence[Sequence[int]],
+    pair_id: Mapping[tuple[int, int], int],
+    made: Sequence[int] | None = None,
+    monotone: bool = True,
 ) -> tuple[list[MergeStep], list[int]]:
     """`replay_merges`, plainly: before each step, look at every adjacent pair of every chunk for
-    the lowest merged id, then merge it in each chunk left to right without overlap."""
+    the lowest rank, then merge it in each chunk left to right without overlap (only its first
+    place when not `monotone`)."""
     seqs = [list(chunk) for chunk in chunks]
     steps: list[MergeStep] = []
     while True:
@@ -163,20 +170,21 @@ def replay_merges_naive(
         if not found:
             return steps, [v for s in seqs for v in s]
         new = min(found)
+        new_id = new if made is None else made[new - 256]
         at: list[int] = []
         offset = 0
         pair = None
         for c, s in enumerate(seqs):
             out, i = [], 0
             while i < len(s):
-                if i + 1 < len(s) and pair_id.get((s[i], s[i + 1])) == new:
+                if i + 1 < len(s) and pair_id.get((s[i], s[i + 1])) == new and (monotone or not at):
                     pair = (s[i], s[i + 1])
                     at.append(offset + i)
-                    out.append(new)
+                    out.append(new_id)
                     i += 2
                 else:
                     out.append(s[i])
                     i += 1
             offset += len(s)
             seqs[c] = out
-        steps.append(MergeStep(new, pair, at))
+        steps.append(MergeStep(new_id, pair, at, new - 256))

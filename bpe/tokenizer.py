@@ -45,6 +45,7 @@ from tokenkit.bpe import encode_corpus, interop, io
 from tokenkit.bpe.corpus import Corpus, as_corpus
 from tokenkit.bpe.encoder import ChunkCache, PairTable, PieceCache, WordCache
 from tokenkit.bpe.errors import DisallowedSpecialError, TokenizerError
+from tokenkit.bpe.layout import canonical, listed
 from tokenkit.bpe.patterns import GPT2_PATTERN, PATTERNS, resolve_pattern
 from tokenkit.bpe.pretokenize import count_chunks, split_text
 from tokenkit.bpe.replay import Replay, replay_merges
@@ -110,7 +111,9 @@ class Tokenizer:
     """A byte-level BPE tokenizer.
 
     Ids 0-255 are the 256 bytes (in `byte_order`, identity unless imported from GPT-2), id 256 + r
-    is the result of merge r, and special tokens follow the merges.
+    is the result of merge r, and special tokens follow the merges. A vocabulary imported from a
+    tokenizer.json that does not fit that is listed instead (`vocab`: every id's bytes; see
+    `bpe.layout`): Llama 3's, where several merges make one token, and SmolLM's, specials first.
 
     `ignore_merges`: a chunk whose bytes are a token is that token without merging (HF's
     `ignore_merges`, Llama 3's tokenizer: its vocabulary has tokens its merges never make).
@@ -128,42 +131,29 @@ class Tokenizer:
         special_tokens: Iterable[str] | dict[str, int] = (),
         pattern: str = "gpt2",
         byte_order: Sequence[int] | None = None,
+        vocab: Sequence[bytes | None] | None = None,
         training: dict | None = None,
         ignore_merges: bool = False,
         normalizer: str | None = None,
         _pattern_regex: str | None | bool = False,
     ) -> None:
 
-        self._merges = [(int(a), int(b)) for a, b in merges]
-        order = list(range(256)) if byte_order is None else [int(b) for b in byte_order]
-        if sorted(order) != list(range(256)):
-            raise TokenizerError("byte_order must be a permutation of 0..255")
-        vocab = [bytes([b]) for b in order]
-        for r, (a, b) in enumerate(self._merges):
-            if not (0 <= a < 256 + r and 0 <= b < 256 + r):
-                raise TokenizerError(f"merge {r} ({a}, {b}) uses an id that does not exist yet")
-            vocab.append(vocab[a] + vocab[b])
-        self._vocab = vocab
-        # pair -> merged id; since merge r makes id 256 + r, the id is also the pair's rank.
+        merges = [(int(a), int(b)) for a, b in merges]
+        if vocab is None:
+            layout = canonical(merges, byte_order, special_tokens)
+        elif byte_order is not None or not isinstance(special_tokens, dict):
+            raise TokenizerError("a listed vocabulary gives the bytes' ids and takes special tokens as a dict of ids")
+        else:
+            layout = listed(vocab, merges, special_tokens)
+        self._layout = layout
+        self._merges = layout.merges
+        self._specials = layout.specials
+        self._id_bytes = layout.id_bytes
+        self._byte_ids = layout.byte_ids
+        self._identity = layout.byte_ids == list(range(256))
+        # pair -> its rank key, 256 + rank: in the canonical layout that is also the id it makes
         self._pair_id = {pair: 256 + r for r, pair in enumerate(self._merges)}
-        if len(self._pair_id) != len(self._merges):
-            raise TokenizerError("the same pair is merged twice")
-        self._byte_ids = [0] * 256
-        for i, b in enumerate(order):
-            self._byte_ids[b] = i
-        self._identity = order == list(range(256))
-
-        names = list(special_tokens)
-        for s in names:
-            if not isinstance(s, str) or not s:
-                raise TokenizerError(f"special tokens must be non-empty strings, got {s!r}")
-        if len(set(names)) != len(names):
-            raise TokenizerError("special tokens must be distinct")
-        if isinstance(special_tokens, dict):
-            names = sorted(special_tokens, key=special_tokens.__getitem__)
-        self._specials = {s: len(vocab) + k for k, s in enumerate(names)}
-        self._special_bytes = {i: s.encode("utf-8") for s, i in self._specials.items()}
-        self._id_bytes = vocab + [self._special_bytes[i] for i in sorted(self._special_bytes)]
+        self._made = layout.made  # rank -> id made, None when it is 256 + rank
 
         if not isinstance(ignore_merges, bool):
             raise TokenizerError(f"ignore_merges must be true or false, got {ignore_merges!r}")
@@ -186,13 +176,26 @@ class Tokenizer:
 
     @property
     def merges(self) -> list[tuple[int, int]]:
-        """Merged pairs in rank order; merge r makes id 256 + r."""
+        """Merged pairs in rank order; merge r makes `merged_id(r)` (256 + r unless the vocabulary is listed)."""
         return list(self._merges)
 
+    def merged_id(self, rank: int) -> int:
+        """The id merge `rank` makes."""
+        return self._layout.merged_id(rank)
+
     @property
-    def vocab(self) -> list[bytes]:
-        """Each token's bytes, by id (specials excluded)."""
-        return list(self._vocab)
+    def listed(self) -> bool:
+        """Whether the ids are listed one by one (imported: several merges make one token, or the
+        specials come first) rather than derived from the merges (see `bpe.layout`)."""
+        return not self._layout.canonical
+
+    @property
+    def vocab(self) -> list[bytes | None]:
+        """Each token's bytes, by id, up to the last token that is not special (so specials
+        excluded, but a listed vocabulary's specials before that are None)."""
+        special = set(self._specials.values())
+        last = max(i for i in range(len(self._id_bytes)) if i not in special)
+        return [None if i in special else t for i, t in enumerate(self._id_bytes[: last + 1])]
 
     @property
     def special_tokens(self) -> dict[str, int]:
@@ -328,21 +331,20 @@ class Tokenizer:
     def _merge_short(self, ids: list[int]) -> list[int]:
         """Merge the lowest-rank pair, leftmost first, until no pair has a merge.
 
-        `ranks[i]` is the merged id of (ids[i], ids[i+1]) (the id is the rank, see __init__);
-        a merge rewrites one slot and refreshes only its two neighbours. Merging the leftmost
-        lowest pair one at a time is the same as merging all its occurrences left to right,
-        because a merge only creates pairs of higher rank. Quadratic in the worst case, which
-        beats a heap for the few bytes of a typical chunk.
+        `ranks[i]` is the rank key (256 + rank) of (ids[i], ids[i+1]), which is also the id the
+        merge makes unless the vocabulary is listed (`_made`); a merge rewrites one slot and
+        refreshes only its two neighbours. Quadratic in the worst case, which beats a heap for
+        the few bytes of a typical chunk.
         Example, merges (a,a)->256, (256,a)->257: aaab -> [256,a,b] -> [257,b].
         """
-        get = self._pair_id.get
+        get, made = self._pair_id.get, self._made
         ranks = list(map(get, pairwise(ids), repeat(_NO_MERGE)))
         while True:
             new = min(ranks)
             if new == _NO_MERGE:
                 return ids
             i = ranks.index(new)
-            ids[i] = new
+            ids[i] = new = new if made is None else made[new - 256]
             del ids[i + 1]
             del ranks[i]
             if i < len(ranks):
@@ -356,10 +358,10 @@ class Tokenizer:
         """Same result as `_merge_short` in O(n log n): a linked list of tokens and a heap of
         (rank, position) candidates, checked when popped (entries go stale as neighbours merge).
 
-        Equal ranks pop left to right, and a merge only creates pairs of higher rank (they contain
-        the new id), so the order of merges is exactly the rescanning one.
+        Lowest rank first and equal ranks left to right, and every pair a merge creates is pushed,
+        so the order of merges is exactly the rescanning one.
         """
-        get = self._pair_id.get
+        get, made = self._pair_id.get, self._made
         n = len(ids)
         val = list(ids)
         nxt = list(range(1, n + 1))
@@ -373,6 +375,7 @@ class Tokenizer:
             j = nxt[i]
             if val[i] < 0 or j < 0 or get((val[i], val[j])) != new:
                 continue  # stale: a neighbour changed since this entry was pushed
+            new = new if made is None else made[new - 256]
             val[i], val[j] = new, -1
             k = nxt[j]
             nxt[i] = k
@@ -408,23 +411,29 @@ class Tokenizer:
         """The bytes of every merged token -> its id (ignore_merges looks chunks up in it), built
         on first use; two ids with the same bytes are refused (which would the chunk be?)."""
         if self._whole is None:
-            whole = {t: i for i, t in enumerate(self._vocab[256:], 256)}
-            if len(whole) != len(self._vocab) - 256:
-                first = next(t for i, t in enumerate(self._vocab[256:], 256) if whole[t] != i)
-                raise TokenizerError(
-                    f"ids {self._vocab.index(first)} and {whole[first]} have the same bytes {first!r}; with "
-                    "ignore_merges a chunk of those bytes would be either"
-                )
+            whole: dict[bytes, int] = {}
+            for i in self._merged_tokens:
+                if whole.setdefault(self._id_bytes[i], i) != i:
+                    raise TokenizerError(
+                        f"ids {whole[self._id_bytes[i]]} and {i} have the same bytes {self._id_bytes[i]!r}; with "
+                        "ignore_merges a chunk of those bytes would be either"
+                    )
             self._whole = whole
         return self._whole
+
+    @property
+    def _merged_tokens(self) -> list[int]:
+        """The ids of the tokens of two bytes or more, ascending (special tokens aside)."""
+        return [i for i in self._layout.regular_ids if len(self._id_bytes[i]) > 1]
 
     @property
     def _chunk_cache(self) -> ChunkCache:
         """The chunk cache, built on first use (its pair table takes a moment for a big vocabulary)."""
         if self._cache is None:
-            byte_ids = None if self._identity else bytes(self._byte_ids)
+            byte_ids = None if self._identity else self._byte_ids
             whole = self._token_of if self._ignore_merges else None
-            self._cache = ChunkCache(PairTable(self._merges), byte_ids, self.ids_dtype, _CACHE_MAX_CHUNK, whole)
+            table = PairTable(self._merges, self._made, self._layout.monotone)
+            self._cache = ChunkCache(table, byte_ids, self.ids_dtype, _CACHE_MAX_CHUNK, whole)
             if self._pattern == GPT2_PATTERN:
                 split = lambda text: split_text(text, GPT2_PATTERN)  # noqa: E731
                 self._word_cache = WordCache(self._cache, split, _CACHE_MAX_CHUNK)
@@ -590,7 +599,7 @@ class Tokenizer:
                     pieces.append([self._token_of[raw]])  # a whole token from the start, never merged
                     continue
                 pieces.append(list(raw) if self._identity else [self._byte_ids[b] for b in raw])
-        steps, ids = replay_merges(pieces, self._pair_id)
+        steps, ids = replay_merges(pieces, self._pair_id, self._made, self._layout.monotone)
         bounds = list(accumulate(map(len, pieces), initial=0))
         return Replay([i for piece in pieces for i in piece], list(pairwise(bounds)), steps, ids)
 
@@ -675,8 +684,17 @@ class Tokenizer:
 
     def to_tensors(self) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         """The tensors and string metadata of `tokenizer.safetensors` (see bpe/io.py)."""
+        special = set(self._specials.values())
+        tokens = [None if i in special else t for i, t in enumerate(self._id_bytes)] if self.listed else self.vocab
         return io.pack(
-            self._merges, self._vocab, self._specials, self._pattern_name, self._pattern, self._training, self._options
+            self._merges,
+            tokens,
+            self._specials,
+            self._pattern_name,
+            self._pattern,
+            self._training,
+            self._options,
+            listed=self.listed,
         )
 
     @classmethod
@@ -687,7 +705,8 @@ class Tokenizer:
             parts["merges"],
             special_tokens=parts["special_tokens"],
             pattern=parts["pattern"],
-            byte_order=parts["byte_order"],
+            byte_order=parts.get("byte_order"),
+            vocab=parts.get("vocab"),
             training=parts["training"],
             _pattern_regex=parts["pattern_regex"],
             **parts["options"],
@@ -746,11 +765,21 @@ class Tokenizer:
                 raise TokenizerError(
                     f"vocab.json + merges.txt cannot say {what}, which changes ids; export it with --format hf"
                 )
-            return io.gpt2_files(self._vocab, self._merges, self._specials)
+            if self.listed:
+                raise TokenizerError(
+                    "vocab.json + merges.txt make merge r id 256 + r, which this listed vocabulary does not; "
+                    "export it with --format hf"
+                )
+            return io.gpt2_files(self.vocab, self._merges, self._specials)
         if format == "hf":
-            data = interop.to_hf(self._merges, self._byte_order, self._specials, self._pattern, **self._options)
+            data = interop.to_hf(self.vocab, self._merges, self._specials, self._pattern, **self._options)
             return io.hf_files(data, *interop.hf_configs(self._specials))
         if format == "tiktoken":
+            if self.listed:
+                raise TokenizerError(
+                    "tiktoken's ranks are its ids and merge any pair whose bytes are a token; this listed "
+                    "vocabulary's merges do not follow its ids, so export it with --format hf"
+                )
             ranks = interop.to_tiktoken(self._merges, self._byte_order)
             interop.check_tiktoken_specials(self._specials, "exported to tiktoken")
             if self._normalizer is not None:
@@ -772,7 +801,7 @@ class Tokenizer:
 
     @property
     def _byte_order(self) -> list[int]:
-        return [t[0] for t in self._vocab[:256]]
+        return [t[0] for t in self._id_bytes[:256]]
 
     def export_hf(self, directory: str | os.PathLike, *, overwrite: bool = False) -> list[Path]:
         """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into `directory`
@@ -791,11 +820,11 @@ class Tokenizer:
     def _check_whole_tokens(self, why: str, action: str) -> None:
         """Refuse a vocabulary where some token's bytes do not merge back into that token, saying
         `why` that matters (a template: "{id}" is the token's id) and what cannot be done."""
-        for i in range(256, len(self._vocab)):
-            ids = self._merged_ids(self._vocab[i])
+        for i in self._merged_tokens:
+            ids = self._merged_ids(self._id_bytes[i])
             if ids != [i]:
                 raise TokenizerError(
-                    f"token {i} ({self._vocab[i]!r}) is not what its own bytes merge into ({ids}); "
+                    f"token {i} ({self._id_bytes[i]!r}) is not what its own bytes merge into ({ids}); "
                     f"{why.format(id=i)}, so this vocabulary cannot be {action}"
                 )
 
@@ -826,15 +855,18 @@ class Tokenizer:
             parts = interop.check_transformers_class(*io.read_hf_configs(path), parts, str(path))
         if len(files) == 2:
             return cls.from_gpt2(*files)
-        tok = cls(
-            parts["merges"],
-            special_tokens=parts["special_tokens"],
-            pattern=parts["pattern"],
-            byte_order=parts["byte_order"],
-            training={"imported": "Hugging Face tokenizer.json"},
-            ignore_merges=parts["ignore_merges"],
-            normalizer=parts["normalizer"],
-        )
+        try:
+            tok = cls(
+                parts["merges"],
+                special_tokens=parts["special_tokens"],
+                pattern=parts["pattern"],
+                vocab=parts["vocab"],
+                training={"imported": "Hugging Face tokenizer.json"},
+                ignore_merges=parts["ignore_merges"],
+                normalizer=parts["normalizer"],
+            )
+        except TokenizerError as err:
+            raise TokenizerError(f"{files[0]}: {err}") from None
         if "dropped" in parts:  # tokenizer.json's ignore_merges, which transformers drops: fine if it changes nothing
             tok._check_whole_tokens(
                 f"{files[0]} sets ignore_merges, with which HF tokenizers give {{id}} for that text",

@@ -155,9 +155,10 @@ def bpe_view(
     counts = _merge_counts(tokenizer) or []
     first_merges = []
     for rank, (a, b) in enumerate(tokenizer.merges[:first]):
-        made = piece(tokenizer.decode_bytes([256 + rank]))["text"]
+        new_id = tokenizer.merged_id(rank)
+        made = piece(tokenizer.decode_bytes([new_id]))["text"]
         count = counts[rank] if rank < len(counts) else None
-        first_merges.append({"rank": rank, "pair": [a, b], "new_id": 256 + rank, "text": made, "count": count})
+        first_merges.append({"rank": rank, "pair": [a, b], "new_id": new_id, "text": made, "count": count})
     return {
         "tokenizer": name,
         "initial": replay.initial,

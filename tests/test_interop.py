@@ -195,7 +195,9 @@ def test_refused_vocabularies(tmp_path):
 
 
 def hf_dict(**changes) -> dict:
-    data = interop.to_hf(permuted().merges, [255 - i for i in range(256)], {"<|endoftext|>": 259}, GPT2_PATTERN)
+    merges = permuted().merges
+    tokens = interop.token_bytes(merges, [255 - i for i in range(256)])
+    data = interop.to_hf(tokens, merges, {"<|endoftext|>": 259}, GPT2_PATTERN)
     for path, value in changes.items():
         *keys, last = path.split("__")
         target = data
@@ -214,25 +216,24 @@ def hf_dict(**changes) -> dict:
         ({"model__byte_fallback": True}, "SentencePiece-style tokenizer .BPE with byte_fallback"),
         ({"pre_tokenizer": {"type": "Metaspace", "replacement": "▁"}}, "SentencePiece-style tokenizer .a Metaspace"),
         ({"model__ignore_merges": "yes"}, "ignore_merges must be true or false"),
-        ({"model__merges": ["Ġ a", "a b", "ab c", "Ġ abc", "b c"]}, "5 merges for 3 merged tokens"),
+        ({"model__merges": ["Ġ a", "a b", "ab c", "Ġ abc", "b c"]}, "which is no token"),
         (
             {
                 "pre_tokenizer": {
                     "type": "Sequence",
-                    "pretokenizers": [{"type": "Digits", "individual_digits": True}, {"type": "ByteLevel"}],
+                    "pretokenizers": [{"type": "Punctuation"}, {"type": "ByteLevel"}],
                 }
             },
-            "must be \\[Split, ByteLevel\\] for tk \\(it holds 'Digits'\\)",
+            "must be \\[Split, ByteLevel\\] for tk \\(it holds 'Punctuation'\\)",
         ),
         ({"pre_tokenizer__add_prefix_space": True}, "add_prefix_space"),
         ({"pre_tokenizer": {"type": "Whitespace"}}, "pre-tokenizer"),
         ({"model__type": "WordPiece"}, "not BPE"),
         ({"model__dropout": 0.1}, "dropout"),
-        ({"model__merges": ["ab c", "a b", "Ġ abc"]}, "expected 256"),
         ({"post_processor": {"type": "TemplateProcessing"}}, "post-processor"),
-        ({"added_tokens": [{"id": 300, "content": "<x>", "special": True}]}, "consecutive"),
+        ({"added_tokens": [{"id": 300, "content": "<x>", "special": True}]}, "ids that hold no bytes"),
         ({"added_tokens": [{"id": 259, "content": "<x>", "special": False}]}, "not special"),
-        ({"model__vocab": {"a": 1}}, "byte token"),
+        ({"model__vocab": {"a": 1}}, "missing from the vocab"),
         (
             {
                 "pre_tokenizer": {
@@ -689,7 +690,7 @@ def test_numbers_get_tk_ids_in_every_library(numeric, tmp_path):
 
 def with_split_regex(tok: Tokenizer, regex_: str) -> dict:
     """tok's tokenizer.json with this Split regex (as someone else might write one)."""
-    data = interop.to_hf(tok.merges, [t[0] for t in tok.vocab[:256]], tok.special_tokens, GPT4_PATTERN)
+    data = interop.to_hf(tok.vocab, tok.merges, tok.special_tokens, GPT4_PATTERN)
     data["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = regex_
     return data
 

@@ -122,7 +122,7 @@ def test_options_survive_the_file_and_only_they_change_its_version(options, tmp_
         ({"format_version": "2"}, "without options"),
         ({"format_version": "2", "ignore_merges": "yes"}, "ignore_merges is 'yes'"),
         ({"format_version": "2", "normalizer": "nfkc"}, "normalizer is 'nfkc'"),
-        ({"format_version": "3"}, "versions 1 and 2"),
+        ({"format_version": "4"}, "versions 1 to 3"),
     ],
 )
 def test_damaged_options_are_one_line(change, words):
