@@ -144,9 +144,11 @@ def to_hf(
     *,
     ignore_merges: bool = False,
     normalizer: str | None = None,
+    bos: str | None = None,
 ) -> dict:
     """The `tokenizer.json` dict of a tokenizer (ids, merges, specials and options exactly ours);
-    tokens[i] is the bytes of id i (None for a special token's)."""
+    tokens[i] is the bytes of id i (None for a special token's). With `bos`, the template that
+    adds it before every text (Llama 3's)."""
     check_custom_pattern(pattern_regex)
     _distinct(tokens)
     table = bytes_to_unicode()
@@ -183,7 +185,7 @@ def to_hf(
         "added_tokens": added,
         "normalizer": {"type": "NFC"} if normalizer == "nfc" else None,
         "pre_tokenizer": pre,
-        "post_processor": None,
+        "post_processor": None if bos is None else _bos_template(bos, special_tokens[bos]),
         "decoder": _byte_level(True),
         "model": {
             "type": "BPE",
@@ -290,19 +292,26 @@ def _pattern_of_hf(pre, what: str) -> str | None:
     return found
 
 
-def _check_post_processor(post, what: str) -> None:
-    """Refuse a post-processor that adds tokens to a text: tk's ids are the text's tokens alone.
+def _check_post_processor(post, what: str) -> str | None:
+    """The BOS token a post-processor puts before every text (None for none), refusing one that
+    adds tokens otherwise: tk's ids are the text's tokens, and a model's input is BOS + those.
 
-    Accepted, as they add nothing and change no id: ByteLevel (it trims offsets only) and a
-    template whose single form is the text ("$A") and whose pair form the two texts ("$A $B"),
-    as transformers writes when it saves a tokenizer, alone or in a Sequence. A template holding a
-    special token (Llama 3's "<|begin_of_text|> $A"), BERT's and RoBERTa's processors add tokens.
+    Accepted: ByteLevel (it trims offsets only), a template whose single form is the text ("$A")
+    and whose pair form the two texts ("$A $B"), as transformers writes when it saves a
+    tokenizer, and Llama 3's, whose single form is "<|begin_of_text|> $A" (its pair form does not
+    matter: tk encodes no pairs), alone or in a Sequence. Other templates holding a special token,
+    BERT's and RoBERTa's processors add tokens elsewhere.
     """
+    bos = None
     for step in _steps(post, "processors", what):
         kind = step.get("type") if isinstance(step, dict) else None
         if kind == "ByteLevel":
             continue
         if kind == "TemplateProcessing":
+            leading = _template_bos(step)
+            if leading is not None and bos is None:
+                bos = leading
+                continue
             found = _template_adds(step, what)
             if found is None:
                 continue
@@ -315,9 +324,22 @@ def _check_post_processor(post, what: str) -> None:
             )
         raise TokenizerError(
             f"{what}: the post-processor ({kind}) adds {added!r} to {where} (transformers' add_special_tokens=True); "
-            "tk does not add tokens to a text, so its ids would differ; to import the tokenizer without it, "
-            'set "post_processor": null (tk then gives the ids of add_special_tokens=False)'
+            "tk adds no token to a text but a model's BOS, so its ids would differ; to import the tokenizer "
+            'without it, set "post_processor": null (tk then gives the ids of add_special_tokens=False)'
         )
+    return bos
+
+
+def _template_bos(step: dict) -> str | None:
+    """The special token of a template whose single form is that token, then the text (Llama 3's)."""
+    single = step.get("single")
+    if not isinstance(single, list) or len(single) != 2 or not all(isinstance(p, dict) for p in single):
+        return None
+    special, text = single[0].get("SpecialToken"), single[1].get("Sequence")
+    if not isinstance(special, dict) or not isinstance(text, dict) or text.get("id") != "A":
+        return None
+    name = special.get("id")
+    return name if isinstance(name, str) else None
 
 
 def _template_adds(step: dict, what: str) -> tuple[object, str] | None:
@@ -393,7 +415,7 @@ def from_hf(data, what: str = "tokenizer.json") -> dict:
             f"{what}: normalizer {_type(data['normalizer'])} changes the text; tk encodes the text as it is "
             "(or in NFC, HF's NFC normalizer)"
         )
-    _check_post_processor(data.get("post_processor"), what)
+    bos = _check_post_processor(data.get("post_processor"), what)
     decoders = _steps(data.get("decoder"), "decoders", what)
     if decoders and not (
         len(decoders) == 1 and isinstance(decoders[0], dict) and decoders[0].get("type") == "ByteLevel"
@@ -409,6 +431,10 @@ def from_hf(data, what: str = "tokenizer.json") -> dict:
         raise TokenizerError(f"{what}: model vocab must map token strings to ids and merges must be a list")
     byte_of = {c: b for b, c in bytes_to_unicode().items()}
     specials = _hf_specials(data, vocab, byte_of, what)
+    if bos is not None and bos not in specials:
+        raise TokenizerError(f"{what}: the post-processor adds {bos!r}, which is not one of the added tokens")
+    if bos is not None and _template_ids(data["post_processor"], bos) not in (None, [specials[bos]]):
+        raise TokenizerError(f"{what}: the post-processor gives {bos!r} another id than its added token")
     tokens = _hf_tokens(vocab, specials, byte_of, what)
     merges = []
     for r, m in enumerate(merges_in):
@@ -426,7 +452,18 @@ def from_hf(data, what: str = "tokenizer.json") -> dict:
         "pattern": pattern,
         "ignore_merges": model.get("ignore_merges") is True,
         "normalizer": "nfc" if normalizers else None,
+        "bos": bos,
     }
+
+
+def _template_ids(post, name: str) -> list | None:
+    """The ids a template's special_tokens table gives `name` (None when it gives none)."""
+    for step in _steps(post, "processors", "post_processor"):
+        table = step.get("special_tokens") if isinstance(step, dict) else None
+        entry = table.get(name) if isinstance(table, dict) else None
+        if isinstance(entry, dict):
+            return entry.get("ids")
+    return None
 
 
 def _hf_specials(data: dict, vocab: dict[str, int], byte_of: dict[str, int], what: str) -> dict[str, int]:
@@ -640,7 +677,19 @@ def from_tiktoken(ranks: dict[bytes, int], what: str = "the ranks") -> dict:
     return {"merges": merges, "byte_order": byte_order}
 
 
-def hf_configs(special_tokens: dict[str, int]) -> tuple[dict, dict]:
+def _bos_template(bos: str, bos_id: int) -> dict:
+    """Llama 3's TemplateProcessing: `bos` before each text of a single or a pair."""
+    token = {"SpecialToken": {"id": bos, "type_id": 0}}
+    return {
+        "type": "TemplateProcessing",
+        "single": [token, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [token, {"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": bos, "type_id": 1}},
+                 {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}},
+    }  # fmt: skip
+
+
+def hf_configs(special_tokens: dict[str, int], bos: str | None = None) -> tuple[dict, dict]:
     """`tokenizer_config.json` and `special_tokens_map.json` for transformers' AutoTokenizer: the
     fast tokenizer of tokenizer.json as it is (no prefix space, no clean-up of spaces on decode,
     nothing added around the ids). `<|endoftext|>`, when there, is also the end-of-text token."""
@@ -648,6 +697,8 @@ def hf_configs(special_tokens: dict[str, int]) -> tuple[dict, dict]:
     special_map: dict = {"additional_special_tokens": names} if names else {}
     if "<|endoftext|>" in special_tokens:
         special_map["eos_token"] = "<|endoftext|>"
+    if bos is not None:
+        special_map["bos_token"] = bos
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "add_prefix_space": False,

@@ -25,7 +25,8 @@ File layout (format "tokenkit.bpe", version 1):
     metadata: format, format_version, pattern (name or regex as given), pattern_regex
     (the regex actually used; "" for none), special_tokens (JSON str -> id), training (JSON).
 Version 2 is version 1 with encoding options that change ids (`OPTIONS`, imported from Hugging
-Face tokenizers): `ignore_merges` "true", `normalizer` "nfc". A file is version 2 only when it
+Face tokenizers): `ignore_merges` "true", `normalizer` "nfc", `bos` (the special token a model
+expects before every text: Llama 3's template adds it). A file is version 2 only when it
 has one, so every other file is the bytes it always was, and a tk that predates the options
 refuses the file (it would give other ids) instead of reading it without them.
 Version 3 holds a listed vocabulary (`bpe.layout`: merges that do not make ids 256, 257, ...):
@@ -58,8 +59,9 @@ FORMAT = "tokenkit.bpe"
 FORMAT_VERSION = "1"
 OPTIONS_VERSION = "2"  # the version of a file with OPTIONS
 LISTED_VERSION = "3"  # the version of a file with a listed vocabulary
-# option -> (its metadata value when set, the value of a tokenizer without it)
-OPTIONS = {"ignore_merges": ("true", False), "normalizer": ("nfc", None)}
+# option -> (its metadata value when set, the value of a tokenizer without it); bos's value is
+# the name of one of the tokenizer's special tokens (None here), which the tokenizer checks
+OPTIONS = {"ignore_merges": ("true", False), "normalizer": ("nfc", None), "bos": (None, None)}
 TENSOR_NAMES = ("merges", "vocab_bytes", "vocab_offsets")
 
 
@@ -129,12 +131,14 @@ def unpack(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None) -> d
     options = {name: default for name, (_, default) in OPTIONS.items()}
     for name, (value, _) in OPTIONS.items():
         if name in metadata:
-            if metadata[name] != value or version == FORMAT_VERSION:
+            given = metadata[name]
+            bad = not (isinstance(given, str) and given) if value is None else given != value
+            if bad or version == FORMAT_VERSION:
                 raise TokenizerError(
                     f"tokenizer metadata {name} is {str(metadata[name])[:20]!r} in a version {version} file (version "
                     f"{OPTIONS_VERSION} files may set it to {value!r}); the file is damaged"
                 )
-            options[name] = True if value == "true" else value
+            options[name] = True if value == "true" else metadata[name]
     if version == OPTIONS_VERSION and options == {name: default for name, (_, default) in OPTIONS.items()}:
         raise TokenizerError(f"a version {OPTIONS_VERSION} tokenizer file without options; the file is damaged")
     missing = [k for k in ("pattern", "pattern_regex", "special_tokens", "training") if k not in metadata]

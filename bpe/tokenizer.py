@@ -135,6 +135,7 @@ class Tokenizer:
         training: dict | None = None,
         ignore_merges: bool = False,
         normalizer: str | None = None,
+        bos: str | None = None,
         _pattern_regex: str | None | bool = False,
     ) -> None:
 
@@ -159,8 +160,12 @@ class Tokenizer:
             raise TokenizerError(f"ignore_merges must be true or false, got {ignore_merges!r}")
         if normalizer is not None and normalizer not in NORMALIZERS:
             raise TokenizerError(f"normalizer must be one of {', '.join(NORMALIZERS)} or None, got {normalizer!r}")
+        if bos is not None and bos not in self._specials:
+            known = ", ".join(self._specials) or "none"
+            raise TokenizerError(f"bos {bos!r} must be one of the special tokens ({known})")
         self._ignore_merges = ignore_merges
         self._normalizer = normalizer
+        self._bos = bos
         self._whole: dict[bytes, int] | None = None  # token bytes -> id, for ignore_merges (`_token_of`)
         self._pattern_name = pattern
         self._pattern = resolve_pattern(pattern) if _pattern_regex is False else _pattern_regex
@@ -229,8 +234,15 @@ class Tokenizer:
         return self._normalizer
 
     @property
+    def bos(self) -> str | None:
+        """The special token a model of this tokenizer expects before every text (Llama 3's
+        `<|begin_of_text|>`, which its tokenizer.json's template adds), or None. `encode` gives a
+        text's own ids and never adds it; `encode_for_model` does."""
+        return self._bos
+
+    @property
     def _options(self) -> dict:
-        return {"ignore_merges": self._ignore_merges, "normalizer": self._normalizer}
+        return {"ignore_merges": self._ignore_merges, "normalizer": self._normalizer, "bos": self._bos}
 
     def __repr__(self) -> str:
         options = "".join(f", {k}={v!r}" for k, v in self._options.items() if v not in (False, None))
@@ -521,6 +533,22 @@ class Tokenizer:
             self._encode_bytes(text, allowed_special, disallowed_special), dtype=self.ids_dtype
         ).tolist()
 
+    def encode_for_model(
+        self,
+        text: str | bytes,
+        *,
+        allowed_special: Iterable[str] | str = (),
+        disallowed_special: Iterable[str] | str = "all",
+    ) -> list[int]:
+        """What a model reads for `text`: `encode(text)`, after the `bos` token when the tokenizer
+        has one (transformers' add_special_tokens=True, for the templates tk reads).
+
+        >>> Tokenizer([], special_tokens=["<s>"], bos="<s>").encode_for_model("hi")
+        [256, 104, 105]
+        """
+        ids = self.encode(text, allowed_special=allowed_special, disallowed_special=disallowed_special)
+        return ids if self._bos is None else [self._specials[self._bos], *ids]
+
     def _segments(self, text: str, allowed_special, disallowed_special) -> list[str | int]:
         """`text` cut at the special tokens the policy allows: its stretches of plain text (str,
         possibly empty) and the special tokens' ids (int), in order. A special token the policy
@@ -760,8 +788,14 @@ class Tokenizer:
     def export_files(self, format: str = "gpt2") -> dict[str, bytes]:
         """The files `export` writes, name -> contents, validated (TokenizerError) and not written."""
         if format == "gpt2":
-            if self._ignore_merges or self._normalizer is not None:
-                what = "ignore_merges" if self._ignore_merges else f"its {self._normalizer.upper()} normalizer"
+            if self._ignore_merges or self._normalizer is not None or self._bos is not None:
+                what = (
+                    "ignore_merges"
+                    if self._ignore_merges
+                    else f"its {self._normalizer.upper()} normalizer"
+                    if self._normalizer
+                    else f"that a model expects {self._bos} first"
+                )
                 raise TokenizerError(
                     f"vocab.json + merges.txt cannot say {what}, which changes ids; export it with --format hf"
                 )
@@ -773,7 +807,7 @@ class Tokenizer:
             return io.gpt2_files(self.vocab, self._merges, self._specials)
         if format == "hf":
             data = interop.to_hf(self.vocab, self._merges, self._specials, self._pattern, **self._options)
-            return io.hf_files(data, *interop.hf_configs(self._specials))
+            return io.hf_files(data, *interop.hf_configs(self._specials, self._bos))
         if format == "tiktoken":
             if self.listed:
                 raise TokenizerError(
@@ -782,6 +816,11 @@ class Tokenizer:
                 )
             ranks = interop.to_tiktoken(self._merges, self._byte_order)
             interop.check_tiktoken_specials(self._specials, "exported to tiktoken")
+            if self._bos is not None:
+                raise TokenizerError(
+                    f"tiktoken's files cannot say that a model expects {self._bos} before every text; export it with "
+                    "--format hf"
+                )
             if self._normalizer is not None:
                 raise TokenizerError(
                     f"the tokenizer puts text in {self._normalizer.upper()} before splitting and tiktoken has no "
@@ -849,7 +888,7 @@ class Tokenizer:
         parts = (
             io.read_hf(files[0])
             if len(files) == 1
-            else {"pattern": "gpt2", "special_tokens": {}, "ignore_merges": False, "normalizer": None}
+            else {"pattern": "gpt2", "special_tokens": {}, "ignore_merges": False, "normalizer": None, "bos": None}
         )
         if Path(path).is_dir():  # transformers' configs there decide how it reads the files
             parts = interop.check_transformers_class(*io.read_hf_configs(path), parts, str(path))
@@ -864,6 +903,7 @@ class Tokenizer:
                 training={"imported": "Hugging Face tokenizer.json"},
                 ignore_merges=parts["ignore_merges"],
                 normalizer=parts["normalizer"],
+                bos=parts["bos"],
             )
         except TokenizerError as err:
             raise TokenizerError(f"{files[0]}: {err}") from None

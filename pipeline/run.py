@@ -106,18 +106,19 @@ def encode_prompt(
 
     Special tokens in the prompt follow `Tokenizer.encode`'s policy: by default text that looks
     like one is an error; `allowed_special="all"` reads it as the special token (the model sees
-    its id), `disallowed_special=()` as plain text.
+    its id), `disallowed_special=()` as plain text. A tokenizer's BOS (`Tokenizer.bos`) comes
+    first, and stays first when the prompt is cut.
     """
     if not text:
         raise PipelineError("the prompt is empty; give some text to continue")
-    ids = tokenizer.encode(text, allowed_special=allowed_special, disallowed_special=disallowed_special)
+    ids = tokenizer.encode_for_model(text, allowed_special=allowed_special, disallowed_special=disallowed_special)
     limit = model.config.context_length
     if len(ids) > limit:
         say(
             f"warning: the prompt is {len(ids)} tokens, longer than the model's context ({limit}); "
             f"using its last {limit}"
         )
-        ids = ids[-limit:]
+        ids = ids[:1] + ids[len(ids) - limit + 1 :] if tokenizer.bos is not None else ids[-limit:]
     return ids
 
 

@@ -192,8 +192,9 @@ def explain_tokens(config) -> int:
 
 
 def model_ids(model, tokenizer, text: str, policy: Mapping[str, Any], limit: int | None = None) -> list[int]:
-    """`text`'s ids for a forward pass: at least one, at most `limit` (default: the model's context)."""
-    ids = tokenizer.encode(text, **policy)
+    """`text`'s ids for a forward pass (after the tokenizer's BOS, when it has one): at least one,
+    at most `limit` (default: the model's context)."""
+    ids = tokenizer.encode_for_model(text, **policy)
     if not ids:
         raise PipelineError("the text gives no tokens; give some text")
     context = model.config.context_length

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from test_reliability_interop import cli, one_line_error  # the same one-line checks
 from test_tokenizer_options import LLAMA3_PATTERN, ODD_MERGES, hf_bpe  # the same tokenizers
 
-from tokenkit.bpe import Tokenizer
+from tokenkit.bpe import Tokenizer, TokenizerError
 from tokenkit.bpe.interop import QWEN2_PATTERN
 from tokenkit.cli.main import main
 from tokenkit.common import safetensors_file
@@ -403,14 +403,61 @@ def test_tokenizers_tk_does_not_read_are_refused_naming_them(transformers, tmp_p
     sp.save(str(tmp_path / "hf" / "tokenizer.json"))
     refused = cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "x.safetensors")
     one_line_error(refused, "a SentencePiece-style tokenizer (BPE with byte_fallback, as Llama 2's and Mistral v0.1's)")
-    # Llama 3's post-processor adds <|begin_of_text|> to every text: refused, as for GPT-2's (tk adds no token)
+    # a post-processor that adds a token after the text: refused (tk adds a model's BOS, nothing else)
     tok, _ = hf_tokenizer("llama")
     tok.post_processor = processors.Sequence([
         processors.ByteLevel(trim_offsets=False),
-        processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B:1",
-                                      special_tokens=[(BOS, tok.token_to_id(BOS))]),
+        processors.TemplateProcessing(single=f"$A {EOS}", pair=f"$A {EOS} $B:1 {EOS}:1",
+                                      special_tokens=[(EOS, tok.token_to_id(EOS))]),
     ])  # fmt: skip
     tok.save(str(tmp_path / "hf" / "tokenizer.json"))
     one_line_error(cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "x.safetensors"),
-                   f"adds {BOS!r} to every text", '"post_processor": null')  # fmt: skip
+                   f"adds {EOS!r} to every text", '"post_processor": null')  # fmt: skip
     assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_llama3s_bos_template_puts_bos_before_every_prompt(transformers, tmp_path, capsys):
+    """Llama 3's template adds <|begin_of_text|> before every text: tk's tokenizer records it as
+    its BOS; `encode` stays the text's ids (add_special_tokens=False), and what the model reads
+    (predict-next, explain, generate) starts with it, as transformers' tokenizer(text) does."""
+    from tokenizers import processors
+
+    from tokenkit.pipeline import views
+
+    hf_model = hf_checkpoint(transformers, tmp_path / "hf", "llama", num_key_value_heads=2)
+    tok, _ = hf_tokenizer("llama")
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS}:1 $B:1",
+                                      special_tokens=[(BOS, tok.token_to_id(BOS))]),
+    ])  # fmt: skip
+    tok.save(str(tmp_path / "hf" / "tokenizer.json"))
+    code, out, err = cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "m.safetensors")
+    assert code == 0, err
+    model, ours, _ = checkpoint.load_model(tmp_path / "m.safetensors")
+    assert ours.bos == BOS
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    for text in TEXTS:
+        want = theirs(text).input_ids
+        assert want[0] == ours.special_tokens[BOS]  # the premise: transformers adds it
+        assert ours.encode_for_model(text, allowed_special="all") == want
+        assert ours.encode(text, allowed_special="all") == theirs(text, add_special_tokens=False).input_ids
+        nxt = views.next_view(model, ours, text, top_k=3, policy={"allowed_special": "all"})
+        assert nxt["prompt_ids"] == want
+        p_hf = hf_probs(hf_model, np.array([want]))[0, -1]
+        assert max(abs(t["p"] - p_hf[t["id"]]) for t in nxt["top"]) < 1e-4
+    code, out, err = cli(capsys, "predict-next", "-m", tmp_path / "m.safetensors", TEXTS[0], "--json")
+    assert code == 0 and json.loads(out)["prompt_ids"][0] == ours.special_tokens[BOS], err
+    # written back with its template: transformers adds it to tk's export too
+    code, _, err = cli(capsys, "export-hf", tmp_path / "m.safetensors", "-o", tmp_path / "out")
+    assert code == 0, err
+    again = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert all(again(text).input_ids == theirs(text).input_ids for text in TEXTS)
+    ours.save(tmp_path / "tok.safetensors")
+    assert Tokenizer.load(tmp_path / "tok.safetensors").bos == BOS
+    for fmt in ("gpt2", "tiktoken"):  # neither can say it (nor ignore_merges)
+        one_line_error(cli(capsys, "bpe-export", tmp_path / "tok.safetensors", "-o", tmp_path / fmt, "--format", fmt),
+                       "--format hf")  # fmt: skip
+    plain = Tokenizer(ours.merges, vocab=ours.vocab, special_tokens=ours.special_tokens, bos=BOS)
+    with pytest.raises(TokenizerError, match=r"expects <\|begin_of_text\|> before every text; export it with"):
+        plain.export_files("tiktoken")
