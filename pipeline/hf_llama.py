@@ -12,14 +12,17 @@ window) and name their tensors alike. This module translates, and reads or write
                            each HF tensor is (q_proj, k_proj, v_proj are c_attn's columns side by
                            side; gate_proj, up_proj c_fc's), transposed for the Linear layers
                            (torch's (out, in) against tk's (in, out))
-    hf_config(config, ...) the LlamaForCausalLM config.json of a tk model, and its tensor names
+    hf_config(config, ...) the LlamaForCausalLM (or Qwen2ForCausalLM) config.json of a tk model,
+                           and its tensor names
 
 A bias one side has and the other lacks is zero on the other side: Llama's attention_bias (q,
 k, v and o) and mlp_bias read into tk's `bias` (the missing ones zero), and tk's Qwen2-style
 q, k, v biases are written as Llama's attention_bias with a zero o_proj bias. Exports are
-LlamaForCausalLM for the whole family: transformers (5.x) reads a qwen2 directory's tokenizer as
-its Qwen2Tokenizer (Qwen2's split and NFC, whatever tokenizer.json says), a llama one's as
-tokenizer.json says.
+LlamaForCausalLM, except a model imported from Qwen2ForCausalLM (and fine-tuned from one),
+which is written as Qwen2ForCausalLM again: transformers (5.x) reads a qwen2 directory's
+tokenizer as its Qwen2Tokenizer (Qwen2's split and NFC, whatever tokenizer.json says), which a
+Qwen2 import's tokenizer is, and a llama one's as tokenizer.json says. `vocab_size` is the
+model's, which may exceed its tokenizer's (Qwen2 pads its embeddings; the extra rows are kept).
 
 What it deliberately does not do: RoPE scalings (linear, dynamic, YaRN, Llama 3's), sliding
 windows shorter than the context, partial rotary dimensions, head_dim other than
@@ -239,10 +242,17 @@ def _check_sliding_window(hf: dict, kind: str, context: Any, refuse) -> None:
     )
 
 
-def hf_config(config: GPTConfig, eos: int | None, marker: dict[str, str]) -> tuple[dict[str, Any], set[str]]:
-    """transformers' LlamaForCausalLM config.json for a Llama-family tk model, and the tensor
-    names of its checkpoint. tk's `bias` is Llama's attention_bias and mlp_bias; q, k, v biases
-    alone (Qwen2's) are attention_bias with a zero o_proj bias."""
+def hf_config(
+    config: GPTConfig, eos: int | None, marker: dict[str, str], architecture: str = "LlamaForCausalLM"
+) -> tuple[dict[str, Any], set[str]]:
+    """transformers' config.json for a Llama-family tk model, and the tensor names of its
+    checkpoint. LlamaForCausalLM: tk's `bias` is Llama's attention_bias and mlp_bias; q, k, v
+    biases alone (Qwen2's) are attention_bias with a zero o_proj bias. Qwen2ForCausalLM (for a
+    model without `bias`): q, k, v biases always (zeros where tk has none), no sliding window."""
+    if architecture == "Qwen2ForCausalLM":
+        return _qwen2_config(config, eos, marker), hf_names(
+            config, qkv_bias=True, o_bias=False, mlp_bias=False, tied=config.tie_embeddings
+        )
     attention_bias = config.bias or config.has_qkv_bias
     names = hf_names(
         config, qkv_bias=attention_bias, o_bias=attention_bias, mlp_bias=config.bias, tied=config.tie_embeddings
@@ -250,6 +260,29 @@ def hf_config(config: GPTConfig, eos: int | None, marker: dict[str, str]) -> tup
     hf = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
+        **_common_config(config, eos, marker),
+        "attention_bias": attention_bias,
+        "mlp_bias": config.bias,
+    }
+    return hf, names
+
+
+def _qwen2_config(config: GPTConfig, eos: int | None, marker: dict[str, str]) -> dict[str, Any]:
+    """Qwen2ForCausalLM's config.json: every layer full attention (no sliding window)."""
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        **_common_config(config, eos, marker),
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": config.n_layers,
+        "layer_types": ["full_attention"] * config.n_layers,
+    }
+
+
+def _common_config(config: GPTConfig, eos: int | None, marker: dict[str, str]) -> dict[str, Any]:
+    """What LlamaConfig and Qwen2Config say alike."""
+    return {
         "vocab_size": config.vocab_size,
         "hidden_size": config.d_model,
         "intermediate_size": config.hidden,
@@ -262,8 +295,6 @@ def hf_config(config: GPTConfig, eos: int | None, marker: dict[str, str]) -> tup
         "rms_norm_eps": config.norm_eps,
         "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
         "rope_theta": config.rope_theta,  # what transformers 4 reads (5 reads rope_parameters first)
-        "attention_bias": attention_bias,
-        "mlp_bias": config.bias,
         "attention_dropout": 0.0,
         "tie_word_embeddings": config.tie_embeddings,
         "initializer_range": 0.02,
@@ -273,7 +304,6 @@ def hf_config(config: GPTConfig, eos: int | None, marker: dict[str, str]) -> tup
         "dtype": "float32",
         **marker,
     }
-    return hf, names
 
 
 __all__ = ["MODEL_TYPES", "Imported", "Link", "gpt_config", "hf_config", "hf_names", "links", "widest"]

@@ -204,6 +204,30 @@ def test_what_tk_does_not_compute_is_refused_naming_it(kind, changes, fragments,
     assert not (tmp_path / "x.safetensors").exists()
 
 
+def test_a_padded_vocabulary_round_trips_and_a_short_one_is_one_line(tk_tok, tmp_path, capsys):
+    """A model with more rows of embeddings than its tokenizer has tokens (Qwen2's checkpoints,
+    others padded to a multiple of 64) exports and imports with every row; one with fewer is
+    refused in one line, naming both sizes."""
+    model, hf = exported(tmp_path, capsys, tk_tok, vocab_size=tk_tok.vocab_size + 20)
+    assert json.loads((hf / "config.json").read_text(encoding="utf-8"))["vocab_size"] == tk_tok.vocab_size + 20
+    code, out, err = cli(capsys, "import-hf", hf, "-o", tmp_path / "back.safetensors")
+    assert code == 0, err
+    back, tok, meta = checkpoint.load_model(tmp_path / "back.safetensors")
+    assert back.config == model.config and tok.vocab_size == tk_tok.vocab_size
+    assert meta["provenance"]["hf_architecture"] == "LlamaForCausalLM"
+    for name, value in model.params.items():
+        np.testing.assert_array_equal(back.params[name], value, err_msg=name)
+    edit_config(hf, vocab_size=tk_tok.vocab_size - 10)
+    one_line_error(cli(capsys, "import-hf", hf, "-o", tmp_path / "x.safetensors"),
+                   f"the tokenizer has {tk_tok.vocab_size} tokens but config.json's vocab_size is "
+                   f"{tk_tok.vocab_size - 10}", "give the tokenizer saved with this model")  # fmt: skip
+    assert not (tmp_path / "x.safetensors").exists()
+    # a tokenizer given with -t has the model's own tokenizer's size, not the padded vocabulary's
+    Tokenizer.train([corpus().encode()], vocab_size=tk_tok.vocab_size + 20, quiet=True).save(tmp_path / "t.safetensors")
+    one_line_error(cli(capsys, "predict-next", "-m", tmp_path / "back.safetensors", "-t", tmp_path / "t.safetensors",
+                       "Once"), f"the tokenizer has {tk_tok.vocab_size + 20} tokens but the one in")  # fmt: skip
+
+
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-3, 70_000) | st.floats(allow_nan=True) | st.text(max_size=6),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=12), inner, max_size=3),
@@ -290,14 +314,16 @@ def hf_tokenizer(kind: str, odd: bool = False):
 
 
 def hf_checkpoint(transformers, directory: Path, kind: str, *, seed: int = 0, shards: bool = False,
-                  bf16: bool = False, odd: bool = False, **config):  # fmt: skip
+                  bf16: bool = False, odd: bool = False, pad: int = 0, **config):  # fmt: skip
     """A random model of `kind` saved by save_pretrained beside a tokenizer.json; its weights
-    far from their init (gains around 1, biases around 0) so that every one matters."""
+    far from their init (gains around 1, biases around 0) so that every one matters; `pad` rows
+    of embeddings beyond the tokenizer's tokens (as Qwen2's checkpoints have)."""
     import torch
 
     tok, vocab = hf_tokenizer(kind, odd)
     classes = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
-    cfg = getattr(transformers, classes[kind] + "Config")(vocab_size=vocab, rms_norm_eps=1e-5, **{**SIZES, **config})
+    cfg = getattr(transformers, classes[kind] + "Config")(vocab_size=vocab + pad, rms_norm_eps=1e-5,
+                                                          **{**SIZES, **config})  # fmt: skip
     torch.manual_seed(seed)
     model = getattr(transformers, classes[kind] + "ForCausalLM")(cfg).eval()
     with torch.no_grad():
@@ -361,12 +387,91 @@ def test_transformers_checkpoints_import_and_export_with_their_probabilities(nam
     assert tok.ignore_merges is (kind != "qwen2") and tok.normalizer == ("nfc" if kind == "qwen2" else None)
     if config.get("odd"):  # the premise: without ignore_merges the tokenizer would give other ids
         assert Tokenizer(tok.merges).encode("abc") != tok.encode("abc") == [258]
-    # and back: transformers loads tk's export as LlamaForCausalLM and predicts as the original
+    # and back: transformers loads tk's export as LlamaForCausalLM (a Qwen2 import as Qwen2ForCausalLM)
+    # and predicts as the original
+    exported_as = "Qwen2ForCausalLM" if kind == "qwen2" else "LlamaForCausalLM"
     code, out, err = cli(capsys, "export-hf", tmp_path / "m.safetensors", "-o", tmp_path / "out")
-    assert code == 0 and "LlamaForCausalLM" in out, err
+    assert code == 0 and exported_as in out, err
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
-    assert type(again).__name__ == "LlamaForCausalLM"
+    assert type(again).__name__ == exported_as
     check_same(transformers, again, tmp_path / "out", tmp_path / "m.safetensors")
+
+
+def dominated_by_padding(path: Path, out: Path, prompt: str) -> tuple[GPT, Tokenizer]:
+    """The model at `path` with its padded rows of lm_head made 3 times the row of the token it
+    predicts after `prompt`: without a mask, the padding is now its most likely next token."""
+    model, tok, meta = checkpoint.load_model(path)
+    head = model.params["lm_head.weight"]  # (V, C)
+    logits = model.forward(np.array([tok.encode(prompt)]))[0, -1]
+    head[tok.vocab_size :] = 3 * head[int(np.argmax(logits[: tok.vocab_size]))]
+    checkpoint.save_model(out, model.params, tok, config=model.config.to_dict(), step=0, val_loss=None,
+                          best_val_loss=None, provenance=meta["provenance"])  # fmt: skip
+    loaded = checkpoint.load_model(out)
+    return loaded.model, loaded.tokenizer
+
+
+def test_a_padded_qwen2_predicts_as_transformers_and_exports_as_qwen2(transformers, tmp_path, capsys):
+    """A Qwen2ForCausalLM whose vocab_size is padded beyond its tokenizer: imported with every
+    row (transformers' probabilities over all of them); a padded id is shown as `<pad id N>`
+    by predict-next, explain and the serve page's views, and never generated; fine-tuned and
+    exported, transformers reads it back as Qwen2ForCausalLM with the same probabilities."""
+    from tokenkit.pipeline import views
+
+    hf_model = hf_checkpoint(transformers, tmp_path / "hf", "qwen2", num_key_value_heads=2, pad=40)
+    code, out, err = cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "m.safetensors")
+    assert code == 0 and "of Qwen2ForCausalLM" in out, err
+    model, tok = check_same(transformers, hf_model, tmp_path / "hf", tmp_path / "m.safetensors")
+    n = tok.vocab_size
+    assert model.config.vocab_size == n + 40 == hf_model.config.vocab_size
+    prompt = "Once upon a time"
+    model, tok = dominated_by_padding(tmp_path / "m.safetensors", tmp_path / "p.safetensors", prompt)
+    ids = np.array(tok.encode(prompt))
+    assert next(model.generate(ids, 1, temperature=0)) >= n  # the premise: unmasked, greedy picks padding
+    code, out, err = cli(capsys, "predict-next", "-m", tmp_path / "p.safetensors", prompt, "--top-k", "3")
+    assert code == 0 and f"next token: <pad id {n}> (id {n}," in out, err
+    top = views.next_view(model, tok, prompt, top_k=3)["top"]
+    assert [t["token"] for t in top] == [f"<pad id {n + i}>" for i in range(3)]  # all alike: the lowest ids first
+    for temperature in ("0", "1"):
+        code, out, err = cli(capsys, "generate", "-m", tmp_path / "p.safetensors", prompt, "--max-new-tokens", "12",
+                             "--temperature", temperature, "--seed", "1")  # fmt: skip
+        assert code == 0 and "<pad" not in out, err
+    gen = views.generate_view(model, tok, prompt, n=12, temperature=0)
+    assert all(step["id"] < n for step in gen["steps"])
+    assert gen["steps"][0]["top"][0]["token"] == f"<pad id {n}>" and gen["steps"][0]["top"][0]["p"] == 0
+    doc = views.explain_doc(model, tok, prompt, top_k=2, model_name="p")
+    assert [c["token"] for c in doc["top"]] == [f"<pad id {n}>", f"<pad id {n + 1}>"]
+    # fine-tuned (and resumed), it is still Qwen2's, padding and all
+    (tmp_path / "corpus.txt").write_text(corpus()[:4000], encoding="utf-8")
+    train = ["train-model", tmp_path / "corpus.txt", "--init-from", tmp_path / "p.safetensors", "--steps", "1",
+             "--eval-interval", "1", "--eval-batches", "1", "--batch-size", "2", "--workers", "1", "-q"]  # fmt: skip
+    code, _, err = cli(capsys, *train, "-o", tmp_path / "run")
+    assert code == 0, err
+    assert cli(capsys, "train-model", "--resume", tmp_path / "run", "-q")[0] == 0
+    tuned = checkpoint.load_model(tmp_path / "run")
+    assert tuned.model.config.vocab_size == n + 40 and tuned.metadata["provenance"]["hf_architecture"] == (
+        "Qwen2ForCausalLM"
+    )
+    # exported: Qwen2ForCausalLM with the padded vocab_size, its tokenizer read by Qwen2Tokenizer with tk's ids
+    for source in (tmp_path / "p.safetensors", tmp_path / "run"):
+        code, out, err = cli(capsys, "export-hf", source, "-o", tmp_path / "out", "--overwrite")
+        assert code == 0 and "Qwen2ForCausalLM" in out, err
+        config = json.loads((tmp_path / "out" / "config.json").read_text(encoding="utf-8"))
+        assert (config["model_type"], config["vocab_size"]) == ("qwen2", n + 40)
+        again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+        assert type(again).__name__ == "Qwen2ForCausalLM"
+        assert type(transformers.AutoTokenizer.from_pretrained(tmp_path / "out")).__name__.startswith("Qwen2Tokenizer")
+        check_same(transformers, again, tmp_path / "out", checkpoint.resolve_model_path(source))
+    code, out, err = cli(capsys, "import-hf", tmp_path / "out", "-o", tmp_path / "back.safetensors")
+    assert code == 0 and "of Qwen2ForCausalLM" in out, err
+    back = checkpoint.load_model(tmp_path / "back.safetensors").model
+    assert back.config == tuned.model.config
+    for name, value in tuned.model.params.items():
+        np.testing.assert_array_equal(back.params[name], value, err_msg=name)
+    # a tokenizer Qwen2Tokenizer would read otherwise is refused for a Qwen2 export, in one line
+    Tokenizer(tok.merges, special_tokens=list(tok.special_tokens)).save(tmp_path / "gpt2-split.safetensors")
+    refused = cli(capsys, "export-hf", tmp_path / "p.safetensors", "-o", tmp_path / "x", "-t",
+                  tmp_path / "gpt2-split.safetensors")  # fmt: skip
+    one_line_error(refused, "Qwen2Tokenizer, which splits with Qwen2's pattern")
 
 
 def test_a_stored_head_that_differs_from_the_embeddings_is_imported_untied(transformers, tmp_path, capsys):
