@@ -89,7 +89,7 @@ class RopeScaling:
     Fields a type does not take are None. GPTConfig checks the values (`GPTConfig.rope_scaling`).
 
     >>> RopeScaling("linear", 4.0).describe()
-    'linear scaling: frequencies / 4'
+    'linear scaling: frequencies divided by 4'
     """
 
     type: str
@@ -105,11 +105,13 @@ class RopeScaling:
     def describe(self) -> str:
         """One clause for a reader (explain, the page's model view)."""
         if self.type == "llama3":
+            long = self.original_context_length / self.low_freq_factor
+            short = self.original_context_length / self.high_freq_factor
             return (
-                f"llama3 scaling: wavelengths beyond {self.original_context_length / self.low_freq_factor:g} "
-                f"positions / {self.factor:g}, below {self.original_context_length / self.high_freq_factor:g} kept"
+                f"llama3 scaling: frequencies of wavelengths over {long:g} positions divided by {self.factor:g},"
+                f" under {short:g} kept, blended between"
             )
-        return f"{self.type} scaling: frequencies / {self.factor:g}"
+        return f"{self.type} scaling: frequencies divided by {self.factor:g}"
 
 
 @dataclass(frozen=True)
