@@ -272,6 +272,15 @@ def test_rope_scalings_are_written_as_transformers_writes_them_and_read_back(sca
         assert hf_llama.gpt_config("config.json", edited).config == model.config, keep
 
 
+def test_a_scaled_model_is_not_trained_on_as_if_unscaled(tk_tok, tmp_path, capsys):
+    """train-model has no setting for a RoPE scaling: --init-from such a model is refused, in one line."""
+    make_model(tmp_path / "m.safetensors", tk_tok, rope_scaling=LLAMA3)
+    corpus = ROOT / "corpora" / "tiny_tales.txt"
+    refused = cli(capsys, "train-model", corpus, "--init-from", tmp_path / "m.safetensors", "-o", tmp_path / "run")
+    one_line_error(refused, "scales its rotary positions (llama3); train-model trains unscaled RoPE only")
+    assert not (tmp_path / "run").exists()
+
+
 def test_llama3_scaling_reads_as_transformers_5_reads_it():
     """rope_scaling wins over rope_parameters, with rope_theta beside it; a missing
     original_max_position_embeddings is max_position_embeddings (transformers 5)."""
