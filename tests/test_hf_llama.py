@@ -8,10 +8,11 @@ byte-level BPE tokenizer.json made by the tokenizers library (Llama 3's split, o
 `ignore_merges` where it matters; Qwen2's split and NFC), imported by `tk import-hf`: the
 next-token probabilities are transformers' within 1e-4 (float32) and the tokenizer gives
 AutoTokenizer's ids; exported back by `tk export-hf`, transformers loads LlamaForCausalLM and
-predicts the same. Without them: tk's own export read back gives identical weights and
-probabilities, and what tk does not compute is refused in one line, naming it (RoPE scaling,
-sliding window, head_dim, activation, SentencePiece tokenizers, a BOS template). Nothing is
-downloaded.
+predicts the same; so do llama3- and linear-scaled RoPE models, past the original context.
+Without them: tk's own export read back gives identical weights and probabilities (RoPE
+scalings included), and what tk does not compute is refused in one line, naming it (other RoPE
+scalings, sliding window, head_dim, activation, SentencePiece tokenizers, a BOS template).
+Nothing is downloaded.
 """
 
 from __future__ import annotations
