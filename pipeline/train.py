@@ -517,6 +517,11 @@ class StartFrom:
         model, tokenizer, meta = checkpoint.load_model(path)
         if not model.config.causal:
             raise PipelineError(f"{path} is a bidirectional model; train-model trains causal language models")
+        if model.config.rope_scaling is not None:  # no training setting says it: the run would differ
+            raise PipelineError(
+                f"{path} scales its rotary positions ({model.config.rope_scaling.type}); train-model trains unscaled"
+                " RoPE only"
+            )
         return cls(Path(path), model.params, tokenizer, model.config, checkpoint.hf_architecture(meta))
 
     def settings(self, given: Mapping[str, Any]) -> dict[str, Any]:

@@ -493,7 +493,10 @@ def model_view(config, params: Mapping[str, Any]) -> dict[str, Any]:
             _block(params, "wpe", "learned positional embeddings, added to the token embeddings", "attention")
         )
     elif config.positional == "rope":
-        what = f"rotary positions: q and k rotated by their position (theta {config.rope_theta:g}; no parameters)"
+        scaled = f"; {config.rope_scaling.describe()}" if config.rope_scaling else ""
+        what = (
+            f"rotary positions: q and k rotated by their position (theta {config.rope_theta:g}{scaled}; no parameters)"
+        )
         blocks.append(_block(params, "rope", what, "attention", shape=(T, hd)))
     else:
         what = "sinusoidal positional encodings, added to the token embeddings (fixed: no parameters)"

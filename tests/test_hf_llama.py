@@ -8,10 +8,11 @@ byte-level BPE tokenizer.json made by the tokenizers library (Llama 3's split, o
 `ignore_merges` where it matters; Qwen2's split and NFC), imported by `tk import-hf`: the
 next-token probabilities are transformers' within 1e-4 (float32) and the tokenizer gives
 AutoTokenizer's ids; exported back by `tk export-hf`, transformers loads LlamaForCausalLM and
-predicts the same. Without them: tk's own export read back gives identical weights and
-probabilities, and what tk does not compute is refused in one line, naming it (RoPE scaling,
-sliding window, head_dim, activation, SentencePiece tokenizers, a BOS template). Nothing is
-downloaded.
+predicts the same; so do llama3- and linear-scaled RoPE models, past the original context.
+Without them: tk's own export read back gives identical weights and probabilities (RoPE
+scalings included), and what tk does not compute is refused in one line, naming it (other RoPE
+scalings, sliding window, head_dim, activation, SentencePiece tokenizers, a BOS template).
+Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from tokenkit.bpe.interop import QWEN2_PATTERN
 from tokenkit.cli.main import main
 from tokenkit.common import safetensors_file
 from tokenkit.pipeline import PipelineError, checkpoint, hf_llama
-from tokenkit.transformer import GPT
+from tokenkit.transformer import GPT, GPTConfig
 from tokenkit.transformer.config import llama_config
 
 ROOT = Path(__file__).parents[1]
@@ -168,10 +169,18 @@ def test_mistral_and_qwen2_configs_read_as_their_families(tk_tok, tmp_path, caps
 @pytest.mark.parametrize(
     "kind, changes, fragments",
     [
+        ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0}},
+         ["RoPE scaling 'yarn'", "tk computes the default RoPE, linear and llama3"]),
+        ("llama", {"rope_parameters": None, "rope_theta": 1e4, "rope_scaling": {"type": "dynamic", "factor": 2.0}},
+         ["RoPE scaling 'dynamic'"]),
+        ("llama", {"rope_scaling": {"rope_type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}},
+         ["RoPE scaling 'longrope'"]),
         ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}},
-         ["RoPE scaling 'llama3'", "tk computes the default RoPE only"]),
-        ("llama", {"rope_parameters": None, "rope_theta": 1e4, "rope_scaling": {"type": "linear", "factor": 2.0}},
-         ["RoPE scaling 'linear'"]),
+         ["RoPE scaling 'llama3' lacks low_freq_factor"]),
+        ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 5e5, "factor": 8.0, "beta_fast": 32}},
+         ["rope_parameters holds 'beta_fast', which linear does not take"]),
+        ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 0.5}},
+         ["rope_scaling factor must be a number from 1"]),
         ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
          ["partial_rotary_factor 0.5"]),
         ("mistral", {"sliding_window": 16}, ["sliding_window 16 is shorter than the context (64)"]),
@@ -259,6 +268,56 @@ def test_any_config_value_imports_or_fails_in_one_line(kind, key, value, exporte
         assert "\n" not in str(err) and str(err).startswith("config.json: "), err
         return
     assert imported.config.positional == "rope"
+
+
+LLAMA3 = dict(type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context_length=16)
+HF_LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+             "original_max_position_embeddings": 16}  # fmt: skip
+
+
+@pytest.mark.parametrize("scaling", [LLAMA3, dict(type="linear", factor=4.0)])
+def test_rope_scalings_are_written_as_transformers_writes_them_and_read_back(scaling, tk_tok, tmp_path, capsys):
+    """config.json holds the scaling in transformers 5's rope_parameters (rope_theta inside) and
+    in rope_scaling beside rope_theta (what transformers 4 reads, and 5 first); the import gives
+    the same config and weights back."""
+    model, hf = exported(tmp_path, capsys, tk_tok, rope_scaling=scaling)
+    config = json.loads((hf / "config.json").read_text(encoding="utf-8"))
+    theirs = HF_LLAMA3 if scaling is LLAMA3 else {"rope_type": "linear", "factor": 4.0}
+    assert config["rope_parameters"] == {**theirs, "rope_theta": 5e5}
+    assert config["rope_scaling"] == theirs and config["rope_theta"] == 5e5
+    code, out, err = cli(capsys, "import-hf", hf, "-o", tmp_path / "back.safetensors")
+    assert code == 0, err
+    back = checkpoint.load_model(tmp_path / "back.safetensors").model
+    assert back.config == model.config and back.config.rope_scaling.to_dict() == scaling
+    for name, value in model.params.items():
+        np.testing.assert_array_equal(back.params[name], value, err_msg=name)
+    # either spelling alone reads the same: transformers 5's, and the older one without rope_parameters
+    for keep in ("rope_parameters", "rope_scaling"):
+        edited = {k: v for k, v in config.items() if k not in {"rope_parameters", "rope_scaling"} - {keep}}
+        assert hf_llama.gpt_config("config.json", edited).config == model.config, keep
+
+
+def test_a_scaled_model_is_not_trained_on_as_if_unscaled(tk_tok, tmp_path, capsys):
+    """train-model has no setting for a RoPE scaling: --init-from such a model is refused, in one line."""
+    make_model(tmp_path / "m.safetensors", tk_tok, rope_scaling=LLAMA3)
+    corpus = ROOT / "corpora" / "tiny_tales.txt"
+    refused = cli(capsys, "train-model", corpus, "--init-from", tmp_path / "m.safetensors", "-o", tmp_path / "run")
+    one_line_error(refused, "scales its rotary positions (llama3); train-model trains unscaled RoPE only")
+    assert not (tmp_path / "run").exists()
+
+
+def test_llama3_scaling_reads_as_transformers_5_reads_it():
+    """rope_scaling wins over rope_parameters, with rope_theta beside it; a missing
+    original_max_position_embeddings is max_position_embeddings (transformers 5)."""
+    base = {"model_type": "llama", "vocab_size": 50, "hidden_size": 32, "intermediate_size": 48,
+            "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 64}  # fmt: skip
+    both = {**base, "rope_theta": 1234.0, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5},
+            "rope_scaling": {"type": "linear", "factor": 2.0}}  # fmt: skip
+    config = hf_llama.gpt_config("config.json", both).config
+    assert (config.rope_theta, config.rope_scaling.to_dict()) == (1234.0, {"type": "linear", "factor": 2.0})
+    short = {k: v for k, v in HF_LLAMA3.items() if k != "original_max_position_embeddings"}
+    config = hf_llama.gpt_config("config.json", {**base, "rope_parameters": short}).config
+    assert config.rope_scaling.original_context_length == 64 and config.rope_theta == 10000.0
 
 
 @pytest.mark.parametrize(
@@ -472,6 +531,38 @@ def test_a_padded_qwen2_predicts_as_transformers_and_exports_as_qwen2(transforme
     refused = cli(capsys, "export-hf", tmp_path / "p.safetensors", "-o", tmp_path / "x", "-t",
                   tmp_path / "gpt2-split.safetensors")  # fmt: skip
     one_line_error(refused, "Qwen2Tokenizer, which splits with Qwen2's pattern")
+
+
+# Llama 3.1's scaling with its bands on heads of 8 at theta 100 (wavelengths 6.3, 19.9, 63, 199):
+# under 16 / 2 kept, 19.9 blended, over 16 / 0.5 divided; and linear's
+SCALED = {
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 0.5, "high_freq_factor": 2.0,
+               "original_max_position_embeddings": 16},
+    "linear": {"rope_type": "linear", "factor": 4.0},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", SCALED)
+def test_rope_scaled_checkpoints_predict_as_transformers(kind, transformers, tmp_path, capsys):
+    """A llama3- or linear-scaled LlamaForCausalLM: tk's import predicts as transformers over the
+    whole context of 64, past original_max_position_embeddings (16) too, where the unscaled RoPE
+    would not; exported back, transformers reads the same scaling and predicts the same."""
+    hf_model = hf_checkpoint(transformers, tmp_path / "hf", "llama", num_key_value_heads=2, rope_theta=100.0,
+                             rope_scaling=dict(SCALED[kind]))  # fmt: skip
+    assert hf_model.model.rotary_emb.attention_scaling == 1.0  # neither scales the attention
+    assert cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "m.safetensors")[0] == 0
+    model, _ = check_same(transformers, hf_model, tmp_path / "hf", tmp_path / "m.safetensors")
+    assert model.config.rope_scaling.type == kind and model.config.rope_theta == 100.0
+    ids = np.random.default_rng(5).integers(0, model.config.vocab_size, size=(2, 64))
+    diff = np.abs(probs(model, ids) - hf_probs(hf_model, ids))[:, 16:].max()
+    assert diff < 1e-4, f"max probability difference past position 16: {diff:.2e}"
+    unscaled = GPT.from_params(GPTConfig.from_dict({**model.config.to_dict(), "rope_scaling": None}), model.params)
+    assert np.abs(probs(unscaled, ids) - hf_probs(hf_model, ids))[:, 16:].max() > 1e-2  # the premise
+    code, out, err = cli(capsys, "export-hf", tmp_path / "m.safetensors", "-o", tmp_path / "out")
+    assert code == 0, err
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert again.config.rope_parameters == hf_model.config.rope_parameters
+    check_same(transformers, again, tmp_path / "out", tmp_path / "m.safetensors")
 
 
 def test_a_stored_head_that_differs_from_the_embeddings_is_imported_untied(transformers, tmp_path, capsys):

@@ -273,7 +273,7 @@ class GPT:
         if self.config.positional != "rope":
             return qkv, None
         cfg = self.config
-        return self.ops.rope_forward(qkv, cfg.n_heads, cfg.n_kv_heads, cfg.rope_theta, start)
+        return self.ops.rope_forward(qkv, cfg.n_heads, cfg.n_kv_heads, cfg.rope_theta, start, scaling=cfg.rope_scaling)
 
     def _unrotated(self, qkv: np.ndarray) -> dict[str, np.ndarray]:
         """q and k before the rotation (explain's trace only): q_pre (B, H, T, hd) per query head,
