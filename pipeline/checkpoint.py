@@ -58,6 +58,9 @@ TOKENS_FILE = "tokens.npy"
 VAL_TOKENS_FILE = "val_tokens.npy"
 TOKENS_META_FILE = "tokens.json"
 LOG_FILE = "log.jsonl"
+# a model's provenance (and a run's train state) key: the transformers class `tk import-hf` read the
+# weights from, kept through fine-tuning; export-hf writes that class again (Qwen2ForCausalLM)
+HF_ARCHITECTURE = "hf_architecture"
 PIPELINE_FILE = "pipeline.json"
 CORPUS_STREAM_FILE = "corpus.stream"
 VAL_STREAM_FILE = "val.stream"
@@ -476,15 +479,44 @@ def load_model(
             f"{path} has no embedded tokenizer (saved by GPT.save without one); give the tokenizer with -t"
         )
     config, params = _params_from(path, meta, tensors)
-    if tokenizer is not None and config.vocab_size != tokenizer.vocab_size:
+    if tokenizer is not None and config.vocab_size < tokenizer.vocab_size:
         raise PipelineError(
-            f"{path} is inconsistent: model vocab {config.vocab_size} != tokenizer vocab {tokenizer.vocab_size}"
+            f"{path} is inconsistent: model vocab {config.vocab_size} < tokenizer vocab {tokenizer.vocab_size}"
         )
     try:
         model = GPT.from_params(config, params, device=device)
     except ModelError as err:
         raise PipelineError(f"{path}: {err}") from None
     return LoadedModel(model, tokenizer, decode_metadata(meta))
+
+
+def hf_architecture(metadata: Mapping[str, Any]) -> str | None:
+    """The transformers class a model file's weights were imported from (`HF_ARCHITECTURE` in its
+    provenance), or None: trained by tk, or written before tk recorded it."""
+    prov = metadata.get("provenance")
+    value = prov.get(HF_ARCHITECTURE) if isinstance(prov, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def paired_tokenizer(loaded: LoadedModel, given: Any | None, path: Any) -> Any:
+    """The tokenizer a loaded model is used with: `given` (-t), else the one in its file.
+
+    A model's vocabulary may be larger than its tokenizer's: ids from the tokenizer's size up
+    are padding (a checkpoint `tk import-hf` read whose embedding has more rows than its
+    tokenizer has tokens, as Qwen2's). No text encodes to them and generation never picks
+    them (`pipeline.run.generate_ids`). A given tokenizer must have as many tokens as the
+    model's own, or, for a file without one, as the model's vocabulary.
+    """
+    own = loaded.tokenizer
+    if given is None:
+        return own
+    expected = own.vocab_size if own is not None else loaded.model.config.vocab_size
+    if given.vocab_size != expected:
+        whose = f"the one in {path} has {expected}" if own is not None else f"{path} expects {expected}"
+        raise PipelineError(
+            f"the tokenizer has {given.vocab_size} tokens but {whose}; give the tokenizer the model was trained with"
+        )
+    return given
 
 
 # --- train_state.safetensors -----------------------------------------------------------------
@@ -504,6 +536,7 @@ class TrainState:
     model_config: dict[str, Any]
     data: dict[str, Any]  # corpus spec + fingerprints, tokenizer fingerprint, eot, split sizes
     tokenizer: Any
+    hf_architecture: str | None = None  # the transformers class the weights were imported from, if any
 
 
 def save_train_state(path: str | os.PathLike, state: TrainState) -> None:
@@ -524,6 +557,7 @@ def save_train_state(path: str | os.PathLike, state: TrainState) -> None:
         "config": json.dumps(state.model_config, sort_keys=True),
         "data": json.dumps(state.data, sort_keys=True),
         "tokenizer_fingerprint": state.tokenizer.fingerprint(),
+        **({HF_ARCHITECTURE: state.hf_architecture} if state.hf_architecture else {}),
     }
     metadata.update({TOKENIZER_PREFIX + k: v for k, v in tok_meta.items()})
     _save_safetensors(Path(path), tensors, metadata)
@@ -551,6 +585,7 @@ def load_train_state(path: str | os.PathLike) -> TrainState:
             model_config=loads(meta["config"], f"{path}: config"),
             data=loads(meta["data"], f"{path}: data"),
             tokenizer=tokenizer,
+            hf_architecture=meta.get(HF_ARCHITECTURE),
         )
     except (KeyError, ValueError) as err:
         raise PipelineError(f"{path} has bad metadata ({err}); it is corrupt") from None

@@ -12,8 +12,8 @@ tk parameter, and torch's Linear weights are transposed.
 
     export_hf(model, DIR)   config.json, model.safetensors, generation_config.json and the
                             tokenizer's files: `AutoModelForCausalLM.from_pretrained(DIR)`
-                            and `AutoTokenizer.from_pretrained(DIR)` load them (GPT2LMHeadModel
-                            or LlamaForCausalLM)
+                            and `AutoTokenizer.from_pretrained(DIR)` load them (GPT2LMHeadModel,
+                            LlamaForCausalLM, or Qwen2ForCausalLM for a model imported from one)
     import_hf(DIR, FILE)    config.json + model.safetensors (or model.safetensors.index.json
                             and its shards) + tokenizer -> one tokenkit model file
 
@@ -26,6 +26,12 @@ GPT-2 cannot (a Llama-family model is imported untied then, as transformers pred
 weight is read, transposed or placed in its columns one at a time, so the import holds the
 model and one tensor more. Everything is checked before the first file is written; every
 failure is one PipelineError line.
+
+A checkpoint's vocab_size may exceed its tokenizer's size (Qwen2 pads 151,665 tokens to 151,936
+rows; others to a multiple of 64): every row is kept, so the probabilities are transformers'
+over all of them, and the ids past the tokenizer are padding that no text encodes to
+(`checkpoint.paired_tokenizer` says how tk uses such a model). The class a checkpoint was read
+from is recorded in the model's provenance (`checkpoint.HF_ARCHITECTURE`).
 
 What it deliberately does not do: import transformers or torch (tests do, to check the round
 trip), or express variants neither family has a field for (post-norm, sinusoidal positions,
@@ -44,6 +50,7 @@ import numpy as np
 
 from tokenkit import __version__
 from tokenkit.bpe import Tokenizer, TokenizerError
+from tokenkit.bpe.interop import QWEN2_PATTERN
 from tokenkit.common import FileError, atomic, atomic_dir, jsonsafe, readfile, safetensors_file
 from tokenkit.pipeline import checkpoint, hf_llama
 from tokenkit.pipeline.errors import PipelineError
@@ -92,10 +99,11 @@ class ExportResult:
     architecture: str = "GPT2LMHeadModel"
 
 
-def export_architecture(config: GPTConfig) -> str:
-    """The transformers class a tk model is written as: LlamaForCausalLM for rotary positions,
-    GPT2LMHeadModel otherwise; one line naming the first choice of `config` that class's config
-    cannot express."""
+def export_architecture(config: GPTConfig, imported_as: str | None = None) -> str:
+    """The transformers class a tk model is written as: for rotary positions Qwen2ForCausalLM when
+    its weights were imported from one (`imported_as`, the file's `checkpoint.HF_ARCHITECTURE`)
+    and it has no biases but q, k and v's (Qwen2's shape), else LlamaForCausalLM; GPT2LMHeadModel
+    otherwise. One line naming the first choice of `config` that class's config cannot express."""
     llama = config.positional == "rope"
     family = "Llama" if llama else "GPT-2"
     variants = [
@@ -118,7 +126,7 @@ def export_architecture(config: GPTConfig) -> str:
                     f"cannot export a model with rotary positions and {name} as Llama: {why}, and transformers has "
                     "no setting for it"
                 )
-        return "LlamaForCausalLM"
+        return "Qwen2ForCausalLM" if imported_as == "Qwen2ForCausalLM" and not config.bias else "LlamaForCausalLM"
     llama_family = [  # GPT-2's config cannot say these; with rotary positions the model would be Llama's
         (config.norm_type == "rmsnorm", "RMSNorm", "GPT-2 uses LayerNorm"),
         (config.activation == "swiglu", "a SwiGLU MLP", "GPT-2's MLP is not gated"),
@@ -196,6 +204,26 @@ def hf_llama_tensors(config: GPTConfig, params: dict[str, np.ndarray], names: se
     return out
 
 
+def _check_qwen2_tokenizer(tokenizer: Tokenizer, model_path: Any) -> None:
+    """One line unless transformers' Qwen2Tokenizer, which it loads for every qwen2 directory
+    whatever tokenizer_config.json names, reads the exported tokenizer with tk's ids: Qwen2's
+    split, NFC, no ignore_merges, and <|endoftext|> (its unk and pad token) in the vocabulary.
+    A tokenizer read from a qwen2 directory is all of these (import-hf checks the same)."""
+    differences = [
+        (tokenizer.pattern != QWEN2_PATTERN, "splits with Qwen2's pattern"),
+        (tokenizer.normalizer != "nfc", "puts text in NFC"),
+        (tokenizer.ignore_merges, "has no ignore_merges"),
+        (EOT not in tokenizer.special_tokens, f"adds {EOT} as a token"),
+    ]
+    for differs, what in differences:
+        if differs:
+            raise PipelineError(
+                f"{model_path} was imported from Qwen2ForCausalLM and is exported as one, and transformers reads a "
+                f"qwen2 directory's tokenizer as Qwen2Tokenizer, which {what} where this tokenizer does not; export "
+                "it with the model's own tokenizer (drop -t)"
+            )
+
+
 def _is_tk_model(path: Path) -> bool:
     try:
         return safetensors_file.read_header(path, bfloat16=True)[1].get("format") == checkpoint.MODEL_FORMAT
@@ -231,7 +259,10 @@ def export_hf(
     directory = Path(directory)
     model, tokenizer = load_model_and_tokenizer(model_path, tokenizer_path)
     config = model.config
-    architecture = export_architecture(config)
+    meta = checkpoint.decode_metadata(checkpoint.read_header(checkpoint.resolve_model_path(model_path), "model file"))
+    architecture = export_architecture(config, checkpoint.hf_architecture(meta))
+    if architecture == "Qwen2ForCausalLM":
+        _check_qwen2_tokenizer(tokenizer, model_path)
     if directory.exists() and not directory.is_dir():
         raise PipelineError(f"{directory} is a file; give a directory to export into")
     if (directory / WEIGHTS_FILE).is_file() and _is_tk_model(directory / WEIGHTS_FILE):
@@ -254,7 +285,7 @@ def export_hf(
         hf = hf_config(config, tokenizer)
     else:
         bos, eos = None, next((tokenizer.special_tokens[s] for s in EOS_NAMES if s in tokenizer.special_tokens), None)
-        hf, names = hf_llama.hf_config(config, eos, {MARKER: __version__})
+        hf, names = hf_llama.hf_config(config, eos, {MARKER: __version__}, architecture)
         tensors = hf_llama_tensors(config, model.params, names)
     files[WEIGHTS_FILE] = lambda f: safetensors_file.write(f, tensors, {"format": "pt"})
     files[GENERATION_FILE] = checkpoint.json_bytes(
@@ -571,10 +602,11 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *, overwrite
     config = imported.config if imported else gpt_config(directory / CONFIG_FILE, hf)
     sources, shards = _headers(directory)
     tokenizer = read_tokenizer(directory)
-    if tokenizer.vocab_size != config.vocab_size:
+    if tokenizer.vocab_size > config.vocab_size:  # more rows than tokens is padding (Qwen2's 151,936 for 151,665)
         raise PipelineError(
-            f"{directory}: the tokenizer has {tokenizer.vocab_size:,} tokens and the model {config.vocab_size:,}; "
-            "tk needs them equal (a padded vocabulary cannot be imported)"
+            f"{directory}: the tokenizer has {tokenizer.vocab_size:,} tokens but config.json's vocab_size is "
+            f"{config.vocab_size:,}: the model has no rows for its last {tokenizer.vocab_size - config.vocab_size:,}; "
+            "give the tokenizer saved with this model"
         )
     if imported:
         params, dtypes, config = read_llama_checkpoint(directory, sources, imported)
@@ -582,7 +614,13 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *, overwrite
         params, dtypes = read_checkpoint(
             directory, sources, config, tied=hf.get("tie_word_embeddings", True) is not False
         )
-    provenance = {"tokenkit": __version__, "imported_from": str(directory), "imported_dtypes": dtypes}
+    architecture = imported.architecture if imported else "GPT2LMHeadModel"
+    provenance = {
+        "tokenkit": __version__,
+        "imported_from": str(directory),
+        "imported_dtypes": dtypes,
+        checkpoint.HF_ARCHITECTURE: architecture,
+    }
     checkpoint.save_model(
         out,
         params,
@@ -593,5 +631,4 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *, overwrite
         best_val_loss=None,
         provenance=provenance,
     )
-    architecture = imported.architecture if imported else "GPT2LMHeadModel"
     return ImportResult(out, config, sum(int(a.size) for a in params.values()), tokenizer, dtypes, shards, architecture)

@@ -6,22 +6,29 @@ window) and name their tensors alike. This module translates, and reads or write
 (pipeline/hf.py does, one tensor at a time):
 
     gpt_config(path, hf)   config.json -> (GPTConfig, the checkpoint's tensor names), or one
-                           line naming what tk's GPT does not compute (a RoPE scaling, a sliding
-                           window shorter than the context, another activation, head_dim, ...)
+                           line naming what tk's GPT does not compute (a RoPE scaling other than
+                           linear and Llama 3's, a sliding window shorter than the context,
+                           another activation, head_dim, ...)
     links(config)          tk's parameters <-> HF's tensors: which columns of which tk parameter
                            each HF tensor is (q_proj, k_proj, v_proj are c_attn's columns side by
                            side; gate_proj, up_proj c_fc's), transposed for the Linear layers
                            (torch's (out, in) against tk's (in, out))
-    hf_config(config, ...) the LlamaForCausalLM config.json of a tk model, and its tensor names
+    hf_config(config, ...) the LlamaForCausalLM (or Qwen2ForCausalLM) config.json of a tk model,
+                           and its tensor names
 
 A bias one side has and the other lacks is zero on the other side: Llama's attention_bias (q,
 k, v and o) and mlp_bias read into tk's `bias` (the missing ones zero), and tk's Qwen2-style
 q, k, v biases are written as Llama's attention_bias with a zero o_proj bias. Exports are
-LlamaForCausalLM for the whole family: transformers (5.x) reads a qwen2 directory's tokenizer as
-its Qwen2Tokenizer (Qwen2's split and NFC, whatever tokenizer.json says), a llama one's as
-tokenizer.json says.
+LlamaForCausalLM, except a model imported from Qwen2ForCausalLM (and fine-tuned from one),
+which is written as Qwen2ForCausalLM again: transformers (5.x) reads a qwen2 directory's
+tokenizer as its Qwen2Tokenizer (Qwen2's split and NFC, whatever tokenizer.json says), which a
+Qwen2 import's tokenizer is, and a llama one's as tokenizer.json says. `vocab_size` is the
+model's, which may exceed its tokenizer's (Qwen2 pads its embeddings; the extra rows are kept).
 
-What it deliberately does not do: RoPE scalings (linear, dynamic, YaRN, Llama 3's), sliding
+RoPE scalings: `linear` and `llama3` (Llama 3.1's and 3.2's) change the rotary angles only, and
+tk computes them (GPTConfig.rope_scaling); transformers gives neither an attention factor.
+
+What it deliberately does not do: the other RoPE scalings (dynamic, YaRN, LongRoPE, ...), sliding
 windows shorter than the context, partial rotary dimensions, head_dim other than
 hidden_size / heads: refused by name.
 """
@@ -34,7 +41,7 @@ from typing import Any
 
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.transformer import GPTConfig, ModelError
-from tokenkit.transformer.config import MAX_CONTEXT_LENGTH, llama_config
+from tokenkit.transformer.config import MAX_CONTEXT_LENGTH, ROPE_SCALINGS, llama_config
 
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 _ACTIVATIONS = ("silu", "swish")  # transformers' names for SiLU
@@ -42,6 +49,7 @@ _KV_HEADS = {"mistral": 8, "qwen2": 32}  # num_key_value_heads when config.json 
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
              "max_position_embeddings")  # fmt: skip
 _ROPE_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")  # what a default RoPE may say
+_HF_ROPE_NAMES = {"original_context_length": "original_max_position_embeddings"}  # tk's name: transformers'
 BUFFER_SUFFIX = "rotary_emb.inv_freq"  # older saves hold the rotary frequencies: computed, not weights
 
 
@@ -151,8 +159,8 @@ def gpt_config(path: Any, hf: dict) -> Imported:
             f"head_dim {head_dim!r} is not hidden_size / num_attention_heads ({d_model} / {heads}); tk's heads "
             "split the width evenly"
         )
-    theta = _rope_theta(hf, refuse)
     context = hf["max_position_embeddings"]
+    theta, scaling = _rope(hf, context, refuse)
     if isinstance(context, int) and context > MAX_CONTEXT_LENGTH:
         raise refuse(f"max_position_embeddings {context:,} is beyond tk's longest context, {MAX_CONTEXT_LENGTH:,}")
     _check_sliding_window(hf, kind, context, refuse)
@@ -175,6 +183,7 @@ def gpt_config(path: Any, hf: dict) -> Imported:
             mlp_hidden=hf["intermediate_size"],
             norm_eps=eps,
             rope_theta=theta,
+            rope_scaling=scaling,
             tie_embeddings=tied,
             bias=bias,
             qkv_bias=qkv,
@@ -184,30 +193,62 @@ def gpt_config(path: Any, hf: dict) -> Imported:
     return Imported(config, hf_names(config, qkv_bias=qkv, o_bias=o, mlp_bias=mlp, tied=tied), MODEL_TYPES[kind])
 
 
-def _rope_theta(hf: dict, refuse) -> float:
-    """The base of the rotary wavelengths, from `rope_parameters` (transformers 5) or `rope_theta`
-    and `rope_scaling` (older configs), refusing any RoPE but the default by name."""
+def _rope(hf: dict, context: Any, refuse) -> tuple[float, dict[str, Any] | None]:
+    """The base of the rotary wavelengths and tk's rope_scaling (None: the default RoPE), read as
+    transformers reads them: `rope_scaling` with `rope_theta` beside it when rope_scaling is
+    there (transformers 4 reads only these; 5 takes them over `rope_parameters`), else
+    `rope_parameters` (what transformers 5 writes). Llama 3's scaling without
+    original_max_position_embeddings takes max_position_embeddings, as transformers 5 does.
+    Any other RoPE is refused by name."""
+    scaling = hf.get("rope_scaling")
+    if scaling is not None and not isinstance(scaling, dict):
+        raise refuse(f"rope_scaling {str(scaling)[:40]!r} is not a JSON object")
     params = hf.get("rope_parameters")
-    if not isinstance(params, dict):  # an older config: transformers reads these two as one
-        scaling = hf.get("rope_scaling")
-        params = {**(scaling if isinstance(scaling, dict) else {}), "rope_theta": hf.get("rope_theta", 10000.0)}
-        if scaling is not None and not isinstance(scaling, dict):
-            raise refuse(f"rope_scaling {str(scaling)[:40]!r} is not a JSON object")
+    if scaling:
+        params = {"rope_theta": hf.get("rope_theta", 10000.0), **scaling}
+    elif not isinstance(params, dict):
+        params = {"rope_theta": hf.get("rope_theta", 10000.0)}
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
+    if rope_type != "default" and (not isinstance(rope_type, str) or rope_type not in ROPE_SCALINGS):
         raise refuse(
-            f"RoPE scaling {rope_type!r} (rope_type) changes the rotary angles; tk computes the default RoPE only"
+            f"RoPE scaling {str(rope_type)[:40]!r} (rope_type) changes the rotary angles in a way tk does not compute;"
+            f" tk computes the default RoPE, {' and '.join(ROPE_SCALINGS)}"
         )
     factor = params.get("partial_rotary_factor", 1.0)
     if factor != 1.0:
         raise refuse(f"partial_rotary_factor {factor!r} rotates part of each head; tk rotates all of it")
-    extra = sorted(set(params) - set(_ROPE_KEYS))
+    taken = [_HF_ROPE_NAMES.get(name, name) for name in ROPE_SCALINGS.get(rope_type, ())]
+    extra = sorted(set(params) - set(_ROPE_KEYS) - set(taken))
     if extra:
-        raise refuse(f"rope_parameters holds {extra[0]!r}, which the default RoPE does not take; is it scaled?")
+        which = (
+            "the default RoPE does not take; is it scaled?" if rope_type == "default" else f"{rope_type} does not take"
+        )
+        raise refuse(f"rope_parameters holds {extra[0]!r}, which {which}")
     theta = params.get("rope_theta", 10000.0)
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta):
         raise refuse(f"rope_theta {theta!r} is not a number")
-    return float(theta)
+    if rope_type == "default":
+        return float(theta), None
+    values = {"original_max_position_embeddings": context, **params}
+    missing = [name for name in taken if name not in values]
+    if missing:
+        raise refuse(f"RoPE scaling {rope_type!r} lacks {missing[0]}")
+    names = ROPE_SCALINGS[rope_type]
+    return float(theta), {"type": rope_type, **{name: values[_HF_ROPE_NAMES.get(name, name)] for name in names}}
+
+
+def hf_rope(config: GPTConfig) -> dict[str, Any]:
+    """transformers' `rope_parameters` for a tk config: the rope_type, its numbers under
+    transformers' names, and rope_theta.
+
+    >>> hf_rope(llama_config(rope_scaling={"type": "linear", "factor": 4.0}))
+    {'rope_type': 'linear', 'factor': 4.0, 'rope_theta': 10000.0}
+    """
+    scaling = config.rope_scaling
+    if scaling is None:
+        return {"rope_type": "default", "rope_theta": config.rope_theta}
+    numbers = {_HF_ROPE_NAMES.get(name, name): getattr(scaling, name) for name in ROPE_SCALINGS[scaling.type]}
+    return {"rope_type": scaling.type, **numbers, "rope_theta": config.rope_theta}
 
 
 def _check_sliding_window(hf: dict, kind: str, context: Any, refuse) -> None:
@@ -239,10 +280,17 @@ def _check_sliding_window(hf: dict, kind: str, context: Any, refuse) -> None:
     )
 
 
-def hf_config(config: GPTConfig, eos: int | None, marker: dict[str, str]) -> tuple[dict[str, Any], set[str]]:
-    """transformers' LlamaForCausalLM config.json for a Llama-family tk model, and the tensor
-    names of its checkpoint. tk's `bias` is Llama's attention_bias and mlp_bias; q, k, v biases
-    alone (Qwen2's) are attention_bias with a zero o_proj bias."""
+def hf_config(
+    config: GPTConfig, eos: int | None, marker: dict[str, str], architecture: str = "LlamaForCausalLM"
+) -> tuple[dict[str, Any], set[str]]:
+    """transformers' config.json for a Llama-family tk model, and the tensor names of its
+    checkpoint. LlamaForCausalLM: tk's `bias` is Llama's attention_bias and mlp_bias; q, k, v
+    biases alone (Qwen2's) are attention_bias with a zero o_proj bias. Qwen2ForCausalLM (for a
+    model without `bias`): q, k, v biases always (zeros where tk has none), no sliding window."""
+    if architecture == "Qwen2ForCausalLM":
+        return _qwen2_config(config, eos, marker), hf_names(
+            config, qkv_bias=True, o_bias=False, mlp_bias=False, tied=config.tie_embeddings
+        )
     attention_bias = config.bias or config.has_qkv_bias
     names = hf_names(
         config, qkv_bias=attention_bias, o_bias=attention_bias, mlp_bias=config.bias, tied=config.tie_embeddings
@@ -250,6 +298,29 @@ def hf_config(config: GPTConfig, eos: int | None, marker: dict[str, str]) -> tup
     hf = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
+        **_common_config(config, eos, marker),
+        "attention_bias": attention_bias,
+        "mlp_bias": config.bias,
+    }
+    return hf, names
+
+
+def _qwen2_config(config: GPTConfig, eos: int | None, marker: dict[str, str]) -> dict[str, Any]:
+    """Qwen2ForCausalLM's config.json: every layer full attention (no sliding window)."""
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        **_common_config(config, eos, marker),
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": config.n_layers,
+        "layer_types": ["full_attention"] * config.n_layers,
+    }
+
+
+def _common_config(config: GPTConfig, eos: int | None, marker: dict[str, str]) -> dict[str, Any]:
+    """What LlamaConfig and Qwen2Config say alike."""
+    common = {
         "vocab_size": config.vocab_size,
         "hidden_size": config.d_model,
         "intermediate_size": config.hidden,
@@ -260,10 +331,8 @@ def hf_config(config: GPTConfig, eos: int | None, marker: dict[str, str]) -> tup
         "hidden_act": "silu",
         "max_position_embeddings": config.context_length,
         "rms_norm_eps": config.norm_eps,
-        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "rope_parameters": hf_rope(config),
         "rope_theta": config.rope_theta,  # what transformers 4 reads (5 reads rope_parameters first)
-        "attention_bias": attention_bias,
-        "mlp_bias": config.bias,
         "attention_dropout": 0.0,
         "tie_word_embeddings": config.tie_embeddings,
         "initializer_range": 0.02,
@@ -273,7 +342,9 @@ def hf_config(config: GPTConfig, eos: int | None, marker: dict[str, str]) -> tup
         "dtype": "float32",
         **marker,
     }
-    return hf, names
+    if config.rope_scaling is not None:  # transformers 4 reads rope_scaling; 5 reads it first, with rope_theta
+        common["rope_scaling"] = {k: v for k, v in common["rope_parameters"].items() if k != "rope_theta"}
+    return common
 
 
-__all__ = ["MODEL_TYPES", "Imported", "Link", "gpt_config", "hf_config", "hf_names", "links", "widest"]
+__all__ = ["MODEL_TYPES", "Imported", "Link", "gpt_config", "hf_config", "hf_names", "hf_rope", "links", "widest"]

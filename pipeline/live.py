@@ -77,12 +77,7 @@ class LiveModel:
 
     def _load(self) -> Loaded:
         loaded = checkpoint.load_model(self.path, tokenizer_required=self._tokenizer is None, device=self._device)
-        tok = self._tokenizer if self._tokenizer is not None else loaded.tokenizer
-        if tok.vocab_size != loaded.model.config.vocab_size:
-            raise PipelineError(
-                f"the tokenizer has {tok.vocab_size} tokens but {self.path} expects "
-                f"{loaded.model.config.vocab_size}; give the tokenizer the model was trained with"
-            )
+        tok = checkpoint.paired_tokenizer(loaded, self._tokenizer, self.path)
         self.loads += 1
         return Loaded(loaded.model, tok, loaded.metadata)
 

@@ -68,24 +68,32 @@ def load_model_and_tokenizer(model_path: str | Path, tokenizer_path: str | Path 
     """(GPT, Tokenizer) for inference: the model file's own tokenizer, or the one given.
 
     A model saved by `GPT.save` carries no tokenizer: then `tokenizer_path` is needed. A given
-    tokenizer must have the model's vocabulary size.
+    tokenizer must have as many tokens as the model's own (`checkpoint.paired_tokenizer`; the
+    model's vocabulary may be padded beyond them).
     """
     loaded = checkpoint.load_model(model_path, tokenizer_required=tokenizer_path is None, device=device)
-    tok = loaded.tokenizer if tokenizer_path is None else load_tokenizer(tokenizer_path)
-    if tok.vocab_size != loaded.model.config.vocab_size:
-        raise PipelineError(
-            f"tokenizer {tokenizer_path} has {tok.vocab_size} tokens "
-            f"but the model expects {loaded.model.config.vocab_size}; "
-            "give the tokenizer the model was trained with"
-        )
-    return loaded.model, tok
+    given = None if tokenizer_path is None else load_tokenizer(tokenizer_path)
+    return loaded.model, checkpoint.paired_tokenizer(loaded, given, model_path)
 
 
 # --- prediction ------------------------------------------------------------------------------
 
 
+def pad_label(token_id: int) -> str:
+    """How an id of a padded vocabulary is shown: one with no token (at or past the tokenizer's
+    size), unquoted so that no token's text reads the same.
+
+    >>> pad_label(151700)
+    '<pad id 151700>'
+    """
+    return f"<pad id {int(token_id)}>"
+
+
 def token_text(tokenizer, token_id: int) -> str:
-    """A token shown unambiguously: its text quoted, or its raw bytes when they are not UTF-8 alone."""
+    """A token shown unambiguously: its text quoted, or its raw bytes when they are not UTF-8
+    alone; an id with no token, `pad_label`."""
+    if token_id >= tokenizer.vocab_size:
+        return pad_label(token_id)
     raw = tokenizer.decode_bytes([int(token_id)])
     try:
         return repr(raw.decode("utf-8"))
@@ -181,6 +189,8 @@ def generate_ids(
 ) -> tuple[list[int], Iterator[int]]:
     """(the prompt's ids, an iterator of the new token ids): what `generate` decodes, checked
     before the first token. `observe(logits, probs)` sees each step's distribution (`GPT.generate`).
+    An id with no token (a vocabulary padded beyond the tokenizer's) is never picked: transformers'
+    `generate` could pick one, and no tokenizer decodes it; everywhere else the model is as it is.
     The iterator may warn (the model's own warning when the window shifts); `generate` says it once
     before the text starts instead."""
     if max_new_tokens < 0:
@@ -200,6 +210,7 @@ def generate_ids(
         stop_token=tokenizer.special_tokens.get("<|endoftext|>"),
         use_cache=True,
         observe=observe,
+        n_tokens=tokenizer.vocab_size if tokenizer.vocab_size < model.config.vocab_size else None,
     )
     limit = model.config.context_length
     if len(ids) + max_new_tokens > limit:

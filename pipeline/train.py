@@ -116,6 +116,7 @@ class _Run:
         init: StartFrom | None = None,
         ranks: Ranks | None = None,
         device: str = "cpu",
+        vocab_size: int | None = None,
     ) -> None:
 
         if device != "cpu" and ranks is not None:
@@ -133,7 +134,8 @@ class _Run:
         self.ranks = ranks
         self.leader = ranks is None or ranks.leader
         self.train_ids, self.val_ids = tokens.split(config.val_fraction, config.context_length)
-        self.model_config = GPTConfig.from_dict(config.model_config(tokenizer.vocab_size))
+        # the model's vocabulary: the tokenizer's, or more for weights padded beyond it (an import's)
+        self.model_config = GPTConfig.from_dict(config.model_config(vocab_size or tokenizer.vocab_size))
         local_workers = config.workers if ranks is None else ranks.local_workers(config.workers)
         if device == "cpu":  # one line, not a MemoryError
             check_memory(
@@ -151,6 +153,8 @@ class _Run:
             self.model = MPIDataParallel(model, ranks.comm, workers=local_workers)
         self.files = rundir.NewRun(run_dir, staged=False)  # where this session writes (train_model may stage)
         self.init = init
+        # the transformers class the weights were imported from, kept through fine-tuning (export-hf writes it)
+        self.hf_architecture = init.hf_architecture if init is not None else state.hf_architecture if state else None
         if init is not None:  # a fresh run from given weights (its config is the weights' own)
             self.model.model.set_params(init.params)
         self.opt = AdamW(
@@ -203,6 +207,7 @@ class _Run:
             "train_config": self.config.to_dict(),
             "unigram_baseline": self.baseline,
             **({"init_from": str(self.init.path)} if self.init is not None else {}),
+            **({checkpoint.HF_ARCHITECTURE: self.hf_architecture} if self.hf_architecture else {}),
         }
 
     def save_state(self) -> None:
@@ -219,6 +224,7 @@ class _Run:
                 model_config=self.model_config.to_dict(),
                 data=self.data_record(),
                 tokenizer=self.tokenizer,
+                hf_architecture=self.hf_architecture,
             ),
         )
 
@@ -266,6 +272,7 @@ class _Run:
                 "n_val_tokens": None if val_ids is None else int(len(val_ids)),
                 "corpus": self.tokens.spec.to_dict(),
                 "key": self.tokens.key(),
+                "vocab_size": self.model_config.vocab_size,
             }
             ranks.start(spec, self.tokenizer)
         arrays = self._state_arrays()
@@ -502,14 +509,20 @@ class StartFrom:
     params: dict[str, np.ndarray]
     tokenizer: Tokenizer
     model_config: GPTConfig
+    hf_architecture: str | None = None  # the transformers class it was imported from, if any
 
     @classmethod
     def load(cls, path: str | Path) -> StartFrom:
         """From any tk model file or run directory (one `tk import-hf` wrote, too)."""
-        model, tokenizer, _ = checkpoint.load_model(path)
+        model, tokenizer, meta = checkpoint.load_model(path)
         if not model.config.causal:
             raise PipelineError(f"{path} is a bidirectional model; train-model trains causal language models")
-        return cls(Path(path), model.params, tokenizer, model.config)
+        if model.config.rope_scaling is not None:  # no training setting says it: the run would differ
+            raise PipelineError(
+                f"{path} scales its rotary positions ({model.config.rope_scaling.type}); train-model trains unscaled"
+                " RoPE only"
+            )
+        return cls(Path(path), model.params, tokenizer, model.config, checkpoint.hf_architecture(meta))
 
     def settings(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """`given` (the user's settings) with the model's shape; a given shape that differs is an
@@ -571,13 +584,16 @@ def train_model(
         if tokenizer is not None and tokenizer.fingerprint() != init.tokenizer.fingerprint():
             raise PipelineError(f"the given tokenizer is not the one in {init.path}; drop -t to use the model's own")
         tokenizer = init.tokenizer
-        if GPTConfig.from_dict(config.model_config(tokenizer.vocab_size)) != init.model_config:
+        if GPTConfig.from_dict(config.model_config(init.model_config.vocab_size)) != init.model_config:
             raise PipelineError(
                 f"the run's model settings differ from the shape of {init.path}; take them from it (StartFrom.settings)"
             )
     if tokenizer is not None:
         sources.check_eot(tokenizer, corpus.spec)
-    check_training_memory(config, tokenizer.vocab_size if tokenizer is not None else DEFAULT_VOCAB_SIZE, ranks, device)
+    vocab_size = init.model_config.vocab_size if init is not None else None  # padded beyond the tokenizer's, maybe
+    check_training_memory(
+        config, vocab_size or (tokenizer.vocab_size if tokenizer is not None else DEFAULT_VOCAB_SIZE), ranks, device
+    )
     with rundir.RunDir(run_dir) as rd:
         run_dir = rd.path
         own = [checkpoint.MODEL_FILE, checkpoint.STATE_FILE, checkpoint.LOG_FILE]
@@ -606,7 +622,17 @@ def train_model(
         try:
             if not overwrite and tokens.pending:  # the cache holds another corpus's ids
                 rundir.refuse_conflicts(run_dir, rd.present(list(tokens.pending)))
-            run = _Run(run_dir, tokens, tokenizer, config, quiet=quiet, init=init, ranks=ranks, device=device)  # checks
+            run = _Run(
+                run_dir,
+                tokens,
+                tokenizer,
+                config,
+                quiet=quiet,
+                init=init,
+                ranks=ranks,
+                device=device,
+                vocab_size=vocab_size,
+            )  # checks
             # the run starts: its files go into the directory, or beside another run's until its first checkpoint
             run.files = new = rundir.NewRun(run_dir, staged=bool(rd.present()))
         except BaseException:
@@ -655,7 +681,7 @@ def _describe(run: _Run, say: Callable[[str], None]) -> None:
     heads = f"{cfg.n_heads} heads" + (f" ({cfg.kv_heads} K/V)" if cfg.kv_heads != cfg.n_heads else "")
     say(
         f"model: {n_params:,} parameters ({family}{cfg.n_layers} layers, {heads}, width {cfg.d_model}, "
-        f"context {cfg.context_length}, vocab {run.tokenizer.vocab_size})"
+        f"context {cfg.context_length}, vocab {cfg.vocab_size})"
     )
     val = f" (--val {run.tokens.spec.describe(val=True)})" if run.tokens.val_ids is not None else ""
     say(
@@ -733,7 +759,17 @@ def resume_training(
         finally:
             rc.discard()  # copies of streams are still the corpus's only when this failed
         try:
-            run = _Run(run_dir, tokens, state.tokenizer, config, quiet=quiet, state=state, ranks=ranks, device=device)
+            run = _Run(
+                run_dir,
+                tokens,
+                state.tokenizer,
+                config,
+                quiet=quiet,
+                state=state,
+                ranks=ranks,
+                device=device,
+                vocab_size=state.model_config.get("vocab_size"),
+            )
             data.commit_tokens(tokens, run_dir)
         except BaseException:
             tokens.discard()
@@ -829,4 +865,4 @@ def follow(ranks: Ranks, *, quiet: bool = True) -> TrainResult | None:
         run_dir, tokenizer, spec["corpus"], spec["key"], spec["n_tokens"], spec.get("n_val_tokens")
     )
     config = TrainConfig.from_dict(spec["config"])
-    return _Run(run_dir, tokens, tokenizer, config, quiet=quiet, ranks=ranks).run()
+    return _Run(run_dir, tokens, tokenizer, config, quiet=quiet, ranks=ranks, vocab_size=spec.get("vocab_size")).run()

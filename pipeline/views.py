@@ -30,7 +30,7 @@ from tokenkit import __version__
 from tokenkit.pipeline import checkpoint, sources
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.live import TrainingLog
-from tokenkit.pipeline.run import generate_ids, predict_next
+from tokenkit.pipeline.run import generate_ids, pad_label, predict_next
 from tokenkit.transformer.backends import as_host
 from tokenkit.transformer.explain import EXAMPLES, Explanation, explain_example, explain_model, json_array
 from tokenkit.transformer.sampling import softmax
@@ -80,6 +80,19 @@ def piece(raw: bytes) -> dict[str, Any]:
         return {"bytes": raw.hex(), "text": raw.decode("utf-8"), "partial": False}
     except UnicodeDecodeError:
         return {"bytes": raw.hex(), "text": raw.decode("utf-8", errors="backslashreplace"), "partial": True}
+
+
+def token_pieces(tokenizer, ids: Sequence[int]) -> list[str]:
+    """Each model id's text on its own (`Tokenizer.token_pieces`: part of a character as \\xNN);
+    an id of a padded vocabulary with no token as `pad_label` (`<pad id N>`)."""
+    return [tokenizer.token_pieces([i])[0] if i < tokenizer.vocab_size else pad_label(i) for i in ids]
+
+
+def token_label(tokenizer, token_id: int) -> str:
+    """A model id as tables show it: `show_token` of its bytes, or `pad_label` for an id with no token."""
+    if token_id >= tokenizer.vocab_size:
+        return pad_label(token_id)
+    return show_token(tokenizer.decode_bytes([token_id]))
 
 
 def token_entries(tokenizer, ids: Sequence[int]) -> list[dict[str, Any]]:
@@ -237,10 +250,10 @@ def explain_run(
     what `tk explain` renders as tables and `explain_doc` as JSON."""
     ids = model_ids(model, tokenizer, text, policy, limit)
     raw = [tokenizer.decode_bytes([i]) for i in ids]
-    vocab = [show_token(tokenizer.decode_bytes([i])) for i in range(tokenizer.vocab_size)]
     expl = explain_model(
-        model, ids, [show_token(b) for b in raw], layer=layer, head=head, top_k=top_k, label=vocab.__getitem__
-    )
+        model, ids, [show_token(b) for b in raw], layer=layer, head=head, top_k=top_k,
+        label=lambda i: token_label(tokenizer, i),
+    )  # fmt: skip
     return expl, ids, raw
 
 
@@ -266,7 +279,10 @@ def model_doc(
         ],
     }
     for candidate in doc["top"]:  # plain text in JSON, like "tokens" (the tables show it quoted)
-        candidate["token"] = tokenizer.decode_bytes([candidate["id"]]).decode("utf-8", errors="replace")
+        i = candidate["id"]
+        candidate["token"] = (
+            tokenizer.decode_bytes([i]).decode("utf-8", errors="replace") if i < tokenizer.vocab_size else pad_label(i)
+        )
     return doc
 
 
@@ -318,7 +334,7 @@ def next_view(
 ) -> dict[str, Any]:
     """/api/next and `tk predict-next --json`: the top_k most likely next tokens and the prompt's ids."""
     pred = predict_next(model, tokenizer, text, top_k=top_k, say=say, **policy)
-    texts = tokenizer.token_pieces([i for i, _ in pred.top])  # a part of a character as \xNN
+    texts = token_pieces(tokenizer, [i for i, _ in pred.top])  # a part of a character as \xNN
     top = [{"id": i, "token": t, "p": p} for (i, p), t in zip(pred.top, texts, strict=True)]
     return {"top": top, "prompt_ids": pred.prompt_ids}
 
@@ -364,8 +380,8 @@ def generate_view(
             model_p = softmax(logits)
         best = np.argsort(-logits, kind="stable")[:show].tolist()  # ties: the smaller id first
         top = [
-            {"id": i, "token": tokenizer.token_pieces([i])[0], "p": _finite(probs[i]), "p_model": _finite(model_p[i])}
-            for i in best
+            {"id": i, "token": t, "p": _finite(probs[i]), "p_model": _finite(model_p[i])}
+            for i, t in zip(best, token_pieces(tokenizer, best), strict=True)
         ]
         steps.append({"id": token, "token": tokenizer.token_pieces([token])[0], "p": _finite(probs[token]), "top": top})
     new_ids = [s["id"] for s in steps]
@@ -479,7 +495,10 @@ def model_view(config, params: Mapping[str, Any]) -> dict[str, Any]:
             _block(params, "wpe", "learned positional embeddings, added to the token embeddings", "attention")
         )
     elif config.positional == "rope":
-        what = f"rotary positions: q and k rotated by their position (theta {config.rope_theta:g}; no parameters)"
+        scaled = f"; {config.rope_scaling.describe()}" if config.rope_scaling else ""
+        what = (
+            f"rotary positions: q and k rotated by their position (theta {config.rope_theta:g}{scaled}; no parameters)"
+        )
         blocks.append(_block(params, "rope", what, "attention", shape=(T, hd)))
     else:
         what = "sinusoidal positional encodings, added to the token embeddings (fixed: no parameters)"

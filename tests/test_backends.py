@@ -29,6 +29,7 @@ from tokenkit.transformer.backends import cpu as cpu_ops
 from tokenkit.transformer.backends import cuda_source
 from tokenkit.transformer.backends.cuda_twins import TwinKernels, twin_backend
 from tokenkit.transformer.backends.device_ops import DeviceOps
+from tokenkit.transformer.config import RopeScaling
 from tokenkit.transformer.parallel import DataParallel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -334,13 +335,14 @@ def test_llama_ops_on_the_device_side(seed, dtype):
         close(got, cpu, tol_for(dtype), f"rmsnorm {name} vs ops")
     qkv, H, Hkv = _attention_case(rng, dtype)
     hd = qkv.shape[-1] // (H + 2 * Hkv)
-    if hd % 2 == 0:
+    for scaling in (None, RopeScaling("llama3", 8.0, 1.0, 4.0, 4)) if hd % 2 == 0 else ():
         start = int(rng.integers(0, 9))
-        out, cache = T_OPS.rope_forward(qkv, H, Hkv, 10000.0, start)
-        close(out, ref.rope(qkv.astype(np.float64), H, Hkv, 10000.0, start), tol_for(dtype), "rope vs reference")
+        out, cache = T_OPS.rope_forward(qkv, H, Hkv, 10000.0, start, scaling=scaling)
+        want = ref.rope(qkv.astype(np.float64), H, Hkv, 10000.0, start, scaling)
+        close(out, want, tol_for(dtype), f"rope vs reference ({scaling})")
         d = rng.standard_normal(qkv.shape).astype(dtype)
-        want = ops.rope_backward(d, ops.rope_forward(qkv, H, Hkv, 10000.0, start)[1])
-        close(T_OPS.rope_backward(d, cache), want, tol_for(dtype), "rope backward vs ops")
+        want = ops.rope_backward(d, ops.rope_forward(qkv, H, Hkv, 10000.0, start, scaling=scaling)[1])
+        close(T_OPS.rope_backward(d, cache), want, tol_for(dtype), f"rope backward vs ops ({scaling})")
     h = (rng.standard_normal((2, 3, 2 * C)) * 4).astype(dtype)
     out, cache = T_OPS.swiglu_forward(h)
     close(out, ref.swiglu(h.astype(np.float64)), tol_for(dtype), "swiglu vs reference")

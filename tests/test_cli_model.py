@@ -186,6 +186,7 @@ def test_generate_holds_partial_utf8_until_the_character_completes():
 
         class config:
             context_length = 8
+            vocab_size = 256  # the tokenizer's: no padding
 
         def generate(self, ids, max_new_tokens, **kwargs):
             yield from "é€!".encode()[:max_new_tokens]

@@ -380,6 +380,31 @@ def test_llama_steps_are_numpy_recomputed_from_the_params():
     assert [row is None for row in steps["h.1.attn.q_pre"]] == [t != 2 for t in range(T)]
 
 
+def test_scaled_rope_steps_show_the_scaled_angles_and_say_so():
+    """With Llama 3.1's RoPE scaling the angles are the positions times the scaled frequencies
+    (the plain loop's), q is rotated by them, and the step and the model view name the scaling."""
+    from tokenkit.pipeline import views
+    from tokenkit.transformer import reference
+
+    scaling = dict(type="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context_length=4)
+    config = llama_config(vocab_size=40, context_length=8, d_model=16, n_layers=1, n_heads=2, rope_theta=100.0,
+                          rope_scaling=scaling)  # fmt: skip
+    model = GPT(config, seed=7)
+    ids = [3, 1, 4, 1, 5, 9]
+    expl = explain_model(model, ids, [repr(str(i)) for i in ids], layer=0, head=1)
+    angle = np.arange(len(ids))[:, None] * np.array(reference.rope_inv_freq(8, 100.0, config.rope_scaling))
+    assert not np.allclose(angle[1], 100.0 ** (-np.arange(4) * 2 / 8))  # the premise: scaled angles differ
+    np.testing.assert_allclose(expl.step("rope_angle").value, angle, rtol=1e-12)
+    q_pre, cos, sin = expl.step("h.0.attn.q_pre").value, np.cos(angle), np.sin(angle)
+    rotated = np.concatenate([q_pre[:, :4] * cos - q_pre[:, 4:] * sin, q_pre[:, 4:] * cos + q_pre[:, :4] * sin], 1)
+    np.testing.assert_allclose(expl.step("h.0.attn.q").value, rotated, atol=1e-5)
+    step = expl.step("rope_angle")
+    assert step.title == "rotation angles position * inv_freq (theta 100, llama3 scaling)"
+    assert "then llama3 scaling: frequencies of wavelengths over 4 positions divided by 4, under 1 kept" in step.note
+    rope = next(b for b in views.model_view(config, model.params)["blocks"] if b["name"] == "rope")
+    assert "(theta 100; llama3 scaling: frequencies of wavelengths over 4 positions" in rope["what"]
+
+
 def test_text_longer_than_the_context_is_one_line(capsys, saved):
     path, model, _ = saved
     code, out, err = run(capsys, "-m", str(path), "fox " * (model.config.context_length + 1))

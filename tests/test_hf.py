@@ -294,7 +294,8 @@ def test_import_refuses_what_tk_cannot_read_in_one_line(tok, tmp_path, capsys):
         ({"activation_function": "gelu"}, "exact erf GELU"),
         ({"layer_norm_epsilon": 1e-6}, "layer_norm_epsilon"),
         ({"n_inner": 64}, "n_inner"),
-        ({"vocab_size": tok.vocab_size + 4}, "the tokenizer has"),
+        ({"vocab_size": tok.vocab_size - 4}, "the tokenizer has 300 tokens but config.json's vocab_size is 296"),
+        ({"vocab_size": tok.vocab_size + 4}, "wte.weight has shape (300, 32); config.json implies (304, 32)"),
         ({"n_embd": 64, "n_inner": None}, "has shape"),
     ]:
         original = (hf / "config.json").read_text(encoding="utf-8")

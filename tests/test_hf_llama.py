@@ -8,10 +8,11 @@ byte-level BPE tokenizer.json made by the tokenizers library (Llama 3's split, o
 `ignore_merges` where it matters; Qwen2's split and NFC), imported by `tk import-hf`: the
 next-token probabilities are transformers' within 1e-4 (float32) and the tokenizer gives
 AutoTokenizer's ids; exported back by `tk export-hf`, transformers loads LlamaForCausalLM and
-predicts the same. Without them: tk's own export read back gives identical weights and
-probabilities, and what tk does not compute is refused in one line, naming it (RoPE scaling,
-sliding window, head_dim, activation, SentencePiece tokenizers, a BOS template). Nothing is
-downloaded.
+predicts the same; so do llama3- and linear-scaled RoPE models, past the original context.
+Without them: tk's own export read back gives identical weights and probabilities (RoPE
+scalings included), and what tk does not compute is refused in one line, naming it (other RoPE
+scalings, sliding window, head_dim, activation, SentencePiece tokenizers, a BOS template).
+Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from tokenkit.bpe.interop import QWEN2_PATTERN
 from tokenkit.cli.main import main
 from tokenkit.common import safetensors_file
 from tokenkit.pipeline import PipelineError, checkpoint, hf_llama
-from tokenkit.transformer import GPT
+from tokenkit.transformer import GPT, GPTConfig
 from tokenkit.transformer.config import llama_config
 
 ROOT = Path(__file__).parents[1]
@@ -168,10 +169,18 @@ def test_mistral_and_qwen2_configs_read_as_their_families(tk_tok, tmp_path, caps
 @pytest.mark.parametrize(
     "kind, changes, fragments",
     [
+        ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0}},
+         ["RoPE scaling 'yarn'", "tk computes the default RoPE, linear and llama3"]),
+        ("llama", {"rope_parameters": None, "rope_theta": 1e4, "rope_scaling": {"type": "dynamic", "factor": 2.0}},
+         ["RoPE scaling 'dynamic'"]),
+        ("llama", {"rope_scaling": {"rope_type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}},
+         ["RoPE scaling 'longrope'"]),
         ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}},
-         ["RoPE scaling 'llama3'", "tk computes the default RoPE only"]),
-        ("llama", {"rope_parameters": None, "rope_theta": 1e4, "rope_scaling": {"type": "linear", "factor": 2.0}},
-         ["RoPE scaling 'linear'"]),
+         ["RoPE scaling 'llama3' lacks low_freq_factor"]),
+        ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 5e5, "factor": 8.0, "beta_fast": 32}},
+         ["rope_parameters holds 'beta_fast', which linear does not take"]),
+        ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 0.5}},
+         ["rope_scaling factor must be a number from 1"]),
         ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
          ["partial_rotary_factor 0.5"]),
         ("mistral", {"sliding_window": 16}, ["sliding_window 16 is shorter than the context (64)"]),
@@ -202,6 +211,30 @@ def test_what_tk_does_not_compute_is_refused_naming_it(kind, changes, fragments,
     edit_config(hf, **changes)
     one_line_error(cli(capsys, "import-hf", hf, "-o", tmp_path / "x.safetensors"), *fragments)
     assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_a_padded_vocabulary_round_trips_and_a_short_one_is_one_line(tk_tok, tmp_path, capsys):
+    """A model with more rows of embeddings than its tokenizer has tokens (Qwen2's checkpoints,
+    others padded to a multiple of 64) exports and imports with every row; one with fewer is
+    refused in one line, naming both sizes."""
+    model, hf = exported(tmp_path, capsys, tk_tok, vocab_size=tk_tok.vocab_size + 20)
+    assert json.loads((hf / "config.json").read_text(encoding="utf-8"))["vocab_size"] == tk_tok.vocab_size + 20
+    code, out, err = cli(capsys, "import-hf", hf, "-o", tmp_path / "back.safetensors")
+    assert code == 0, err
+    back, tok, meta = checkpoint.load_model(tmp_path / "back.safetensors")
+    assert back.config == model.config and tok.vocab_size == tk_tok.vocab_size
+    assert meta["provenance"]["hf_architecture"] == "LlamaForCausalLM"
+    for name, value in model.params.items():
+        np.testing.assert_array_equal(back.params[name], value, err_msg=name)
+    edit_config(hf, vocab_size=tk_tok.vocab_size - 10)
+    one_line_error(cli(capsys, "import-hf", hf, "-o", tmp_path / "x.safetensors"),
+                   f"the tokenizer has {tk_tok.vocab_size} tokens but config.json's vocab_size is "
+                   f"{tk_tok.vocab_size - 10}", "give the tokenizer saved with this model")  # fmt: skip
+    assert not (tmp_path / "x.safetensors").exists()
+    # a tokenizer given with -t has the model's own tokenizer's size, not the padded vocabulary's
+    Tokenizer.train([corpus().encode()], vocab_size=tk_tok.vocab_size + 20, quiet=True).save(tmp_path / "t.safetensors")
+    one_line_error(cli(capsys, "predict-next", "-m", tmp_path / "back.safetensors", "-t", tmp_path / "t.safetensors",
+                       "Once"), f"the tokenizer has {tk_tok.vocab_size + 20} tokens but the one in")  # fmt: skip
 
 
 JSON_VALUES = st.recursive(
@@ -235,6 +268,56 @@ def test_any_config_value_imports_or_fails_in_one_line(kind, key, value, exporte
         assert "\n" not in str(err) and str(err).startswith("config.json: "), err
         return
     assert imported.config.positional == "rope"
+
+
+LLAMA3 = dict(type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context_length=16)
+HF_LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+             "original_max_position_embeddings": 16}  # fmt: skip
+
+
+@pytest.mark.parametrize("scaling", [LLAMA3, dict(type="linear", factor=4.0)])
+def test_rope_scalings_are_written_as_transformers_writes_them_and_read_back(scaling, tk_tok, tmp_path, capsys):
+    """config.json holds the scaling in transformers 5's rope_parameters (rope_theta inside) and
+    in rope_scaling beside rope_theta (what transformers 4 reads, and 5 first); the import gives
+    the same config and weights back."""
+    model, hf = exported(tmp_path, capsys, tk_tok, rope_scaling=scaling)
+    config = json.loads((hf / "config.json").read_text(encoding="utf-8"))
+    theirs = HF_LLAMA3 if scaling is LLAMA3 else {"rope_type": "linear", "factor": 4.0}
+    assert config["rope_parameters"] == {**theirs, "rope_theta": 5e5}
+    assert config["rope_scaling"] == theirs and config["rope_theta"] == 5e5
+    code, out, err = cli(capsys, "import-hf", hf, "-o", tmp_path / "back.safetensors")
+    assert code == 0, err
+    back = checkpoint.load_model(tmp_path / "back.safetensors").model
+    assert back.config == model.config and back.config.rope_scaling.to_dict() == scaling
+    for name, value in model.params.items():
+        np.testing.assert_array_equal(back.params[name], value, err_msg=name)
+    # either spelling alone reads the same: transformers 5's, and the older one without rope_parameters
+    for keep in ("rope_parameters", "rope_scaling"):
+        edited = {k: v for k, v in config.items() if k not in {"rope_parameters", "rope_scaling"} - {keep}}
+        assert hf_llama.gpt_config("config.json", edited).config == model.config, keep
+
+
+def test_a_scaled_model_is_not_trained_on_as_if_unscaled(tk_tok, tmp_path, capsys):
+    """train-model has no setting for a RoPE scaling: --init-from such a model is refused, in one line."""
+    make_model(tmp_path / "m.safetensors", tk_tok, rope_scaling=LLAMA3)
+    corpus = ROOT / "corpora" / "tiny_tales.txt"
+    refused = cli(capsys, "train-model", corpus, "--init-from", tmp_path / "m.safetensors", "-o", tmp_path / "run")
+    one_line_error(refused, "scales its rotary positions (llama3); train-model trains unscaled RoPE only")
+    assert not (tmp_path / "run").exists()
+
+
+def test_llama3_scaling_reads_as_transformers_5_reads_it():
+    """rope_scaling wins over rope_parameters, with rope_theta beside it; a missing
+    original_max_position_embeddings is max_position_embeddings (transformers 5)."""
+    base = {"model_type": "llama", "vocab_size": 50, "hidden_size": 32, "intermediate_size": 48,
+            "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 64}  # fmt: skip
+    both = {**base, "rope_theta": 1234.0, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5},
+            "rope_scaling": {"type": "linear", "factor": 2.0}}  # fmt: skip
+    config = hf_llama.gpt_config("config.json", both).config
+    assert (config.rope_theta, config.rope_scaling.to_dict()) == (1234.0, {"type": "linear", "factor": 2.0})
+    short = {k: v for k, v in HF_LLAMA3.items() if k != "original_max_position_embeddings"}
+    config = hf_llama.gpt_config("config.json", {**base, "rope_parameters": short}).config
+    assert config.rope_scaling.original_context_length == 64 and config.rope_theta == 10000.0
 
 
 @pytest.mark.parametrize(
@@ -290,14 +373,16 @@ def hf_tokenizer(kind: str, odd: bool = False):
 
 
 def hf_checkpoint(transformers, directory: Path, kind: str, *, seed: int = 0, shards: bool = False,
-                  bf16: bool = False, odd: bool = False, **config):  # fmt: skip
+                  bf16: bool = False, odd: bool = False, pad: int = 0, **config):  # fmt: skip
     """A random model of `kind` saved by save_pretrained beside a tokenizer.json; its weights
-    far from their init (gains around 1, biases around 0) so that every one matters."""
+    far from their init (gains around 1, biases around 0) so that every one matters; `pad` rows
+    of embeddings beyond the tokenizer's tokens (as Qwen2's checkpoints have)."""
     import torch
 
     tok, vocab = hf_tokenizer(kind, odd)
     classes = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
-    cfg = getattr(transformers, classes[kind] + "Config")(vocab_size=vocab, rms_norm_eps=1e-5, **{**SIZES, **config})
+    cfg = getattr(transformers, classes[kind] + "Config")(vocab_size=vocab + pad, rms_norm_eps=1e-5,
+                                                          **{**SIZES, **config})  # fmt: skip
     torch.manual_seed(seed)
     model = getattr(transformers, classes[kind] + "ForCausalLM")(cfg).eval()
     with torch.no_grad():
@@ -361,11 +446,122 @@ def test_transformers_checkpoints_import_and_export_with_their_probabilities(nam
     assert tok.ignore_merges is (kind != "qwen2") and tok.normalizer == ("nfc" if kind == "qwen2" else None)
     if config.get("odd"):  # the premise: without ignore_merges the tokenizer would give other ids
         assert Tokenizer(tok.merges).encode("abc") != tok.encode("abc") == [258]
-    # and back: transformers loads tk's export as LlamaForCausalLM and predicts as the original
+    # and back: transformers loads tk's export as LlamaForCausalLM (a Qwen2 import as Qwen2ForCausalLM)
+    # and predicts as the original
+    exported_as = "Qwen2ForCausalLM" if kind == "qwen2" else "LlamaForCausalLM"
     code, out, err = cli(capsys, "export-hf", tmp_path / "m.safetensors", "-o", tmp_path / "out")
-    assert code == 0 and "LlamaForCausalLM" in out, err
+    assert code == 0 and exported_as in out, err
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
-    assert type(again).__name__ == "LlamaForCausalLM"
+    assert type(again).__name__ == exported_as
+    check_same(transformers, again, tmp_path / "out", tmp_path / "m.safetensors")
+
+
+def dominated_by_padding(path: Path, out: Path, prompt: str) -> tuple[GPT, Tokenizer]:
+    """The model at `path` with its padded rows of lm_head made 3 times the row of the token it
+    predicts after `prompt`: without a mask, the padding is now its most likely next token."""
+    model, tok, meta = checkpoint.load_model(path)
+    head = model.params["lm_head.weight"]  # (V, C)
+    logits = model.forward(np.array([tok.encode(prompt)]))[0, -1]
+    head[tok.vocab_size :] = 3 * head[int(np.argmax(logits[: tok.vocab_size]))]
+    checkpoint.save_model(out, model.params, tok, config=model.config.to_dict(), step=0, val_loss=None,
+                          best_val_loss=None, provenance=meta["provenance"])  # fmt: skip
+    loaded = checkpoint.load_model(out)
+    return loaded.model, loaded.tokenizer
+
+
+def test_a_padded_qwen2_predicts_as_transformers_and_exports_as_qwen2(transformers, tmp_path, capsys):
+    """A Qwen2ForCausalLM whose vocab_size is padded beyond its tokenizer: imported with every
+    row (transformers' probabilities over all of them); a padded id is shown as `<pad id N>`
+    by predict-next, explain and the serve page's views, and never generated; fine-tuned and
+    exported, transformers reads it back as Qwen2ForCausalLM with the same probabilities."""
+    from tokenkit.pipeline import views
+
+    hf_model = hf_checkpoint(transformers, tmp_path / "hf", "qwen2", num_key_value_heads=2, pad=40)
+    code, out, err = cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "m.safetensors")
+    assert code == 0 and "of Qwen2ForCausalLM" in out, err
+    model, tok = check_same(transformers, hf_model, tmp_path / "hf", tmp_path / "m.safetensors")
+    n = tok.vocab_size
+    assert model.config.vocab_size == n + 40 == hf_model.config.vocab_size
+    prompt = "Once upon a time"
+    model, tok = dominated_by_padding(tmp_path / "m.safetensors", tmp_path / "p.safetensors", prompt)
+    ids = np.array(tok.encode(prompt))
+    assert next(model.generate(ids, 1, temperature=0)) >= n  # the premise: unmasked, greedy picks padding
+    code, out, err = cli(capsys, "predict-next", "-m", tmp_path / "p.safetensors", prompt, "--top-k", "3")
+    assert code == 0 and f"next token: <pad id {n}> (id {n}," in out, err
+    top = views.next_view(model, tok, prompt, top_k=3)["top"]
+    assert [t["token"] for t in top] == [f"<pad id {n + i}>" for i in range(3)]  # all alike: the lowest ids first
+    for temperature in ("0", "1"):
+        code, out, err = cli(capsys, "generate", "-m", tmp_path / "p.safetensors", prompt, "--max-new-tokens", "12",
+                             "--temperature", temperature, "--seed", "1")  # fmt: skip
+        assert code == 0 and "<pad" not in out, err
+    gen = views.generate_view(model, tok, prompt, n=12, temperature=0)
+    assert all(step["id"] < n for step in gen["steps"])
+    assert gen["steps"][0]["top"][0]["token"] == f"<pad id {n}>" and gen["steps"][0]["top"][0]["p"] == 0
+    doc = views.explain_doc(model, tok, prompt, top_k=2, model_name="p")
+    assert [c["token"] for c in doc["top"]] == [f"<pad id {n}>", f"<pad id {n + 1}>"]
+    # fine-tuned (and resumed), it is still Qwen2's, padding and all
+    (tmp_path / "corpus.txt").write_text(corpus()[:4000], encoding="utf-8")
+    train = ["train-model", tmp_path / "corpus.txt", "--init-from", tmp_path / "p.safetensors", "--steps", "1",
+             "--eval-interval", "1", "--eval-batches", "1", "--batch-size", "2", "--workers", "1", "-q"]  # fmt: skip
+    code, _, err = cli(capsys, *train, "-o", tmp_path / "run")
+    assert code == 0, err
+    assert cli(capsys, "train-model", "--resume", tmp_path / "run", "-q")[0] == 0
+    tuned = checkpoint.load_model(tmp_path / "run")
+    assert tuned.model.config.vocab_size == n + 40 and tuned.metadata["provenance"]["hf_architecture"] == (
+        "Qwen2ForCausalLM"
+    )
+    # exported: Qwen2ForCausalLM with the padded vocab_size, its tokenizer read by Qwen2Tokenizer with tk's ids
+    for source in (tmp_path / "p.safetensors", tmp_path / "run"):
+        code, out, err = cli(capsys, "export-hf", source, "-o", tmp_path / "out", "--overwrite")
+        assert code == 0 and "Qwen2ForCausalLM" in out, err
+        config = json.loads((tmp_path / "out" / "config.json").read_text(encoding="utf-8"))
+        assert (config["model_type"], config["vocab_size"]) == ("qwen2", n + 40)
+        again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+        assert type(again).__name__ == "Qwen2ForCausalLM"
+        assert type(transformers.AutoTokenizer.from_pretrained(tmp_path / "out")).__name__.startswith("Qwen2Tokenizer")
+        check_same(transformers, again, tmp_path / "out", checkpoint.resolve_model_path(source))
+    code, out, err = cli(capsys, "import-hf", tmp_path / "out", "-o", tmp_path / "back.safetensors")
+    assert code == 0 and "of Qwen2ForCausalLM" in out, err
+    back = checkpoint.load_model(tmp_path / "back.safetensors").model
+    assert back.config == tuned.model.config
+    for name, value in tuned.model.params.items():
+        np.testing.assert_array_equal(back.params[name], value, err_msg=name)
+    # a tokenizer Qwen2Tokenizer would read otherwise is refused for a Qwen2 export, in one line
+    Tokenizer(tok.merges, special_tokens=list(tok.special_tokens)).save(tmp_path / "gpt2-split.safetensors")
+    refused = cli(capsys, "export-hf", tmp_path / "p.safetensors", "-o", tmp_path / "x", "-t",
+                  tmp_path / "gpt2-split.safetensors")  # fmt: skip
+    one_line_error(refused, "Qwen2Tokenizer, which splits with Qwen2's pattern")
+
+
+# Llama 3.1's scaling with its bands on heads of 8 at theta 100 (wavelengths 6.3, 19.9, 63, 199):
+# under 16 / 2 kept, 19.9 blended, over 16 / 0.5 divided; and linear's
+SCALED = {
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 0.5, "high_freq_factor": 2.0,
+               "original_max_position_embeddings": 16},
+    "linear": {"rope_type": "linear", "factor": 4.0},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", SCALED)
+def test_rope_scaled_checkpoints_predict_as_transformers(kind, transformers, tmp_path, capsys):
+    """A llama3- or linear-scaled LlamaForCausalLM: tk's import predicts as transformers over the
+    whole context of 64, past original_max_position_embeddings (16) too, where the unscaled RoPE
+    would not; exported back, transformers reads the same scaling and predicts the same."""
+    hf_model = hf_checkpoint(transformers, tmp_path / "hf", "llama", num_key_value_heads=2, rope_theta=100.0,
+                             rope_scaling=dict(SCALED[kind]))  # fmt: skip
+    assert hf_model.model.rotary_emb.attention_scaling == 1.0  # neither scales the attention
+    assert cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "m.safetensors")[0] == 0
+    model, _ = check_same(transformers, hf_model, tmp_path / "hf", tmp_path / "m.safetensors")
+    assert model.config.rope_scaling.type == kind and model.config.rope_theta == 100.0
+    ids = np.random.default_rng(5).integers(0, model.config.vocab_size, size=(2, 64))
+    diff = np.abs(probs(model, ids) - hf_probs(hf_model, ids))[:, 16:].max()
+    assert diff < 1e-4, f"max probability difference past position 16: {diff:.2e}"
+    unscaled = GPT.from_params(GPTConfig.from_dict({**model.config.to_dict(), "rope_scaling": None}), model.params)
+    assert np.abs(probs(unscaled, ids) - hf_probs(hf_model, ids))[:, 16:].max() > 1e-2  # the premise
+    code, out, err = cli(capsys, "export-hf", tmp_path / "m.safetensors", "-o", tmp_path / "out")
+    assert code == 0, err
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert again.config.rope_parameters == hf_model.config.rope_parameters
     check_same(transformers, again, tmp_path / "out", tmp_path / "m.safetensors")
 
 

@@ -34,6 +34,15 @@ LLAMA_VARIANTS = {
     "llama-mha-tied": {**LLAMA, "tie_embeddings": True},
     "qwen2": {**LLAMA, "n_kv_heads": 1, "qkv_bias": True},  # biases on q, k, v only
     "rope-layernorm-gelu-post": dict(positional="rope", norm="post", n_kv_heads=1),
+    # Llama 3.1's RoPE scaling on TINY's heads of 4 (wavelengths 6.3 and 44): one blended, one divided
+    "llama3-scaled": {
+        **LLAMA,
+        "n_kv_heads": 1,
+        "rope_theta": 50.0,
+        "rope_scaling": dict(
+            type="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context_length=8
+        ),
+    },
 }
 VARIANTS.update(LLAMA_VARIANTS)
 
@@ -309,11 +318,13 @@ def test_kv_cache_generates_the_same_tokens(norm, sampling):
         assert start == len(prompt) + 8 - T // 2  # one shift happened: 13 tokens do not fit in 12
 
 
-@pytest.mark.parametrize("n_kv_heads", [1, 2, 4])
-def test_kv_cache_generates_the_same_tokens_with_llama_configs(n_kv_heads):
+@pytest.mark.parametrize("n_kv_heads, scaling", [(1, None), (2, None), (4, None), (2, "llama3")])
+def test_kv_cache_generates_the_same_tokens_with_llama_configs(n_kv_heads, scaling):
     """The KV cache holds n_kv_heads heads and rotary positions are applied at each new
-    position's offset: with and without it, the same tokens, through a context shift."""
-    config = llama_config(vocab_size=20, context_length=12, d_model=16, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads)
+    position's offset (their angles scaled alike): with and without it, the same tokens,
+    through a context shift."""
+    config = llama_config(vocab_size=20, context_length=12, d_model=16, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads,
+                          rope_scaling=scaling and VARIANTS["llama3-scaled"]["rope_scaling"])  # fmt: skip
     model = float64_model(config, scale=0.5)
     prompt = [3, 1, 4, 1, 5]
     runs = {}
@@ -358,7 +369,15 @@ def test_bad_inputs_are_model_errors():
                 dict(norm_eps=0.0), dict(norm_eps=float("nan")), dict(norm_eps="1e-5"), dict(rope_theta=-1.0),
                 dict(rope_theta=float("inf")), dict(mlp_hidden=0), dict(mlp_hidden=2.5), dict(tie_embeddings=None),
                 dict(qkv_bias="yes"), dict(activation="geglu"),
-                dict(positional="rope", d_model=6, n_heads=2)):  # fmt: skip
+                dict(positional="rope", d_model=6, n_heads=2), dict(rope_scaling={"type": "linear", "factor": 2.0}),
+                *(dict(positional="rope", rope_scaling=bad) for bad in (
+                    {"type": "yarn", "factor": 2.0}, {"type": "linear"}, {"type": "linear", "factor": 0.5},
+                    {"type": "linear", "factor": 2.0, "low_freq_factor": 1.0}, {"type": ["llama3"]}, "llama3",
+                    {"type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
+                     "original_context_length": 8192},
+                    {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_context_length": 8192.0},
+                    {"type": "linear", "factor": float("nan")}))):  # fmt: skip
         with pytest.raises(ModelError) as err:
             GPTConfig(**{**TINY, **bad})
         assert "\n" not in str(err.value) and str(err.value).startswith("config: ")
@@ -386,9 +405,10 @@ def test_save_load_round_trip(tmp_path):
     np.testing.assert_array_equal(loaded.forward(ids), model.forward(ids))
 
 
-def test_llama_config_and_model_round_trip_through_a_file(tmp_path):
+@pytest.mark.parametrize("scaling", [None, dict(type="linear", factor=4.0)])
+def test_llama_config_and_model_round_trip_through_a_file(tmp_path, scaling):
     config = llama_config(vocab_size=11, context_length=8, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2,
-                          rope_theta=500000.0, norm_eps=1e-6, qkv_bias=True)  # fmt: skip
+                          rope_theta=500000.0, norm_eps=1e-6, qkv_bias=True, rope_scaling=scaling)  # fmt: skip
     model = float64_model(config)
     model.params = {k: v.astype(np.float32) for k, v in model.params.items()}
     model.save(tmp_path / "llama.safetensors")
@@ -399,6 +419,7 @@ def test_llama_config_and_model_round_trip_through_a_file(tmp_path):
     meta = json.loads(read_metadata(tmp_path / "llama.safetensors")["config"])
     assert meta["positional"] == "rope" and meta["n_kv_heads"] == 2 and meta["tie_embeddings"] is False
     assert meta["rope_theta"] == 500000.0 and meta["norm_type"] == "rmsnorm" and meta["qkv_bias"] is True
+    assert meta.get("rope_scaling") == scaling  # recorded when there is one; absent (None) otherwise
 
 
 def test_gpt2_style_configs_are_written_as_before():

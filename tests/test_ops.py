@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from tokenkit.transformer import ops
 from tokenkit.transformer import reference as ref
+from tokenkit.transformer.config import RopeScaling
 
 FD_EPS = 1e-6
 TOL = 1e-6
@@ -288,20 +289,50 @@ def test_cached_grouped_query_attention_matches_full(n_kv_heads):
     np.testing.assert_allclose(np.concatenate(parts, axis=1), full, rtol=1e-12, atol=1e-14)
 
 
+# RoPE scalings whose bands (kept, blended, divided) all hold some of the frequencies of small
+# heads at theta 7.5 to 500000: wavelengths from 2 pi up
+ROPE_SCALINGS = [None, RopeScaling("linear", 4.0), RopeScaling("llama3", 8.0, 1.0, 4.0, 32),
+                 RopeScaling("llama3", 3.0, 0.5, 2.0, 16)]  # fmt: skip
+
+
 @few
 @given(*dims, st.sampled_from([1, 2, 4]), st.sampled_from([2, 4, 6]), st.integers(0, 2), st.integers(0, 5),
-       st.integers(0, 2**31))  # fmt: skip
-def test_rope(B, T, H, hd, kind, start, seed):
+       st.sampled_from(ROPE_SCALINGS), st.integers(0, 2**31))  # fmt: skip
+def test_rope(B, T, H, hd, kind, start, scaling, seed):
     H, Hkv = gqa_heads(H, kind)
     rng = np.random.default_rng(seed)
     qkv = rng.standard_normal((B, T, (H + 2 * Hkv) * hd))
     theta = float(rng.choice([10000.0, 500000.0, 7.5]))
-    out, cache = ops.rope_forward(qkv, H, Hkv, theta, start)
-    np.testing.assert_allclose(out, ref.rope(qkv, H, Hkv, theta, start), rtol=1e-12, atol=1e-13)
+    out, cache = ops.rope_forward(qkv, H, Hkv, theta, start, scaling=scaling)
+    np.testing.assert_allclose(out, ref.rope(qkv, H, Hkv, theta, start, scaling), rtol=1e-12, atol=1e-13)
     np.testing.assert_array_equal(out[..., (H + Hkv) * hd :], qkv[..., (H + Hkv) * hd :])  # v untouched
     r = rng.standard_normal(out.shape)
-    f = lambda: project(ops.rope_forward(qkv, H, Hkv, theta, start)[0], r)  # noqa: E731
+    f = lambda: project(ops.rope_forward(qkv, H, Hkv, theta, start, scaling=scaling)[0], r)  # noqa: E731
     check("rope dqkv", ops.rope_backward(r, cache), f, qkv)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.sampled_from([2, 4, 8, 16, 64, 128]), st.floats(2.0, 1e6), st.sampled_from(["linear", "llama3"]),
+       st.floats(1.0, 64.0), st.floats(0.1, 4.0), st.floats(1.01, 8.0), st.integers(1, 8192))  # fmt: skip
+def test_scaled_rope_frequencies_match_their_plain_loop(hd, theta, kind, factor, low, ratio, original):
+    """The vectorised scaled inverse frequencies against the plain per-frequency loop, in float64,
+    for random heads, bases and scalings (high_freq_factor = low * ratio, above low)."""
+    scaling = RopeScaling(kind, factor) if kind == "linear" else RopeScaling(kind, factor, low, low * ratio, original)
+    fast = ops.rope_inv_freq(hd, theta, scaling)
+    assert fast.dtype == np.float64 and fast.shape == (hd // 2,)
+    np.testing.assert_allclose(fast, ref.rope_inv_freq(hd, theta, scaling), rtol=1e-13, atol=0)
+    plain = ops.rope_inv_freq(hd, theta)
+    assert np.all(fast <= plain * (1 + 1e-15)) and np.all(fast >= plain / factor * (1 - 1e-15))  # stretched, never more
+
+
+def test_llama3_scaling_keeps_divides_and_blends_by_wavelength():
+    """Llama 3.1's bands on a head of 8 at theta 100 (wavelengths 2 pi 100^(i/4): 6.3, 19.9, 62.8,
+    199): under 16 / 2 = 8 kept, over 16 / 0.5 = 32 divided by 8, 19.9 blended."""
+    inv = ops.rope_inv_freq(8, 100.0)
+    scaled = ops.rope_inv_freq(8, 100.0, RopeScaling("llama3", 8.0, 0.5, 2.0, 16))
+    s = (16 / (2 * math.pi / inv[1]) - 0.5) / (2.0 - 0.5)
+    np.testing.assert_allclose(scaled, [inv[0], (1 - s) * inv[1] / 8 + s * inv[1], inv[2] / 8, inv[3] / 8], rtol=1e-15)
+    np.testing.assert_allclose(ops.rope_inv_freq(8, 100.0, RopeScaling("linear", 4.0)), inv / 4, rtol=1e-15)
 
 
 def test_rope_scores_depend_on_the_offset_only():
@@ -339,7 +370,10 @@ def test_rope_tables_are_cached_per_shape_theta_and_dtype():
     ops.rope_table(8, 4, 10000.0, np.float64)
     ops.rope_table(8, 4, 500000.0, np.float32)
     ops.rope_table(8, 6, 10000.0, np.float32)
-    assert ops._rope_table.cache_info().misses == 4
+    ops.rope_table(8, 4, 10000.0, np.float32, scaling=RopeScaling("linear", 2.0))
+    assert ops._rope_table.cache_info().misses == 5
+    ops.rope_table(7, 4, 10000.0, np.float32, scaling=RopeScaling("linear", 2.0))
+    assert ops._rope_table.cache_info().misses == 5
     with pytest.raises(ValueError):
         ops.rope_table(8, 4, 10000.0)[0][0, 0] = 1.0  # read-only: shared between calls
 
@@ -485,8 +519,9 @@ def test_float32_stays_float32():
     out, cache = ops.rmsnorm_forward(x, f32(8))
     assert out.dtype == np.float32 and all(g.dtype == np.float32 for g in ops.rmsnorm_backward(x, cache))
     qkv = f32(2, 3, 16)  # H 2, Hkv 1, hd 4
-    out, cache = ops.rope_forward(qkv, 2, 1, 10000.0)
-    assert out.dtype == np.float32 and ops.rope_backward(out, cache).dtype == np.float32
+    for scaling in ROPE_SCALINGS:
+        out, cache = ops.rope_forward(qkv, 2, 1, 10000.0, scaling=scaling)
+        assert out.dtype == np.float32 and ops.rope_backward(out, cache).dtype == np.float32
     out, cache = ops.attention_forward(qkv, 2, True, n_kv_heads=1)
     assert out.dtype == np.float32 and ops.attention_backward(out, cache).dtype == np.float32
     for name in ("silu", "swiglu"):

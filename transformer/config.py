@@ -3,9 +3,10 @@
 The variant fields cover the seed documents: sinusoidal positions, ReLU, post-norm and a
 bidirectional encoder (seed 001), next to GPT-2's learned positions, tanh GELU, pre-norm and
 causal attention; and today's decoders (Llama's family): rotary positions (`positional="rope"`
-with `rope_theta`), RMSNorm (`norm_type`, with `norm_eps`), a SwiGLU MLP (`activation="swiglu"`
-with `mlp_hidden`), grouped-query attention (`n_kv_heads`), untied embeddings
-(`tie_embeddings=False`) and biases on q, k, v only (`bias=False, qkv_bias=True`, as Qwen2).
+with `rope_theta`, and `rope_scaling`: Llama 3.1's or linear), RMSNorm (`norm_type`, with
+`norm_eps`), a SwiGLU MLP (`activation="swiglu"` with `mlp_hidden`), grouped-query attention
+(`n_kv_heads`), untied embeddings (`tie_embeddings=False`) and biases on q, k, v only
+(`bias=False, qkv_bias=True`, as Qwen2).
 `llama_config(...)` fills those in. A config validates itself on construction, so a bad value is
 reported once, in one line, before any array is allocated. It holds no weights and does no I/O.
 
@@ -30,7 +31,8 @@ _CHOICES = {
 }
 # The fields that came with Llama's family (issue 22); written to files only when not at their
 # default, so GPT-2-style configs keep their old JSON.
-LATER_FIELDS = ("norm_type", "norm_eps", "rope_theta", "mlp_hidden", "n_kv_heads", "tie_embeddings", "qkv_bias")
+LATER_FIELDS = ("norm_type", "norm_eps", "rope_theta", "mlp_hidden", "n_kv_heads", "tie_embeddings", "qkv_bias",
+                "rope_scaling")  # fmt: skip
 # The variant choices of each architecture family; the sizes, n_kv_heads, rope_theta, norm_eps
 # and mlp_hidden are free within a family. `GPTConfig.architecture` names a config's family,
 # `llama_config` and train-model's --arch start from them.
@@ -65,13 +67,61 @@ _LIMITS = {
 }
 
 
+# What each RoPE scaling takes besides its type (`RopeScaling`); the factor's bound is far beyond
+# any published one (Llama 3.2: 32).
+ROPE_SCALINGS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_context_length"),
+}
+MAX_ROPE_FACTOR = 1e6
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How a model's rotary frequencies are stretched to serve a longer context than it was
+    first trained on; only the table of angles changes (`ops.rope_inv_freq` computes it):
+
+    - "linear": every inverse frequency divided by `factor` (positions squeezed factor times);
+    - "llama3" (Llama 3.1's): wavelengths 2 pi / inv_freq longer than original_context_length /
+      low_freq_factor divided by `factor`, those shorter than original_context_length /
+      high_freq_factor kept, and those between blended from one to the other.
+
+    Fields a type does not take are None. GPTConfig checks the values (`GPTConfig.rope_scaling`).
+
+    >>> RopeScaling("linear", 4.0).describe()
+    'linear scaling: frequencies divided by 4'
+    """
+
+    type: str
+    factor: float
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    original_context_length: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The type and the numbers it takes (JSON-ready; `GPTConfig.to_dict` writes it)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def describe(self) -> str:
+        """One clause for a reader (explain, the page's model view)."""
+        if self.type == "llama3":
+            long = self.original_context_length / self.low_freq_factor
+            short = self.original_context_length / self.high_freq_factor
+            return (
+                f"llama3 scaling: frequencies of wavelengths over {long:g} positions divided by {self.factor:g},"
+                f" under {short:g} kept, blended between"
+            )
+        return f"{self.type} scaling: frequencies divided by {self.factor:g}"
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     """Hyperparameters of a GPT; head size is d_model // n_heads.
 
     GPT-2's fields, then Llama's family's (each default is GPT-2's choice):
     - positional: "learned" (wpe), "sinusoidal" (fixed), or "rope" (q and k rotated in every
-      layer, HF Llama's layout), with rope_theta, the base of its wavelengths;
+      layer, HF Llama's layout), with rope_theta, the base of its wavelengths, and rope_scaling,
+      how they are stretched (a `RopeScaling`, or its dict; None: not at all);
     - norm_type: "layernorm" (with a bias when `bias`) or "rmsnorm" (a gain only), both with
       norm_eps; `norm` says where they sit (pre or post);
     - activation: "gelu", "relu" or "swiglu" (a gated MLP, silu(x W_gate) * (x W_up), its
@@ -108,6 +158,7 @@ class GPTConfig:
     n_kv_heads: int | None = None
     tie_embeddings: bool = True
     qkv_bias: bool | None = None
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context_length", "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden"):
@@ -146,6 +197,7 @@ class GPTConfig:
                 f"config: rotary positions turn pairs of dimensions, so the head size d_model / n_heads must be"
                 f" even; got {self.head_dim}"
             )
+        self._check_rope_scaling()
         # one spelling per model: values equal to their defaults' meaning are the defaults
         if self.n_kv_heads == self.n_heads:
             object.__setattr__(self, "n_kv_heads", None)
@@ -153,6 +205,52 @@ class GPTConfig:
             object.__setattr__(self, "mlp_hidden", None)
         if self.qkv_bias == self.bias:
             object.__setattr__(self, "qkv_bias", None)
+        if self.rope_scaling is not None and self.rope_scaling.factor == 1:  # either type then changes nothing
+            object.__setattr__(self, "rope_scaling", None)
+
+    def _check_rope_scaling(self) -> None:
+        """rope_scaling: None, or a RopeScaling (a dict, as read from a file, is made one) of a type
+        in ROPE_SCALINGS with exactly that type's numbers, each in range; rotary positions only."""
+        scaling = self.rope_scaling
+        if scaling is None:
+            return
+        if isinstance(scaling, dict):
+            scaling = _rope_scaling_from_dict(scaling)
+            object.__setattr__(self, "rope_scaling", scaling)
+        if not isinstance(scaling, RopeScaling):
+            raise ModelError(f"config: rope_scaling must be a JSON object or null, got {_short(scaling)}")
+        if self.positional != "rope":
+            raise ModelError(f"config: rope_scaling stretches rotary positions; positional is {self.positional!r}")
+        kind = scaling.type
+        if not isinstance(kind, str) or kind not in ROPE_SCALINGS:
+            raise ModelError(f"config: rope_scaling type must be one of {', '.join(ROPE_SCALINGS)}; got {_short(kind)}")
+        for name in ("low_freq_factor", "high_freq_factor", "original_context_length"):
+            if name not in ROPE_SCALINGS[kind] and getattr(scaling, name) is not None:
+                raise ModelError(f"config: rope_scaling {kind!r} does not take {name}")
+        for name in ROPE_SCALINGS[kind]:
+            value = getattr(scaling, name)
+            if name == "original_context_length":
+                if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_CONTEXT_LENGTH:
+                    raise ModelError(
+                        f"config: rope_scaling {name} must be an integer from 1 to {MAX_CONTEXT_LENGTH:,},"
+                        f" got {_short(value)}"
+                    )
+                continue
+            wrong = isinstance(value, bool) or not isinstance(value, (int, float)) or not value <= MAX_ROPE_FACTOR
+            if name == "factor" and (wrong or not value >= 1):
+                raise ModelError(
+                    f"config: rope_scaling factor must be a number from 1 to {MAX_ROPE_FACTOR:g}, got {_short(value)}"
+                )
+            if wrong or not value > 0:
+                raise ModelError(
+                    f"config: rope_scaling {name} must be a number above 0 and at most {MAX_ROPE_FACTOR:g},"
+                    f" got {_short(value)}"
+                )
+        if kind == "llama3" and not scaling.high_freq_factor > scaling.low_freq_factor:
+            raise ModelError(
+                f"config: rope_scaling high_freq_factor ({scaling.high_freq_factor:g}) must be above low_freq_factor"
+                f" ({scaling.low_freq_factor:g}): the wavelengths between them are blended"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -203,7 +301,10 @@ class GPTConfig:
         ['norm_type']
         """
         defaults = {f.name: f.default for f in fields(self)}
-        return {k: v for k, v in asdict(self).items() if k not in LATER_FIELDS or v != defaults[k]}
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.rope_scaling is not None:
+            values["rope_scaling"] = self.rope_scaling.to_dict()
+        return {k: v for k, v in values.items() if k not in LATER_FIELDS or v != defaults[k]}
 
     @classmethod
     def from_dict(cls, d: Any) -> GPTConfig:
@@ -226,6 +327,23 @@ def _short(value: Any) -> str:
     except ValueError:  # an int too long to print (Python refuses over 4,300 digits)
         return f"an integer of {value.bit_length():,} bits"
     return text if len(text) <= 40 else text[:30] + "..."
+
+
+def _rope_scaling_from_dict(d: dict) -> RopeScaling:
+    """A RopeScaling from its JSON object (`RopeScaling.to_dict`): a known type and exactly its
+    numbers (GPTConfig then checks their values)."""
+    kind = d.get("type")
+    if not isinstance(kind, str) or kind not in ROPE_SCALINGS:
+        raise ModelError(f"config: rope_scaling type must be one of {', '.join(ROPE_SCALINGS)}; got {_short(kind)}")
+    odd = sorted(set(d) - {"type", *ROPE_SCALINGS[kind]}, key=str)
+    if odd:
+        raise ModelError(
+            f"config: rope_scaling {kind!r} does not take {_short(odd[0])}; it takes {', '.join(ROPE_SCALINGS[kind])}"
+        )
+    missing = [name for name in ROPE_SCALINGS[kind] if name not in d]
+    if missing:
+        raise ModelError(f"config: rope_scaling {kind!r} lacks {missing[0]}")
+    return RopeScaling(**d)
 
 
 def default_hidden(activation: str, d_model: int) -> int:

@@ -201,11 +201,11 @@ def gqa_note(cfg, head: int) -> str:
     return f"head {head} reads K/V head {kv}, shared with heads {shared}."
 
 
-def rope_angles(T: int, head_dim: int, theta: float) -> np.ndarray:
-    """(T, head_dim / 2) rotary angles position * inv_freq, inv_freq_i = theta^(-2i / head_dim), in
-    float64 as ops.rope_table computes them (it then takes their cos and sin)."""
-    inv_freq = theta ** -(np.arange(head_dim // 2, dtype=np.float64) * 2.0 / head_dim)
-    return np.arange(T, dtype=np.float64)[:, None] * inv_freq
+def rope_angles(T: int, head_dim: int, theta: float, scaling=None) -> np.ndarray:
+    """(T, head_dim / 2) rotary angles position * inv_freq, inv_freq_i = theta^(-2i / head_dim)
+    (stretched by a RoPE scaling, `ops.rope_inv_freq`), in float64 as ops.rope_table computes them
+    (it then takes their cos and sin)."""
+    return np.arange(T, dtype=np.float64)[:, None] * ops.rope_inv_freq(head_dim, theta, scaling)
 
 
 def rope_steps(cfg, trace, h: str, head: int, toks, row, q_note: str, kv_name: str, kv_note: str) -> list[Step]:
@@ -213,13 +213,17 @@ def rope_steps(cfg, trace, h: str, head: int, toks, row, q_note: str, kv_name: s
     hd, T = cfg.head_dim, len(toks)
     half = hd // 2
     pairs = f"dimension i turns with i + {half} (HF's rotate_half): by the angle of column i mod {half}"
+    scaling = cfg.rope_scaling
     angles = Step(
         "rope_angle",
-        f"rotation angles position * inv_freq (theta {cfg.rope_theta:g})",
-        rope_angles(T, hd, cfg.rope_theta),
+        f"rotation angles position * inv_freq (theta {cfg.rope_theta:g}"
+        + (f", {scaling.type} scaling)" if scaling else ")"),
+        rope_angles(T, hd, cfg.rope_theta, scaling),
         toks,
         _dims(half, "i"),
-        f"inv_freq_i = theta^(-2i/{hd}); the same angles turn q and k of every head and layer.",
+        f"inv_freq_i = theta^(-2i/{hd})"
+        + (f", then {scaling.describe()}" if scaling else "")
+        + "; the same angles turn q and k of every head and layer.",
     )
     return [
         row(f"{h}attn.q_pre", f"Q before rotation, head {head}", trace[h + "attn.q_pre"][0, head], _dims(hd), q_note),

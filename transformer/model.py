@@ -46,7 +46,7 @@ from tokenkit.transformer.backends import Backend, as_host, get_backend
 from tokenkit.transformer.config import GPTConfig, param_shapes
 from tokenkit.transformer.errors import ModelError
 from tokenkit.transformer.memory import check_memory
-from tokenkit.transformer.sampling import check_sampling, sample_next
+from tokenkit.transformer.sampling import check_sampling, mask_from, sample_next
 
 # ----------------------------------------------------------------------------- the model
 
@@ -273,7 +273,7 @@ class GPT:
         if self.config.positional != "rope":
             return qkv, None
         cfg = self.config
-        return self.ops.rope_forward(qkv, cfg.n_heads, cfg.n_kv_heads, cfg.rope_theta, start)
+        return self.ops.rope_forward(qkv, cfg.n_heads, cfg.n_kv_heads, cfg.rope_theta, start, scaling=cfg.rope_scaling)
 
     def _unrotated(self, qkv: np.ndarray) -> dict[str, np.ndarray]:
         """q and k before the rotation (explain's trace only): q_pre (B, H, T, hd) per query head,
@@ -541,6 +541,7 @@ class GPT:
         stop_token: int | None = None,
         use_cache: bool = True,
         observe: Callable[[np.ndarray, np.ndarray], None] | None = None,
+        n_tokens: int | None = None,
     ) -> Iterator[int]:
         """Yield up to max_new_tokens new token ids, one at a time, continuing the prompt ids (T,).
 
@@ -563,6 +564,9 @@ class GPT:
         With use_cache (and causal attention) each step computes only the new position's
         q, k, v and appends k, v to per-layer caches; without it every step reruns the whole
         window. Both follow the same windows, so both give the same tokens.
+
+        `n_tokens`: ids from it up are never picked (their logits count as -inf, greedy too):
+        a vocabulary padded beyond its tokenizer's `n_tokens` has rows no text decodes from.
         """
         prompt = as_host(ids)
         if prompt.ndim == 2 and prompt.shape[0] == 1:
@@ -576,12 +580,15 @@ class GPT:
         check_sampling(temperature, top_k, top_p)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
             raise ModelError(f"seed must be a non-negative integer or None, got {seed!r}")
+        if n_tokens is not None and not 0 < n_tokens <= self.config.vocab_size:
+            raise ModelError(f"n_tokens must be in [1, {self.config.vocab_size}], got {n_tokens}")
         rng = np.random.default_rng(seed)
 
         def pick(logits) -> int:  # sampling runs on the host
             host = self.backend.to_host(logits)
             seen = None if observe is None else lambda probs: observe(host, probs)
-            return sample_next(host, rng, temperature=temperature, top_k=top_k, top_p=top_p, observe=seen)
+            choose = host if n_tokens is None else mask_from(host, n_tokens)
+            return sample_next(choose, rng, temperature=temperature, top_k=top_k, top_p=top_p, observe=seen)
 
         steps = self._steps_cached() if use_cache and self.config.causal else self._steps_uncached()
         return self._generate(list(prompt.tolist()), int(max_new_tokens), pick, stop_token, steps)

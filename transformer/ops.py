@@ -110,20 +110,47 @@ def kv_heads(n_heads: int, n_kv_heads: int | None) -> int:
     return n_heads if n_kv_heads is None else n_kv_heads
 
 
+def rope_inv_freq(head_dim: int, theta: float, scaling=None) -> np.ndarray:
+    """(head_dim / 2,) float64 inverse frequencies of the rotary angles: theta^(-2i / head_dim),
+    stretched by `scaling` (a config.RopeScaling; None: not at all), as transformers'
+    `ROPE_INIT_FUNCTIONS` compute them: "linear" divides every one by the factor; "llama3"
+    divides those whose wavelength 2 pi / inv_freq exceeds original_context_length /
+    low_freq_factor, keeps those below original_context_length / high_freq_factor, and blends
+    the ones between, s * inv_freq + (1 - s) * inv_freq / factor with s rising from 0 to 1 across them.
+    Plain twin: `transformer.reference.rope_inv_freq`.
+
+    >>> from tokenkit.transformer.config import RopeScaling
+    >>> rope_inv_freq(4, 100.0).tolist(), rope_inv_freq(4, 100.0, RopeScaling("linear", 2.0)).tolist()
+    ([1.0, 0.1], [0.5, 0.05])
+    """
+    inv_freq = theta ** -(np.arange(head_dim // 2, dtype=np.float64) * 2.0 / head_dim)
+    if scaling is None:
+        return inv_freq
+    if scaling.type == "linear":
+        return inv_freq / scaling.factor
+    old, low, high = scaling.original_context_length, scaling.low_freq_factor, scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old / wavelen - low) / (high - low)  # 0 at the long end of the blended band, 1 at its short end
+    blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+    long = np.where(wavelen > old / low, inv_freq / scaling.factor, blended)
+    return np.where(wavelen < old / high, inv_freq, long)
+
+
 @lru_cache(maxsize=16)
-def _rope_table(n_positions: int, head_dim: int, theta: float, dtype_name: str) -> tuple[np.ndarray, np.ndarray]:
-    half = head_dim // 2
-    inv_freq = theta ** -(np.arange(half, dtype=np.float64) * 2.0 / head_dim)  # (hd/2,)
-    angle = np.arange(n_positions, dtype=np.float64)[:, None] * inv_freq  # (T, hd/2), in float64
+def _rope_table(n_positions: int, head_dim: int, theta: float, dtype_name: str, scaling) -> tuple[np.ndarray, ...]:
+    angle = np.arange(n_positions, dtype=np.float64)[:, None] * rope_inv_freq(head_dim, theta, scaling)  # (T, hd/2)
     cos, sin = np.cos(angle).astype(dtype_name), np.sin(angle).astype(dtype_name)
     cos.flags.writeable = sin.flags.writeable = False
     return cos, sin
 
 
-def rope_table(n_positions: int, head_dim: int, theta: float, dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin (n_positions, head_dim / 2) of the rotary angles p * theta^(-2i / head_dim),
-    computed in float64 and cached per (length, head_dim, theta, dtype); the length is rounded
-    up to a power of two, so that generation, one position longer each step, reuses one table.
+def rope_table(
+    n_positions: int, head_dim: int, theta: float, dtype=np.float32, *, scaling=None
+) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin (n_positions, head_dim / 2) of the rotary angles p * inv_freq_i (`rope_inv_freq`:
+    theta^(-2i / head_dim), stretched by `scaling` when given), computed in float64 and cached
+    per (length, head_dim, theta, dtype, scaling); the length is rounded up to a power of two,
+    so that generation, one position longer each step, reuses one table.
     Plain twin: `transformer.reference.rope` computes its angles inline.
 
     >>> cos, sin = rope_table(2, 4, 10000.0, np.float64)
@@ -131,7 +158,7 @@ def rope_table(n_positions: int, head_dim: int, theta: float, dtype=np.float32) 
     ((2, 2), [0.841, 0.01])
     """
     size = 1 << max(0, n_positions - 1).bit_length()
-    cos, sin = _rope_table(size, head_dim, float(theta), np.dtype(dtype).name)
+    cos, sin = _rope_table(size, head_dim, float(theta), np.dtype(dtype).name, scaling)
     return cos[:n_positions], sin[:n_positions]
 
 
@@ -150,10 +177,11 @@ def _rotate_halves(x: np.ndarray, out: np.ndarray, cos: np.ndarray, sin: np.ndar
     o2 += x1 * s
 
 
-def rope_forward(qkv: np.ndarray, n_heads: int, n_kv_heads: int | None, theta: float, start: int = 0):
+def rope_forward(qkv: np.ndarray, n_heads: int, n_kv_heads: int | None, theta: float, start: int = 0, *, scaling=None):
     """qkv (B, T, (H + 2 Hkv) hd) fused projections of positions start..start+T-1 -> the same
     with every q and k head rotated by its position (RoPE, Su et al. 2021; HF Llama's
     convention), v unchanged: a new array. After it, q_t . k_s depends on t - s only.
+    `scaling` (a config.RopeScaling, or None) stretches the frequencies (`rope_inv_freq`).
 
     The rotation pairs dimension i of a head with i + hd/2 (`_rotate_halves`), as HF's
     `rotate_half` does, so a Llama checkpoint's q and k projections work unpermuted. The cache
@@ -163,7 +191,7 @@ def rope_forward(qkv: np.ndarray, n_heads: int, n_kv_heads: int | None, theta: f
     B, T, W = qkv.shape
     Hkv = kv_heads(n_heads, n_kv_heads)
     hd = W // (n_heads + 2 * Hkv)
-    cos, sin = rope_table(start + T, hd, theta, qkv.dtype)
+    cos, sin = rope_table(start + T, hd, theta, qkv.dtype, scaling=scaling)
     cos, sin = cos[start:], sin[start:]
     x = qkv.reshape(B, T, n_heads + 2 * Hkv, hd)
     out = np.empty_like(x)

@@ -76,21 +76,49 @@ def attention(qkv: np.ndarray, n_heads: int, causal: bool, n_kv_heads: int | Non
     return out
 
 
-def rope(qkv: np.ndarray, n_heads: int, n_kv_heads: int | None, theta: float, start: int = 0) -> np.ndarray:
+def rope_inv_freq(head_dim: int, theta: float, scaling=None) -> list[float]:
+    """The rotary inverse frequencies theta^(-2i / head_dim), one pair of dimensions at a time,
+    stretched as transformers' `_compute_linear_scaling_rope_parameters` and
+    `_compute_llama3_parameters` write it: linear divides each by the factor; llama3 looks at
+    each one's wavelength 2 pi / inv_freq and keeps it (short), divides it (long) or blends."""
+    out = []
+    for i in range(head_dim // 2):
+        inv_freq = 1.0 / theta ** (2 * i / head_dim)
+        if scaling is not None and scaling.type == "linear":
+            inv_freq = inv_freq / scaling.factor
+        elif scaling is not None and scaling.type == "llama3":
+            old = scaling.original_context_length
+            wavelen = 2 * math.pi / inv_freq
+            if wavelen < old / scaling.high_freq_factor:
+                pass  # high frequencies: as trained
+            elif wavelen > old / scaling.low_freq_factor:
+                inv_freq = inv_freq / scaling.factor  # low frequencies: stretched
+            else:
+                s = (old / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+                inv_freq = (1 - s) * inv_freq / scaling.factor + s * inv_freq
+        out.append(inv_freq)
+    return out
+
+
+def rope(
+    qkv: np.ndarray, n_heads: int, n_kv_heads: int | None, theta: float, start: int = 0, scaling=None
+) -> np.ndarray:
     """(B, T, (H + 2 Hkv) hd) -> the same with each q and k head of position start + t rotated,
     pair by pair, HF Llama's `rotate_half` way: dimension i with dimension i + hd/2, by the angle
-    (start + t) * theta^(-2i / hd). v is copied as it is."""
+    (start + t) * inv_freq_i (`rope_inv_freq`: theta^(-2i / hd), stretched by `scaling`). v is
+    copied as it is."""
     B, T, W = qkv.shape
     n_kv = n_heads if n_kv_heads is None else n_kv_heads
     hd = W // (n_heads + 2 * n_kv)
     half = hd // 2
+    inv_freq = rope_inv_freq(hd, theta, scaling)
     out = np.array(qkv, dtype=np.result_type(qkv.dtype, np.float64))
     for b in range(B):
         for t in range(T):
             for head in range(n_heads + n_kv):  # the q heads, then the k heads
                 x = qkv[b, t, head * hd : (head + 1) * hd]
                 for i in range(half):
-                    angle = (start + t) / theta ** (2 * i / hd)
+                    angle = (start + t) * inv_freq[i]
                     c, s = math.cos(angle), math.sin(angle)
                     out[b, t, head * hd + i] = x[i] * c - x[i + half] * s
                     out[b, t, head * hd + i + half] = x[i + half] * c + x[i] * s

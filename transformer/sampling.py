@@ -42,6 +42,18 @@ def greedy(logits: np.ndarray) -> int:
     return int(np.argmax(logits))
 
 
+def mask_from(logits: np.ndarray, start: int) -> np.ndarray:
+    """(V,) -> (V,) float64 copy with the ids from `start` up at -inf: never chosen (a padded
+    vocabulary's ids that have no token).
+
+    >>> mask_from(np.array([1.0, 3.0, 2.0]), 2).tolist()
+    [1.0, 3.0, -inf]
+    """
+    z = np.array(logits, dtype=np.float64)
+    z[start:] = -np.inf
+    return z
+
+
 def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
     """(V,) -> (V,) logits / temperature (> 0): below 1 sharpens, above 1 flattens."""
     return np.asarray(logits, dtype=np.float64) / temperature

@@ -237,13 +237,13 @@ class DeviceOps:
 
     # ------------------------------------------------------------------------- rotary positions
 
-    def rope_forward(self, qkv, n_heads: int, n_kv_heads, theta: float, start: int = 0):
+    def rope_forward(self, qkv, n_heads: int, n_kv_heads, theta: float, start: int = 0, *, scaling=None):
         """qkv (B, T, (H + 2 Hkv) hd) -> the same with q and k rotated (HF's rotate_half layout),
-        v unchanged; the CPU's cos and sin tables, copied to the device once per shape."""
+        v unchanged; the CPU's cos and sin tables (`scaling` as there), copied to the device once per shape."""
         B, T, W = qkv.shape
         Hkv = cpu_ops.kv_heads(n_heads, n_kv_heads)
         hd = W // (n_heads + 2 * Hkv)
-        cos, sin = self._rope_table(start + T, hd, theta, qkv.dtype)
+        cos, sin = self._rope_table(start + T, hd, theta, qkv.dtype, scaling)
         cos, sin = cos[start : start + T], sin[start : start + T]
         rotated = n_heads + Hkv
         x = qkv.reshape(B, T, n_heads + 2 * Hkv, hd)
@@ -263,13 +263,14 @@ class DeviceOps:
         dx[:, :, rotated:] = d[:, :, rotated:]
         return dx.reshape(dout.shape)
 
-    def _rope_table(self, n: int, hd: int, theta: float, dtype):
-        """cos, sin (n, hd / 2) on the device, made once per (n, hd, theta, dtype)."""
-        key = ("rope", n, hd, float(theta), np.dtype(dtype).name)
+    def _rope_table(self, n: int, hd: int, theta: float, dtype, scaling):
+        """cos, sin (n, hd / 2) on the device, made once per (n, hd, theta, dtype, scaling)."""
+        key = ("rope", n, hd, float(theta), np.dtype(dtype).name, scaling)
         if key not in self._tables:
             if len(self._tables) >= 16:
                 self._tables.clear()
-            self._tables[key] = tuple(self.xp.asarray(t) for t in cpu_ops.rope_table(n, hd, theta, dtype))
+            table = cpu_ops.rope_table(n, hd, theta, dtype, scaling=scaling)
+            self._tables[key] = tuple(self.xp.asarray(t) for t in table)
         return self._tables[key]
 
     def _rotate_halves(self, x, out, cos, sin):
