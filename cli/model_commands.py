@@ -737,7 +737,15 @@ def export_hf_command(model_path, directory, tokenizer_path, overwrite) -> int:
     help="model file to write (e.g. gpt2.safetensors)",
 )
 @click.option("--overwrite", is_flag=True, help="replace OUT if it exists")
-def import_hf_command(directory, out, overwrite) -> int:
+@click.option(
+    "--context",
+    "context",
+    type=click.IntRange(1),
+    default=None,
+    help="a window of this many tokens instead of max_position_embeddings (rotary models: Llama 3.1's 131,072 "
+    "is beyond tk's 65,536)",
+)
+def import_hf_command(directory, out, overwrite, context) -> int:
     """Read a transformers checkpoint directory into one tokenkit model file.
 
     DIR holds config.json (GPT-2's, or Llama's, Mistral's or Qwen2's), model.safetensors (or
@@ -750,7 +758,7 @@ def import_hf_command(directory, out, overwrite) -> int:
     Example:
       tk import-hf gpt2-hf -o gpt2.safetensors
     """
-    result = hf.import_hf(directory, out, overwrite=overwrite)
+    result = hf.import_hf(directory, out, overwrite=overwrite, context_length=context)
     shards = f" in {result.shards} shards" if result.shards > 1 else ""
     source = "" if result.architecture == "GPT2LMHeadModel" else f" of {result.architecture}"
     click.echo(

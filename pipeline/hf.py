@@ -585,8 +585,15 @@ def read_tokenizer(directory: Path) -> Tokenizer:
         raise PipelineError(f"{directory}: the tokenizer cannot be read ({err})") from None
 
 
-def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False) -> ImportResult:
-    """Read a transformers GPT-2 directory into one tk model file (tokenizer embedded)."""
+def import_hf(
+    directory: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    context_length: int | None = None,
+) -> ImportResult:
+    """Read a transformers checkpoint directory into one tk model file (tokenizer embedded).
+    `context_length`: a shorter window for a rotary-position model (see `hf_llama.gpt_config`)."""
     directory, out = Path(directory), Path(out)
     if not directory.is_dir():
         raise PipelineError(f"{directory} is not a directory; give the directory transformers saved the model in")
@@ -598,7 +605,12 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *, overwrite
         raise PipelineError(f"{directory} has no {CONFIG_FILE}; is it a transformers model directory?")
     hf = _read_json(directory / CONFIG_FILE, "model config")
     llama = isinstance(hf, dict) and isinstance(hf.get("model_type"), str) and hf["model_type"] in hf_llama.MODEL_TYPES
-    imported = hf_llama.gpt_config(directory / CONFIG_FILE, hf) if llama else None
+    if context_length is not None and not llama:
+        raise PipelineError(
+            f"{directory}: --context shortens the window of a rotary-position model (Llama, Mistral, Qwen2); "
+            "GPT-2's positions are rows of its wpe table"
+        )
+    imported = hf_llama.gpt_config(directory / CONFIG_FILE, hf, context_length) if llama else None
     config = imported.config if imported else gpt_config(directory / CONFIG_FILE, hf)
     sources, shards = _headers(directory)
     tokenizer = read_tokenizer(directory)

@@ -126,9 +126,11 @@ class Imported:
     architecture: str  # LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM
 
 
-def gpt_config(path: Any, hf: dict) -> Imported:
+def gpt_config(path: Any, hf: dict, context_length: int | None = None) -> Imported:
     """tk's config for a llama, mistral or qwen2 config.json, or one PipelineError line naming
-    what tk's GPT does not compute."""
+    what tk's GPT does not compute. `context_length`: a window shorter than the checkpoint's
+    max_position_embeddings (rotary positions are relative, so the model computes the same on
+    what fits in it; Llama 3.1's 131,072 is beyond tk's longest context)."""
     kind = hf["model_type"]
 
     def refuse(what: str) -> PipelineError:
@@ -161,8 +163,15 @@ def gpt_config(path: Any, hf: dict) -> Imported:
         )
     context = hf["max_position_embeddings"]
     theta, scaling = _rope(hf, context, refuse)
+    if context_length is not None:
+        if isinstance(context, int) and not 0 < context_length <= context:
+            raise refuse(f"--context {context_length:,} must be from 1 to max_position_embeddings, {context:,}")
+        context = context_length
     if isinstance(context, int) and context > MAX_CONTEXT_LENGTH:
-        raise refuse(f"max_position_embeddings {context:,} is beyond tk's longest context, {MAX_CONTEXT_LENGTH:,}")
+        raise refuse(
+            f"max_position_embeddings {context:,} is beyond tk's longest context, {MAX_CONTEXT_LENGTH:,}; give "
+            f"--context N (at most {MAX_CONTEXT_LENGTH:,}) to import it with a window of N tokens"
+        )
     _check_sliding_window(hf, kind, context, refuse)
     eps = get("rms_norm_eps", 1e-6)
     if kind == "llama":

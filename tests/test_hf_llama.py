@@ -565,6 +565,32 @@ def test_rope_scaled_checkpoints_predict_as_transformers(kind, transformers, tmp
     check_same(transformers, again, tmp_path / "out", tmp_path / "m.safetensors")
 
 
+def test_a_context_beyond_tks_is_imported_with_a_shorter_window(transformers, tmp_path, capsys):
+    """Llama 3.1's max_position_embeddings (131,072) is beyond tk's 65,536: refused naming --context,
+    and with --context N the model is imported with a window of N; rotary positions are relative
+    (and the llama3 scaling keeps its own original context), so it predicts as transformers there."""
+    hf_model = hf_checkpoint(transformers, tmp_path / "hf", "llama", num_key_value_heads=2, rope_theta=100.0,
+                             max_position_embeddings=131_072, rope_scaling=dict(SCALED["llama3"]))  # fmt: skip
+    one_line_error(cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "m.safetensors"),
+                   "max_position_embeddings 131,072 is beyond tk's longest context", "--context N")  # fmt: skip
+    assert not (tmp_path / "m.safetensors").exists()
+    one_line_error(cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "m.safetensors", "--context", "200000"),
+                   "must be from 1 to max_position_embeddings, 131,072")  # fmt: skip
+    code, out, err = cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "m.safetensors", "--context", "64")
+    assert code == 0 and "context 64," in out, err
+    model, _ = check_same(transformers, hf_model, tmp_path / "hf", tmp_path / "m.safetensors")
+    assert model.config.context_length == 64 and model.config.rope_scaling.original_context_length == 16
+    ids = np.random.default_rng(6).integers(0, model.config.vocab_size, size=(2, 64))
+    assert np.abs(probs(model, ids) - hf_probs(hf_model, ids)).max() < 1e-4
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=300, n_positions=16, n_embd=16, n_layer=1,
+                                                                n_head=2))  # fmt: skip
+    gpt2.save_pretrained(tmp_path / "gpt2")
+    Tokenizer([(i, i) for i in range(44)]).export_hf(tmp_path / "gpt2")  # 300 tokens, as the model
+    capsys.readouterr()
+    one_line_error(cli(capsys, "import-hf", tmp_path / "gpt2", "-o", tmp_path / "g.safetensors", "--context", "8"),
+                   "--context shortens the window of a rotary-position model")  # fmt: skip
+
+
 def test_a_stored_head_that_differs_from_the_embeddings_is_imported_untied(transformers, tmp_path, capsys):
     """transformers predicts with a stored lm_head.weight that differs from the embeddings, even
     under tie_word_embeddings (it unties them); tk imports such a model untied, as it predicts."""
