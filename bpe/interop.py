@@ -437,14 +437,14 @@ def from_hf(data, what: str = "tokenizer.json") -> dict:
         raise TokenizerError(f"{what}: the post-processor gives {bos!r} another id than its added token")
     tokens = _hf_tokens(vocab, specials, byte_of, what)
     merges = []
-    for r, m in enumerate(merges_in):
-        pair = m.split(" ") if isinstance(m, str) else m
-        if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(p, str) for p in pair):
+    for r, m in enumerate(merges_in):  # written out: Llama 3's file has 280k merges
+        pair = m.split(" ") if type(m) is str else m
+        if type(pair) is not list or len(pair) != 2 or type(pair[0]) is not str or type(pair[1]) is not str:
             raise TokenizerError(f"{what}: merge {r} is {str(m)[:40]!r}, expected 'left right' or [left, right]")
-        ids = vocab.get(pair[0]), vocab.get(pair[1])
-        if None in ids or any(tokens[i] is None for i in ids):
+        a, b = vocab.get(pair[0]), vocab.get(pair[1])
+        if a is None or b is None or tokens[a] is None or tokens[b] is None:
             raise TokenizerError(f"{what}: merge {r} {pair!r} uses a token missing from the vocab")
-        merges.append(ids)
+        merges.append((a, b))
     return {
         "vocab": tokens,
         "merges": merges,
