@@ -484,9 +484,17 @@ def _info_tokenizer(path: Path, meta: dict[str, str]) -> None:
     tok = load_tokenizer(path)
     _row("file", path)
     _row("format", f"{meta.get('format')} v{meta.get('format_version')} (tokenizer)")
-    _row("vocab size", f"{tok.vocab_size} (256 bytes + {len(tok.merges)} merges + {len(tok.special_tokens)} special)")
+    n_special = len(tok.special_tokens)
+    parts = (
+        f"{tok.vocab_size - n_special} tokens listed, {len(tok.merges)} merges, {n_special} special"
+        if tok.listed
+        else f"256 bytes + {len(tok.merges)} merges + {n_special} special"
+    )
+    _row("vocab size", f"{tok.vocab_size} ({parts})")
     _row("pattern", tok.pattern)
     _row("special tokens", json.dumps(tok.special_tokens, ensure_ascii=False) if tok.special_tokens else "none")
+    if tok.bos is not None:
+        _row("bos", f"{tok.bos} (before every text a model reads)")
     _row("fingerprint", tok.fingerprint())
     for key in sorted(meta):
         if key == "training":
@@ -513,7 +521,12 @@ def _info_model(path: Path) -> None:
     _row("config", json.dumps(model.config.to_dict()))
     _row("parameters", f"{n_params:,}")
     if tok is not None:
-        _row("vocab size", f"{tok.vocab_size} (tokenizer {meta.get('tokenizer_fingerprint', '')[:16]}...)")
+        padding = model.config.vocab_size - tok.vocab_size
+        padded = f", and {padding:,} padding ids" if padding > 0 else ""
+        _row(
+            "vocab size",
+            f"{model.config.vocab_size} (tokenizer {meta.get('tokenizer_fingerprint', '')[:16]}...{padded})",
+        )
     prov = meta.get("provenance") or {}
     if "step" in meta and not (isinstance(prov, dict) and "imported_from" in prov):
         _row("training step", meta.get("step"))

@@ -402,9 +402,13 @@ def bpe_import_command(sources, output, pattern, specials) -> int:
         tok = Tokenizer.from_hf(sources[0])
     tok.save(output)
     specials_text = ", ".join(f"{s}={i}" for s, i in tok.special_tokens.items()) or "none"
-    click.echo(
-        f"wrote {output}: 256 bytes + {len(tok.merges)} merges, specials: {specials_text}; vocab size {tok.vocab_size}"
+    ids = (
+        f"{tok.vocab_size - len(tok.special_tokens)} tokens listed with {len(tok.merges)} merges"
+        if tok.listed
+        else f"256 bytes + {len(tok.merges)} merges"
     )
+    bos = f" (bos {tok.bos})" if tok.bos else ""
+    click.echo(f"wrote {output}: {ids}, specials: {specials_text}{bos}; vocab size {tok.vocab_size}")
     return 0
 
 

@@ -261,3 +261,18 @@ def test_digits_other_than_one_by_one_are_one_line(tmp_path):
     }  # fmt: skip
     with pytest.raises(TokenizerError, match="individual_digits"):
         interop.from_hf(data)
+
+
+def test_the_commands_say_a_listed_vocabulary_as_it_is(smollm_style, tmp_path, capsys):
+    from test_reliability_interop import cli
+
+    _, path = smollm_style
+    tok = Tokenizer.from_hf(path)
+    listed_tokens = tok.vocab_size - len(tok.special_tokens)
+    code, out, err = cli(capsys, "bpe-import", path, "-o", tmp_path / "t.safetensors")
+    assert code == 0 and f"{listed_tokens} tokens listed with {len(tok.merges)} merges" in out, err
+    assert "<|endoftext|>=0" in out
+    code, out, err = cli(capsys, "info", tmp_path / "t.safetensors")
+    assert code == 0 and "v3 (tokenizer)" in out and f"({listed_tokens} tokens listed," in out, err
+    code, out, err = cli(capsys, "encode", "-t", tmp_path / "t.safetensors", "In 2024")
+    assert code == 0 and out.split() == [str(i) for i in tok.encode("In 2024")], err
