@@ -74,3 +74,40 @@ def test_llama_arithmetic_shows_rope_rmsnorm_swiglu_and_the_shared_kv_head(brows
         shot(p, "attention-llama")
     finally:
         p.context.close()
+
+
+def test_a_padded_vocabularys_ids_are_shown_and_not_offered_as_text(browser, run, tmp_path):
+    """A model whose vocabulary is padded beyond its tokenizer (Qwen2's kind), its padding made the
+    most likely: the next-token bars show `<pad id N>` as the server sends it, and only real tokens
+    are buttons that add their text."""
+    import numpy as np
+
+    from tokenkit.pipeline import checkpoint
+    from tokenkit.transformer.config import GPTConfig
+
+    loaded = checkpoint.load_model(run)
+    tok, n = loaded.tokenizer, loaded.tokenizer.vocab_size
+    logits = loaded.model.forward(np.array([tok.encode("Once upon a time")]))[0, -1]
+    params = {}
+    for name, value in loaded.model.params.items():  # 6 more rows for every (V, C) tensor, all alike
+        if value.shape[0] == n:
+            value = np.concatenate([value, np.repeat(3 * value[int(np.argmax(logits))][None], 6, axis=0)])
+        params[name] = value
+    config = GPTConfig.from_dict({**loaded.model.config.to_dict(), "vocab_size": n + 6})
+    checkpoint.save_model(tmp_path / "padded.safetensors", params, tok, config=config.to_dict(), step=0,
+                          val_loss=None, best_val_loss=None, provenance={})  # fmt: skip
+    running = Running(serve.make_server(tmp_path / "padded.safetensors", port=0))
+    address = urlencode({"view": "next", "text": "Once upon a time"})
+    p = open_page(browser, f"http://127.0.0.1:{running.port}/?{address}")
+    try:
+        p.wait_for_selector("#next-bars .bar", timeout=10_000)
+        rows = p.eval_on_selector_all("#next-bars .bar", "bars => bars.map(b => [+b.dataset.id, b.tagName])")
+        assert any(i >= n for i, _ in rows) and any(i < n for i, _ in rows)  # the premise: both are shown
+        assert all((tag == "BUTTON") == (i < n) for i, tag in rows), rows
+        assert f"<pad id {n}>" in p.inner_text("#next-bars")
+        assert f"its {n + 6} ids ({n} tokens and 6 padding)" in p.inner_text("#next-card")
+        assert p.tk_errors == []
+        shot(p, "next-padded")
+    finally:
+        p.context.close()
+        running.stop()

@@ -5,17 +5,21 @@
   const {el} = TK;
   const SHOW = 10;  // bars per distribution
 
-  // Probability bars; `drawn`: the id to mark as the one sampled; `onpick(row)` makes each bar a button.
-  function bars(top, id, drawn, onpick) {
+  // Probability bars; `drawn`: the id to mark as the one sampled; `onpick(row)` makes each bar a button,
+  // but for an id at or past `tokens` (a padded vocabulary's, shown as <pad id N>: no text to add).
+  function bars(top, id, drawn, onpick, tokens) {
     return el("div", {class: "bars", id, role: "list"}, top.map((row) => {
       const partial = /\\x[0-9a-f]{2}/.test(row.token);
-      const tag = onpick && !partial ? "button" : "div";
+      const padding = row.id >= tokens;  // shown as the label the server sends, not as a text's characters
+      const tag = onpick && !partial && !padding ? "button" : "div";
       return el(tag, {class: "bar" + (row.id === drawn ? " drawn" : ""), role: tag === "div" ? "listitem" : null,
         type: tag === "button" ? "button" : null, dataset: {id: row.id, p: row.p},
         title: tag === "button" ? "add this token to the text" : null,
-        "aria-label": `${TK.visible(row.token)}, id ${row.id}, probability ${TK.pct(row.p)}` + (row.id === drawn ? ", drawn" : ""),
+        "aria-label": `${padding ? row.token : TK.visible(row.token)}, id ${row.id}, probability ${TK.pct(row.p)}` +
+          (row.id === drawn ? ", drawn" : ""),
         onclick: tag === "button" ? () => onpick(row) : null},
-      el("span", {class: "bar-token"}, row.token === "" ? "∅" : TK.visibleNodes(row.token)),
+      el("span", {class: "bar-token" + (padding ? " pad" : "")},
+        padding ? row.token : row.token === "" ? "∅" : TK.visibleNodes(row.token)),
       el("span", {class: "bar-track"}, el("span", {class: "bar-fill", style: {width: (100 * row.p).toFixed(2) + "%"}})),
       el("span", {class: "bar-p"}, TK.pct(row.p)),
       el("span", {class: "bar-id"}, "#" + row.id));
@@ -33,6 +37,7 @@
     async render(target, state, info, ctx) {
       if (state.text === "") { target.append(el("p", {class: "muted"}, "Type some text above: the model predicts what comes next.")); return; }
       const vocab = info.model.config.vocab_size;
+      const tokens = info.tokenizer ? info.tokenizer.vocab_size : vocab;  // fewer when the model is padded
       const sampling = {text: state.text, n: state.n, temperature: state.temperature, top_k: state.top_k,
         top_p: state.top_p, seed: state.seed, show: SHOW, specials: state.specials};
       // a `tk explain --html` file holds the generation of the default settings only: others get its note
@@ -45,9 +50,11 @@
       const nextCard = el("section", {class: "card", id: "next-card"},
         el("h2", {}, "Next token"),
         el("p", {class: "muted"}, `After these ${TK.int(next.prompt_ids.length)} tokens the model gives each of its ` +
-          `${TK.int(vocab)} tokens a probability (softmax of the last position's scores). The ${next.top.length} most likely` +
+          (tokens < vocab ? `${TK.int(vocab)} ids (${TK.int(tokens)} tokens and ${TK.int(vocab - tokens)} padding)`
+            : `${TK.int(vocab)} tokens`) +
+          ` a probability (softmax of the last position's scores). The ${next.top.length} most likely` +
           (append ? "; click one to add it to the text." : ".")),
-        bars(next.top, "next-bars", null, append));
+        bars(next.top, "next-bars", null, append, tokens));
 
       // 2. generation, step by step
       const fields = {
