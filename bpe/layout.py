@@ -146,7 +146,7 @@ def _fits_canonical(tokens, made: list[int], byte_ids: list[int], special_tokens
     return (
         sorted(byte_ids) == list(range(256))
         and made == list(range(256, n_regular))
-        and len(tokens) == n_regular
+        and all(t is None for t in tokens[n_regular:])  # the special tokens' ids, after the merges
         and sorted(special_tokens.values()) == list(range(n_regular, n_regular + len(special_tokens)))
     )
 

@@ -103,11 +103,17 @@ def test_random_listed_vocabularies_do_reach_merges_out_of_order():
     assert sum(not t._layout.monotone for t in tokenizers) >= 15
 
 
-def test_a_listed_vocabulary_that_fits_the_canonical_layout_is_canonical():
+def test_a_listed_vocabulary_that_fits_the_canonical_layout_is_canonical(tmp_path):
     tok = Tokenizer.train([corpus()], vocab_size=300, special_tokens=["<|end|>"], quiet=True, workers=1)
     tokens = tok.vocab
     again = Tokenizer(tok.merges, vocab=tokens, special_tokens=tok.special_tokens)
     assert not again.listed and again.fingerprint() == Tokenizer(tok.merges, special_tokens=["<|end|>"]).fingerprint()
+    full = [*tokens, None]  # every id, the special's too, as a tokenizer.json lists them
+    assert not Tokenizer(tok.merges, vocab=full, special_tokens=tok.special_tokens).listed
+    tok.export_hf(tmp_path)
+    imported = Tokenizer.from_hf(tmp_path / "tokenizer.json")
+    assert not imported.listed and (imported.merges, imported.vocab) == (tok.merges, tok.vocab)
+    assert imported.to_tensors()[1]["format_version"] == "1"
 
 
 @pytest.mark.parametrize(
