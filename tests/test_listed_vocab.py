@@ -282,3 +282,12 @@ def test_the_commands_say_a_listed_vocabulary_as_it_is(smollm_style, tmp_path, c
     assert code == 0 and "v3 (tokenizer)" in out and f"({listed_tokens} tokens listed," in out, err
     code, out, err = cli(capsys, "encode", "-t", tmp_path / "t.safetensors", "In 2024")
     assert code == 0 and out.split() == [str(i) for i in tok.encode("In 2024")], err
+
+
+def test_a_listed_tokenizer_encodes_files_in_worker_processes_as_in_one(llama3_style, tmp_path):
+    """Worker processes get the tokenizer through its file's tensors (version 3) and give `encode`'s ids."""
+    _, path = llama3_style
+    tok = Tokenizer.from_hf(path)
+    text = corpus().decode("utf-8")[:30_000]
+    (tmp_path / "c.txt").write_text(text, encoding="utf-8")
+    assert tok.encode_file(tmp_path / "c.txt", workers=2, quiet=True).tolist() == tok.encode(text)
