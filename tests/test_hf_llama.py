@@ -614,7 +614,7 @@ def test_a_stored_head_that_differs_from_the_embeddings_is_imported_untied(trans
 
 def test_tokenizers_tk_does_not_read_are_refused_naming_them(transformers, tmp_path, capsys):
     from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers, processors
+    from tokenizers import decoders, models, pre_tokenizers
 
     hf_checkpoint(transformers, tmp_path / "hf", "llama")
     vocab = HFTokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json")).get_vocab()
@@ -626,33 +626,31 @@ def test_tokenizers_tk_does_not_read_are_refused_naming_them(transformers, tmp_p
     refused = cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "x.safetensors")
     one_line_error(refused, "a SentencePiece-style tokenizer (BPE with byte_fallback, as Llama 2's and Mistral v0.1's)")
     # a post-processor that adds a token after the text: refused (tk adds a model's BOS, nothing else)
-    tok, _ = hf_tokenizer("llama")
-    tok.post_processor = processors.Sequence([
-        processors.ByteLevel(trim_offsets=False),
-        processors.TemplateProcessing(single=f"$A {EOS}", pair=f"$A {EOS} $B:1 {EOS}:1",
-                                      special_tokens=[(EOS, tok.token_to_id(EOS))]),
-    ])  # fmt: skip
+    tok = with_template(hf_tokenizer("llama")[0], EOS, f"$A {EOS}", f"$A {EOS} $B:1 {EOS}:1")
     tok.save(str(tmp_path / "hf" / "tokenizer.json"))
     one_line_error(cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "x.safetensors"),
                    f"adds {EOS!r} to every text", '"post_processor": null')  # fmt: skip
     assert not (tmp_path / "x.safetensors").exists()
 
 
+def with_template(tok, token: str, single: str, pair: str):
+    """`tok` (a tokenizers.Tokenizer) with a post-processor as Llama 3's: ByteLevel, then a
+    template of `single` and `pair` that names the special token `token`."""
+    from tokenizers import processors
+
+    template = processors.TemplateProcessing(single=single, pair=pair, special_tokens=[(token, tok.token_to_id(token))])
+    tok.post_processor = processors.Sequence([processors.ByteLevel(trim_offsets=False), template])
+    return tok
+
+
 def test_llama3s_bos_template_puts_bos_before_every_prompt(transformers, tmp_path, capsys):
     """Llama 3's template adds <|begin_of_text|> before every text: tk's tokenizer records it as
     its BOS; `encode` stays the text's ids (add_special_tokens=False), and what the model reads
     (predict-next, explain, generate) starts with it, as transformers' tokenizer(text) does."""
-    from tokenizers import processors
-
     from tokenkit.pipeline import views
 
     hf_model = hf_checkpoint(transformers, tmp_path / "hf", "llama", num_key_value_heads=2)
-    tok, _ = hf_tokenizer("llama")
-    tok.post_processor = processors.Sequence([
-        processors.ByteLevel(trim_offsets=False),
-        processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS}:1 $B:1",
-                                      special_tokens=[(BOS, tok.token_to_id(BOS))]),
-    ])  # fmt: skip
+    tok = with_template(hf_tokenizer("llama")[0], BOS, f"{BOS} $A", f"{BOS} $A {BOS}:1 $B:1")  # Llama 3's
     tok.save(str(tmp_path / "hf" / "tokenizer.json"))
     code, out, err = cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "m.safetensors")
     assert code == 0, err
