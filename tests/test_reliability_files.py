@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 from test_hf import _write_checkpoint as write_checkpoint  # one hand-made safetensors writer
 from test_run_dir import TINY as RUN_TINY
+from test_run_dir import write_words  # the same corpus
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli.main import main
@@ -428,11 +429,7 @@ TINY = [*RUN_TINY, "--workers", "1"]  # test_run_dir's tiny model, in one proces
 
 @pytest.fixture(scope="module")
 def words(tmp_path_factory) -> Path:
-    rng = np.random.default_rng(7)
-    vocab = ["the", "fox", "ran", "up", "a", "hill", "and", "down", "again", "to", "see", "sun"]
-    path = tmp_path_factory.mktemp("corpus") / "words.txt"
-    path.write_text("\n".join(" ".join(rng.choice(vocab, size=12)) for _ in range(1500)) + "\n", encoding="utf-8")
-    return path
+    return write_words(tmp_path_factory.mktemp("corpus") / "words.txt")
 
 
 @pytest.fixture(scope="module")

@@ -49,11 +49,14 @@ TINY = [
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
+    return write_words(tmp_path_factory.mktemp("corpus") / "words.txt")
+
+
+def write_words(path: Path) -> Path:
+    """1,500 lines of 12 words drawn from 12 (seed 7): a corpus a tiny model learns in a few steps."""
     rng = np.random.default_rng(7)
     words = ["the", "fox", "ran", "up", "a", "hill", "and", "down", "again", "to", "see", "sun"]
-    text = "\n".join(" ".join(rng.choice(words, size=12)) for _ in range(1500)) + "\n"
-    path = tmp_path_factory.mktemp("corpus") / "words.txt"
-    path.write_text(text, encoding="utf-8")
+    path.write_text("\n".join(" ".join(rng.choice(words, size=12)) for _ in range(1500)) + "\n", encoding="utf-8")
     return path
 
 
