@@ -416,7 +416,7 @@ def _npy(text: str, body: bytes, version: int) -> bytes:
 
 def _use(kind: str, path: Path) -> None:
     """Load a file as tk does, then use what loaded (so that a lazy failure is seen too)."""
-    if kind == "tokenizer":
+    if kind in ("tokenizer", "listed"):
         tok = Tokenizer.load(path)
         tok.decode(tok.encode("hello world aaaa ünïcode"))
     elif kind == "model":
@@ -499,6 +499,10 @@ def files(tmp_path_factory) -> dict[str, Path]:
     corpus.write_bytes(TEXT)
     tok = Tokenizer.train([TEXT], vocab_size=290, special_tokens=["<|endoftext|>"], workers=1, quiet=True)
     tok.save(root / "tok.safetensors")
+    # the same vocabulary listed with its special token first (SmolLM's layout): a version 3 file
+    Tokenizer([(a + 1, b + 1) for a, b in tok.merges], vocab=[None, *tok.vocab], special_tokens={"<|endoftext|>": 0},
+              ignore_merges=True).save(root / "listed.safetensors")  # fmt: skip
+    assert Tokenizer.load(root / "listed.safetensors").listed
     config = TrainConfig(
         n_layers=1,
         n_heads=2,
@@ -516,6 +520,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     np.save(ids, np.asarray(tok.encode("once upon a time there was a fox"), dtype=np.uint16))
     return {
         "tokenizer": root / "tok.safetensors",
+        "listed": root / "listed.safetensors",
         "model": root / "run" / checkpoint.MODEL_FILE,
         "ids": ids,
         "corpus": corpus,
@@ -592,7 +597,7 @@ def within(seconds: float):
 # --------------------------------------------------------------------------- the fuzzers
 
 
-@pytest.mark.parametrize("kind, n", [("tokenizer", 400), ("model", 240), ("ids", 400)])
+@pytest.mark.parametrize("kind, n", [("tokenizer", 400), ("listed", 300), ("model", 240), ("ids", 400)])
 def test_fuzzed_files_load_or_fail_in_one_line(files, kind, n):
     result = run_fuzz(kind, files[kind], seed=2024, n=n)
     assert result["cases"] == n
@@ -604,7 +609,7 @@ def test_fuzzed_files_load_or_fail_in_one_line(files, kind, n):
 
 
 def test_mutants_are_reproducible_and_start_from_a_valid_file(files):
-    for kind in ("tokenizer", "model", "ids"):
+    for kind in ("tokenizer", "listed", "model", "ids"):
         _use(kind, files[kind])  # the unmutated file loads
     data = files["tokenizer"].read_bytes()
     first = list(safetensors_mutants(data, random.Random(5), 40, "tokenizer"))
