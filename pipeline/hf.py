@@ -54,7 +54,7 @@ from tokenkit.bpe.interop import QWEN2_PATTERN
 from tokenkit.common import FileError, atomic, atomic_dir, jsonsafe, readfile, safetensors_file
 from tokenkit.pipeline import checkpoint, hf_llama
 from tokenkit.pipeline.errors import PipelineError
-from tokenkit.pipeline.run import load_model_and_tokenizer
+from tokenkit.pipeline.run import eos_id, load_model_and_tokenizer
 from tokenkit.transformer import GPTConfig, ModelError
 from tokenkit.transformer.config import param_shapes
 from tokenkit.transformer.ops import LN_EPS
@@ -77,7 +77,6 @@ EXPORT_FILES = (
 )
 PREFIX = "transformer."
 EOT = "<|endoftext|>"
-EOS_NAMES = (EOT, "<|end_of_text|>", "<|im_end|>", "</s>")  # a Llama-family export's eos, the first the tokenizer has
 MARKER = "tokenkit_version"  # in an export's config.json: the directory may be exported into again
 MAX_JSON_BYTES = 16 << 20  # config.json is ~1 KB; an index of a huge sharded model is under 1 MB
 
@@ -284,7 +283,7 @@ def export_hf(
         bos = eos = tokenizer.special_tokens.get(EOT)
         hf = hf_config(config, tokenizer)
     else:
-        bos, eos = None, next((tokenizer.special_tokens[s] for s in EOS_NAMES if s in tokenizer.special_tokens), None)
+        bos, eos = tokenizer.special_tokens.get(tokenizer.bos), eos_id(tokenizer)  # no bos: None
         hf, names = hf_llama.hf_config(config, eos, {MARKER: __version__}, architecture)
         tensors = hf_llama_tensors(config, model.params, names)
     files[WEIGHTS_FILE] = lambda f: safetensors_file.write(f, tensors, {"format": "pt"})

@@ -79,6 +79,17 @@ def load_model_and_tokenizer(model_path: str | Path, tokenizer_path: str | Path 
 # --- prediction ------------------------------------------------------------------------------
 
 
+# the special tokens that end a text, most usual first: GPT-2's (and Qwen2's, SmolLM's), Llama 3's,
+# the chat models', SentencePiece's
+EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "<|im_end|>", "</s>")
+
+
+def eos_id(tokenizer) -> int | None:
+    """The id that ends a text: the first of EOS_NAMES the tokenizer has (None when it has none);
+    generation stops there, and an export to transformers names it as the eos."""
+    return next((tokenizer.special_tokens[s] for s in EOS_NAMES if s in tokenizer.special_tokens), None)
+
+
 def pad_label(token_id: int) -> str:
     """How an id of a padded vocabulary is shown: one with no token (at or past the tokenizer's
     size), unquoted so that no token's text reads the same.
@@ -207,7 +218,7 @@ def generate_ids(
         top_k=top_k,
         top_p=top_p,
         seed=seed,
-        stop_token=tokenizer.special_tokens.get("<|endoftext|>"),
+        stop_token=eos_id(tokenizer),
         use_cache=True,
         observe=observe,
         n_tokens=tokenizer.vocab_size if tokenizer.vocab_size < model.config.vocab_size else None,

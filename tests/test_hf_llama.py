@@ -668,11 +668,24 @@ def test_llama3s_bos_template_puts_bos_before_every_prompt(transformers, tmp_pat
         assert max(abs(t["p"] - p_hf[t["id"]]) for t in nxt["top"]) < 1e-4
     code, out, err = cli(capsys, "predict-next", "-m", tmp_path / "m.safetensors", TEXTS[0], "--json")
     assert code == 0 and json.loads(out)["prompt_ids"][0] == ours.special_tokens[BOS], err
+    # generation stops at Llama 3's end of text, <|end_of_text|>, made the most likely token here
+    from tokenkit.pipeline.run import generate_ids
+
+    head = model.params["lm_head.weight"] if "lm_head.weight" in model.params else model.params["wte.weight"]
+    prompt = np.array([ours.encode_for_model(TEXTS[0])])
+    head[ours.special_tokens[EOS]] = 3 * head[int(np.argmax(probs(model, prompt)[0, -1]))]
+    _, new = generate_ids(model, ours, TEXTS[0], max_new_tokens=5, temperature=0)
+    assert list(new) == [ours.special_tokens[EOS]]
     # written back with its template: transformers adds it to tk's export too
     code, _, err = cli(capsys, "export-hf", tmp_path / "m.safetensors", "-o", tmp_path / "out")
     assert code == 0, err
     again = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
     assert all(again(text).input_ids == theirs(text).input_ids for text in TEXTS)
+    generation = json.loads((tmp_path / "out" / "generation_config.json").read_text(encoding="utf-8"))
+    assert (generation["bos_token_id"], generation["eos_token_id"]) == (
+        ours.special_tokens[BOS],
+        ours.special_tokens[EOS],
+    )
     ours.save(tmp_path / "tok.safetensors")
     assert Tokenizer.load(tmp_path / "tok.safetensors").bos == BOS
     for fmt in ("gpt2", "tiktoken"):  # neither can say it (nor ignore_merges)
