@@ -191,7 +191,8 @@ def encode_file(
     )
     with bar:
         progress = lambda task: bar.update(sum(p.end - p.start for p in task))  # noqa: E731
-        pieces = encoded_tasks(tok, share, workers, allowed, disallowed, sep, progress)
+        between = np.array([] if sep is None else [sep], dtype=tok.ids_dtype).tobytes()
+        pieces = encoded_tasks(tok, share, workers, allowed, disallowed, between, progress)
         own, count = io.spill_ids(pieces, tok.ids_dtype)  # unnamed: nothing is left behind if the job is aborted
     empty = np.zeros(0, dtype=tok.ids_dtype)
     with own:

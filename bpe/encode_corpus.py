@@ -113,14 +113,18 @@ def encode_corpus(
     allowed_special: Iterable[str] | str = (),
     disallowed_special: Iterable[str] | str = "all",
     eot: str | None = None,
+    bos: int | None = None,
 ) -> Encoded:
-    """The ids of every document of `corpus`, in order, `eot`'s id between documents.
+    """The ids of every document of `corpus`, in order, `eot`'s id between documents and the id
+    `bos` before each (what a model of a tokenizer with a BOS reads: `Tokenizer.encode_for_model`).
 
     With `out_path` (.npy) the ids are streamed there task by task, atomically, and `ids` is
     that file memory-mapped read-only. workers: processes (default: all cores; 1: here).
     """
     allowed, disallowed = tok._special_args(allowed_special, disallowed_special)
     sep = eot_id(tok, eot)
+    lead = np.array([] if bos is None else [bos], dtype=tok.ids_dtype)
+    between = np.array([i for i in (sep, bos) if i is not None], dtype=tok.ids_dtype).tobytes()
     workers = max(1, workers or os.cpu_count() or 1)
     done = {"bytes": 0, "documents": 0}
     with tqdm(
@@ -133,7 +137,7 @@ def encode_corpus(
             done["documents"] += sum(p.after_document for p in task)
             bar.update(n)
 
-        pieces = encoded_tasks(tok, tasks_of(tok, corpus), workers, allowed, disallowed, sep, progress)
+        pieces = _led(lead, encoded_tasks(tok, tasks_of(tok, corpus), workers, allowed, disallowed, between, progress))
         if out_path is None:
             ids = np.concatenate([np.zeros(0, dtype=tok.ids_dtype), *pieces])
         elif io.save_ids_stream(out_path, tok.ids_dtype, pieces) == 0:
@@ -142,6 +146,17 @@ def encode_corpus(
             ids = io.load_ids(out_path)
     n_documents = done["documents"] + (done["bytes"] > 0)  # the first document has no boundary before it
     return Encoded(ids, done["bytes"], n_documents)
+
+
+def _led(lead: np.ndarray, pieces: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+    """`pieces` with `lead` before the first of them (none: nothing, an empty corpus stays empty)."""
+    pieces = iter(pieces)
+    first = next(pieces, None)
+    if first is not None:
+        if lead.size:
+            yield lead
+        yield first
+        yield from pieces
 
 
 def tasks_of(tok: Encodes, corpus: Corpus) -> Iterator[Task]:
@@ -201,16 +216,17 @@ def encoded_tasks(
     workers: int,
     allowed: list[str],
     disallowed: list[str] | str,
-    eot: int | None,
+    between: bytes,
     progress: Callable[[Task], None],
 ) -> Iterator[np.ndarray]:
-    """The ids of each task, in order. In worker processes, at most two tasks per worker are in
-    flight, so that finished ids do not pile up in memory."""
+    """The ids of each task, in order, `between` (raw ids: an eot, a BOS) where a document begins
+    after another. In worker processes, at most two tasks per worker are in flight, so that
+    finished ids do not pile up in memory."""
     tasks = iter(tasks)
     head = list(islice(tasks, 2 * workers))  # enough to know whether workers are worth starting
     if workers == 1 or len(head) <= 1:  # here, task by task: memory stays at one task
         for task in chain(head, tasks):
-            ids = _encode_task(tok, task, allowed, disallowed, eot)
+            ids = _encode_task(tok, task, allowed, disallowed, between)
             progress(task)
             yield np.frombuffer(ids, dtype=tok.ids_dtype)
         return
@@ -232,7 +248,7 @@ def encoded_tasks(
         def submit(count: int) -> None:
             with signals_held():  # the pool starts its workers in submit: none hears Ctrl-C before it ignores it
                 for task in islice(todo, count):
-                    pending.append((task, pool.submit(_worker_encode, task, allowed, disallowed, eot)))
+                    pending.append((task, pool.submit(_worker_encode, task, allowed, disallowed, between)))
 
         try:
             submit(2 * n)
@@ -255,13 +271,13 @@ def encoded_tasks(
             _worker_tok = None
 
 
-def _encode_task(tok: Encodes, task: Task, allowed, disallowed, eot: int | None) -> bytes:
+def _encode_task(tok: Encodes, task: Task, allowed, disallowed, between: bytes) -> bytes:
     """The ids of one task's parts as raw bytes of `tok.ids_dtype` (no per-id pickling on the way
-    back from a worker), `eot` before each part that starts a new document."""
+    back from a worker), `between` before each part that starts a new document."""
     out = []
     for part in task:
-        if part.after_document and eot is not None:
-            out.append(np.array(eot, dtype=tok.ids_dtype).tobytes())
+        if part.after_document and between:
+            out.append(between)
         if isinstance(part.source, bytes):
             text = part.source.decode("utf-8", errors="surrogateescape")
         else:
@@ -285,5 +301,5 @@ def _worker_init(parent: int, packed: tuple[Callable[..., Encodes], Tensors] | N
         _worker_tok = from_tensors(*tensors)
 
 
-def _worker_encode(task: Task, allowed, disallowed, eot: int | None) -> bytes:
-    return _encode_task(_worker_tok, task, allowed, disallowed, eot)
+def _worker_encode(task: Task, allowed, disallowed, between: bytes) -> bytes:
+    return _encode_task(_worker_tok, task, allowed, disallowed, between)

@@ -674,10 +674,12 @@ class Tokenizer:
         allowed_special: Iterable[str] | str = (),
         disallowed_special: Iterable[str] | str = "all",
         eot: str | None = None,
+        for_model: bool = False,
     ) -> np.ndarray:
         """Ids of a whole corpus as a 1-D array: each document encoded as `encode` encodes its
         text (its exact bytes), one after the other, the id of the special token `eot` between
-        documents when given.
+        documents when given. `for_model`: each document as `encode_for_model` encodes it, after
+        the tokenizer's BOS when it has one (a model's training data).
 
         path: a file, a directory, "-" (stdin), or a `bpe.corpus.Corpus` (compressed files,
         JSONL, ...). uint16 when the vocabulary fits, else uint32. With `out_path` (.npy) the
@@ -696,6 +698,7 @@ class Tokenizer:
             allowed_special=allowed_special,
             disallowed_special=disallowed_special,
             eot=eot,
+            bos=self._specials[self._bos] if for_model and self._bos is not None else None,
         ).ids
 
     def _special_args(self, allowed_special, disallowed_special) -> tuple[list[str], list[str] | str]:

@@ -249,7 +249,9 @@ def prepare_tokens(
                 tokens.reused = False
                 tmp = atomic.temp_path(run_dir / name)
                 tokens.pending[name] = tmp
-                tokenizer.encode_file(source, out_path=tmp, quiet=quiet, eot=spec.eot, **spec.encode_options())
+                tokenizer.encode_file(
+                    source, out_path=tmp, quiet=quiet, eot=spec.eot, for_model=True, **spec.encode_options()
+                )
                 ids = _open_ids(tmp)
                 if ids is None:
                     raise PipelineError(f"encoding the {what} wrote an unreadable {tmp}")

@@ -676,6 +676,15 @@ def test_llama3s_bos_template_puts_bos_before_every_prompt(transformers, tmp_pat
     head[ours.special_tokens[EOS]] = 3 * head[int(np.argmax(probs(model, prompt)[0, -1]))]
     _, new = generate_ids(model, ours, TEXTS[0], max_new_tokens=5, temperature=0)
     assert list(new) == [ours.special_tokens[EOS]]
+    # fine-tuned, its training data reads as the model reads: BOS before the document
+    (tmp_path / "corpus.txt").write_text(corpus()[:4000], encoding="utf-8")
+    code, _, err = cli(capsys, "train-model", tmp_path / "corpus.txt", "--init-from", tmp_path / "m.safetensors",
+                       "--steps", "1", "--eval-interval", "1", "--eval-batches", "1", "--batch-size", "2",
+                       "--workers", "1", "-q", "-o", tmp_path / "run")  # fmt: skip
+    assert code == 0, err
+    tokens = np.load(tmp_path / "run" / checkpoint.TOKENS_FILE, mmap_mode="r")
+    text_ids = ours.encode(corpus()[:4000])
+    assert tokens[0] == ours.special_tokens[BOS] and tokens[1:].tolist() == text_ids[: len(tokens) - 1]
     # written back with its template: transformers adds it to tk's export too
     code, _, err = cli(capsys, "export-hf", tmp_path / "m.safetensors", "-o", tmp_path / "out")
     assert code == 0, err

@@ -295,3 +295,25 @@ def test_the_merge_replay_honours_the_options():
             check_replay(tok, text, allowed_special="all")
     whole = tokens[0].replay("abc abc")
     assert whole.initial == [258, 260] and whole.steps == []  # two whole tokens, nothing to merge
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("eot", [None, "<|end|>"])
+def test_a_models_training_data_puts_the_bos_before_every_document(tmp_path, workers, eot):
+    """encode_file(for_model=True): each document as encode_for_model encodes it (BOS first), the
+    eot between documents; without a BOS, or without for_model, the text's ids as before."""
+    tok = Tokenizer(ODD_MERGES, special_tokens=["<|end|>", "<s>"], bos="<s>")  # GPT-2's pattern: cut in parts
+    docs = ["abc abc", "a b c\n", "x abc.\n" * 400_000]  # the last one (2.8 MB) in parts of about 1 MB
+    (tmp_path / "c").mkdir()
+    for i, doc in enumerate(docs):
+        (tmp_path / "c" / f"{i}.txt").write_text(doc, encoding="utf-8")
+    sep = [] if eot is None else [tok.special_tokens[eot]]
+    want = [i for k, doc in enumerate(docs) for i in (sep if k else []) + tok.encode_for_model(doc)]
+    got = tok.encode_file(tmp_path / "c", workers=workers, quiet=True, eot=eot, for_model=True)
+    assert got.tolist() == want
+    plain = [i for k, doc in enumerate(docs) for i in (sep if k else []) + tok.encode(doc)]
+    assert tok.encode_file(tmp_path / "c", workers=workers, quiet=True, eot=eot).tolist() == plain
+    no_bos = Tokenizer(ODD_MERGES, special_tokens=["<|end|>", "<s>"])
+    assert no_bos.encode_file(tmp_path / "c", workers=workers, quiet=True, eot=eot, for_model=True).tolist() == plain
+    (tmp_path / "empty.txt").write_bytes(b"")
+    assert tok.encode_file(tmp_path / "empty.txt", workers=workers, quiet=True, for_model=True).tolist() == []
