@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import accumulate
 from typing import Any
 
 from tokenkit.common.errors import FileError
 
 MAX_DEPTH = 64
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_BRACKET = re.compile(r"[\[\]{}]")
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
 def depth(text: str) -> int:
@@ -32,14 +34,8 @@ def depth(text: str) -> int:
     >>> depth('{"a": [1, "]]]"]}')
     2
     """
-    level = deepest = 0
-    for match in _BRACKET.finditer(_STRING.sub('""', text)):
-        if match.group() in "[{":
-            level += 1
-            deepest = max(deepest, level)
-        else:
-            level -= 1
-    return deepest
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)  # C loops: a tokenizer.json has 500k
 
 
 def loads(text: str | bytes, what: str = "JSON text") -> Any:
