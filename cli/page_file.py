@@ -15,7 +15,7 @@ them (grep `TK.api` and `ask(` in cli/page/*.js):
     core.js       /api/info
     tokens.js     /api/tokens     text, specials     (/api/compare only under tk serve -c)
     bpe.js        /api/bpe        text, specials
-    attention.js  /api/attention  text, specials
+    attention.js  /api/attention  text, layer, head, specials
                   /api/explain    text, layer, head, query, specials   (once a query is chosen; the file holds
                                   whole explanations, and core.js answers any query from one)
     next.js       /api/next       text, top_k=10, specials
@@ -25,10 +25,11 @@ them (grep `TK.api` and `ask(` in cli/page/*.js):
     model.js      /api/model
     examples.js   /api/example    name
 
-`specials` is empty (left out) for the default policy, refuse. The file holds /api/explain for
-every layer and head when there are at most ALL_HEADS_COMBOS and they keep the file under
-ALL_HEADS_BYTES, else for the --layer/--head given; /api/generate for the default settings only.
-A part that several answers hold (the embeddings each head's arithmetic shows) is stored once
+`specials` is empty (left out) for the default policy, refuse. The file holds /api/attention for
+every layer and head while they keep the file under ALL_HEADS_BYTES, and /api/explain for every
+layer and head when there are at most ALL_HEADS_COMBOS and they keep it under that too; else each
+for the --layer/--head given only. /api/generate: the default settings only. A part that several
+answers hold (every head's thumbnails, the embeddings each head's arithmetic shows) is stored once
 (`TK_DATA.shared`, referenced as {"$ref": n}).
 
 What it deliberately does not do: compute a view (pipeline/views.py does, through
@@ -178,7 +179,7 @@ def model_page(
     if held.run_dir is not None:
         page.ask(held, "/api/training")
     _info(page, held, model_views(path))
-    for path_ in ("/api/tokens", "/api/bpe", "/api/attention"):
+    for path_ in ("/api/tokens", "/api/bpe"):
         page.ask(held, path_, {"text": text, "specials": policy})
     page.ask(held, "/api/next", {"text": text, "top_k": NEXT_SHOWN, "specials": policy})
     page.ask(held, "/api/generate", {"text": text, **GENERATE, "specials": policy})
@@ -188,7 +189,15 @@ def model_page(
     )
     page.ask(held, "/api/model")
     _examples(page, held)
-    _explains(page, held, model.config, text, layer, head, policy, serve)
+    heads = [(i, h) for i in range(model.config.n_layers) for h in range(model.config.n_heads)]
+    shown = f"layer {layer}, head {head} only (tk explain --layer {layer} --head {head})"
+    shown += f"; run `{serve}` for the other heads'."
+    if not _attentions(page, held, {"text": text, "specials": policy}, (layer, head), heads):
+        page.missing["/api/attention"] = f"This file holds the attention weights of {shown}"
+    if len(heads) > ALL_HEADS_COMBOS:
+        heads = [(layer, head)]
+    if not _every_head(page, held, "/api/explain", {"text": text, "specials": policy}, (layer, head), heads):
+        page.missing["/api/explain"] = f"This file holds the worked arithmetic of {shown}"
     return page
 
 
@@ -201,34 +210,50 @@ def model_views(path: Path) -> list[str]:
 EXAMPLE_VIEWS = ["examples"]  # the views a worked example's page holds
 
 
-def _explains(page: Page, held, cfg, text: str, layer: int, head: int, policy: str, serve: str) -> None:
-    """/api/explain for (layer, head), then for every other layer and head while the file stays
-    under ALL_HEADS_BYTES (none when there are more than ALL_HEADS_COMBOS)."""
+def _attentions(page: Page, held, params: dict[str, Any], first: tuple[int, int], heads: list[tuple[int, int]]) -> bool:
+    """/api/attention for head `first`, then for every head: when the text's thumbnails are its
+    heads' whole weights (at most views.THUMBNAIL_CELLS tokens) each answer is the first's with
+    that head's thumbnail as its weights, what the server answers, without a forward pass each;
+    else asked while the file stays under ALL_HEADS_BYTES. Whether it holds them all."""
+    key = request("/api/attention", {**params, "layer": first[0], "head": first[1]})
+    answer = page.ask(held, "/api/attention", {**params, "layer": first[0], "head": first[1]})
+    if answer is None:  # every head's request is refused as this one
+        page.missing["/api/attention"] = page.errors[key]
+        return True
+    if answer["thumbnail_edges"] == list(range(len(answer["tokens"]) + 1)):
+        for i, h in heads:
+            one = {**answer, "layer": i, "head": h, "weights": answer["thumbnails"][i][h]}
+            page.answers[request("/api/attention", {**params, "layer": i, "head": h})] = one
+        return True
+    if len(_dump(answer["weights"])) * len(heads) > ALL_HEADS_BYTES:  # each head's weights as large
+        return False
+    return _every_head(page, held, "/api/attention", params, first, heads)
+
+
+def _every_head(
+    page: Page, held, path: str, params: dict[str, Any], first: tuple[int, int], heads: list[tuple[int, int]]
+) -> bool:
+    """`path` for head `first`, then for each of `heads` while the file stays under
+    ALL_HEADS_BYTES; whether it holds them all (else only `first`)."""
 
     def ask(lh: tuple[int, int]) -> str:
-        page.ask(held, "/api/explain", {"text": text, "layer": lh[0], "head": lh[1], "specials": policy})
-        return request("/api/explain", {"text": text, "layer": lh[0], "head": lh[1], "specials": policy})
+        page.ask(held, path, {**params, "layer": lh[0], "head": lh[1]})
+        return request(path, {**params, "layer": lh[0], "head": lh[1]})
 
-    ask((layer, head))
-    others = [(i, h) for i in range(cfg.n_layers) for h in range(cfg.n_heads) if (i, h) != (layer, head)]
-    if len(others) + 1 <= ALL_HEADS_COMBOS:
-        size = _Estimate()
-        for answer in page.answers.values():
-            size.add(answer)
-        added = []
-        for lh in others:
+    ask(first)
+    size = _Estimate()
+    for answer in page.answers.values():
+        size.add(answer)
+    added = []
+    for lh in heads:
+        if lh != first:
             added.append(ask(lh))
             if size.add(page.answers.get(added[-1])) > ALL_HEADS_BYTES:
                 for key in added:
                     page.answers.pop(key, None)
                     page.errors.pop(key, None)
-                break
-        else:
-            return
-    page.missing["/api/explain"] = (
-        f"This file holds the worked arithmetic of layer {layer}, head {head} only (tk explain --layer "
-        f"{layer} --head {head}); run `{serve}` for the other heads'."
-    )
+                return False
+    return True
 
 
 def example_page(name: str, view: str = "examples") -> Page:

@@ -222,7 +222,15 @@ def _bpe(held: Holdings, q: Query) -> dict[str, Any]:
 
 def _attention(held: Holdings, q: Query) -> dict[str, Any]:
     loaded = held.need_model()
-    return views.attention_view(loaded.model, loaded.tokenizer, q.text(), policy=q.policy())
+    cfg = loaded.model.config
+    return views.attention_view(
+        loaded.model,
+        loaded.tokenizer,
+        q.text(),
+        layer=q.integer("layer", Range(0, cfg.n_layers - 1), 0),
+        head=q.integer("head", Range(0, cfg.n_heads - 1), 0),
+        policy=q.policy(),
+    )
 
 
 def _explain(held: Holdings, q: Query) -> dict[str, Any]:
@@ -292,7 +300,7 @@ ENDPOINTS: dict[str, tuple[Callable[[Holdings, Query], dict[str, Any]], tuple[st
     "/api/tokens": (_tokens, ("text", "which", "specials")),
     "/api/compare": (_compare, ("text", "specials")),
     "/api/bpe": (_bpe, ("text", "which", "specials")),
-    "/api/attention": (_attention, ("text", "specials")),
+    "/api/attention": (_attention, ("text", "layer", "head", "specials")),
     "/api/explain": (_explain, ("text", "layer", "head", "top_k", "query", "specials")),
     "/api/example": (_example, ("name",)),
     "/api/next": (_next, ("text", "top_k", "specials")),

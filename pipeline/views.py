@@ -40,6 +40,7 @@ TEXT_CHARS = 20_000  # the longest text a view takes: a tokenization of it is a 
 FIRST_MERGES = 50  # merges listed by bpe_view
 TRAIN_POINTS = 2000  # training-curve points sent at most; a longer log is decimated, its last step kept
 ATTENTION_NUMBERS = 1 << 20  # weights one attention answer holds at most (~20 MB of JSON)
+THUMBNAIL_CELLS = 48  # an attention thumbnail is at most this many cells a side (block means above)
 EXPLAIN_NUMBERS = 1 << 22  # numbers one explain answer holds at most (a GPT-2 explain of 64 tokens: ~1.1 M)
 TOP_K_MAX = 100  # next tokens listed (top_k, and show per generated token)
 NEW_TOKENS_MAX = 200  # tokens one /api/generate makes: each is a forward pass under the server's one lock
@@ -201,9 +202,13 @@ def bpe_view(
 
 def attention_tokens(config) -> int:
     """The longest text (in tokens) /api/attention answers for: the model's context, or fewer when
-    all layers' and heads' T x T weights would pass ATTENTION_NUMBERS."""
-    per_square = config.n_layers * config.n_heads
-    return max(1, min(config.context_length, math.isqrt(ATTENTION_NUMBERS // per_square)))
+    one head's T x T weights and every head's thumbnail (at most THUMBNAIL_CELLS a side) would pass
+    ATTENTION_NUMBERS."""
+    heads, S = config.n_layers * config.n_heads, THUMBNAIL_CELLS
+    t = math.isqrt(ATTENTION_NUMBERS // (1 + heads))  # T <= S: the thumbnails are T x T too
+    if t >= S:  # T > S: the thumbnails are S x S
+        t = math.isqrt(ATTENTION_NUMBERS - heads * S * S)
+    return max(1, min(config.context_length, t))
 
 
 def explain_tokens(config) -> int:
@@ -231,20 +236,78 @@ def model_ids(model, tokenizer, text: str, policy: Mapping[str, Any], limit: int
     return ids
 
 
-def attention_view(model, tokenizer, text: str, *, policy: Mapping[str, Any] = REFUSE) -> dict[str, Any]:
-    """/api/attention: every layer's and head's weights, weights[layer][head][query][key], from
-    one `forward(trace=...)` (masked cells are 0, as the softmax gives them)."""
+def block_edges(n: int, cells: int = THUMBNAIL_CELLS) -> np.ndarray:
+    """Where each of min(n, cells) blocks of n positions starts, then n: blocks as even as possible
+    (their sizes differ by at most one).
+
+    >>> block_edges(5, 2).tolist(), block_edges(3, 4).tolist()
+    ([0, 2, 5], [0, 1, 2, 3])
+    """
+    m = min(n, cells)
+    return np.arange(m + 1) * n // m
+
+
+def pool(weights: np.ndarray, cells: int = THUMBNAIL_CELLS) -> np.ndarray:
+    """weights (..., Tq, Tk) -> (..., min(Tq, cells), min(Tk, cells)): the mean of each block of
+    query rows x key columns (block_edges); a side of at most `cells` is kept as it is, so a map
+    that fits is its own thumbnail, bit for bit. The plain loop beside it is in tests/test_serve.py.
+
+    >>> pool(np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.2, 0.3, 0.5]]), 2).tolist()
+    [[1.0, 0.0], [0.35, 0.325]]
+    """
+    rows, cols = block_edges(weights.shape[-2], cells), block_edges(weights.shape[-1], cells)
+    sums = np.add.reduceat(np.add.reduceat(weights.astype(np.float64), rows[:-1], axis=-2), cols[:-1], axis=-1)
+    return (sums / np.outer(np.diff(rows), np.diff(cols))).astype(weights.dtype)
+
+
+class _Thumbnails(dict):
+    """A forward trace that keeps each layer's attention weights pooled (`thumbnails`) and one
+    head's whole (`chosen`), and drops the rest as the layers fill it: a trace of a long text holds
+    every layer's scores and weights, gigabytes."""
+
+    def __init__(self, layer: int, head: int) -> None:
+        super().__init__()
+        self.layer, self.head = layer, head
+        self.chosen: np.ndarray | None = None
+        self.thumbnails: dict[int, np.ndarray] = {}
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        name, _, kind = key.partition(".attn.")
+        if kind == "weights":
+            i, w = int(name.removeprefix("h.")), as_host(value)[0]  # (H, T, T)
+            self.thumbnails[i] = pool(w)
+            if i == self.layer:
+                self.chosen = np.array(w[self.head])
+
+    def update(self, other=(), **more: Any) -> None:
+        for key, value in dict(other, **more).items():
+            self[key] = value
+
+
+def attention_view(
+    model, tokenizer, text: str, *, layer: int = 0, head: int = 0, policy: Mapping[str, Any] = REFUSE
+) -> dict[str, Any]:
+    """/api/attention: head `head` of layer `layer` whole (weights[query][key]) and every head's
+    thumbnail (thumbnails[layer][head]: `pool`ed to at most THUMBNAIL_CELLS a side, blocks starting
+    at thumbnail_edges), from one `forward(trace=...)`; masked cells are 0, as the softmax gives them."""
     cfg = model.config
+    if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
+        where = f"{cfg.n_layers} layers of {cfg.n_heads} heads"
+        raise PipelineError(f"layer {layer}, head {head} is not in the model ({where})")
     ids = model_ids(model, tokenizer, text, policy, attention_tokens(cfg))
-    trace: dict[str, Any] = {}
+    trace = _Thumbnails(layer, head)
     with np.errstate(over="ignore", invalid="ignore"):  # a damaged model's overflow shows as null, not warnings
         model.forward(np.asarray(ids, dtype=np.int64)[None, :], trace=trace)
-    weights = np.stack([as_host(trace[f"h.{i}.attn.weights"])[0] for i in range(cfg.n_layers)])  # (L, H, T, T)
+    thumbnails = np.stack([trace.thumbnails[i] for i in range(cfg.n_layers)])  # (L, H, s, s)
     return {
         "tokens": token_entries(tokenizer, ids),
         "n_layers": cfg.n_layers,
         "n_heads": cfg.n_heads,
-        "weights": json_array(weights),
+        "layer": layer,
+        "head": head,
+        "weights": json_array(trace.chosen),
+        "thumbnail_edges": block_edges(len(ids)).tolist(),
+        "thumbnails": json_array(thumbnails),
     }
 
 

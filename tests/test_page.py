@@ -22,6 +22,7 @@ import shutil
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit
 
+import numpy as np
 import pytest
 from browser import open_in, open_page, shot, wait_drawn
 from test_serve import EOT, Running, cli_json, train_files
@@ -31,6 +32,7 @@ from tokenkit.cli import serve
 from tokenkit.cli.main import main
 from tokenkit.pipeline import checkpoint
 from tokenkit.pipeline.run import load_model_and_tokenizer
+from tokenkit.transformer import GPT, GPTConfig
 
 VIEWS = ("tokens", "bpe", "attention", "next", "training", "model", "examples")
 DRAWN = {  # what each view draws, once it has drawn
@@ -313,6 +315,74 @@ def test_attention_cells_and_arithmetic_are_tk_explain_json(page, files, capsys)
     scores = [s for s in values["h.0.attn.scores"][query][: query + 1]]
     assert derived["max"] == max(scores)
     shot(p, "attention")
+
+
+@pytest.fixture(scope="module")
+def wide(files, tmp_path_factory):
+    """A server of an untrained model of 12 layers x 12 heads (GPT-2 124M's) and a context of 256:
+    every head's whole weights fit 85 tokens, one head's and every head's thumbnail 256."""
+    cfg = GPTConfig(vocab_size=400, context_length=256, d_model=48, n_layers=12, n_heads=12)
+    path = tmp_path_factory.mktemp("wide") / "wide.safetensors"
+    GPT(cfg).save(path)
+    running = Running(serve.make_server(path, tokenizer=files["tok"], port=0))
+    running.base = f"http://127.0.0.1:{running.port}/"
+    yield running
+    running.stop()
+
+
+def test_thumbnails_of_a_long_text_pick_the_head_shown_whole(browser, wide):  # noqa: F811
+    text = "Once upon a time, there was a little cat who sat. " * 5
+    doc = wide.ok("/api/attention", text=text, layer=0, head=0)
+    T, edges = len(doc["tokens"]), doc["thumbnail_edges"]
+    assert 85 < T <= 160 and len(edges) == 49  # pooled thumbnails; the large map still a grid of cells
+    p = open_page(browser, wide.base + "?" + urlencode({"view": "attention", "text": text}))
+    try:
+        lo, hi = T // 48, T // 48 + 1
+        assert p.locator(".thumb canvas").count() == 144 and p.get_attribute(".thumbs", "data-block") == f"{lo}-{hi}"
+        assert f"{T} tokens: each thumbnail cell is the mean of a {lo}–{hi}" in p.text_content("#thumb-note")
+        # each cell's colour: its block mean x the block's keys (its share of the queries' attention); masked grey
+        got = p.evaluate(
+            """([layer, head, cells]) => {
+                const canvas = document.querySelector(`.thumb[data-layer="${layer}"][data-head="${head}"] canvas`);
+                const g = canvas.getContext("2d"), n = 48;
+                return cells.map(([i, j]) => {
+                    const x = Math.floor((j + 0.5) * canvas.width / n), y = Math.floor((i + 0.5) * canvas.height / n);
+                    return Array.from(g.getImageData(x, y, 1, 1).data.slice(0, 3));
+                });
+            }""",
+            [3, 4, [[i, j] for i in range(0, 48, 5) for j in range(0, 48, 7)]],
+        )
+        thumb = doc["thumbnails"][3][4]
+        cells = [(i, j) for i in range(0, 48, 5) for j in range(0, 48, 7)]
+        for (i, j), colour in zip(cells, got, strict=True):
+            share = thumb[i][j] * (edges[j + 1] - edges[j])
+            want = [246, 246, 248] if edges[j] >= edges[i + 1] else p.evaluate("(w) => TK.explain.rgb(w)", share)
+            assert max(abs(a - b) for a, b in zip(colour, want, strict=True)) <= 2, ((i, j), colour, want, share)
+        # a click shows that head whole: the server's exact weights, the model's trace
+        p.click('.thumb[data-layer="5"][data-head="7"]')
+        wait_state(p, layer=5, head=7)
+        cells = attrs(p, ".heatmap .cell", "q", "k", "w")
+        assert len(cells) == T * T
+        model = wide.server.held.need_model().model
+        trace = {}
+        model.forward(np.array([[t["id"] for t in doc["tokens"]]]), trace=trace)
+        weights = wide.ok("/api/attention", text=text, layer=5, head=7)["weights"]
+        assert weights == trace["h.5.attn.weights"][0, 7].tolist()
+        for q, k, w in cells:
+            assert float(w) == weights[int(q)][int(k)]
+        assert p.locator('.thumb.selected[data-layer="5"][data-head="7"]').count() == 1
+        p.go_back()  # the address keeps the head: back is head 0 of layer 0 again
+        wait_state(p, layer=0, head=0)
+        assert float(p.get_attribute('.heatmap .cell[data-q="9"][data-k="3"]', "data-w")) == doc["weights"][9][3]
+        shot(p, "attention-thumbnails")
+        p.goto(wide.base + "?" + urlencode({"view": "attention", "text": text * 2}))
+        wait_drawn(p)
+        assert p.locator(".thumb canvas").count() == 144 and p.locator("canvas.heatmap-canvas").count() == 1
+        shot(p, "attention-thumbnails-canvas")
+        assert p.tk_errors == []
+        assert "more than the model's context of 256" in wide.refused("/api/attention", text=text * 4)
+    finally:
+        p.context.close()
 
 
 # ----------------------------------------------------------------------------- next token, generation

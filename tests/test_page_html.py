@@ -24,6 +24,7 @@ from tokenkit.bpe import Tokenizer
 from tokenkit.cli import page_file
 from tokenkit.cli.main import main
 from tokenkit.pipeline import views
+from tokenkit.pipeline.run import load_model_and_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 TEXT = "Once upon a time </script><!-- a cat\u2028sat. Ça va?"
@@ -283,12 +284,43 @@ def test_shared_parts_are_stored_once_and_put_back_whole(made):
     start = text.index("window.TK_DATA = ") + len("window.TK_DATA = ")
     data = json.loads(text[start : text.index(";</script>", start)])
     explains = [k for k in data["answers"] if k.startswith("/api/explain?")]
-    assert len(explains) == 4 and data["missing"].keys() == {"/api/generate"}  # every head's arithmetic
+    attentions = [k for k in data["answers"] if k.startswith("/api/attention?")]
+    assert len(explains) == len(attentions) == 4  # every head's arithmetic and weights
+    assert data["missing"].keys() == {"/api/generate"}
     assert len(data["shared"]) > 10 and not data["errors"]
     answers = _unpacked(data["answers"], data["shared"])
     layer1_head1 = page_file.request("/api/explain", {"text": TEXT, "layer": 1, "head": 1})
     assert answers[layer1_head1] == made["doc"]  # tk explain --json's document (its --top-k is the page's 5)
     assert page_file.pack(answers)[0] == json.dumps(data["answers"], ensure_ascii=False, separators=(",", ":"))
+
+
+def _data(path: Path) -> dict:
+    text = path.read_text(encoding="utf-8")
+    start = text.index("window.TK_DATA = ") + len("window.TK_DATA = ")
+    data = json.loads(text[start : text.index(";</script>", start)])
+    return {**data, "answers": _unpacked(data["answers"], data["shared"])}
+
+
+@pytest.mark.parametrize("long", [False, True])
+def test_the_attention_answers_are_the_servers_for_every_head(made, tmp_path, monkeypatch, long):
+    # a text of at most THUMBNAIL_CELLS tokens: every head's answer made from the thumbnails; a longer one:
+    # every head's asked while the file stays small, else --layer/--head's only
+    model, tok = load_model_and_tokenizer(made["run"])
+    text = "Once upon a time, there was a little cat who sat. " * 2 if long else TEXT
+    assert (len(tok.encode(text)) > views.THUMBNAIL_CELLS) == long
+    for budget in (page_file.ALL_HEADS_BYTES, 0):
+        monkeypatch.setattr(page_file, "ALL_HEADS_BYTES", budget)
+        out = tmp_path / f"{long}-{budget}.html"
+        assert tk("explain", "-m", str(made["run"]), text, "--layer", "1", "--head", "0", "--html", str(out))[0] == 0
+        data = _data(out)
+        held = {k: v for k, v in data["answers"].items() if k.startswith("/api/attention?")}
+        every = not (long and budget == 0)
+        assert len(held) == (4 if every else 1) and ("/api/attention" in data["missing"]) != every
+        for layer, head in ((0, 0), (0, 1), (1, 0), (1, 1)):
+            key = page_file.request("/api/attention", {"text": text, "layer": layer, "head": head})
+            if every or (layer, head) == (1, 0):
+                server = views.attention_view(model, tok, text, layer=layer, head=head)
+                assert held[key] == json.loads(json.dumps(server)), (layer, head)
 
 
 def test_doctests():

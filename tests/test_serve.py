@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import doctest
 import json
+import math
 import os
 import shutil
 import signal
@@ -266,16 +267,102 @@ def test_generate_steps_give_tk_generate_s_text(srv, files, capsys, settings):
 def test_attention_is_the_forward_trace(srv, files):
     model, tok = load_model_and_tokenizer(files["run"])
     text = "Once upon a time there"
-    doc = srv.ok("/api/attention", text=text)
     ids = tok.encode(text)
     trace = {}
     model.forward(np.array([ids]), trace=trace)
-    weights = np.array(doc["weights"])
-    assert weights.shape == (2, 2, len(ids), len(ids)) and doc["n_layers"] == doc["n_heads"] == 2
-    for layer in range(2):
-        np.testing.assert_array_equal(weights[layer], trace[f"h.{layer}.attn.weights"][0])
-    np.testing.assert_allclose(weights.sum(-1), 1, rtol=1e-5)
-    assert [t["id"] for t in doc["tokens"]] == ids
+    for layer, head in ((0, 0), (0, 1), (1, 0), (1, 1)):
+        doc = srv.ok("/api/attention", text=text, layer=layer, head=head)
+        assert doc == json.loads(json.dumps(views.attention_view(model, tok, text, layer=layer, head=head)))
+        assert (doc["n_layers"], doc["n_heads"], doc["layer"], doc["head"]) == (2, 2, layer, head)
+        np.testing.assert_array_equal(np.array(doc["weights"]), trace[f"h.{layer}.attn.weights"][0, head])
+        # a text shorter than THUMBNAIL_CELLS: every thumbnail is its head's whole map, bit for bit
+        thumbnails = np.array(doc["thumbnails"])
+        assert thumbnails.shape == (2, 2, len(ids), len(ids)) and doc["thumbnail_edges"] == list(range(len(ids) + 1))
+        for i in range(2):
+            np.testing.assert_array_equal(thumbnails[i], trace[f"h.{i}.attn.weights"][0])
+        np.testing.assert_allclose(thumbnails.sum(-1), 1, rtol=1e-5)
+        assert [t["id"] for t in doc["tokens"]] == ids
+    assert srv.ok("/api/attention", text=text) == srv.ok("/api/attention", text=text, layer=0, head=0)
+    assert "layer must be" in srv.refused("/api/attention", text=text, layer=2)
+    assert srv.refused("/api/attention", text=text, head=-1).startswith("head ")
+
+
+def pool_by_loops(w: np.ndarray, cells: int) -> np.ndarray:
+    """views.pool written plainly: block i of n positions is [i * n // m, (i + 1) * n // m) for
+    m = min(n, cells) blocks, and a cell is the mean of its block of rows x columns."""
+    (tq, tk), mq, mk = w.shape, min(w.shape[0], cells), min(w.shape[1], cells)
+    out = np.zeros((mq, mk))
+    for i in range(mq):
+        for j in range(mk):
+            rows, cols = range(i * tq // mq, (i + 1) * tq // mq), range(j * tk // mk, (j + 1) * tk // mk)
+            block = [w[q, k] for q in rows for k in cols]
+            out[i, j] = sum(block) / len(block)
+    return out
+
+
+SHAPES = [(5, 5, 8), (8, 8, 8), (9, 9, 8), (50, 50, 8), (48, 48, 48), (49, 49, 48), (101, 37, 48), (3, 17, 4)]
+
+
+@pytest.mark.parametrize("tq, tk, cells", SHAPES)
+def test_pool_is_the_mean_of_each_block(tq, tk, cells):
+    rng = np.random.default_rng(tq * 1000 + tk * 10 + cells)
+    w = rng.random((tq, tk)).astype(np.float32)
+    pooled = views.pool(w, cells)
+    assert pooled.dtype == np.float32 and pooled.shape == (min(tq, cells), min(tk, cells))
+    np.testing.assert_allclose(pooled, pool_by_loops(w, cells), rtol=1e-6)
+    sizes = np.diff(views.block_edges(tq, cells))  # as even as possible
+    assert sizes.sum() == tq and sizes.max() - sizes.min() <= (tq % min(tq, cells) != 0)
+    if tq <= cells and tk <= cells:  # a map that fits is its own thumbnail
+        assert np.array_equal(pooled, w)
+    stacked = rng.random((2, 3, tq, tk))  # leading axes: each map pooled alone
+    np.testing.assert_allclose(views.pool(stacked, cells)[1, 2], pool_by_loops(stacked[1, 2], cells), rtol=1e-12)
+
+
+@pytest.mark.parametrize("t", [7, 48, 100, 131])
+def test_pooled_causal_weights_keep_each_rows_mass(t):
+    # rows of a full map sum to 1, so a pooled block row (a mean over its rows) times its key blocks'
+    # widths sums to 1, and a block wholly after its queries is 0
+    rng = np.random.default_rng(t)
+    scores = np.where(np.tril(np.ones((t, t), bool)), rng.normal(size=(3, t, t)), -np.inf)
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    pooled, edges = views.pool(w), views.block_edges(t)
+    np.testing.assert_allclose(pooled @ np.diff(edges), 1, rtol=1e-12)
+    for i in range(len(edges) - 1):
+        for j in range(len(edges) - 1):
+            if edges[j] >= edges[i + 1]:  # every key of block j comes after every query of block i
+                assert (pooled[:, i, j] == 0).all()
+
+
+def test_attention_of_a_text_too_long_for_every_heads_whole_weights(files, tmp_path):
+    # SmolLM2-135M's 30 layers x 9 heads (narrow): all their T x T weights passed the numbers bound at
+    # 62 tokens; one head whole and every head's thumbnail fit 653
+    cfg = GPTConfig(vocab_size=400, context_length=1024, d_model=36, n_layers=30, n_heads=9)
+    assert views.attention_tokens(cfg) == 653 and math.isqrt(views.ATTENTION_NUMBERS // 270) == 62
+    gpt2 = GPTConfig(vocab_size=50257, context_length=1024, d_model=768, n_layers=12, n_heads=12)
+    assert views.attention_tokens(gpt2) == 846 and math.isqrt(views.ATTENTION_NUMBERS // 144) == 85
+    GPT(cfg).save(tmp_path / "wide.safetensors")
+    running = Running(serve.make_server(tmp_path / "wide.safetensors", tokenizer=files["tok"], port=0))
+    try:
+        model, tok = running.server.held.need_model().model, Tokenizer.load(files["tok"])
+        assert running.ok("/api/info")["limits"]["attention_tokens"] == 653
+        text = "Once upon a time, there was a little cat. " * 40
+        ids = tok.encode(text)
+        assert 62 < len(ids) <= 653, len(ids)
+        doc = running.ok("/api/attention", text=text, layer=29, head=8)
+        trace = {}
+        model.forward(np.array([ids]), trace=trace)
+        np.testing.assert_array_equal(np.array(doc["weights"]), trace["h.29.attn.weights"][0, 8])
+        thumbnails, edges = np.array(doc["thumbnails"]), doc["thumbnail_edges"]
+        assert thumbnails.shape == (30, 9, 48, 48) and edges == views.block_edges(len(ids)).tolist()
+        for layer in (0, 17, 29):
+            np.testing.assert_array_equal(thumbnails[layer], views.pool(trace[f"h.{layer}.attn.weights"][0]))
+        np.testing.assert_allclose(thumbnails @ np.diff(edges), 1, rtol=1e-5)
+        longer = text * 2
+        error = running.refused("/api/attention", text=longer)
+        assert f"{len(tok.encode(longer))} tokens" in error and "653" in error
+    finally:
+        running.stop()
 
 
 def test_training_is_the_log(srv, files):

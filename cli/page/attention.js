@@ -1,5 +1,6 @@
 // attention.js: the attention view (every layer and head as a small heatmap, the chosen head large, the
-// worked arithmetic of one query) and TK.explain, the renderers it shares with examples.js.
+// worked arithmetic of one query) and TK.explain, the renderers it shares with examples.js. The server sends
+// the chosen head whole and every head as a thumbnail: its weights, or above 48 tokens block means.
 // Every number drawn is also an attribute at full precision: a heatmap cell data-q/data-k/data-w; a value
 // of an explain step data-key/data-value (+ data-row, data-col); a value computed here data-derived.
 "use strict";
@@ -264,12 +265,15 @@
     return canvas;
   }
 
-  // A small canvas of one head (at most 64 pixels a side: the max of each block above that).
-  function thumb(weights, masked, size) {
+  // A small canvas of one head (at most 64 pixels a side: the max of each block above that). widths: for a
+  // pooled head (block means), each column's block width: a cell is coloured by mean x width, the block's
+  // share of its queries' attention (a row of such shares sums to 1, as a row of weights does).
+  function thumb(weights, masked, size, widths = null) {
     const canvas = el("canvas", {width: size * 2, height: size * 2, "aria-hidden": "true"});
     const g = canvas.getContext("2d");
     g.imageSmoothingEnabled = false;
-    g.drawImage(pixels(weights, masked, 64), 0, 0, size * 2, size * 2);
+    const shares = widths ? weights.map((row) => row.map((x, j) => x * widths[j])) : weights;
+    g.drawImage(pixels(shares, masked, 64), 0, 0, size * 2, size * 2);
     return canvas;
   }
 
@@ -304,10 +308,16 @@
     return x;
   }
 
+  // Every head's thumbnail (att.thumbnails[layer][head]; cell i covers positions edges[i]..edges[i + 1] - 1).
   function overview(att, layer, head, causal) {
     const size = Math.max(28, Math.min(60, Math.floor(360 / att.n_heads)));
-    const masked = causal ? (q, k) => k > q : () => false;
-    const grid = el("div", {class: "thumbs"});
+    const edges = att.thumbnail_edges, T = att.tokens.length;
+    const widths = edges.slice(1).map((e, i) => e - edges[i]);
+    const pooled = widths.length < T;
+    const lo = Math.min(...widths), hi = Math.max(...widths), block = lo === hi ? String(lo) : `${lo}-${hi}`;
+    // a cell is masked when every key of its block comes after every query of its block
+    const masked = causal ? (i, j) => edges[j] >= edges[i + 1] : () => false;
+    const grid = el("div", {class: "thumbs", dataset: {block}});
     grid.style.gridTemplateColumns = `max-content repeat(${att.n_heads}, ${size + 6}px)`;
     grid.append(el("span"));
     for (let h = 0; h < att.n_heads; h++) grid.append(el("span", {class: "muted thumb-head"}, `head ${h}`));
@@ -318,13 +328,17 @@
         const button = el("button", {type: "button", class: "thumb" + (on ? " selected" : ""), dataset: {layer: l, head: h},
           "aria-pressed": on ? "true" : "false", "aria-label": `layer ${l}, head ${h}`, title: `layer ${l}, head ${h}`,
           onclick: () => goKeep({layer: String(l), head: String(h)}, `.thumb[data-layer="${l}"][data-head="${h}"]`)},
-        thumb(att.weights[l][h], masked, size));
+        thumb(att.thumbnails[l][h], masked, size, pooled ? widths : null));
         Object.assign(button.style, {width: `${size + 6}px`, height: `${size + 6}px`});
         grid.append(button);
       }
     }
+    const side = lo === hi ? `${lo} × ${lo}` : `${lo}–${hi} × ${lo}–${hi}`;
     return el("div", {class: "overview"}, el("h3", {}, "every layer and head"), grid,
-      el("p", {class: "muted note"}, "click one to show it large"));
+      el("p", {class: "muted note"}, "click one to show it large"),
+      pooled ? el("p", {class: "muted note", id: "thumb-note"}, `${T} tokens: each thumbnail cell is the mean of a ` +
+        `${side} block of weights, coloured by the mean × the block's keys (its share of its queries' attention); ` +
+        "the large map is the head's own weights.") : null);
   }
 
   const row = (label, ...content) => el("div", {class: "eq"}, el("span", {class: "eq-label"}, label), el("span", {class: "eq-body"}, content));
@@ -487,7 +501,7 @@
       const layer = intParam(state.layer, "layer", cfg.n_layers), head = intParam(state.head, "head", cfg.n_heads);
       const wantQuery = state.query !== "";
       // the arithmetic's answer failing (a `tk explain --html` file holds one head's) leaves the heatmaps drawn
-      const [att, doc] = await Promise.all([ask("/api/attention", {text: state.text, specials: state.specials}),
+      const [att, doc] = await Promise.all([ask("/api/attention", {text: state.text, layer, head, specials: state.specials}),
         // query: the server sends that row of each per-token step only (50x less JSON for 64 tokens)
         wantQuery ? ask("/api/explain", {text: state.text, layer, head, query: state.query, specials: state.specials})
           .catch((error) => ({error: error.message})) : null]);
@@ -499,7 +513,7 @@
         else queryError = `query ${state.query} is not a position of this text (0..${T - 1})`;
       }
       const labels = att.tokens.map((t, i) => `${i} ${visible(t.text)}`);
-      const weights = att.weights[layer][head];
+      const weights = att.weights;
       const causal = cfg.causal !== false;
       const hd = cfg.d_model / cfg.n_heads;
       const pick = (q) => goKeep({query: String(q)}, ".heatmap");
