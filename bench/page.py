@@ -12,7 +12,8 @@ browser, and a GPT-2-124M-shaped model explained, side by side with transformers
    includes that pause; "(redraw)" starts at the change of state. Bar: within 200 ms.
 3. GPT-2 124M shapes (random weights, made here like bench/hf_import_memory.py and imported with
    `tk import-hf`; GPT-2's tokenizer from ../shared/data/gpt2): /api/explain and /api/attention on
-   64 tokens, and, where transformers and torch are installed, the same checkpoint's forward with
+   64 tokens (/api/attention on 512 too: one head in full, every head's thumbnail), and, where
+   transformers and torch are installed, the same checkpoint's forward with
    output_attentions=True (what bertviz draws from) on the same ids. Bar: explain within 2 s.
 
 Medians; the machine is noisy. Nothing is downloaded.
@@ -215,6 +216,7 @@ def gpt2_times(repeats: int) -> dict[str, float] | None:
         tok = load_tokenizer(model)
         source = (REPO / "corpora" / "tiny_tales.txt").read_text(encoding="utf-8")
         text = text_of(tok, source, 64)
+        long = text_of(tok, source, 512)
         ids = tok.encode(text)
         with Served(str(model)) as served:
             for name, path, params in (
@@ -224,7 +226,16 @@ def gpt2_times(repeats: int) -> dict[str, float] | None:
                     {"text": text, "layer": 5, "head": 7, "query": 40},
                 ),
                 ("explain (64 tokens, layer 5 head 7, whole)", "/api/explain", {"text": text, "layer": 5, "head": 7}),
-                ("attention (64 tokens, 12 x 12 heads)", "/api/attention", {"text": text}),
+                (
+                    "attention (64 tokens, head 5.7 + 12 x 12 thumbnails)",
+                    "/api/attention",
+                    {"text": text, "layer": 5, "head": 7},
+                ),
+                (
+                    "attention (512 tokens, head 5.7 + 12 x 12 thumbnails)",
+                    "/api/attention",
+                    {"text": long, "layer": 5, "head": 7},
+                ),
                 ("next (64 tokens)", "/api/next", {"text": text}),
             ):
                 served.get(path, **params)
@@ -286,7 +297,7 @@ def main() -> None:
                 print(f"{name:<52} {value:10.1f}" if "bytes" not in name else f"{name:<52} {value:10,.0f}")
             peer = times.get("transformers forward, output_attentions (64 tokens)")
             if peer:
-                ours = times["attention (64 tokens, 12 x 12 heads)"]
+                ours = times["attention (64 tokens, head 5.7 + 12 x 12 thumbnails)"]
                 print(f"attention: tk serve (request + JSON) / transformers forward alone = {ours / peer:.2f}x")
 
 
