@@ -575,11 +575,11 @@ def check_transformers_class(tokenizer_config, model_config, parts: dict, what: 
                 why = f"adds its {key} {str(token)[:40]!r} to the vocabulary as a new token, which tokenizer.json lacks"
                 break
     if why is not None:
+        itself = "give tokenizer.json itself (a checkpoint: tk import-hf --tokenizer-json) to read it as written"
         fix = (
-            "give tokenizer.json itself to import it as it is (transformers reads every qwen2 directory so)"
+            f"{itself} (transformers reads every qwen2 directory so)"
             if model_type == "qwen2"
-            else 'set "tokenizer_class": "PreTrainedTokenizerFast" in tokenizer_config.json, or give tokenizer.json '
-            "itself to import it as it is"
+            else f'{itself}, or set "tokenizer_class": "PreTrainedTokenizerFast" in tokenizer_config.json'
         )
         raise TokenizerError(f"{what}: transformers loads this directory as {name} ({source}), which {why}; {fix}")
     if name in _QWEN2_CLASSES and parts["ignore_merges"]:

@@ -758,7 +758,14 @@ def export_hf_command(model_path, directory, tokenizer_path, overwrite) -> int:
     help="a window of this many tokens instead of max_position_embeddings (rotary models: Llama 3.1's 131,072 "
     "is beyond tk's 65,536)",
 )
-def import_hf_command(directory, out, overwrite, context) -> int:
+@click.option(
+    "--tokenizer-json",
+    "tokenizer_json",
+    is_flag=True,
+    help="read DIR/tokenizer.json as written, whatever class tokenizer_config.json names (SmolLM's names "
+    "GPT2Tokenizer, which transformers 5 builds without the file's Digits split)",
+)
+def import_hf_command(directory, out, overwrite, context, tokenizer_json) -> int:
     """Read a transformers checkpoint directory into one tokenkit model file.
 
     DIR holds config.json (GPT-2's, or Llama's, Mistral's or Qwen2's), model.safetensors (or
@@ -771,7 +778,7 @@ def import_hf_command(directory, out, overwrite, context) -> int:
     Example:
       tk import-hf gpt2-hf -o gpt2.safetensors
     """
-    result = hf.import_hf(directory, out, overwrite=overwrite, context_length=context)
+    result = hf.import_hf(directory, out, overwrite=overwrite, context_length=context, tokenizer_json=tokenizer_json)
     shards = f" in {result.shards} shards" if result.shards > 1 else ""
     source = "" if result.architecture == "GPT2LMHeadModel" else f" of {result.architecture}"
     click.echo(

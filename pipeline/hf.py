@@ -576,10 +576,15 @@ def _assemble(shape: tuple[int, ...], links: list[hf_llama.Link], sources: dict[
     return out
 
 
-def read_tokenizer(directory: Path) -> Tokenizer:
-    """The checkpoint's tokenizer (tokenizer.json, or vocab.json + merges.txt) with the library's ids."""
+def read_tokenizer(directory: Path, as_written: bool = False) -> Tokenizer:
+    """The checkpoint's tokenizer (tokenizer.json, or vocab.json + merges.txt) with transformers'
+    ids, or, `as_written`, its tokenizer.json as the file says (the `tokenizers` library's ids,
+    whatever class tokenizer_config.json names: SmolLM's names GPT2Tokenizer, which transformers
+    5 builds without the file's Digits step)."""
+    if as_written and not os.path.lexists(directory / "tokenizer.json"):
+        raise PipelineError(f"{directory} has no tokenizer.json to read as written (--tokenizer-json)")
     try:
-        return Tokenizer.from_hf(directory)
+        return Tokenizer.from_hf(directory / "tokenizer.json" if as_written else directory)
     except TokenizerError as err:
         raise PipelineError(f"{directory}: the tokenizer cannot be read ({err})") from None
 
@@ -590,9 +595,11 @@ def import_hf(
     *,
     overwrite: bool = False,
     context_length: int | None = None,
+    tokenizer_json: bool = False,
 ) -> ImportResult:
     """Read a transformers checkpoint directory into one tk model file (tokenizer embedded).
-    `context_length`: a shorter window for a rotary-position model (see `hf_llama.gpt_config`)."""
+    `context_length`: a shorter window for a rotary-position model (see `hf_llama.gpt_config`);
+    `tokenizer_json`: its tokenizer.json read as written (`read_tokenizer`)."""
     directory, out = Path(directory), Path(out)
     if not directory.is_dir():
         raise PipelineError(f"{directory} is not a directory; give the directory transformers saved the model in")
@@ -612,7 +619,7 @@ def import_hf(
     imported = hf_llama.gpt_config(directory / CONFIG_FILE, hf, context_length) if llama else None
     config = imported.config if imported else gpt_config(directory / CONFIG_FILE, hf)
     sources, shards = _headers(directory)
-    tokenizer = read_tokenizer(directory)
+    tokenizer = read_tokenizer(directory, as_written=tokenizer_json)
     if tokenizer.vocab_size > config.vocab_size:  # more rows than tokens is padding (Qwen2's 151,936 for 151,665)
         raise PipelineError(
             f"{directory}: the tokenizer has {tokenizer.vocab_size:,} tokens but config.json's vocab_size is "

@@ -591,6 +591,45 @@ def test_a_context_beyond_tks_is_imported_with_a_shorter_window(transformers, tm
                    "--context shortens the window of a rotary-position model")  # fmt: skip
 
 
+def test_a_smollm_directory_imports_with_its_tokenizer_json_read_as_written(transformers, tmp_path, capsys):
+    """SmolLM2's directory: a tokenizer.json trained with its specials first and a Digits step, and
+    a tokenizer_config.json naming GPT2Tokenizer, which transformers 5 builds with GPT-2's split
+    alone. import-hf refuses it naming --tokenizer-json; with it, tk's ids are the `tokenizers`
+    library's on the file, and the model predicts as transformers' on the same ids."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    from tokenkit.bpe.interop import DIGITS_GPT2
+
+    hf_model = hf_checkpoint(transformers, tmp_path / "hf", "llama", num_key_value_heads=2)
+    smol = tokenizers.Tokenizer(models.BPE())
+    smol.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    smol.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=hf_model.config.vocab_size - 20, special_tokens=["<|endoftext|>", BOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)  # fmt: skip
+    smol.train_from_iterator([corpus() + "  12 345\n  6789 " * 50], trainer)
+    smol.save(str(tmp_path / "hf" / "tokenizer.json"))
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False}), encoding="utf-8"
+    )
+    text = "In 2024,  12 apples\n  345 pears and 6789  0"
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert theirs(text).input_ids != smol.encode(text).ids  # the premise: transformers 5 reads it otherwise
+    one_line_error(cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "m.safetensors"),
+                   "as GPT2Tokenizer", "tk import-hf --tokenizer-json")  # fmt: skip
+    code, out, err = cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "m.safetensors", "--tokenizer-json")
+    assert code == 0, err
+    model, tok, _ = checkpoint.load_model(tmp_path / "m.safetensors")
+    assert tok.listed and tok.pattern == DIGITS_GPT2 and tok.special_tokens == {"<|endoftext|>": 0, BOS: 1}
+    for sample in [text, *TEXTS]:
+        assert tok.encode(sample) == smol.encode(sample).ids, sample
+    ids = np.array([tok.encode(text)])
+    assert np.abs(probs(model, ids) - hf_probs(hf_model, ids)).max() < 1e-4
+
+
 def test_a_stored_head_that_differs_from_the_embeddings_is_imported_untied(transformers, tmp_path, capsys):
     """transformers predicts with a stored lm_head.weight that differs from the embeddings, even
     under tie_word_embeddings (it unties them); tk imports such a model untied, as it predicts."""
