@@ -220,17 +220,18 @@ def _bpe(held: Holdings, q: Query) -> dict[str, Any]:
     return views.bpe_view(tok, q.text(), name=name, policy=q.policy())
 
 
+def _layer_head(q: Query, cfg) -> dict[str, int]:
+    """The address's `layer` and `head`, within the model (default 0 and 0)."""
+    return {
+        "layer": q.integer("layer", Range(0, cfg.n_layers - 1), 0),
+        "head": q.integer("head", Range(0, cfg.n_heads - 1), 0),
+    }
+
+
 def _attention(held: Holdings, q: Query) -> dict[str, Any]:
     loaded = held.need_model()
     cfg = loaded.model.config
-    return views.attention_view(
-        loaded.model,
-        loaded.tokenizer,
-        q.text(),
-        layer=q.integer("layer", Range(0, cfg.n_layers - 1), 0),
-        head=q.integer("head", Range(0, cfg.n_heads - 1), 0),
-        policy=q.policy(),
-    )
+    return views.attention_view(loaded.model, loaded.tokenizer, q.text(), **_layer_head(q, cfg), policy=q.policy())
 
 
 def _explain(held: Holdings, q: Query) -> dict[str, Any]:
@@ -240,8 +241,7 @@ def _explain(held: Holdings, q: Query) -> dict[str, Any]:
         loaded.model,
         loaded.tokenizer,
         q.text(),
-        layer=q.integer("layer", Range(0, cfg.n_layers - 1), 0),
-        head=q.integer("head", Range(0, cfg.n_heads - 1), 0),
+        **_layer_head(q, cfg),
         top_k=q.integer("top_k", Range(1, views.TOP_K_MAX), 5),
         policy=q.policy(),
         model_name=held.model_name or "",
