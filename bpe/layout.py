@@ -104,6 +104,11 @@ def listed(
     holes of `tokens` (or ids past its end, without gaps).
     """
     names = _special_names(special_tokens)
+    if any(type(i) is not int or not 0 <= i < len(tokens) + len(names) for i in special_tokens.values()):
+        raise TokenizerError(
+            f"special token ids must be from 0 to {len(tokens) + len(names) - 1} (the vocabulary's gaps and the ids "
+            "after it)"
+        )  # checked first: an id of 10**12 would make a set of that many holes
     n = max([len(tokens), *(i + 1 for i in special_tokens.values())])
     holes = {i for i, t in enumerate(tokens) if t is None} | set(range(len(tokens), n))
     if sorted(special_tokens.values()) != sorted(holes) or len(set(special_tokens.values())) != len(names):

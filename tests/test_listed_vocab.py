@@ -123,8 +123,10 @@ def test_a_listed_vocabulary_that_fits_the_canonical_layout_is_canonical(tmp_pat
         ([bytes([b]) for b in range(255)], [], {}, "byte 0xff has no id"),
         ([bytes([b]) for b in range(256)], [(97, 98)], {}, "which is no token"),
         ([bytes([b]) for b in range(256)] + [b"ab"], [(97, 98), (97, 98)], {}, "merged twice"),
-        ([bytes([b]) for b in range(256)] + [None], [], {"<a>": 300}, "ids that hold no bytes"),
+        ([bytes([b]) for b in range(256)] + [None], [], {"<a>": 300}, "ids must be from 0 to 257"),
+        ([bytes([b]) for b in range(256)] + [None, None], [], {"<a>": 256}, "ids that hold no bytes"),
         ([bytes([b]) for b in range(256)] + [None, b"ab"], [(97, 257)], {"<a>": 256}, "no token"),
+        ([bytes([b]) for b in range(256)], [], {"<a>": 10**12}, "ids must be from 0 to 256"),  # no 10**12 holes
     ],
 )
 def test_a_bad_listed_vocabulary_is_one_line(tokens, merges, specials, words):
