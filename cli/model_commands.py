@@ -527,6 +527,8 @@ def _info_model(path: Path) -> None:
             "vocab size",
             f"{model.config.vocab_size} (tokenizer {meta.get('tokenizer_fingerprint', '')[:16]}...{padded})",
         )
+        if tok.bos is not None:
+            _row("bos", f"{tok.bos} (before every text the model reads)")
     prov = meta.get("provenance") or {}
     if "step" in meta and not (isinstance(prov, dict) and "imported_from" in prov):
         _row("training step", meta.get("step"))
