@@ -145,6 +145,7 @@ def to_hf(
     ignore_merges: bool = False,
     normalizer: str | None = None,
     bos: str | None = None,
+    text_tokens: list[str] | None = None,
 ) -> dict:
     """The `tokenizer.json` dict of a tokenizer (ids, merges, specials and options exactly ours);
     tokens[i] is the bytes of id i (None for a special token's). With `bos`, the template that
@@ -166,7 +167,7 @@ def to_hf(
                 "lstrip": False,
                 "rstrip": False,
                 "normalized": False,
-                "special": True,
+                "special": s not in (text_tokens or ()),
             }
         )
     if pattern_regex is None:
@@ -436,6 +437,8 @@ def from_hf(data, what: str = "tokenizer.json") -> dict:
     if bos is not None and _template_ids(data["post_processor"], bos) not in (None, [specials[bos]]):
         raise TokenizerError(f"{what}: the post-processor gives {bos!r} another id than its added token")
     tokens = _hf_tokens(vocab, specials, byte_of, what)
+    added = data.get("added_tokens") or []
+    text_tokens = sorted(t["content"] for t in added if not t.get("special", False)) or None
     merges = []
     for r, m in enumerate(merges_in):  # written out: Llama 3's file has 280k merges
         pair = m.split(" ") if type(m) is str else m
@@ -453,6 +456,7 @@ def from_hf(data, what: str = "tokenizer.json") -> dict:
         "ignore_merges": model.get("ignore_merges") is True,
         "normalizer": "nfc" if normalizers else None,
         "bos": bos,
+        "text_tokens": text_tokens,
     }
 
 
@@ -468,7 +472,8 @@ def _template_ids(post, name: str) -> list | None:
 
 def _hf_specials(data: dict, vocab: dict[str, int], byte_of: dict[str, int], what: str) -> dict[str, int]:
     """The special tokens of a tokenizer.json (its added tokens), name -> id, each checked to be
-    read by Hugging Face as tk reads it."""
+    read by Hugging Face as tk reads it. An added token that is not special is one too, read
+    whatever the policy (`text_tokens`)."""
     specials: dict[str, int] = {}
     added = data.get("added_tokens") or []
     if not isinstance(added, list):
@@ -476,10 +481,6 @@ def _hf_specials(data: dict, vocab: dict[str, int], byte_of: dict[str, int], wha
     for t in added:
         if not isinstance(t, dict) or not isinstance(t.get("content"), str) or type(t.get("id")) is not int:
             raise TokenizerError(f"{what}: an added token lacks content or id")
-        if not t.get("special", False):
-            raise TokenizerError(
-                f"{what}: added token {t['content']!r} is not special; tk reads only special added tokens"
-            )
         if t.get("lstrip") or t.get("rstrip") or t.get("single_word") or t.get("normalized"):
             raise TokenizerError(
                 f"{what}: added token {t['content']!r} strips, matches single words or is normalized; "
@@ -689,11 +690,14 @@ def _bos_template(bos: str, bos_id: int) -> dict:
     }  # fmt: skip
 
 
-def hf_configs(special_tokens: dict[str, int], bos: str | None = None) -> tuple[dict, dict]:
+def hf_configs(
+    special_tokens: dict[str, int], bos: str | None = None, text_tokens: list[str] | None = None
+) -> tuple[dict, dict]:
     """`tokenizer_config.json` and `special_tokens_map.json` for transformers' AutoTokenizer: the
     fast tokenizer of tokenizer.json as it is (no prefix space, no clean-up of spaces on decode,
-    nothing added around the ids). `<|endoftext|>`, when there, is also the end-of-text token."""
-    names = sorted(special_tokens, key=special_tokens.__getitem__)
+    nothing added around the ids). `<|endoftext|>`, when there, is also the end-of-text token;
+    text tokens are no special tokens there."""
+    names = [s for s in sorted(special_tokens, key=special_tokens.__getitem__) if s not in (text_tokens or ())]
     special_map: dict = {"additional_special_tokens": names} if names else {}
     if "<|endoftext|>" in special_tokens:
         special_map["eos_token"] = "<|endoftext|>"

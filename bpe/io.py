@@ -60,8 +60,14 @@ FORMAT_VERSION = "1"
 OPTIONS_VERSION = "2"  # the version of a file with OPTIONS
 LISTED_VERSION = "3"  # the version of a file with a listed vocabulary
 # option -> (its metadata value when set, the value of a tokenizer without it); bos's value is
-# the name of one of the tokenizer's special tokens (None here), which the tokenizer checks
-OPTIONS = {"ignore_merges": ("true", False), "normalizer": ("nfc", None), "bos": (None, None)}
+# the name of one of the tokenizer's special tokens (None here), which the tokenizer checks;
+# text_tokens' is a JSON list of special tokens' names
+OPTIONS = {
+    "ignore_merges": ("true", False),
+    "normalizer": ("nfc", None),
+    "bos": (None, None),
+    "text_tokens": (None, None),
+}
 TENSOR_NAMES = ("merges", "vocab_bytes", "vocab_offsets")
 
 
@@ -102,7 +108,7 @@ def pack(
     }
     for name, value in (options or {}).items():
         if value != OPTIONS[name][1]:
-            metadata[name] = OPTIONS[name][0] if value is True else value
+            metadata[name] = "true" if value is True else json.dumps(value) if isinstance(value, list) else value
             metadata["format_version"] = OPTIONS_VERSION
     if listed:
         metadata["format_version"] = LISTED_VERSION
@@ -139,6 +145,14 @@ def unpack(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None) -> d
                     f"{OPTIONS_VERSION} files may set it to {value!r}); the file is damaged"
                 )
             options[name] = True if value == "true" else metadata[name]
+    if options["text_tokens"] is not None:
+        try:
+            text = jsonsafe.loads(options["text_tokens"], "tokenizer metadata text_tokens")
+        except FileError as err:
+            raise TokenizerError(f"{err}; the file is damaged") from None
+        if not isinstance(text, list) or not all(isinstance(t, str) and t for t in text):
+            raise TokenizerError("tokenizer metadata text_tokens must be a JSON list of names; the file is damaged")
+        options["text_tokens"] = text
     if version == OPTIONS_VERSION and options == {name: default for name, (_, default) in OPTIONS.items()}:
         raise TokenizerError(f"a version {OPTIONS_VERSION} tokenizer file without options; the file is damaged")
     missing = [k for k in ("pattern", "pattern_regex", "special_tokens", "training") if k not in metadata]

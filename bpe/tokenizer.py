@@ -136,6 +136,7 @@ class Tokenizer:
         ignore_merges: bool = False,
         normalizer: str | None = None,
         bos: str | None = None,
+        text_tokens: Iterable[str] | None = None,
         _pattern_regex: str | None | bool = False,
     ) -> None:
 
@@ -163,9 +164,15 @@ class Tokenizer:
         if bos is not None and bos not in self._specials:
             known = ", ".join(self._specials) or "none"
             raise TokenizerError(f"bos {bos!r} must be one of the special tokens ({known})")
+        text = frozenset(text_tokens or ())
+        if not text <= set(self._specials) or bos in text:
+            raise TokenizerError(
+                f"text_tokens {sorted(text - set(self._specials) or {bos})[0]!r} must be a special token, not the bos"
+            )
         self._ignore_merges = ignore_merges
         self._normalizer = normalizer
         self._bos = bos
+        self._text_tokens = text
         self._whole: dict[bytes, int] | None = None  # token bytes -> id, for ignore_merges (`_token_of`)
         self._pattern_name = pattern
         self._pattern = resolve_pattern(pattern) if _pattern_regex is False else _pattern_regex
@@ -241,8 +248,16 @@ class Tokenizer:
         return self._bos
 
     @property
+    def text_tokens(self) -> frozenset[str]:
+        """Added tokens that are part of the text (HF's added tokens that are not special, Qwen2.5's
+        `<tool_call>`): always read as their token, whatever the special-token policy says."""
+        return self._text_tokens
+
+    @property
     def _options(self) -> dict:
-        return {"ignore_merges": self._ignore_merges, "normalizer": self._normalizer, "bos": self._bos}
+        text = sorted(self._text_tokens) or None
+        return {"ignore_merges": self._ignore_merges, "normalizer": self._normalizer, "bos": self._bos,
+                "text_tokens": text}  # fmt: skip
 
     def __repr__(self) -> str:
         options = "".join(f", {k}={v!r}" for k, v in self._options.items() if v not in (False, None))
@@ -559,11 +574,11 @@ class Tokenizer:
         """
         if not self._specials:
             return [text]
-        allowed = self._special_set(allowed_special, "allowed_special")
+        allowed = self._special_set(allowed_special, "allowed_special") | self._text_tokens  # text: always read
         disallowed = (
             set(self._specials) - allowed
             if disallowed_special == "all"
-            else self._special_set(disallowed_special, "disallowed_special")
+            else self._special_set(disallowed_special, "disallowed_special") - self._text_tokens
         )
         if disallowed:
             hit = self._special_re(frozenset(disallowed)).search(text)
@@ -791,13 +806,15 @@ class Tokenizer:
     def export_files(self, format: str = "gpt2") -> dict[str, bytes]:
         """The files `export` writes, name -> contents, validated (TokenizerError) and not written."""
         if format == "gpt2":
-            if self._ignore_merges or self._normalizer is not None or self._bos is not None:
+            if any(v not in (False, None) for v in self._options.values()):
                 what = (
                     "ignore_merges"
                     if self._ignore_merges
                     else f"its {self._normalizer.upper()} normalizer"
                     if self._normalizer
                     else f"that a model expects {self._bos} first"
+                    if self._bos
+                    else "added tokens that are part of the text"
                 )
                 raise TokenizerError(
                     f"vocab.json + merges.txt cannot say {what}, which changes ids; export it with --format hf"
@@ -810,7 +827,7 @@ class Tokenizer:
             return io.gpt2_files(self.vocab, self._merges, self._specials)
         if format == "hf":
             data = interop.to_hf(self.vocab, self._merges, self._specials, self._pattern, **self._options)
-            return io.hf_files(data, *interop.hf_configs(self._specials, self._bos))
+            return io.hf_files(data, *interop.hf_configs(self._specials, self._bos, self._options["text_tokens"]))
         if format == "tiktoken":
             if self.listed:
                 raise TokenizerError(
@@ -819,11 +836,9 @@ class Tokenizer:
                 )
             ranks = interop.to_tiktoken(self._merges, self._byte_order)
             interop.check_tiktoken_specials(self._specials, "exported to tiktoken")
-            if self._bos is not None:
-                raise TokenizerError(
-                    f"tiktoken's files cannot say that a model expects {self._bos} before every text; export it with "
-                    "--format hf"
-                )
+            if self._bos is not None or self._text_tokens:
+                what = f"that a model expects {self._bos} before every text" if self._bos else "text's added tokens"
+                raise TokenizerError(f"tiktoken's files cannot say {what}; export it with --format hf")
             if self._normalizer is not None:
                 raise TokenizerError(
                     f"the tokenizer puts text in {self._normalizer.upper()} before splitting and tiktoken has no "
@@ -891,7 +906,14 @@ class Tokenizer:
         parts = (
             io.read_hf(files[0])
             if len(files) == 1
-            else {"pattern": "gpt2", "special_tokens": {}, "ignore_merges": False, "normalizer": None, "bos": None}
+            else {
+                "pattern": "gpt2",
+                "special_tokens": {},
+                "ignore_merges": False,
+                "normalizer": None,
+                "bos": None,
+                "text_tokens": None,
+            }  # fmt: skip
         )
         if Path(path).is_dir():  # transformers' configs there decide how it reads the files
             parts = interop.check_transformers_class(*io.read_hf_configs(path), parts, str(path))
@@ -907,6 +929,7 @@ class Tokenizer:
                 ignore_merges=parts["ignore_merges"],
                 normalizer=parts["normalizer"],
                 bos=parts["bos"],
+                text_tokens=parts["text_tokens"],
             )
         except TokenizerError as err:
             raise TokenizerError(f"{files[0]}: {err}") from None

@@ -232,7 +232,6 @@ def hf_dict(**changes) -> dict:
         ({"model__dropout": 0.1}, "dropout"),
         ({"post_processor": {"type": "TemplateProcessing"}}, "post-processor"),
         ({"added_tokens": [{"id": 300, "content": "<x>", "special": True}]}, "special token ids must be from 0 to"),
-        ({"added_tokens": [{"id": 259, "content": "<x>", "special": False}]}, "not special"),
         ({"model__vocab": {"a": 1}}, "missing from the vocab"),
         (
             {

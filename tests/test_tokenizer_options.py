@@ -317,3 +317,48 @@ def test_a_models_training_data_puts_the_bos_before_every_document(tmp_path, wor
     assert no_bos.encode_file(tmp_path / "c", workers=workers, quiet=True, eot=eot, for_model=True).tolist() == plain
     (tmp_path / "empty.txt").write_bytes(b"")
     assert tok.encode_file(tmp_path / "empty.txt", workers=workers, quiet=True, for_model=True).tolist() == []
+
+
+def test_added_tokens_that_are_not_special_are_text_read_as_hf_reads_them(tmp_path):
+    """Qwen2.5's `<tool_call>`: an added token that is not special is part of the text, read as
+    its token whatever the special-token policy (HF splits it out of every text); the special
+    `<|im_end|>` still follows the policy. Kept in tk's file and written back as not special."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
+
+    from tokenkit.bpe import DisallowedSpecialError
+
+    hf = tokenizers.Tokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)  # fmt: skip
+    hf.train_from_iterator(["abc abc a b c <tool call> the fox " * 200], trainer)
+    hf.add_special_tokens(["<|im_end|>"])
+    hf.add_tokens([AddedToken("<tool_call>", special=False, normalized=False)])
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer.from_hf(tmp_path / "tokenizer.json")
+    assert tok.text_tokens == {"<tool_call>"} and set(tok.special_tokens) == {"<|im_end|>", "<tool_call>"}
+    texts = ["<tool_call>abc</tool_call>", "a<tool_call><|im_end|>b", "the fox<tool_call> <tool call>", "abc"]
+    for text in texts:
+        assert tok.encode(text, allowed_special="all") == hf.encode(text).ids, text
+        plain = text.replace("<|im_end|>", "")  # the default policy refuses the special alone
+        assert tok.encode(plain) == hf.encode(plain).ids, text
+        as_text = tok.encode(text, disallowed_special=())  # specials as text; <tool_call> is still text's token
+        assert as_text.count(tok.special_tokens["<tool_call>"]) == text.count("<tool_call>")
+        assert tok.special_tokens["<|im_end|>"] not in as_text
+    with pytest.raises(DisallowedSpecialError):
+        tok.encode("a<tool_call><|im_end|>")
+    tok.save(tmp_path / "t.safetensors")
+    back = Tokenizer.load(tmp_path / "t.safetensors")
+    assert back.text_tokens == tok.text_tokens and back.fingerprint() == tok.fingerprint()
+    tok.export_hf(tmp_path / "out")
+    data = json.loads((tmp_path / "out" / "tokenizer.json").read_text(encoding="utf-8"))
+    assert {t["content"]: t["special"] for t in data["added_tokens"]} == {"<|im_end|>": True, "<tool_call>": False}
+    again = tokenizers.Tokenizer.from_file(str(tmp_path / "out" / "tokenizer.json"))
+    assert all(again.encode(text).ids == hf.encode(text).ids for text in texts)
+    for fmt in ("gpt2", "tiktoken"):
+        with pytest.raises(TokenizerError, match="--format hf"):
+            tok.export_files(fmt)
+    with pytest.raises(TokenizerError, match="must be a special token"):
+        Tokenizer([], special_tokens=["<a>"], text_tokens=["<b>"])
