@@ -101,7 +101,7 @@ def run_torch(shape: tuple, steps: int, warmup: int, gen_tokens: int) -> dict:
 
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    _, TorchGPT = _bench_model().torch_classes()
+    _, TorchGPT, _ = _bench_model().torch_classes()
     V, T, C, L, H, B = shape
     torch.manual_seed(0)
     model = TorchGPT(V, T, C, L, H).cuda()
