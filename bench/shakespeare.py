@@ -11,7 +11,7 @@ characters, the same symbols since the file is ASCII.
 nanoGPT's reference on a 2-core machine like ours: val loss 1.886 after 2000 steps, ~111 s
 wall including its evaluations (every 250 steps, 20 batches), ~470 MB peak RSS.
 
-Run:  flock /tmp/tokenkit-bench.lock python bench/shakespeare.py
+Run:  flock /tmp/tokenkit-bench.lock python bench/shakespeare.py [--device cuda]
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000, help="optimizer steps (nanoGPT: 2000)")
     parser.add_argument("--data", type=Path, default=DATA, help="tinyshakespeare.txt")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (CuPy and a GPU)")
     args = parser.parse_args(argv)
     if not args.data.exists():
         print(f"skip: {args.data} is absent (the reference data lives in ../shared/data)")
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     with tempfile.TemporaryDirectory(prefix="tk-shakespeare-") as run_dir:
         start = time.perf_counter()
-        result = train_model(args.data, run_dir, tokenizer, config, quiet=True)
+        result = train_model(args.data, run_dir, tokenizer, config, quiet=True, device=args.device)
         wall = time.perf_counter() - start
         gc.collect()  # the trained model's worker process is reaped with its pool
         # An upper bound of the peak: this process's and its worker's (the largest reaped child's)
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         batches = data.eval_batches(val, 200, config.batch_size, config.context_length, seed=7)
         val_200 = float(np.mean([model.loss(x, y) for x, y in batches]))
 
-    print(f"tiny Shakespeare, byte-level baby GPT ({config.steps} steps, batch 12 x 64, 4x128, no bias)")
+    print(f"tiny Shakespeare, byte-level baby GPT ({config.steps} steps, batch 12 x 64, 4x128, no bias, {args.device})")
     print(
         f"  final val loss (20 batches, as nanoGPT's eval_iters=20): {result.last_val_loss:.4f}"
         f"   nanoGPT: {NANOGPT['val_loss']}"
