@@ -137,15 +137,17 @@ class _Run:
         # the model's vocabulary: the tokenizer's, or more for weights padded beyond it (an import's)
         self.model_config = GPTConfig.from_dict(config.model_config(vocab_size or tokenizer.vocab_size))
         local_workers = config.workers if ranks is None else ranks.local_workers(config.workers)
-        if device == "cpu":  # one line, not a MemoryError
-            check_memory(
-                self.model_config,
-                training=True,
-                workers=local_workers,
-                batch_rows=_process_rows(config.batch_size, local_workers, config.workers),
-            )
-        else:  # the whole batch in this process, on the device (the recorded count serves a CPU resume)
+        if device != "cpu":  # the whole batch in this process, on the device (the recorded count serves a CPU resume)
             local_workers = 1
+        check_memory(  # one line, not a MemoryError
+            self.model_config,
+            training=True,
+            workers=local_workers,
+            batch_rows=_process_rows(config.batch_size, local_workers, config.workers)
+            if device == "cpu"
+            else config.batch_size,
+            device=device,
+        )
         model = GPT(self.model_config, seed=config.seed, device=device)
         if ranks is None:
             self.model = DataParallel(model, workers=local_workers)
@@ -478,8 +480,9 @@ def check_training_memory(
     rows), or on `device` (a missing CuPy or GPU)."""
     get_backend(device)
     model_config = GPTConfig.from_dict(config.model_config(vocab_size))
-    if device != "cpu":
-        return  # host memory holds only the weights' copies; the device's own is not estimated yet
+    if device != "cpu":  # the whole batch in one process, on the device
+        check_memory(model_config, training=True, workers=1, batch_rows=config.batch_size, device=device)
+        return
     total = config.workers or available_cores()  # no MPI call: the other ranks are not listening yet
     workers = total if ranks is None else max(1, total // ranks.size)
     check_memory(

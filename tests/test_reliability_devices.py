@@ -79,3 +79,20 @@ def test_worked_examples_are_refused_on_a_usable_gpu(capsys, monkeypatch):
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1
     assert err.startswith("error: the worked examples are computed with NumPy on the CPU; drop --device cuda")
+
+
+def test_a_model_beyond_the_gpus_free_memory_is_one_line_before_allocating(monkeypatch):
+    """On "cuda" the check reads the GPU's free memory (here made 1 GB), says GPU memory, and
+    counts a loaded model's weights, which still go to the GPU; where it cannot read it, nothing
+    is refused (get_backend names a missing GPU first)."""
+    from tokenkit.transformer import GPTConfig, ModelError, memory
+
+    gpt2 = GPTConfig(vocab_size=50304, context_length=1024, d_model=768, n_layers=12, n_heads=12)
+    monkeypatch.setattr(memory, "_device_free_bytes", lambda: 10**9)
+    with pytest.raises(ModelError, match=r"GB of GPU memory \(.*\), more than the 1\.0 GB available; .* free GPU"):
+        memory.check_memory(gpt2, training=True, batch_rows=8, device="cuda")
+    tiny = GPTConfig(vocab_size=300, context_length=16, d_model=16, n_layers=1, n_heads=2)
+    assert memory.check_memory(tiny, device="cuda") == memory.check_memory(tiny, loaded=True, device="cuda")
+    assert memory.check_memory(tiny, loaded=True) < memory.check_memory(tiny)  # on the CPU the weights are there
+    monkeypatch.setattr(memory, "_device_free_bytes", lambda: None)
+    assert memory.check_memory(gpt2, training=True, batch_rows=8, device="cuda") > 10**9

@@ -108,13 +108,17 @@ def _workers(workers: int | None) -> int:
         return os.cpu_count() or 1
 
 
-def available_bytes() -> int | None:
+def available_bytes(device: str = "cpu") -> int | None:
     """Bytes this process can still allocate, or None when the system does not say.
+
+    "cuda": the GPU's free memory (cudaMemGetInfo) and what CuPy's pool holds unused.
 
     Linux: MemAvailable of /proc/meminfo (free memory plus what the kernel can reclaim);
     elsewhere the free physical pages (os.sysconf). A process address-space limit
     (RLIMIT_AS, e.g. `ulimit -v`) lowers it to what is left under the limit.
     """
+    if device != "cpu":
+        return _device_free_bytes()
     avail = None
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
@@ -133,6 +137,16 @@ def available_bytes() -> int | None:
     if limit is not None:
         avail = limit if avail is None else min(avail, limit)
     return avail
+
+
+def _device_free_bytes() -> int | None:
+    try:
+        import cupy
+
+        free, _ = cupy.cuda.runtime.memGetInfo()
+        return int(free) + int(cupy.get_default_memory_pool().free_bytes())
+    except Exception:  # noqa: BLE001 — no CuPy or no GPU: get_backend says so in one line first
+        return None
 
 
 def _address_space_left() -> int | None:
@@ -158,6 +172,7 @@ def check_memory(
     workers: int | None = 1,
     loaded: bool = False,
     batch_rows: int = 0,
+    device: str = "cpu",
 ) -> int:
     """Raise a one-line ModelError when a model of `config` would not fit in the memory available
     now; returns the estimate in bytes. `loaded`: its parameters are already in memory (read from
@@ -165,12 +180,15 @@ def check_memory(
     that many rows of context_length tokens (their activations count).
 
     Call it before allocating: GPT does for inference (construction and from_params); training
-    calls it with training=True and its batch before anything else.
+    calls it with training=True and its batch before anything else. `device` "cuda": the GPU's
+    memory, one process (the weights a model file brought to the host still go to the GPU).
     """
+    gpu = device != "cpu"
+    workers = 1 if gpu else workers
     need = estimate_bytes(config, training=training, workers=workers, batch_rows=batch_rows)
-    if loaded:
+    if loaded and not gpu:
         need -= _F32 * config.n_params()
-    avail = available_bytes()
+    avail = available_bytes(device)
     if avail is not None and need > avail:
         if loaded:
             what = f"beyond its loaded weights: caches for a context of {config.context_length:,}"
@@ -185,9 +203,10 @@ def check_memory(
         else:
             what = f"{config.n_params():,} parameters and the caches of a context of {config.context_length:,}"
         smaller = "a smaller batch, context_length or model" if training else "a smaller model"
+        memory = "GPU memory" if gpu else "memory"
         raise ModelError(
-            f"the model needs about {need / 1e9:,.1f} GB of memory ({what}), more than the {avail / 1e9:,.1f} GB "
-            f"available; use {smaller} (d_model, n_layers, vocabulary) or free memory"
+            f"the model needs about {need / 1e9:,.1f} GB of {memory} ({what}), more than the {avail / 1e9:,.1f} GB "
+            f"available; use {smaller} (d_model, n_layers, vocabulary) or free {memory}"
         )
     return need
 

@@ -130,7 +130,7 @@ class GPT:
         if not isinstance(config, GPTConfig):
             raise ModelError(f"expected a GPTConfig, got {type(config).__name__}")
         backend = get_backend(device)  # before allocating: a missing GPU is one line
-        check_memory(config)  # before init_params allocates: one line, not a MemoryError
+        check_memory(config, device=device)  # before init_params allocates: one line, not a MemoryError
         self.config = config
         self._use(backend)
         self.params: dict[str, np.ndarray] = self._on_device(init_params(config, seed))
@@ -185,7 +185,8 @@ class GPT:
         shapes; on the CPU used as they are when already contiguous float32, else converted)."""
         if not isinstance(config, GPTConfig):
             raise ModelError(f"expected a GPTConfig, got {type(config).__name__}")
-        check_memory(config, loaded=True)  # the weights are here; the sinusoid table and caches are not yet
+        get_backend(device)  # a missing GPU is one line first
+        check_memory(config, loaded=True, device=device)  # the weights are here; the table and caches are not yet
         expected = param_shapes(config)
         missing = [name for name in expected if name not in params]
         if missing:
