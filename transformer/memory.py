@@ -188,7 +188,7 @@ def check_memory(
     need = estimate_bytes(config, training=training, workers=workers, batch_rows=batch_rows)
     if loaded and not gpu:
         need -= _F32 * config.n_params()
-    avail = available_bytes(device)
+    avail = _device_free_bytes() if gpu else available_bytes()
     if avail is not None and need > avail:
         if loaded:
             what = f"beyond its loaded weights: caches for a context of {config.context_length:,}"
