@@ -431,14 +431,12 @@ def from_hf(data, what: str = "tokenizer.json") -> dict:
     ):
         raise TokenizerError(f"{what}: model vocab must map token strings to ids and merges must be a list")
     byte_of = {c: b for b, c in bytes_to_unicode().items()}
-    specials = _hf_specials(data, vocab, byte_of, what)
+    specials, text_tokens = _hf_specials(data, vocab, byte_of, what)
     if bos is not None and bos not in specials:
         raise TokenizerError(f"{what}: the post-processor adds {bos!r}, which is not one of the added tokens")
     if bos is not None and _template_ids(data["post_processor"], bos) not in (None, [specials[bos]]):
         raise TokenizerError(f"{what}: the post-processor gives {bos!r} another id than its added token")
     tokens = _hf_tokens(vocab, specials, byte_of, what)
-    added = data.get("added_tokens") or []
-    text_tokens = sorted(t["content"] for t in added if not t.get("special", False)) or None
     merges = []
     for r, m in enumerate(merges_in):  # written out: Llama 3's file has 280k merges
         pair = m.split(" ") if type(m) is str else m
@@ -470,11 +468,14 @@ def _template_ids(post, name: str) -> list | None:
     return None
 
 
-def _hf_specials(data: dict, vocab: dict[str, int], byte_of: dict[str, int], what: str) -> dict[str, int]:
+def _hf_specials(
+    data: dict, vocab: dict[str, int], byte_of: dict[str, int], what: str
+) -> tuple[dict[str, int], list[str] | None]:
     """The special tokens of a tokenizer.json (its added tokens), name -> id, each checked to be
-    read by Hugging Face as tk reads it. An added token that is not special is one too, read
-    whatever the policy (`text_tokens`)."""
+    read by Hugging Face as tk reads it, and the names of those that are not special (read
+    whatever the policy: `text_tokens`; None when there are none)."""
     specials: dict[str, int] = {}
+    text_tokens = []
     added = data.get("added_tokens") or []
     if not isinstance(added, list):
         raise TokenizerError(f"{what}: added_tokens must be a list")
@@ -489,7 +490,9 @@ def _hf_specials(data: dict, vocab: dict[str, int], byte_of: dict[str, int], wha
         _check_hf_special(t["content"], t["id"], vocab, byte_of, "tk would give it other ids or bytes")
         if specials.setdefault(t["content"], t["id"]) != t["id"] or list(specials.values()).count(t["id"]) > 1:
             raise TokenizerError(f"{what}: added token {t['content']!r} or its id {t['id']} is listed twice")
-    return specials
+        if not t.get("special", False):
+            text_tokens.append(t["content"])
+    return specials, sorted(text_tokens) or None
 
 
 def _hf_tokens(vocab: dict[str, int], specials: dict[str, int], byte_of: dict[str, int], what: str) -> list:
