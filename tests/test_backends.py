@@ -162,9 +162,9 @@ def _methods(tree: ast.Module, class_name: str) -> dict[str, list[str]]:
 
 
 def test_cuda_launchers_match_their_twins_and_every_kernel_is_launched():
-    """cuda.py imports CuPy, so it is read, not imported: each CudaKernels method has the twin's
-    parameters, and each kernel of the source is launched by name."""
-    text = (ROOT / "transformer/backends/cuda.py").read_text(encoding="utf-8")
+    """Each CudaKernels method (cuda_launch.py) has the twin's parameters, and each kernel of the
+    source is launched by name."""
+    text = (ROOT / "transformer/backends/cuda_launch.py").read_text(encoding="utf-8")
     launched = _methods(ast.parse(text), "CudaKernels")
     twins = {
         name: params

@@ -1,5 +1,5 @@
 """The GPU backend: device_ops.DeviceOps over CuPy, with the fused CUDA kernels of cuda_source.py
-launched here and cuBLAS doing every GEMM (CuPy's matmul).
+compiled here by NVRTC, launched by cuda_launch.py, and cuBLAS doing every GEMM (CuPy's matmul).
 
 NOT YET RUN ON A GPU. Nothing in this module has executed on a GPU: the kernels compile (nvcc,
 tests/test_backends.py), their NumPy twins (cuda_twins.py) pass the CPU tests, and the ops
@@ -20,12 +20,8 @@ import cupy
 import numpy as np
 
 from tokenkit.transformer.backends import cuda_source as src
-from tokenkit.transformer.backends.cuda_twins import embedding_segments
+from tokenkit.transformer.backends.cuda_launch import CudaKernels
 from tokenkit.transformer.backends.device_ops import DeviceOps
-from tokenkit.transformer.ops import _GELU_A, _GELU_C
-
-_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
-_MAX_BLOCKS = 1 << 20  # grid-stride kernels: enough blocks to fill any GPU, each loops over the rest
 
 
 def set_tf32(enabled: bool) -> None:
@@ -41,133 +37,6 @@ def to_device(array) -> cupy.ndarray:
     return cupy.ascontiguousarray(cupy.asarray(array))
 
 
-def _blocks(n: int, threads: int) -> int:
-    return max(1, min(_MAX_BLOCKS, -(-n // threads)))
-
-
-class CudaKernels:
-    """cuda_source.py's kernels behind the kernel interface of device_ops.py; each method's twin
-    is the method of the same name in cuda_twins.TwinKernels."""
-
-    def __init__(self):
-        names = [f"{name}<{ctype}>" for name in src.KERNELS for ctype in ("float", "double")]
-        self._module = cupy.RawModule(code=src.SOURCE, options=src.OPTIONS, name_expressions=names)
-        self._functions: dict[tuple[str, np.dtype], object] = {}
-
-    def _fn(self, name: str, dtype):
-        """The compiled kernel `name` for arrays of `dtype` (float32 or float64)."""
-        key = (name, np.dtype(dtype))
-        fn = self._functions.get(key)
-        if fn is None:
-            fn = self._functions[key] = self._module.get_function(f"{name}<{_CTYPES[key[1]]}>")
-        return fn
-
-    def layernorm_forward(self, x, w, b, eps):
-        N, C = x.shape
-        out, xhat = cupy.empty_like(x), cupy.empty_like(x)
-        rstd = cupy.empty(N, dtype=x.dtype)
-        t = x.dtype.type
-        grid = -(-N // src.ROWS_PER_BLOCK)
-        self._fn("layernorm_forward", x.dtype)(
-            (grid,),
-            (src.ROWS_PER_BLOCK * src.WARP,),
-            (x, w, w if b is None else b, np.int32(b is not None), out, xhat, rstd, np.int64(N), np.int32(C), t(eps)),
-        )
-        return out, xhat, rstd
-
-    def layernorm_backward(self, dout, xhat, rstd, w):
-        N, C = dout.shape
-        dx = cupy.empty_like(dout)
-        grid = -(-N // src.ROWS_PER_BLOCK)
-        self._fn("layernorm_backward", dout.dtype)(
-            (grid,), (src.ROWS_PER_BLOCK * src.WARP,), (dout, xhat, rstd, w, dx, np.int64(N), np.int32(C))
-        )
-        return dx
-
-    def column_sums(self, a, b):
-        partial = self._chunk_sums(a, b)
-        return partial[0] if partial.shape[0] == 1 else self._chunk_sums(partial, None)[0]
-
-    def _chunk_sums(self, a, b):
-        N, C = a.shape
-        rows = src.column_chunk_rows(N)
-        n_chunks = max(1, -(-N // rows))
-        out = cupy.empty((n_chunks, C), dtype=a.dtype)
-        self._fn("column_sums", a.dtype)(
-            (-(-C // src.COLUMN_THREADS), n_chunks),
-            (src.COLUMN_THREADS,),
-            (a, a if b is None else b, np.int32(b is not None), out, np.int64(N), np.int64(C), np.int64(rows)),
-        )
-        return out
-
-    def gelu(self, x, grad):
-        t = x.dtype.type
-        out = cupy.empty_like(x)
-        deriv = cupy.empty_like(x) if grad else None
-        n = x.size
-        self._fn("gelu_forward", x.dtype)(
-            (_blocks(n, src.ELEMENTWISE_THREADS),), (src.ELEMENTWISE_THREADS,),
-            (x, out, out if deriv is None else deriv, np.int32(grad), np.int64(n), t(_GELU_A * _GELU_C), t(_GELU_C),
-             t(6.0 * _GELU_A * _GELU_C), t(2.0 * _GELU_C)),
-        )  # fmt: skip
-        return out, deriv
-
-    def xent_forward(self, logits, targets):
-        N, V = logits.shape
-        row_max = cupy.empty(N, dtype=logits.dtype)
-        row_sum = cupy.empty(N, dtype=logits.dtype)
-        losses = cupy.empty(N, dtype=cupy.float64)
-        targets = cupy.ascontiguousarray(targets, dtype=cupy.int64)
-        self._fn("xent_forward", logits.dtype)(
-            (N,), (src.ROW_THREADS,), (logits, targets, row_max, row_sum, losses, np.int64(N), np.int32(V))
-        )
-        return row_max, row_sum, losses
-
-    def xent_backward(self, logits, targets, row_max, row_sum, n_total):
-        N, V = logits.shape
-        t = logits.dtype.type
-        self._fn("xent_backward", logits.dtype)(
-            (N,), (src.ROW_THREADS,),
-            (logits, cupy.ascontiguousarray(targets, dtype=cupy.int64), row_max, row_sum, np.int64(N), np.int32(V),
-             t(n_total), t(1.0 / n_total)),
-        )  # fmt: skip
-
-    def attention_softmax(self, scores, q_offset, causal):
-        *_, Tq, keys = scores.shape
-        n_rows = scores.size // keys
-        self._fn("attention_softmax", scores.dtype)(
-            (-(-n_rows // src.ROWS_PER_BLOCK),),
-            (src.ROWS_PER_BLOCK * src.WARP,),
-            (scores, np.int64(n_rows), np.int32(Tq), np.int32(keys), np.int32(q_offset), np.int32(causal)),
-        )
-
-    def softmax_backward(self, ds, w, row_dot):
-        keys = ds.shape[-1]
-        n_rows = ds.size // keys
-        self._fn("softmax_backward", ds.dtype)(
-            (-(-n_rows // src.ROWS_PER_BLOCK),),
-            (src.ROWS_PER_BLOCK * src.WARP,),
-            (ds, w, row_dot, np.int64(n_rows), np.int32(keys)),
-        )
-
-    def embedding_backward(self, dout, ids, dweight):
-        C = dout.shape[1]
-        order, seg_start, seg_id = embedding_segments(cupy, ids)
-        n_segments = seg_id.size
-        self._fn("embedding_backward", dout.dtype)(
-            (n_segments, -(-C // src.COLUMN_THREADS)),
-            (src.COLUMN_THREADS,),
-            (dout, order, seg_start, seg_id, dweight, np.int32(C)),
-        )
-
-    def adamw(self, p, g, m, v, beta1, beta2, scale, eps, decay):
-        t = p.dtype.type
-        n = p.size
-        self._fn("adamw", p.dtype)(
-            (_blocks(n, src.ELEMENTWISE_THREADS),),
-            (src.ELEMENTWISE_THREADS,),
-            (p, g, m, v, np.int64(n), t(beta1), t(beta2), t(scale), t(eps), t(decay)),
-        )
-
-
-ops = DeviceOps(cupy, CudaKernels())
+ops = DeviceOps(
+    cupy, CudaKernels(cupy, cupy.RawModule(code=src.SOURCE, options=src.OPTIONS, name_expressions=src.EXPRESSIONS))
+)

@@ -31,6 +31,7 @@ KERNELS = (
     "layernorm_forward", "layernorm_backward", "column_sums", "gelu_forward", "xent_forward", "xent_backward",
     "attention_softmax", "softmax_backward", "embedding_backward", "adamw",
 )  # fmt: skip
+EXPRESSIONS = tuple(f"{name}<{ctype}>" for name in KERNELS for ctype in ("float", "double"))  # each kernel's instances
 
 
 def column_chunk_rows(n_rows: int) -> int:

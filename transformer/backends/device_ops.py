@@ -2,11 +2,12 @@
 elementwise or row-wise pass is a fused kernel and every matmul is a vendor GEMM.
 
 `DeviceOps(xp, kernels)` holds the op functions as methods. On a GPU, xp is CuPy and `kernels`
-are the CUDA kernels of transformer/backends/cuda.py (cuBLAS does the matmuls); on the CPU,
-xp is NumPy and `kernels` are their NumPy twins (transformer/backends/cuda_twins.py), which
-compute what each kernel computes, in the same order. So this file, the glue between kernels
-and GEMMs, runs and is tested on any machine: the twins' ops against transformer/reference.py
-and ops.py, and a whole model training on them against the CPU model (tests/test_backends.py).
+are the CUDA kernels as transformer/backends/cuda_launch.py launches them (cuBLAS does the
+matmuls); on the CPU, xp is NumPy and `kernels` are their NumPy twins
+(transformer/backends/cuda_twins.py), which compute what each kernel computes, in the same order.
+So this file, the glue between kernels and GEMMs, runs and is tested on any machine: the twins'
+ops against transformer/reference.py and ops.py, and a whole model training on them against the
+CPU model (tests/test_backends.py).
 
 How it differs from the CPU ops, and why:
 - No cache tiling: a GPU streams whole arrays; one launch per pass is what counts there.
@@ -35,8 +36,8 @@ Kernel interface (what `kernels` provides; arrays C-contiguous, on the device):
     embedding_backward(dout (N, C), ids (N,), dweight (V, C)): dweight[ids[i]] += dout[i], in place
     adamw(p, g, m, v, beta1, beta2, scale, eps, decay): in place, as ops.adamw_update
 
-What this module deliberately does not do: define kernels (cuda.py, cuda_twins.py), import
-CuPy, or know which device it runs on.
+What this module deliberately does not do: define or launch kernels (cuda_source.py,
+cuda_launch.py, cuda_twins.py), import CuPy, or know which device it runs on.
 """
 
 from __future__ import annotations
