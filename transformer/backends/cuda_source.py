@@ -1,10 +1,13 @@
 """The CUDA C++ of the GPU backend's fused kernels, and the launch shapes they assume.
 
-NOT YET RUN ON A GPU. This source compiles with nvcc and NVRTC for sm_80/sm_90 (tests/test_backends.py
-compiles it where nvcc is installed), and each kernel's computation is mirrored, operation for
-operation, by a NumPy twin in transformer/backends/cuda_twins.py, which the CPU tests check
-against transformer/reference.py and ops.py. Whether the kernels compute on a real GPU what their
-twins compute is what tests/test_gpu.py checks, on a machine that has one.
+Run on an NVIDIA H200, where tests/test_gpu.py checks each kernel against its twin: a NumPy
+mirror of its computation, operation for operation, in transformer/backends/cuda_twins.py, which
+the CPU tests check against transformer/reference.py and ops.py. Without a GPU, the source is
+compiled with g++ and run, launched as on the GPU, by the tests' CPU emulator
+(tests/cuda_emulator.py: one fiber per CUDA thread, see docs/gpu.md), and nvcc compiles it for
+sm_80/sm_90 where it is installed (tests/test_backends.py). Kernels that use tensor cores go
+through two helpers, tk_to_tf32 and tk_mma_tf32, to be defined here with inline PTX inside
+#ifndef TK_CPU_EMULATION: the emulator defines its own (tests/cuda_emulator.h).
 
 Every kernel is a template over T (float, double) and accumulates in T. Row-wise kernels give a
 row to one warp (LayerNorm, attention softmax; rows of at most a few thousand) or one block
@@ -15,7 +18,8 @@ chunks of rows in a fixed order, then over the chunks: deterministic, unlike ato
 is compiled with --fmad=false, so that no multiply-add is contracted and each kernel rounds as
 its twin does (exp, log, tanh and sqrt's last bits aside).
 
-What this module deliberately does not do: import CuPy or launch anything (transformer/backends/cuda.py).
+What this module deliberately does not do: import CuPy, compile or launch anything (cuda.py,
+cuda_launch.py).
 """
 
 WARP = 32
