@@ -2,6 +2,7 @@
 
     python bench/gpu.py [--configs gpt2,S,M,L] [--steps 20] [--warmup 3] [--quick]
     python bench/gpu.py --device cpu --quick          # a smoke run on any machine (configs tiny,S)
+    python bench/gpu.py --configs gpt2 --gemm-attention   # ours without fused attention
 
 For each config, in a fresh process per framework (so that neither's memory pool holds the
 other's memory): training tokens/s of whole steps (forward, backward, AdamW; float32 with TF32
@@ -212,7 +213,8 @@ def _torch_generate(torch, model, prompts: np.ndarray, n_new: int, greedy: bool)
 def child(framework: str, name: str, args) -> dict | None:
     """Run one framework on one config in a fresh process; None when it failed (said on stderr)."""
     cmd = [sys.executable, __file__, "--child", framework, "--configs", name, "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--gen-tokens", str(args.gen_tokens), "--device", args.device]  # fmt: skip
+           "--warmup", str(args.warmup), "--gen-tokens", str(args.gen_tokens), "--device", args.device,
+           *(["--gemm-attention"] if args.gemm_attention else [])]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         lines = done.stderr.strip().splitlines()
@@ -233,6 +235,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (kernel compilation, pools)")
     ap.add_argument("--gen-tokens", type=int, default=200, help="new tokens per row on gpt2 and tiny (0: skip)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 3 steps, 1 warmup, 20 tokens")
+    ap.add_argument(
+        "--gemm-attention",
+        action="store_true",
+        help="ours without fused attention (GEMMs and the (T, T) weights), to measure what it brings",
+    )
     ap.add_argument("--child", choices=("ours", "torch"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.quick:
@@ -251,10 +258,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         run = run_ours if args.child == "ours" else run_torch
         gen = args.gen_tokens if names[0] in GENERATES else 0
+        if args.gemm_attention and hasattr(backend.ops, "kernels"):  # the CPU's ops have no fused attention
+            backend.ops.kernels.fused_attention = False
         print(json.dumps(run(configs[names[0]], args.steps, args.warmup, gen, args.device)))
         return
     del backend
-    print(f"{describe(args.device)}; {args.steps} steps after {args.warmup} warmup")
+    attention = "; ours with GEMM attention" if args.gemm_attention else ""
+    print(f"{describe(args.device)}; {args.steps} steps after {args.warmup} warmup{attention}")
     try:
         import torch  # noqa: F401
     except ImportError:
