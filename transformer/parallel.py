@@ -58,16 +58,16 @@ def sum_of_shards(model: GPT, ids, targets, n_shards: int) -> tuple[float, dict[
     version of what the executors compute. DataParallel(workers=n_shards) gives these bits on the
     CPU, and MPIDataParallel on n_shards ranks gives them on the CPU or on GPUs of one kind."""
     ids, targets = model.check_pair(ids, targets)
-    loss, grads = 0.0, None
+    shares, grads = [], None
     for rows in shard_rows(ids.shape[0], n_shards):
         share, more = model.shard_loss_and_grads(ids[rows], targets[rows], ids.size)
-        loss += share
+        shares.append(share)
         if grads is None:
             grads = {name: more[name].copy() for name in model.params}
         else:
             for name, g in grads.items():
                 g += more[name]
-    return float(loss), grads
+    return float(sum(shares)), grads  # sum() as the executors add: Python 3.12's compensates, unlike +=
 
 
 class _Wrapper:
