@@ -405,10 +405,11 @@ def test_sum_of_shards_is_what_data_parallel_computes():
 # argv: OUT DEVICE MODE ROWS. DEVICE "twin" stands the CUDA kernels' NumPy twins in for a GPU (the
 # device branch without one), "cuda" is the GPU. MODE "ranks": MPIDataParallel on COMM_WORLD, each
 # rank on GPU (local rank % GPUs); "alone:N": one process, no MPI, sum_of_shards over N shards.
+# Four steps of loss, gradients, clipping and AdamW; rank 0 saves (loss, evaluated loss, norm) and the weights.
 DEVICE_STEPS = """
 import sys
 import numpy as np
-from tokenkit.transformer import AdamW, GPT, GPTConfig, backends
+from tokenkit.transformer import AdamW, GPT, GPTConfig, backends, clip_grad_norm
 from tokenkit.transformer.parallel import MPIDataParallel, shard_rows, sum_of_shards
 
 out, device, mode, B = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -440,12 +441,13 @@ for step in range(4):
         rows = model.local_rows(B)
         loss, grads = model.loss_and_grads(ids[rows], targets[rows], batch_rows=B)
     assert all(type(g) is type(gpt.params[k]) for k, g in grads.items())  # on the device
+    norm = clip_grad_norm(grads, 0.5)  # a whole training step: the norm's dot products too
     opt.step(grads)
     if mode == "ranks":
         evaluated = model.loss(ids, targets)
     else:
         evaluated = float(sum(gpt.shard_loss(ids[r], targets[r], B) for r in shard_rows(B, n)))
-    losses.append((loss, evaluated))
+    losses.append((loss, evaluated, norm))
 if rank == 0:
     np.savez(out, losses=np.array(losses), **gpt.host_params())
 """

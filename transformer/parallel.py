@@ -322,11 +322,13 @@ class MPIDataParallel(_Wrapper):
                     )
         with tuned():
             total = ordered_allreduce(self.comm, flat, n)
-        total = self.model.backend.to_device(total)  # back to the GPU (on the CPU: the array itself)
         loss = float(sum(self._gather(shares)[:n].tolist()))
         offsets = np.cumsum([0, *sizes])
+        # on the CPU views of `total`; to a GPU each tensor goes as an array of its own, as the model's own gradients
+        put = self.model.backend.to_device
         return loss, {
-            name: total[offsets[i] : offsets[i + 1]].reshape(self.params[name].shape) for i, name in enumerate(names)
+            name: put(total[offsets[i] : offsets[i + 1]].reshape(self.params[name].shape))
+            for i, name in enumerate(names)
         }
 
     def close(self) -> None:
