@@ -270,7 +270,8 @@ def train_model_command(
     Ctrl-C (or SIGTERM) saves and exits; --resume then continues bit-exactly. A RUN_DIR holding
     another run's files is refused unless --overwrite. Under mpirun each rank computes --workers
     shards of each batch: the same bits as --workers (ranks x workers) in one process. With
-    --device cuda the model trains on the GPU; its files are the same kind (resume on either).
+    --device cuda the model trains on the GPU (under mpirun one shard per rank, each rank on its
+    own GPU); its files are the same kind (resume on either).
 
     \b
     Example:
