@@ -140,7 +140,7 @@ def test_use_gpu_gives_each_local_rank_a_gpu_in_turn(monkeypatch, local_rank, gp
     """The GPU is current before the backend is made (its kernels load there), and a backend
     already made on another GPU is one line."""
     cupy = _CupyOfGpus(gpus)
-    monkeypatch.delitem(backends._BACKENDS, "cuda", raising=False)
+    monkeypatch.setattr(backends, "_BACKENDS", {})  # the fake backend made here goes with it
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     made_on = []
     fake = backends.Backend("cuda", np, None, np.asarray, np.asarray, lambda: None)
