@@ -42,6 +42,7 @@ from tokenkit.pipeline.train import (
     resume_training,
     train_model,
 )
+from tokenkit.transformer.backends import use_gpu
 from tokenkit.transformer.config import MAX_VOCAB_SIZE
 
 _DEFAULTS = TrainConfig()
@@ -126,12 +127,13 @@ def _check_val(val, given: dict[str, Any]) -> None:
         raise click.UsageError("--val and --val-fraction exclude each other: --val validates on its own corpus")
 
 
-def _check_workers_on(device: str, given: dict[str, Any]) -> None:
-    if device != "cpu" and given.get("workers", 0) > 1:
-        raise click.UsageError(
-            f"--workers splits batches over CPU processes; with --device {device} the batch runs "
-            "in this process on the GPU: drop --workers"
-        )
+def _check_workers_on(device: str, given: dict[str, Any], ranks: Ranks | None) -> None:
+    if device == "cpu" or given.get("workers", 0) <= (1 if ranks is None else ranks.size):  # per rank: at most 1
+        return
+    where = "in this process on the GPU" if ranks is None else "one shard per rank, on each rank's GPU"
+    raise click.UsageError(
+        f"--workers splits batches over CPU processes; with --device {device} the batch runs {where}: drop --workers"
+    )
 
 
 def _say(quiet: bool):
@@ -176,8 +178,11 @@ def _on_ranks(command):
             return command(None, *args, **kwargs)
         with end_together(comm):
             ranks = Ranks(comm)
+            device = kwargs.get("device", "cpu")
+            if device != "cpu":  # this rank's own GPU, before anything runs on one
+                use_gpu(ranks.local_rank)
             if not ranks.leader:
-                result = follow(ranks)
+                result = follow(ranks, device=device)
                 return 130 if result is not None and result.interrupted else 0
             code = command(ranks, *args, **kwargs)
             ranks.finish()
@@ -265,7 +270,8 @@ def train_model_command(
     Ctrl-C (or SIGTERM) saves and exits; --resume then continues bit-exactly. A RUN_DIR holding
     another run's files is refused unless --overwrite. Under mpirun each rank computes --workers
     shards of each batch: the same bits as --workers (ranks x workers) in one process. With
-    --device cuda the model trains on the GPU; its files are the same kind (resume on either).
+    --device cuda the model trains on the GPU (under mpirun one shard per rank, each rank on its
+    own GPU); its files are the same kind (resume on either).
 
     \b
     Example:
@@ -279,7 +285,7 @@ def train_model_command(
     check_device(device)
     given = _given(kwargs, fresh=resume is None, ranks=ranks)
     _check_val(val, given)
-    _check_workers_on(device, given)
+    _check_workers_on(device, given, ranks)
     if resume is not None:
         target = Path(resume) if resume else run_dir
         if target is None:
@@ -658,7 +664,7 @@ def pipeline_command(
     check_device(device)
     given = _given(kwargs, ranks=ranks)
     _check_val(val, given)
-    _check_workers_on(device, given)
+    _check_workers_on(device, given, ranks)
     config = TrainConfig.from_dict(given)
     inputs = _corpus_spec(corpus, val, eot, glob, text_field, binary, special_policy).open(warn=_warn_line)
     result = run_pipeline(

@@ -29,6 +29,7 @@ from tokenkit.bpe.io import deserialize, serialize
 from tokenkit.common import jsonsafe
 from tokenkit.common.mpi import wait
 from tokenkit.pipeline.errors import PipelineError
+from tokenkit.transformer.backends import as_host, backend_of
 from tokenkit.transformer.runtime import available_cores
 
 _POLL_S = 0.01  # a waiting follower sleeps between polls instead of spinning on a core rank 0 needs
@@ -44,7 +45,7 @@ class Ranks:
         self.started = False
         # Counted here, where every rank is: rank 0 needs it for `--workers 0` while the others
         # already wait for the run to start (a collective then was a deadlock)
-        self._default_workers = self._count_default_workers()
+        self.local_rank, self._default_workers = self._count_on_node()
 
     # -- how many shards ----------------------------------------------------------------------
 
@@ -53,17 +54,19 @@ class Ranks:
         the smallest count of any node (every rank runs the same number)."""
         return self._default_workers
 
-    def _count_default_workers(self) -> int:
+    def _count_on_node(self) -> tuple[int, int]:
+        """(this rank's number among the ranks of its node, which picks its GPU; default workers)."""
         from mpi4py import MPI
 
         node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
         try:
+            local_rank = node.Get_rank()
             mine = np.array([max(1, available_cores() // node.Get_size())], dtype=np.int64)
         finally:
             node.Free()
         least = np.empty(1, dtype=np.int64)
         wait(self.comm.Iallreduce(mine, least, op=MPI.MIN))
-        return int(least[0])
+        return local_rank, int(least[0])
 
     def local_workers(self, shards: int) -> int:
         """Workers per rank for a run of `shards` batch shards per step (TrainConfig.workers)."""
@@ -98,9 +101,15 @@ class Ranks:
         return spec, Tokenizer.from_tensors(*deserialize(self._receive(), "the tokenizer from rank 0"))
 
     def share_state(self, arrays: dict[str, np.ndarray]) -> None:
-        """Rank 0's arrays copied into every rank's arrays of the same names, shapes and dtypes."""
+        """Rank 0's arrays copied into every rank's arrays of the same names, shapes and dtypes
+        (a GPU's arrays through the host)."""
         for name in sorted(arrays):
             a = arrays[name]
+            if not isinstance(a, np.ndarray):  # on a GPU: broadcast a host copy, then copy it back
+                buf = as_host(a)
+                wait(self.comm.Ibcast(buf, root=0))
+                a[...] = backend_of(a).to_device(buf)
+                continue
             buf = a if a.flags.c_contiguous and a.flags.writeable else np.ascontiguousarray(a)
             wait(self.comm.Ibcast(buf, root=0))
             if buf is not a:

@@ -118,12 +118,6 @@ class _Run:
         device: str = "cpu",
         vocab_size: int | None = None,
     ) -> None:
-
-        if device != "cpu" and ranks is not None:
-            raise PipelineError(
-                f"--device {device} under mpirun is not built yet (one rank per GPU); "
-                "train on one GPU without mpirun, or on CPU ranks"
-            )
         if config.workers == 0:  # recorded as the count used, so a resume elsewhere is the same run
             config = dataclasses.replace(config, workers=_default_shards(ranks))
         self.run_dir = run_dir
@@ -136,8 +130,9 @@ class _Run:
         self.train_ids, self.val_ids = tokens.split(config.val_fraction, config.context_length)
         # the model's vocabulary: the tokenizer's, or more for weights padded beyond it (an import's)
         self.model_config = GPTConfig.from_dict(config.model_config(vocab_size or tokenizer.vocab_size))
-        local_workers = config.workers if ranks is None else ranks.local_workers(config.workers)
-        if device != "cpu":  # the whole batch in this process, on the device (the recorded count serves a CPU resume)
+        if device == "cpu":
+            local_workers = config.workers if ranks is None else ranks.local_workers(config.workers)
+        else:  # the batch, or under MPI one shard per rank, on the GPU (the recorded count serves a CPU resume)
             local_workers = 1
         check_memory(  # one line, not a MemoryError
             self.model_config,
@@ -145,7 +140,7 @@ class _Run:
             workers=local_workers,
             batch_rows=_process_rows(config.batch_size, local_workers, config.workers)
             if device == "cpu"
-            else config.batch_size,
+            else _device_rows(config.batch_size, ranks),
             device=device,
         )
         model = GPT(self.model_config, seed=config.seed, device=device)
@@ -295,9 +290,10 @@ class _Run:
         shards = shard_rows(B, m.shards)
         per_rank = [sum(s.stop - s.start for s in shards[r * m.workers : (r + 1) * m.workers]) for r in range(m.size)]
         rows = ", ".join(f"rank {r}: {n}" for r, n in enumerate(per_rank))
+        where = "" if m.model.device == "cpu" else ", each on its rank's GPU (gradients summed on the host)"
         return (
             f"mpi: {m.size} ranks x {m.workers} worker{'s' * (m.workers != 1)} = {m.shards} shards of each "
-            f"{B}-row batch (rows {rows}); rank 0 writes"
+            f"{B}-row batch (rows {rows}){where}; rank 0 writes"
         )
 
     def run(self) -> TrainResult:
@@ -480,14 +476,21 @@ def check_training_memory(
     rows), or on `device` (a missing CuPy or GPU)."""
     get_backend(device)
     model_config = GPTConfig.from_dict(config.model_config(vocab_size))
-    if device != "cpu":  # the whole batch in one process, on the device
-        check_memory(model_config, training=True, workers=1, batch_rows=config.batch_size, device=device)
+    if device != "cpu":  # the whole batch, or this rank's shard, in one process on the device
+        check_memory(
+            model_config, training=True, workers=1, batch_rows=_device_rows(config.batch_size, ranks), device=device
+        )
         return
     total = config.workers or available_cores()  # no MPI call: the other ranks are not listening yet
     workers = total if ranks is None else max(1, total // ranks.size)
     check_memory(
         model_config, training=True, workers=workers, batch_rows=_process_rows(config.batch_size, workers, total)
     )
+
+
+def _device_rows(batch_size: int, ranks: Ranks | None) -> int:
+    """Rows of each batch a process on a GPU computes: all of them, or under MPI its one shard's."""
+    return _process_rows(batch_size, 1, 1 if ranks is None else ranks.size)
 
 
 def _process_rows(batch_size: int, local_workers: int, total_workers: int) -> int:
@@ -577,8 +580,8 @@ def train_model(
     old run whole. `init` starts from its weights and tokenizer instead of random ones
     (`config` must have its shape: `StartFrom.settings`). `ranks`: this is rank 0 of an MPI job
     whose other ranks run `follow` (pipeline.ranks); `config.workers` then counts every rank's
-    shards. `device`: "cpu" or "cuda" (the whole batch in this process on the GPU; the files are
-    the same kind either way).
+    shards. `device`: "cpu" or "cuda" (the whole batch in this process on the GPU, or under MPI
+    one shard per rank on its GPU; the files are the same kind either way).
     """
     config = config or TrainConfig()
     corpus = sources.open_corpus(corpus, warn=lambda msg: say(f"warning: {msg}"))
@@ -856,9 +859,10 @@ def _check_kept_streams(spec: sources.CorpusSpec, run_dir: Path) -> None:
             )
 
 
-def follow(ranks: Ranks, *, quiet: bool = True) -> TrainResult | None:
+def follow(ranks: Ranks, *, device: str = "cpu", quiet: bool = True) -> TrainResult | None:
     """A rank other than 0: wait for rank 0's run to start, then train it alongside (writing
-    nothing). None when rank 0 ended without training."""
+    nothing), on `device` (its own GPU for "cuda": `backends.use_gpu`). None when rank 0 ended
+    without training."""
     started = ranks.wait_for_start()
     if started is None:
         return None
@@ -868,4 +872,6 @@ def follow(ranks: Ranks, *, quiet: bool = True) -> TrainResult | None:
         run_dir, tokenizer, spec["corpus"], spec["key"], spec["n_tokens"], spec.get("n_val_tokens")
     )
     config = TrainConfig.from_dict(spec["config"])
-    return _Run(run_dir, tokens, tokenizer, config, quiet=quiet, ranks=ranks, vocab_size=spec.get("vocab_size")).run()
+    return _Run(
+        run_dir, tokens, tokenizer, config, quiet=quiet, ranks=ranks, device=device, vocab_size=spec.get("vocab_size")
+    ).run()

@@ -117,6 +117,54 @@ def test_cuda_without_gpu_says_which_is_missing(monkeypatch, result, expected):
     assert "cuda" not in backends._BACKENDS  # a later call tries again
 
 
+class _CupyOfGpus:
+    """CuPy whose driver reports `n` GPUs, the current one chosen by `Device(i).use()`."""
+
+    def __init__(self, n: int):
+        fake = self
+
+        class Device:
+            def __init__(self, index):
+                self.index = index
+
+            def use(self):
+                fake.current = self.index
+
+        runtime = type("runtime", (), {"getDeviceCount": lambda: n, "getDevice": lambda: fake.current})
+        self.cuda = type("cuda", (), {"runtime": runtime, "Device": Device})
+        self.current = 0
+
+
+@pytest.mark.parametrize("local_rank, gpus, chosen", [(0, 1, 0), (1, 1, 0), (3, 2, 1), (2, 4, 2), (5, 4, 1)])
+def test_use_gpu_gives_each_local_rank_a_gpu_in_turn(monkeypatch, local_rank, gpus, chosen):
+    """The GPU is current before the backend is made (its kernels load there), and a backend
+    already made on another GPU is one line."""
+    cupy = _CupyOfGpus(gpus)
+    monkeypatch.setattr(backends, "_BACKENDS", {})  # the fake backend made here goes with it
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    made_on = []
+    fake = backends.Backend("cuda", np, None, np.asarray, np.asarray, lambda: None)
+    monkeypatch.setattr(backends, "_make_cuda", lambda: made_on.append(cupy.current) or fake)
+    assert backends.use_gpu(local_rank) is fake and made_on == [chosen] and cupy.current == chosen
+    assert backends.use_gpu(local_rank) is fake and made_on == [chosen]  # made once
+    if gpus > 1:
+        with pytest.raises(ModelError, match=f"already runs on GPU {chosen}, and local rank {local_rank + 1} of"):
+            backends.use_gpu(local_rank + 1)
+
+
+def test_use_gpu_returns_a_stand_in_backend_as_it_is(monkeypatch):
+    monkeypatch.setitem(backends._BACKENDS, "cuda", TWIN)
+    monkeypatch.setitem(sys.modules, "cupy", None)  # never imported
+    assert backends.use_gpu(3) is TWIN
+
+
+def test_use_gpu_without_cupy_is_one_line(monkeypatch):
+    monkeypatch.delitem(backends._BACKENDS, "cuda", raising=False)
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    with pytest.raises(ModelError, match="needs CuPy"):
+        backends.use_gpu(0)
+
+
 def test_a_cpu_run_never_imports_cupy(tmp_path):
     code = """
 import sys

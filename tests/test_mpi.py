@@ -381,3 +381,109 @@ def test_mpi_executor_is_bit_identical_to_data_parallel_in_one_process(tmp_path,
     assert got["losses"].tolist() == [list(pair) for pair in losses]
     for name, p in model.params.items():
         np.testing.assert_array_equal(got[name], p, err_msg=name)
+
+
+def test_sum_of_shards_is_what_data_parallel_computes():
+    """The plain version beside the executors: shards one after the other, summed in shard order."""
+    from tokenkit.transformer import GPT, GPTConfig
+    from tokenkit.transformer.parallel import DataParallel, sum_of_shards
+
+    config = GPTConfig(vocab_size=23, context_length=8, d_model=16, n_layers=2, n_heads=2)
+    rng = np.random.default_rng(1)
+    ids, targets = rng.integers(0, 23, (7, 8)), rng.integers(0, 23, (7, 8))
+    model = DataParallel(GPT(config, seed=4), workers=3)
+    loss, grads = model.loss_and_grads(ids, targets)
+    plain_loss, plain = sum_of_shards(GPT(config, seed=4), ids, targets, 3)
+    model.close()
+    assert plain_loss == loss and list(plain) == list(grads)
+    for name, g in grads.items():
+        np.testing.assert_array_equal(plain[name], g, err_msg=name)
+
+
+# --- the training executor on GPUs: one shard per rank, reduced through the host ------------------
+
+# argv: OUT DEVICE MODE ROWS. DEVICE "twin" stands the CUDA kernels' NumPy twins in for a GPU (the
+# device branch without one), "cuda" is the GPU. MODE "ranks": MPIDataParallel on COMM_WORLD, each
+# rank on GPU (local rank % GPUs); "alone:N": one process, no MPI, sum_of_shards over N shards.
+# Four steps of loss, gradients, clipping and AdamW; rank 0 saves (loss, evaluated loss, norm) and the weights.
+DEVICE_STEPS = """
+import sys
+import numpy as np
+from tokenkit.transformer import AdamW, GPT, GPTConfig, backends, clip_grad_norm
+from tokenkit.transformer.parallel import MPIDataParallel, shard_rows, sum_of_shards
+
+out, device, mode, B = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+if device == "twin":
+    from tokenkit.transformer.backends.cuda_twins import twin_backend
+    backends._BACKENDS["cuda"] = twin_backend()
+config = GPTConfig(vocab_size=23, context_length=8, d_model=16, n_layers=2, n_heads=2)
+if mode == "ranks":
+    from mpi4py import MPI
+    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    backends.use_gpu(node.Get_rank())
+    node.Free()
+    model = MPIDataParallel(GPT(config, seed=4, device="cuda"), MPI.COMM_WORLD)
+    gpt, rank = model.model, model.rank
+    n = model.shards
+else:
+    gpt, rank, n = GPT(config, seed=4, device="cuda"), 0, int(mode.split(":")[1])
+assert gpt.device != "cpu"
+opt = AdamW(gpt.params, lr=1e-2)
+rng = np.random.default_rng(0)
+losses = []
+for step in range(4):
+    ids, targets = rng.integers(0, 23, (B, 8)), rng.integers(0, 23, (B, 8))
+    if mode != "ranks":
+        loss, grads = sum_of_shards(gpt, ids, targets, n)
+    elif step % 2:  # the whole batch given
+        loss, grads = model.loss_and_grads(ids, targets)
+    else:  # only this rank's rows, as the training loop reads them
+        rows = model.local_rows(B)
+        loss, grads = model.loss_and_grads(ids[rows], targets[rows], batch_rows=B)
+    assert all(type(g) is type(gpt.params[k]) for k, g in grads.items())  # on the device
+    norm = clip_grad_norm(grads, 0.5)  # a whole training step: the norm's dot products too
+    opt.step(grads)
+    if mode == "ranks":
+        evaluated = model.loss(ids, targets)
+    else:
+        evaluated = float(sum(gpt.shard_loss(ids[r], targets[r], B) for r in shard_rows(B, n)))
+    losses.append((loss, evaluated, norm))
+if rank == 0:
+    np.savez(out, losses=np.array(losses), **gpt.host_params())
+"""
+
+
+def device_steps(tmp_path: Path, device: str, ranks: int, rows: int, timeout: float = 120) -> tuple[dict, dict]:
+    """The arrays DEVICE_STEPS saves: on `ranks` ranks (mpirun) and in one process over as many shards."""
+    got = {}
+    for mode in ("ranks", f"alone:{ranks}"):
+        out = tmp_path / f"{mode.replace(':', '')}.npz"
+        script = [sys.executable, "-c", DEVICE_STEPS, str(out), device, mode, str(rows)]
+        cmd = [_mpirun(), "-n", str(ranks), *script] if mode == "ranks" else script
+        proc = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
+        assert proc.returncode == 0, proc.stderr
+        got[mode] = dict(np.load(out))
+    return got["ranks"], got[f"alone:{ranks}"]
+
+
+@pytest.mark.parametrize("ranks, rows", [(2, 7), (3, 7), (3, 2)])
+def test_device_model_on_ranks_is_bit_identical_to_its_shards_in_one_process(tmp_path, ranks, rows):
+    """The device branch (kernels' NumPy twins for the GPU): each rank's gradients through the host,
+    summed in shard order, train to the bits of one process computing the same shards in turn;
+    3 ranks over 2 rows leave the last rank without a shard."""
+    on_ranks, alone = device_steps(tmp_path, "twin", ranks, rows)
+    assert on_ranks["losses"].tolist() == alone["losses"].tolist()
+    assert on_ranks.keys() == alone.keys()
+    for name, p in alone.items():
+        np.testing.assert_array_equal(on_ranks[name], p, err_msg=name)
+
+
+def test_a_device_model_takes_one_shard_per_rank():
+    from tokenkit.transformer import GPT, GPTConfig, ModelError
+    from tokenkit.transformer.backends.cuda_twins import twin_backend
+    from tokenkit.transformer.parallel import MPIDataParallel
+
+    model = GPT(GPTConfig(vocab_size=23, context_length=8, d_model=16, n_layers=1, n_heads=2))
+    model.to(twin_backend())
+    with pytest.raises(ModelError, match=r"one shard per rank on a GPU, .* on cuda-twin; use workers=1"):
+        MPIDataParallel(model, comm=None, workers=2)

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_mpi import _mpirun  # mpirun's path, or a skip without mpi4py or mpirun
 
@@ -235,3 +236,87 @@ def test_pipeline_on_ranks_is_the_one_process_pipeline(corpus, tmp_path):
     again = _tk(2, "pipeline", str(corpus), "-o", str(two), "--workers", "1", *flags)  # up to date: nothing to train
     assert again.returncode == 0, again.stderr
     assert "train: up to date" in again.stderr and sample(again.stdout) == sample(a.stdout)
+
+
+# --- --device cuda on ranks, each rank's "GPU" the CUDA kernels' NumPy twins ----------------------
+
+# `tk` with the twins standing in for the cuda backend, in every rank (a monkeypatch stays in its process)
+TK_ON_TWINS = (
+    "from tokenkit.transformer import backends\n"
+    "from tokenkit.transformer.backends.cuda_twins import twin_backend\n"
+    "backends._BACKENDS['cuda'] = twin_backend()\n"
+    "from tokenkit.cli.main import entry\n"
+    "entry()\n"
+)
+
+
+def _twins_cmd(ranks: int, *args: str) -> list[str]:
+    tk = [sys.executable, "-c", TK_ON_TWINS, *args, "--device", "cuda"]
+    return [_mpirun(), "-n", str(ranks), *tk] if ranks > 1 else tk
+
+
+@pytest.fixture(scope="module")
+def twin_runs(corpus, tokenizer, tmp_path_factory) -> dict[int, Path]:
+    """Uninterrupted 40-step runs with --device cuda (twins): in one process, and on 2 ranks."""
+    runs = {}
+    for ranks in (1, 2):
+        run = tmp_path_factory.mktemp(f"twins{ranks}") / "run"
+        cmd = _twins_cmd(
+            ranks, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(run), "--steps", "40", *SMALL
+        )
+        proc = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.count("step 40/40") == 1  # rank 0 alone prints
+        if ranks > 1:
+            split = "2 shards of each 6-row batch (rows rank 0: 3, rank 1: 3), each on its rank's GPU"
+            assert split in proc.stderr, proc.stderr
+        runs[ranks] = run
+    return runs
+
+
+def test_device_cuda_on_ranks_trains_one_shard_per_rank(twin_runs):
+    """Each rank's shard on its device, gradients summed on the host: the one-process device run
+    computes the batch whole, so the numbers are close, not the same bits (those are the executor's
+    test: test_mpi.py), and the files are of the same kind."""
+    from tokenkit.pipeline.checkpoint import load_train_state
+
+    one, two = (load_train_state(twin_runs[n] / "train_state.safetensors") for n in (1, 2))
+    assert two.step == 40
+    for name, p in one.params.items():
+        np.testing.assert_allclose(two.params[name], p, rtol=1e-3, atol=1e-4, err_msg=name)
+    assert sorted(p.name for p in twin_runs[2].iterdir()) == sorted(p.name for p in twin_runs[1].iterdir())
+    sessions = [
+        json.loads(line) for line in (twin_runs[2] / "log.jsonl").read_text().splitlines() if '"session"' in line
+    ]
+    assert [s["ranks"] for s in sessions] == [2]
+
+
+def test_device_cuda_on_ranks_stops_and_resumes_bit_exactly(corpus, tokenizer, twin_runs, tmp_path):
+    """SIGTERM on 2 ranks, resumed on 2 ranks: the weights travel from rank 0 to the others' devices
+    (`Ranks.share_state`), and the run ends with the uninterrupted run's files."""
+    run = tmp_path / "run"
+    cmd = _twins_cmd(2, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(run), "--steps", "40", *SMALL)
+    stopped = _sigterm_midway(cmd, run, after_step=5)
+    assert stopped.returncode == 143, stopped.stderr
+    resumed = subprocess.run(
+        _twins_cmd(2, "train-model", "--resume", str(run), "-q"),
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    _assert_same_run(run, twin_runs[2])
+
+
+def test_device_cuda_on_ranks_refuses_local_workers_in_one_line(corpus, tokenizer, tmp_path):
+    cmd = _twins_cmd(
+        2, "train-model", str(corpus), "-t", str(tokenizer), "-o", str(tmp_path / "run"), "--workers", "2", *SMALL
+    )
+    proc = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    assert "with --device cuda the batch runs one shard per rank, on each rank's GPU: drop --workers" in errors[0]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()

@@ -17,10 +17,16 @@ own dict, now of shared arrays), so an optimizer's in-place updates reach the wo
 model before creating its optimizer. An entry replaced by another array is copied in before the
 next call.
 
-What it deliberately does not do: any math (the GPT does it), or BLAS and malloc settings beyond
-switching `runtime.tuned` on around its calls. Both executors are for CPU models: a model on a
-GPU runs in this process (DataParallel with workers=1 passes its calls through) and is refused
-with more workers or under MPI.
+A model on a GPU runs in this process under DataParallel (workers=1 passes its calls through;
+more workers are refused: they are CPU processes). Under MPI each rank computes one shard on its
+own GPU (`backends.use_gpu`, before the model is made); its gradients come to the host in one
+transfer, are summed in shard order by `ordered_allreduce` and go back: the same bits as one
+process computing the same shards in turn on such a GPU (`sum_of_shards`), for any number of
+ranks per GPU.
+
+What it deliberately does not do: any math (the GPT does it), BLAS and malloc settings beyond
+switching `runtime.tuned` on around its calls, or reduce on the GPU (NCCL, CUDA-aware MPI): an
+in-order sum there is not built, and NCCL refuses two ranks on one GPU.
 """
 
 from __future__ import annotations
@@ -44,6 +50,24 @@ def shard_rows(batch_rows: int, n_shards: int) -> list[slice]:
     n = max(1, min(n_shards, batch_rows))
     cuts = np.linspace(0, batch_rows, n + 1).round().astype(int)
     return [slice(int(cuts[k]), int(cuts[k + 1])) for k in range(n)]
+
+
+def sum_of_shards(model: GPT, ids, targets, n_shards: int) -> tuple[float, dict[str, np.ndarray]]:
+    """(mean loss, grads keyed like params) of `model` over `shard_rows(B, n_shards)`, each shard
+    computed in turn in this process, on the model's device, and summed in shard order: the plain
+    version of what the executors compute. DataParallel(workers=n_shards) gives these bits on the
+    CPU, and MPIDataParallel on n_shards ranks gives them on the CPU or on GPUs of one kind."""
+    ids, targets = model.check_pair(ids, targets)
+    shares, grads = [], None
+    for rows in shard_rows(ids.shape[0], n_shards):
+        share, more = model.shard_loss_and_grads(ids[rows], targets[rows], ids.size)
+        shares.append(share)
+        if grads is None:
+            grads = {name: more[name].copy() for name in model.params}
+        else:
+            for name, g in grads.items():
+                g += more[name]
+    return float(sum(shares)), grads  # sum() as the executors add: Python 3.12's compensates, unlike +=
 
 
 class _Wrapper:
@@ -206,15 +230,19 @@ class MPIDataParallel(_Wrapper):
     Each rank needs only its own rows of a batch (`local_rows`): pass just those with
     `batch_rows=` the whole batch's row count, and a rank reads only its own windows.
 
+    A model on a GPU (each rank's own: `backends.use_gpu` before the model is made) computes one
+    shard per rank there (workers=1); the gradients are reduced through the host, as above, and
+    returned on the GPU: bit for bit `sum_of_shards(model, ..., size)` on such a GPU.
+
     `comm` is an mpi4py communicator; this module never imports mpi4py itself.
     """
 
     def __init__(self, model: GPT, comm, workers: int = 1):
         super().__init__(model)
-        if model.device != "cpu":
+        if model.device != "cpu" and isinstance(workers, int) and workers > 1:
             raise ModelError(
-                f"MPIDataParallel trains CPU models; this one is on {model.device} "
-                "(one GPU per rank is not supported yet)"
+                f"MPIDataParallel computes one shard per rank on a GPU, and this model is on {model.device}; "
+                "use workers=1 (local workers are CPU processes)"
             )
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
@@ -286,13 +314,21 @@ class MPIDataParallel(_Wrapper):
             results = self._local.shard_results(LOSS_AND_GRADS, ids, targets, local, batch_rows, batch_tokens)
             for k, (loss, grads) in enumerate(results):
                 shares[k] = loss
-                np.concatenate([grads[name].reshape(-1) for name in names], out=flat[k])
+                if self.model.device == "cpu":
+                    np.concatenate([grads[name].reshape(-1) for name in names], out=flat[k])
+                else:  # from the GPU in one transfer
+                    flat[k] = self.model.backend.to_host(
+                        self.model.xp.concatenate([grads[name].reshape(-1) for name in names])
+                    )
         with tuned():
             total = ordered_allreduce(self.comm, flat, n)
         loss = float(sum(self._gather(shares)[:n].tolist()))
         offsets = np.cumsum([0, *sizes])
+        # on the CPU views of `total`; to a GPU each tensor goes as an array of its own, as the model's own gradients
+        put = self.model.backend.to_device
         return loss, {
-            name: total[offsets[i] : offsets[i + 1]].reshape(self.params[name].shape) for i, name in enumerate(names)
+            name: put(total[offsets[i] : offsets[i + 1]].reshape(self.params[name].shape))
+            for i, name in enumerate(names)
         }
 
     def close(self) -> None:

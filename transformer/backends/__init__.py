@@ -18,6 +18,8 @@ TF32: on a GPU, float32 GEMMs use TF32 tensor cores (as PyTorch's benchmarks all
 TK_TF32=0 (read when the cuda backend is first made) turns it off. It never affects the CPU,
 nor float64 models.
 
+`use_gpu(local_rank)` makes the cuda backend on one of several GPUs, for one MPI rank per GPU.
+
 What this module deliberately does not do: any math (the op modules), choose a device for the
 user (the default is always "cpu"), or move data between processes or GPUs (transformer/parallel.py).
 """
@@ -78,21 +80,58 @@ def _make_cpu() -> Backend:
 
 
 def _make_cuda() -> Backend:
+    cupy = _cupy()
+    _gpu_count(cupy)  # at least one, or one line
+    from tokenkit.transformer.backends import cuda
+
+    cuda.set_tf32(_TF32["on"])
+    synchronize = lambda: cupy.cuda.get_current_stream().synchronize()  # noqa: E731
+    return Backend("cuda", cupy, cuda.ops, cuda.to_device, cupy.asnumpy, synchronize)
+
+
+def _cupy():
+    """CuPy, or ModelError (one line: how to install it)."""
     try:
         import cupy
     except ImportError as err:
         raise ModelError(f"device 'cuda' needs CuPy, which is not installed ({err.msg}); {INSTALL_HINT}") from None
+    return cupy
+
+
+def _gpu_count(cupy) -> int:
+    """How many GPUs CUDA sees (at least one), or ModelError (one line: what is missing)."""
     try:
         n_gpus = cupy.cuda.runtime.getDeviceCount()
     except Exception as err:  # CUDARuntimeError: no driver, or a driver older than CuPy's CUDA
         raise ModelError(f"device 'cuda' found CuPy but no usable GPU ({_cuda_reason(err)})") from None
     if n_gpus < 1:
         raise ModelError("device 'cuda' found CuPy but no GPU (the CUDA driver reports 0 devices)")
-    from tokenkit.transformer.backends import cuda
+    return n_gpus
 
-    cuda.set_tf32(_TF32["on"])
-    synchronize = lambda: cupy.cuda.get_current_stream().synchronize()  # noqa: E731
-    return Backend("cuda", cupy, cuda.ops, cuda.to_device, cupy.asnumpy, synchronize)
+
+def use_gpu(local_rank: int) -> Backend:
+    """The cuda backend on GPU `local_rank % (GPUs this process sees)`, made this process's GPU:
+    one MPI rank per GPU, the ranks of a node taking the GPUs in turn (several on one GPU when
+    there are more ranks than GPUs). Call it before anything runs on a GPU: the backend's kernels
+    load onto the GPU that is current when it is made. ModelError (one line) without CuPy or a
+    GPU, or when the backend was already made on another GPU. A stand-in backend put in place
+    of "cuda" (the tests' NumPy twins) is returned as it is."""
+    made = _BACKENDS.get("cuda")
+    if made is not None and made.name != "cuda":
+        return made
+    cupy = _cupy()
+    n_gpus = _gpu_count(cupy)
+    index = local_rank % n_gpus
+    if made is None:
+        cupy.cuda.Device(index).use()
+        return get_backend("cuda")
+    current = cupy.cuda.runtime.getDevice()
+    if current != index:
+        raise ModelError(
+            f"this process already runs on GPU {current}, and local rank {local_rank} of {n_gpus} GPUs takes "
+            f"GPU {index}; choose the GPU (use_gpu) before anything runs on one"
+        )
+    return made
 
 
 def _cuda_reason(err: Exception) -> str:
