@@ -207,6 +207,12 @@ class TwinKernels:
         v[...] = vv
         p[...] = pv - mv / (np.sqrt(vv) + t(eps)) * t(scale)
 
+    def adamw_multi(self, ps, gs, ms, vs, decayed, beta1, beta2, scale, eps, decay):
+        """Every tensor of the lists updated in place: kernel `adamw_multi`, tensor k as kernel
+        `adamw` with `decay` where decayed[k], else 1."""
+        for p, g, m, v, d in zip(ps, gs, ms, vs, decayed, strict=True):
+            self.adamw(p, g, m, v, beta1, beta2, scale, eps, decay if d else 1.0)
+
 
 def embedding_segments(xp, ids):
     """ids (N,) -> order (N,), seg_start (S + 1,), seg_id (S,): a stable sort of the ids, cut into
