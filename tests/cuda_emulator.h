@@ -49,6 +49,12 @@ struct dim3 {
 };
 using uint3 = dim3;
 
+// CUDA's vector types, aligned as on the GPU (a float4 load needs 16-byte aligned addresses there)
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+
 // The running fiber's index, and its block's; set by the scheduler before each fiber resumes.
 inline uint3 threadIdx, blockIdx;
 inline dim3 blockDim, gridDim;

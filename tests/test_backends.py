@@ -438,6 +438,17 @@ def test_model_on_the_twins_generates_the_cpu_tokens(kw):
             assert list(twin.generate([1, 2, 3], 40, **args)) == want
 
 
+@pytest.mark.parametrize("kw", CONFIGS)
+def test_model_on_the_twins_decodes_a_batch_as_the_cpu(kw):
+    """Batched greedy decoding (argmax on the device) past the context: the CPU's tokens."""
+    cfg, cpu, twin = _pair(kw, np.float64)
+    prompts = np.random.default_rng(4).integers(0, 300, (3, 5))
+    with pytest.warns(UserWarning, match="context"):
+        want = np.stack(list(cpu.generate_batch(prompts, 30)))
+    with pytest.warns(UserWarning, match="context"):
+        assert np.array_equal(np.stack(list(twin.generate_batch(prompts, 30))), want)
+
+
 def test_the_trace_comes_from_any_backend():
     cfg, cpu, twin = _pair({}, np.float64)
     ids = np.array([[5, 6, 7, 8]])

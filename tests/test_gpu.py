@@ -257,6 +257,16 @@ def test_generation_matches_the_cpu(kw):
             assert list(gpu.generate([1, 2, 3], 80, **args)) == want
 
 
+@pytest.mark.parametrize("kw", [{}, LLAMA])
+def test_batched_greedy_decoding_matches_the_cpu(kw):
+    cfg, cpu, gpu = _models(np.float64, **kw)
+    prompts = np.random.default_rng(2).integers(0, 500, (8, 16))
+    with pytest.warns(UserWarning, match="context"):
+        want = np.stack(list(cpu.generate_batch(prompts, 70)))
+    with pytest.warns(UserWarning, match="context"):
+        assert np.array_equal(np.stack(list(gpu.generate_batch(prompts, 70))), want)
+
+
 def test_tf32_changes_little():
     cfg, cpu, gpu = _models(np.float32)
     rng = np.random.default_rng(6)

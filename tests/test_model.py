@@ -357,6 +357,42 @@ def test_generation_seeds_stops_and_crops():
         model.generate([1, 99], 3)
 
 
+@pytest.mark.parametrize("variant", ["gpt2", "post-norm", "bidirectional", "llama", "qwen2"])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_generate_batch_gives_each_prompt_its_greedy_tokens(variant, use_cache):
+    """Batched greedy decoding: row b's tokens are generate(prompt b, temperature=0)'s, through a
+    context shift (5 + 15 tokens in a context of 12), with and without the KV cache."""
+    config = GPTConfig(vocab_size=20, context_length=12, d_model=16, n_layers=2, n_heads=4, **VARIANTS[variant])
+    model = float64_model(config, scale=0.5)
+    prompts = np.random.default_rng(2).integers(0, 20, (4, 5))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        steps = list(model.generate_batch(prompts, 15, use_cache=use_cache))
+        rows = [list(model.generate(p, 15, temperature=0)) for p in prompts]
+    assert len(steps) == 15 and all(s.shape == (4,) for s in steps)
+    got = np.stack(steps, axis=1)  # (B, 15)
+    assert got.tolist() == rows, (got.tolist(), rows)
+    assert sum("context_length" in str(w.message) for w in caught) == 1 + len(prompts)  # one per run
+
+
+def test_generate_batch_checks_its_arguments_and_masks_padded_ids():
+    model = float64_model(GPTConfig(vocab_size=20, context_length=8, d_model=16, n_layers=1, n_heads=2), scale=0.5)
+    prompts = np.array([[1, 2, 3], [4, 5, 6]])
+    free = np.stack(list(model.generate_batch(prompts, 6)), axis=1)
+    masked = np.stack(list(model.generate_batch(prompts, 6, n_tokens=int(free.min()) + 1)), axis=1)
+    assert masked.max() <= free.min()
+    for p, row in zip(prompts, masked, strict=True):
+        assert list(model.generate(p, 6, temperature=0, n_tokens=int(free.min()) + 1)) == row.tolist()
+    assert list(model.generate_batch(prompts, 0)) == []
+    one = np.stack(list(model.generate_batch(prompts[:1], 6)), axis=1)  # a batch of one: the first row
+    assert one.tolist() == free[:1].tolist()
+    for bad in (dict(ids=[1, 2, 3]), dict(ids=np.zeros((2, 0), int)), dict(ids=[[1, 99]]),
+                dict(max_new_tokens=-1), dict(max_new_tokens=1.5), dict(n_tokens=21)):  # fmt: skip
+        args = dict(ids=prompts, max_new_tokens=3) | bad
+        with pytest.raises(ModelError):
+            model.generate_batch(args.pop("ids"), **args)
+
+
 def test_bad_inputs_are_model_errors():
     model = GPT(GPTConfig(**TINY))
     for bad in (np.array([[0, 7]]), np.zeros((1, 7), int), np.array([[0.5, 1]]), np.zeros((1, 0), int)):

@@ -114,7 +114,8 @@ class GPT:
     `device` ("cpu" or "cuda", default "cpu") is where its parameters live and its math runs;
     the initial weights are drawn on the host, so a seed gives the same model on either device.
     On "cuda", `params`, `forward`'s logits and `loss_and_grads`' gradients are CuPy arrays;
-    ids may be NumPy or CuPy; losses are floats; generation yields ints.
+    ids may be NumPy or CuPy; losses are floats; generation yields ints (`generate_batch`: (B,)
+    NumPy arrays).
 
     >>> m = GPT(GPTConfig(vocab_size=10, context_length=8, d_model=8, n_layers=1, n_heads=2))
     >>> m.forward(np.array([[1, 2, 3]])).shape, m.device
@@ -574,27 +575,60 @@ class GPT:
             prompt = prompt[0]
         if prompt.ndim != 1 or prompt.size == 0:
             raise ModelError(f"generate takes one non-empty prompt (T,) or (1, T), got shape {prompt.shape}")
-        T_max = self.config.context_length
-        self._check_ids(prompt[-T_max:], "prompt")
-        if isinstance(max_new_tokens, bool) or int(max_new_tokens) != max_new_tokens or max_new_tokens < 0:
-            raise ModelError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens}")
+        self._check_generation(prompt[None, :], max_new_tokens, n_tokens)
         check_sampling(temperature, top_k, top_p)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
             raise ModelError(f"seed must be a non-negative integer or None, got {seed!r}")
-        if n_tokens is not None and not 0 < n_tokens <= self.config.vocab_size:
-            raise ModelError(f"n_tokens must be in [1, {self.config.vocab_size}], got {n_tokens}")
         rng = np.random.default_rng(seed)
 
         def pick(logits) -> int:  # sampling runs on the host
-            host = self.backend.to_host(logits)
+            host = self.backend.to_host(logits[0])
             seen = None if observe is None else lambda probs: observe(host, probs)
             choose = host if n_tokens is None else mask_from(host, n_tokens)
             return sample_next(choose, rng, temperature=temperature, top_k=top_k, top_p=top_p, observe=seen)
 
-        steps = self._steps_cached() if use_cache and self.config.causal else self._steps_uncached()
+        steps = self._steps_cached(1) if use_cache and self.config.causal else self._steps_uncached()
         return self._generate(list(prompt.tolist()), int(max_new_tokens), pick, stop_token, steps)
 
-    def _generate(self, tokens: list[int], max_new_tokens: int, pick, stop_token, steps) -> Iterator[int]:
+    def generate_batch(
+        self, ids, max_new_tokens: int, *, use_cache: bool = True, n_tokens: int | None = None
+    ) -> Iterator[np.ndarray]:
+        """Greedy decoding of B prompts at once: yield max_new_tokens (B,) int arrays, each step's
+        next token of every row. ids (B, T): prompts of one length (no padding).
+
+        Every row runs through each step's forward together, (B, 1) new positions against
+        (B, Hkv, T_max, hd) caches, so a step costs one launch of each op whatever B is. Each row's
+        tokens are the ones `generate(row, max_new_tokens, temperature=0)` gives, windows and
+        context shifts included. The argmax runs on the model's device: B ids come back per
+        step, not B x V logits. Greedy only, and no stop token (every row gets
+        max_new_tokens); `use_cache` and `n_tokens` as in `generate`.
+        """
+        prompts = as_host(ids)
+        if prompts.ndim != 2 or prompts.size == 0:
+            raise ModelError(f"generate_batch takes non-empty prompts (B, T), got shape {prompts.shape}")
+        self._check_generation(prompts, max_new_tokens, n_tokens)
+
+        def pick(logits) -> np.ndarray:  # (B, V) on the device -> (B,) ids on the host
+            if n_tokens is not None:
+                logits[:, n_tokens:] = -np.inf
+            return self.backend.to_host(self.xp.argmax(logits, axis=-1))
+
+        rows = prompts.shape[0]
+        steps = self._steps_cached(rows) if use_cache and self.config.causal else self._steps_uncached()
+        columns = list(prompts.T.astype(np.intp))  # one (B,) column per position: `_window`'s form
+        return self._generate(columns, int(max_new_tokens), pick, None, steps)
+
+    def _check_generation(self, prompts: np.ndarray, max_new_tokens, n_tokens: int | None) -> None:
+        """Raise ModelError (one line) for prompts (B, T) or counts that generation cannot take."""
+        self._check_ids(prompts[:, -self.config.context_length :], "prompt")
+        if isinstance(max_new_tokens, bool) or int(max_new_tokens) != max_new_tokens or max_new_tokens < 0:
+            raise ModelError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens}")
+        if n_tokens is not None and not 0 < n_tokens <= self.config.vocab_size:
+            raise ModelError(f"n_tokens must be in [1, {self.config.vocab_size}], got {n_tokens}")
+
+    def _generate(self, tokens: list, max_new_tokens: int, pick, stop_token, steps) -> Iterator:
+        """Drive `steps` and `pick` over the windows of `tokens`: a list of ints (one row), or of
+        (B,) columns (B rows), to which each picked token (or column) is appended."""
         T_max = self.config.context_length
         start = max(0, len(tokens) - T_max)  # index in `tokens` of the window's first token
         warned = False
@@ -612,32 +646,45 @@ class GPT:
             logits = steps.send((tokens, start))
             token = pick(logits)
             yield token
-            if token == stop_token:
+            if stop_token is not None and token == stop_token:
                 return
             tokens.append(token)
 
+    @staticmethod
+    def _window(tokens: list, lo: int) -> np.ndarray:
+        """tokens[lo:] as (B, n) intp ids: a list of ints is one row, a list of (B,) columns B rows.
+
+        >>> GPT._window([5, 6, 7], 1).tolist(), GPT._window([np.array([1, 2]), np.array([3, 4])], 0).tolist()
+        ([[6, 7]], [[1, 3], [2, 4]])
+        """
+        new = np.asarray(tokens[lo:], dtype=np.intp)  # (n,) or (n, B)
+        return np.ascontiguousarray(new.reshape(new.shape[0], -1).T)
+
     def _last_logits(self, xf_last: np.ndarray) -> np.ndarray:
-        """xf_last (C,) final-normed last position -> logits (V,)."""
-        return self._unembedding() @ xf_last
+        """xf_last (B, C) final-normed last positions -> logits (B, V). One row is a GEMV (W @ x),
+        as batch-1 decoding has always computed it."""
+        if xf_last.shape[0] == 1:
+            return (self._unembedding() @ xf_last[0])[None]
+        return xf_last @ self._unembedding().T
 
     def _steps_uncached(self):
-        """Coroutine: receives (token list, window start), returns the next-token logits (V,) by
-        rerunning the whole window tokens[start:]."""
+        """Coroutine: receives (tokens, window start) as `_generate` holds them, returns the
+        next-token logits (B, V) by rerunning the whole window tokens[start:]."""
         logits = None
         while True:
             tokens, start = yield logits
-            ctx = np.asarray(tokens[start:], dtype=np.intp)[None, :]
-            xf, _ = self._forward(ctx, None, keep_cache=False)
-            logits = self._last_logits(xf[0, -1])
+            xf, _ = self._forward(self._window(tokens, start), None, keep_cache=False)
+            logits = self._last_logits(xf[:, -1])
 
-    def _steps_cached(self):
-        """Coroutine like `_steps_uncached` with per-layer K/V caches (1, Hkv, T_max, hd), one
-        slot per K/V head (n_kv_heads): only the positions not yet cached are computed. When the
-        window shifts, every position changes, so the caches are refilled from the new window."""
+    def _steps_cached(self, rows: int):
+        """Coroutine like `_steps_uncached` for `rows` rows, with per-layer K/V caches (rows, Hkv,
+        T_max, hd), one slot per K/V head (n_kv_heads): only the positions not yet cached are
+        computed. When the window shifts, every position changes, so the caches are refilled
+        from the new window."""
         cfg = self.config
         T_max = cfg.context_length
         dtype = self.params["wte.weight"].dtype
-        shape = (1, cfg.kv_heads, T_max, cfg.head_dim)
+        shape = (rows, cfg.kv_heads, T_max, cfg.head_dim)
         k_cache = [self.xp.empty(shape, dtype=dtype) for _ in range(cfg.n_layers)]
         v_cache = [self.xp.empty(shape, dtype=dtype) for _ in range(cfg.n_layers)]
         cached = 0  # positions held in the caches
@@ -647,8 +694,8 @@ class GPT:
             tokens, start = yield logits
             if start != window_start:
                 window_start, cached = start, 0
-            new = np.asarray(tokens[window_start + cached :], dtype=np.intp)[None, :]  # (1, n)
-            x = self.params["wte.weight"][self.backend.to_device(new)]  # (1, n, C)
+            new = self._window(tokens, window_start + cached)  # (B, n)
+            x = self.params["wte.weight"][self.backend.to_device(new)]  # (B, n, C)
             if cfg.positional != "rope":
                 x = x + self._positions()[cached : cached + new.shape[1]]
             for i in range(cfg.n_layers):
@@ -662,7 +709,7 @@ class GPT:
                 x, _ = self._block_forward(i, x, None, attend)
             cached += new.shape[1]
             xf, _ = self._norm(x[:, -1], self.params["ln_f.weight"], self.params.get("ln_f.bias"))
-            logits = self._last_logits(xf[0])
+            logits = self._last_logits(xf)
 
     # ------------------------------------------------------------------------- files
 

@@ -76,6 +76,10 @@ class _Wrapper:
         gain from BLAS threads, BENCHMARKS.md)."""
         return self.model.generate(ids, max_new_tokens, **kwargs)
 
+    def generate_batch(self, ids, max_new_tokens: int, **kwargs):
+        """The model's batched greedy decoding (`GPT.generate_batch`), in this process."""
+        return self.model.generate_batch(ids, max_new_tokens, **kwargs)
+
     def save(self, path, metadata=None, extra_tensors=None) -> None:
         self.model.save(path, metadata=metadata, extra_tensors=extra_tensors)
 

@@ -9,6 +9,9 @@ it. Without a GPU, the same launches run the same source on the CPU emulator of 
 Imported only by `transformer.backends.get_backend("cuda")`, after CuPy and a GPU were found:
 a CPU run never imports CuPy. The kernels compile on first use (NVRTC, cached by CuPy on disk).
 
+The fused attention kernels (attention_source.py) compile in a module of their own, on GPUs
+with TF32 tensor cores (sm_80 and newer).
+
 What this module deliberately does not do: math of its own (the kernels and device_ops.py),
 CUDA graphs, mixed precision, or anything across GPUs.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import cupy
 import numpy as np
 
+from tokenkit.transformer.backends import attention_source as attn
 from tokenkit.transformer.backends import cuda_source as src
 from tokenkit.transformer.backends.cuda_launch import CudaKernels
 from tokenkit.transformer.backends.device_ops import DeviceOps
@@ -36,6 +40,19 @@ def to_device(array) -> cupy.ndarray:
     return cupy.ascontiguousarray(cupy.asarray(array))
 
 
+def _attention_module():
+    """attention_source.py's kernels for every head dim, or None on a GPU without TF32 tensor cores."""
+    if int(cupy.cuda.Device().compute_capability) < attn.MIN_COMPUTE_CAPABILITY:  # "90" on an H100
+        return None
+    names = [f"{name}<{d}>" for name in attn.KERNELS for d in attn.HEAD_DIMS]
+    return cupy.RawModule(code=attn.SOURCE, options=attn.OPTIONS, name_expressions=names)
+
+
 ops = DeviceOps(
-    cupy, CudaKernels(cupy, cupy.RawModule(code=src.SOURCE, options=src.OPTIONS, name_expressions=src.EXPRESSIONS))
+    cupy,
+    CudaKernels(
+        cupy,
+        cupy.RawModule(code=src.SOURCE, options=src.OPTIONS, name_expressions=src.EXPRESSIONS),
+        _attention_module(),
+    ),
 )

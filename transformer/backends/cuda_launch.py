@@ -5,7 +5,8 @@ dtypes, and the output arrays each kernel writes, behind the kernel interface of
 a compiled module of the kernels: anything with CuPy's `RawModule.get_function(name)`, whose
 result is called as `f(grid, block, args)`. transformer/backends/cuda.py builds it over CuPy
 and NVRTC; tests/cuda_emulator.py builds it over NumPy and the same source compiled for the
-CPU, so these launches run, exactly as written, on a machine without a GPU.
+CPU, so these launches run, exactly as written, on a machine without a GPU. The fused attention
+kernels of attention_source.py come in a module of their own (`attention_module`).
 
 What this module deliberately does not do: import CuPy, compile anything, or compute (each
 method's twin, of the same name in cuda_twins.TwinKernels, says what its kernel computes).
@@ -17,6 +18,7 @@ from operator import attrgetter
 
 import numpy as np
 
+from tokenkit.transformer.backends import attention_source as attn
 from tokenkit.transformer.backends import cuda_source as src
 from tokenkit.transformer.backends.cuda_twins import embedding_segments
 from tokenkit.transformer.ops import _GELU_A, _GELU_C
@@ -40,11 +42,16 @@ class CudaKernels:
     """cuda_source.py's kernels behind the kernel interface of device_ops.py, launched through
     `module` with outputs allocated by `xp` (see the module docstring)."""
 
-    def __init__(self, xp, module):
+    def __init__(self, xp, module, attention_module=None):
+        """`attention_module`: attention_source.py's kernels compiled the same way, or None where
+        they cannot run (a GPU older than sm_80): then `fused_attention` is False."""
         self.xp = xp
         self._module = module
         self._functions: dict[tuple[str, np.dtype], object] = {}
         self._adamw_tables: dict[tuple, tuple] = {}  # adamw_multi's tables, by addresses and sizes
+        self._attention_module = attention_module
+        self._attention_functions: dict[tuple[str, int], object] = {}
+        self.fused_attention = attention_module is not None
 
     def _fn(self, name: str, dtype):
         """The compiled kernel `name` for arrays of `dtype` (float32 or float64)."""
@@ -195,3 +202,38 @@ class CudaKernels:
             made = (self.xp.asarray(table), self.xp.asarray(first_block), int(first_block[-1]))
             self._adamw_tables[key] = made
         return made
+
+    # ------------------------------------------------------------------ fused attention (attention_source.py)
+
+    def _attention_fn(self, name: str, head_dim: int):
+        """The compiled fused-attention kernel `name` for heads of `head_dim`."""
+        key = (name, head_dim)
+        fn = self._attention_functions.get(key)
+        if fn is None:
+            fn = self._attention_functions[key] = self._attention_module.get_function(f"{name}<{head_dim}>")
+        return fn
+
+    def flash_attention_forward(self, qkv, n_heads, n_kv_heads, causal, scale):
+        B, T, W = qkv.shape
+        D = W // (n_heads + 2 * n_kv_heads)
+        out = self.xp.empty((B, T, n_heads * D), dtype=qkv.dtype)
+        lse = self.xp.empty((B, n_heads, T), dtype=np.float32)
+        self._attention_fn("flash_forward", D)(
+            (-(-T // attn.BLOCK_ROWS), B * n_heads),
+            (attn.THREADS,),
+            (qkv, out, lse, np.int32(T), np.int32(n_heads), np.int32(n_kv_heads), np.int32(causal), np.float32(scale)),
+        )
+        return out, lse
+
+    def flash_attention_backward(self, dout, qkv, out, lse, n_heads, n_kv_heads, causal, scale):
+        B, T, W = qkv.shape
+        D = W // (n_heads + 2 * n_kv_heads)
+        # delta = rowsum(dout * out) per (batch, head, query), as the twins take it (float32)
+        delta = self.xp.ascontiguousarray((dout * out).reshape(B, T, n_heads, D).sum(axis=-1).transpose(0, 2, 1))
+        dqkv = self.xp.empty_like(qkv)
+        args = (qkv, dout, lse, delta, dqkv, np.int32(T), np.int32(n_heads), np.int32(n_kv_heads), np.int32(causal),
+                np.float32(scale))  # fmt: skip
+        blocks = -(-T // attn.BLOCK_ROWS)
+        self._attention_fn("flash_backward_dq", D)((blocks, B * n_heads), (attn.THREADS,), args)
+        self._attention_fn("flash_backward_dkv", D)((blocks, B * n_kv_heads), (attn.THREADS,), args)
+        return dqkv

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tokenkit.transformer.backends import attention_twins
 from tokenkit.transformer.backends import cuda_source as src
 from tokenkit.transformer.backends.device_ops import DeviceOps
 from tokenkit.transformer.ops import _GELU_A, _GELU_C
@@ -72,7 +73,15 @@ def _butterfly_combine(m, s):
 
 
 class TwinKernels:
-    """The CUDA kernels' NumPy twins, with the kernel interface of device_ops.py."""
+    """The CUDA kernels' NumPy twins, with the kernel interface of device_ops.py.
+
+    `fused_attention`: whether DeviceOps takes the fused attention path on these twins. Off by
+    default, since the twins' GEMMs are full float32 while fused attention multiplies in TF32:
+    on, a float32 model's attention differs from the CPU model's by TF32's ~1e-3.
+    """
+
+    def __init__(self, fused_attention: bool = False):
+        self.fused_attention = fused_attention
 
     def layernorm_forward(self, x, w, b, eps):
         """x (N, C) -> out, xhat (N, C), rstd (N,): kernel `layernorm_forward`, a warp per row."""
@@ -212,6 +221,14 @@ class TwinKernels:
         `adamw` with `decay` where decayed[k], else 1."""
         for p, g, m, v, d in zip(ps, gs, ms, vs, decayed, strict=True):
             self.adamw(p, g, m, v, beta1, beta2, scale, eps, decay if d else 1.0)
+
+    def flash_attention_forward(self, qkv, n_heads, n_kv_heads, causal, scale):
+        """qkv (B, T, (H + 2 Hkv) D) -> out (B, T, H D), lse (B, H, T): kernel `flash_forward`."""
+        return attention_twins.flash_forward(qkv, n_heads, n_kv_heads, causal, scale)
+
+    def flash_attention_backward(self, dout, qkv, out, lse, n_heads, n_kv_heads, causal, scale):
+        """-> dqkv (B, T, (H + 2 Hkv) D): kernels `flash_backward_dq` and `flash_backward_dkv`."""
+        return attention_twins.flash_backward(dout, qkv, out, lse, n_heads, n_kv_heads, causal, scale)
 
 
 def embedding_segments(xp, ids):

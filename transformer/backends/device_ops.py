@@ -11,8 +11,11 @@ CPU model (tests/test_backends.py).
 
 How it differs from the CPU ops, and why:
 - No cache tiling: a GPU streams whole arrays; one launch per pass is what counts there.
-- Attention is one tile: scores (B, H, T, T) from one batched GEMM, then one kernel that
-  masks (causal), normalises and writes the weights in place.
+- Attention, where the kernels fuse it (float32 with TF32 on, head dims 16, 32, 64: the GPU's
+  `flash_attention_*`, attention_source.py), never writes the (B, H, T, T) weights: one kernel
+  forward, two backward, reading q, k, v in place from the fused projection. Otherwise it is one
+  tile: scores (B, H, T, T) from one batched GEMM, then one kernel that masks (causal),
+  normalises and writes the weights in place (float64, TF32 off, explain's trace, generation).
 - Column sums (LayerNorm's dweight and dbias, linear's dbias, the positions' gradient) come
   from a chunked kernel that adds rows in a fixed order: deterministic, unlike atomics.
 - The embedding gradient sorts the ids (stably) and adds each id's rows in their original
@@ -37,6 +40,9 @@ Kernel interface (what `kernels` provides; arrays C-contiguous, on the device):
     adamw(p, g, m, v, beta1, beta2, scale, eps, decay): in place, as ops.adamw_update
     adamw_multi(ps, gs, ms, vs, decayed, beta1, beta2, scale, eps, decay): adamw over lists of
         arrays at once, array k with `decay` where decayed[k] (else 1)
+    fused_attention: whether the two below exist (they may not, e.g. on a GPU older than sm_80)
+    flash_attention_forward(qkv (B, T, (H + 2 Hkv) D), H, Hkv, causal, scale) -> out (B, T, H D), lse (B, H, T)
+    flash_attention_backward(dout (B, T, H D), qkv, out, lse, H, Hkv, causal, scale) -> dqkv (B, T, (H + 2 Hkv) D)
 
 What this module deliberately does not do: define or launch kernels (cuda_source.py,
 cuda_launch.py, cuda_twins.py), import CuPy, or know which device it runs on.
@@ -45,12 +51,40 @@ cuda_launch.py, cuda_twins.py), import CuPy, or know which device it runs on.
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from tokenkit.transformer import ops as cpu_ops
+from tokenkit.transformer.backends import attention_source
 
 LN_EPS = cpu_ops.LN_EPS
+
+
+class FusedAttention(NamedTuple):
+    """What fused attention keeps for its backward: its inputs, output and rows' log-sum-exp."""
+
+    qkv: Any  # (B, T, (H + 2 Hkv) D)
+    out: Any  # (B, T, H D)
+    lse: Any  # (B, H, T) float32
+    n_heads: int
+    n_kv_heads: int
+    causal: bool
+    scale: float
+
+
+def fused_attention_applies(kernels, dtype, head_dim: int) -> bool:
+    """Whether attention over (dtype, head_dim) runs fused on `kernels`: they provide it, the
+    model is float32 and TF32 is on (the kernels multiply on TF32 tensor cores, like the GEMMs
+    they replace), and the head dim is one they are built for."""
+    from tokenkit.transformer.backends import tf32_enabled
+
+    return (
+        getattr(kernels, "fused_attention", False)
+        and np.dtype(dtype) == np.float32
+        and head_dim in attention_source.HEAD_DIMS
+        and tf32_enabled()
+    )
 
 
 class DeviceOps:
@@ -171,15 +205,21 @@ class DeviceOps:
     def attention_forward(self, qkv, n_heads: int, causal: bool, trace: dict | None = None, n_kv_heads=None):
         """qkv (B, T, (H + 2 Hkv) hd) -> out (B, T, H hd) = softmax(q k^T / sqrt(hd) + mask) v.
 
-        Two batched GEMMs around one softmax kernel that masks in place; k and v are made
-        contiguous once (repeated for their groups of query heads), since a batched GEMM needs
-        one stride per batch. `trace` records what the CPU op records.
+        Fused where `fused_attention_applies` (one kernel; the cache keeps the rows' log-sum-exp,
+        no weights). Otherwise two batched GEMMs around one softmax kernel that masks in place;
+        k and v are made contiguous once (repeated for their groups of query heads), since a
+        batched GEMM needs one stride per batch. `trace` records what the CPU op records.
         """
         xp = self.xp
-        q, k, v = self._heads(qkv, n_heads, n_kv_heads)
-        hd = q.shape[-1]
-        group = n_heads // k.shape[1]
+        Hkv = cpu_ops.kv_heads(n_heads, n_kv_heads)
+        hd = qkv.shape[-1] // (n_heads + 2 * Hkv)
         scale = 1.0 / math.sqrt(hd)
+        if trace is None and fused_attention_applies(self.kernels, qkv.dtype, hd):
+            qkv = xp.ascontiguousarray(qkv)
+            out, lse = self.kernels.flash_attention_forward(qkv, n_heads, Hkv, causal, scale)
+            return out, FusedAttention(qkv, out, lse, n_heads, Hkv, causal, scale)
+        q, k, v = self._heads(qkv, n_heads, n_kv_heads)
+        group = n_heads // k.shape[1]
         qs = q * scale  # (B, H, T, hd), contiguous
         k, v = self._repeat(k, group), self._repeat(v, group)
         w = qs @ k.swapaxes(-1, -2)  # (B, H, T, T) scores, then weights in place
@@ -205,7 +245,10 @@ class DeviceOps:
     def attention_backward(self, dout, cache):
         """dout (B, T, H hd) -> dqkv (B, T, (H + 2 Hkv) hd). ds = w * (dw - dmix . mix) per row,
         as the CPU's (a (T, hd) row dot instead of a (T, T) one); masked weights are 0, so
-        masked scores get no gradient. A K/V head's gradient sums its group's."""
+        masked scores get no gradient. A K/V head's gradient sums its group's. Fused attention's
+        cache goes to its backward kernels."""
+        if isinstance(cache, FusedAttention):
+            return self.kernels.flash_attention_backward(self.xp.ascontiguousarray(dout), *cache)
         xp = self.xp
         qs, k, v, w, out, scale, group = cache
         B, H, T, hd = qs.shape

@@ -1,0 +1,173 @@
+"""Fused ("flash") attention on a machine without a GPU: its NumPy twins against exact attention,
+where DeviceOps takes the fused path and where it does not, a model training through it, and
+the CUDA source compiling (where nvcc is installed).
+
+The CUDA kernels themselves, run on the CPU by the emulator, are checked against these twins in
+tests/test_cuda_emulator.py; on a real GPU in tests/test_gpu.py.
+"""
+
+import math
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from attention_checks import SHAPES, PoisonedXp, check_against_twins
+
+from tokenkit.transformer import GPT, GPTConfig, ops
+from tokenkit.transformer.backends import Backend, attention_source, set_tf32
+from tokenkit.transformer.backends import attention_twins as twins
+from tokenkit.transformer.backends.cuda_launch import CudaKernels
+from tokenkit.transformer.backends.cuda_twins import TwinKernels, twin_backend
+from tokenkit.transformer.backends.device_ops import DeviceOps, FusedAttention
+
+FUSED = DeviceOps(np, TwinKernels(fused_attention=True))
+TF32_TOL = 3e-3  # TF32 operands: ~1e-3 relative to the largest magnitude, float64 accumulation
+
+
+def close(a, b, tol: float, what: str) -> None:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    scale = max(float(np.abs(b).max(initial=0.0)), 1e-30)
+    err = float(np.abs(a - b).max(initial=0.0)) / scale
+    assert err <= tol, f"{what}: max relative difference {err:.2e} > {tol:.0e}"
+
+
+def tf32_reference(x: float) -> float:
+    """x rounded to 11 significant bits, half away from zero, by frexp (normal numbers)."""
+    if not math.isfinite(x) or x == 0.0:
+        return x
+    m, e = math.frexp(abs(x))  # abs(x) = m 2^e, 0.5 <= m < 1
+    return math.copysign(math.floor(m * 2.0**11 + 0.5) * 2.0 ** (e - 11), x)
+
+
+def test_tf32_rounds_to_eleven_significant_bits_ties_away_from_zero():
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(20_000) * 10.0 ** rng.integers(-30, 30, 20_000)).astype(np.float32)
+    ulp = np.float32(2.0**-10)  # ties: 1 + (k + 1/2) 2^-10, exactly representable in float32
+    ties = np.array([1 + ulp / 2, 1 + 3 * ulp / 2, -(1 + ulp / 2), 2 - ulp / 4], dtype=np.float32)
+    x = np.concatenate([x, ties, np.float32([0.0, -0.0, np.inf, -np.inf, 3.4e38])])
+    got = twins.tf32(x)
+    want = np.array([tf32_reference(float(v)) for v in x], dtype=np.float64)
+    finite = np.isfinite(want) & (np.abs(want) < 3.4028235e38)
+    assert np.array_equal(got[finite].astype(np.float64), want[finite])
+    assert twins.tf32(np.float32([1 + ulp / 2]))[0] == np.float32(1 + ulp)  # a tie goes away from zero
+    assert np.isnan(twins.tf32(np.float32([np.nan]))[0])
+
+
+def _case(rng, B, T, H, Hkv, D):
+    qkv = rng.standard_normal((B, T, (H + 2 * Hkv) * D)).astype(np.float32)
+    dout = rng.standard_normal((B, T, H * D)).astype(np.float32)
+    return qkv, dout
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fused_ops_equal_exact_attention_to_tf32(shape, causal):
+    """DeviceOps' fused path (on the twins) against the CPU ops in float64: forward and backward."""
+    rng = np.random.default_rng(sum(shape))
+    B, T, H, Hkv, D = shape
+    qkv, dout = _case(rng, B, T, H, Hkv, D)
+    out, cache = FUSED.attention_forward(qkv, H, causal, None, Hkv)
+    assert isinstance(cache, FusedAttention) and out.shape == (B, T, H * D) and out.dtype == np.float32
+    want, want_cache = ops.attention_forward(qkv.astype(np.float64), H, causal, None, Hkv)
+    close(out, want, TF32_TOL, "out")
+    close(FUSED.attention_backward(dout, cache), ops.attention_backward(dout.astype(np.float64), want_cache),
+          TF32_TOL, "dqkv")  # fmt: skip
+
+
+def test_lse_is_each_rows_log_sum_exp():
+    rng = np.random.default_rng(1)
+    B, T, H, Hkv, D = 2, 40, 2, 1, 32
+    qkv, _ = _case(rng, B, T, H, Hkv, D)
+    _, lse = twins.flash_forward(qkv, H, Hkv, True, 1 / math.sqrt(D))
+    x = qkv.astype(np.float64).reshape(B, T, H + 2 * Hkv, D)
+    for b, h in [(0, 0), (1, 1)]:
+        s = x[b, :, h] @ x[b, :, H].T / math.sqrt(D)
+        s[np.triu_indices(T, 1)] = -np.inf
+        want = np.log(np.exp(s - s.max(1, keepdims=True)).sum(1)) + s.max(1)
+        close(lse[b, h], want, 2e-3, "lse")
+
+
+def test_where_the_fused_path_applies():
+    qkv = np.random.default_rng(3).standard_normal((1, 8, 3 * 2 * 16)).astype(np.float32)
+    assert isinstance(FUSED.attention_forward(qkv, 2, True)[1], FusedAttention)
+    not_fused = [
+        FUSED.attention_forward(qkv.astype(np.float64), 2, True)[1],  # float64 models
+        FUSED.attention_forward(qkv, 2, True, trace={})[1],  # explain's trace wants the weights
+        FUSED.attention_forward(qkv, 4, True)[1],  # head dim 8
+        DeviceOps(np, TwinKernels()).attention_forward(qkv, 2, True)[1],  # kernels without it
+    ]
+    assert not any(isinstance(c, FusedAttention) for c in not_fused)
+    set_tf32(False)  # full float32 asked for: TF32 products are not
+    try:
+        assert not isinstance(FUSED.attention_forward(qkv, 2, True)[1], FusedAttention)
+    finally:
+        set_tf32(True)
+
+
+def test_a_model_trains_through_fused_attention():
+    """A float32 model on the twins with fused attention against the same model on the CPU:
+    loss and every gradient to TF32's tolerance, and the fused path was the one taken."""
+    base = twin_backend()
+    fused = Backend("cuda-twin-fused", np, FUSED, base.to_device, base.to_host, base.synchronize)
+    cfg = GPTConfig(vocab_size=97, context_length=40, d_model=64, n_layers=2, n_heads=2)
+    cpu = GPT(cfg, seed=0)
+    cpu.params = {k: v.astype(np.float32) for k, v in cpu.params.items()}
+    model = GPT(cfg, seed=0, device=fused)
+    model.params = {k: v.copy() for k, v in cpu.params.items()}
+    rng = np.random.default_rng(4)
+    ids, targets = rng.integers(0, 97, (3, 40)), rng.integers(0, 97, (3, 40))
+    calls = []
+    backward = FUSED.kernels.flash_attention_backward
+    FUSED.kernels.flash_attention_backward = lambda *a: calls.append(1) or backward(*a)
+    try:
+        loss, grads = model.loss_and_grads(ids, targets)
+    finally:
+        del FUSED.kernels.flash_attention_backward
+    assert len(calls) == cfg.n_layers
+    want_loss, want = cpu.loss_and_grads(ids, targets)
+    assert abs(loss - want_loss) <= 1e-3 * abs(want_loss)
+    for name in want:
+        close(grads[name], want[name], 2e-2, name)  # TF32 attention, float32 elsewhere
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_attention_source_compiles_without_spilling_much(tmp_path):
+    """Every kernel and head dim for sm_80 and sm_90; ptxas reports no more than a few bytes of
+    spills (registers are the kernels' budget: a spilled fragment array would cost a lot)."""
+    taken = ", ".join(f"(void*)&{k}<{d}>" for k in attention_source.KERNELS for d in attention_source.HEAD_DIMS)
+    source = tmp_path / "attention.cu"
+    source.write_text(attention_source.SOURCE + f"\nvoid* tk_all_kernels[] = {{{taken}}};\n", encoding="utf-8")
+    for arch in ("sm_80", "sm_90"):
+        done = subprocess.run(
+            ["nvcc", "-c", f"-arch={arch}", *attention_source.OPTIONS, "-Xptxas", "-v", "-Werror", "all-warnings",
+             "-o", str(tmp_path / f"{arch}.o"), str(source)],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        spills = [int(line.split("bytes spill stores")[0].split(",")[-1]) for line in done.stderr.splitlines()
+                  if "bytes spill stores" in line]  # fmt: skip
+        assert len(spills) == len(attention_source.KERNELS) * len(attention_source.HEAD_DIMS)
+        assert max(spills) <= 64, done.stderr
+
+
+# ----------------------------------------------------------------------------- the CUDA source, emulated
+
+
+@pytest.fixture(scope="module")
+def emulated_kernels():
+    """cuda_launch.py's launches of the real attention source, compiled by g++ for the CPU
+    emulator (tests/cuda_emulator.py), their outputs allocated full of NaN."""
+    from cuda_emulator import CXX, EmulatedModule
+
+    if CXX is None:
+        pytest.skip("g++ is not installed")
+    names = [f"{k}<{d}>" for k in attention_source.KERNELS for d in attention_source.HEAD_DIMS]
+    module = EmulatedModule(attention_source.SOURCE, attention_source.OPTIONS, names)
+    return CudaKernels(PoisonedXp(np), None, module)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_emulated_kernels_against_twins(emulated_kernels, shape, causal):
+    check_against_twins(emulated_kernels, np.asarray, np.asarray, shape, causal, seed=len(shape) + causal)
