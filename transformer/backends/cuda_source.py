@@ -5,9 +5,9 @@ mirror of its computation, operation for operation, in transformer/backends/cuda
 the CPU tests check against transformer/reference.py and ops.py. Without a GPU, the source is
 compiled with g++ and run, launched as on the GPU, by the tests' CPU emulator
 (tests/cuda_emulator.py: one fiber per CUDA thread, see docs/gpu.md), and nvcc compiles it for
-sm_80/sm_90 where it is installed (tests/test_backends.py). Kernels that use tensor cores go
-through two helpers, tk_to_tf32 and tk_mma_tf32, to be defined here with inline PTX inside
-#ifndef TK_CPU_EMULATION: the emulator defines its own (tests/cuda_emulator.h).
+sm_80/sm_90 where it is installed (tests/test_backends.py). The tensor-core kernels
+(attention_source.py) go through two helpers, tk_to_tf32 and tk_mma_tf32, defined with inline
+PTX inside #ifndef TK_CPU_EMULATION: the emulator defines its own (tests/cuda_emulator.h).
 
 Every kernel is a template over T (float, double) and accumulates in T. Row-wise kernels give a
 row to one warp (LayerNorm, attention softmax; rows of at most a few thousand) or one block
