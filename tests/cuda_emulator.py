@@ -21,7 +21,8 @@ kernels write in place as on a GPU; arrays that share memory share one buffer.
 
 What it does not do: speed (a thread switch costs about a microsecond), Python scalars as
 arguments (their C type would be CuPy's guess: pass np.int32, np.float32, ...), dynamic shared
-memory, or catch reads out of bounds (they read guard bytes).
+memory, catch reads out of bounds (they read guard bytes), or guard arrays that a kernel reaches
+through a table of addresses (adamw_multi's): those it reads and writes where they lie.
 """
 
 from __future__ import annotations

@@ -422,6 +422,22 @@ def test_adamw_twin_is_bit_identical(dtype, decay):
         assert np.array_equal(a, b), name
 
 
+def test_adamw_many_twin_is_bit_identical():
+    """The lists' update (one launch on a GPU): each tensor as ops.adamw_update with its decay."""
+    rng = np.random.default_rng(1)
+    sizes = [1, 0, 7, 5000]
+    lists = [[rng.standard_normal(n).astype(np.float32) for n in sizes] for _ in range(3)]
+    lists.append([rng.random(n).astype(np.float32) for n in sizes])
+    decayed = [True, False, False, True]
+    consts = (0.9, 0.95, 1e-3, 1e-8, 0.99)
+    want = [[a.copy() for a in arrays] for arrays in lists]
+    for k in range(len(sizes)):
+        ops.adamw_update(*(arrays[k] for arrays in want), *consts[:4], consts[4] if decayed[k] else 1.0)
+    T_OPS.adamw_update_many(*lists, decayed, *consts)
+    for name, got, ref_ in zip("pgmv", lists, want, strict=True):
+        assert all(np.array_equal(a, b) for a, b in zip(got, ref_, strict=True)), name
+
+
 # ----------------------------------------------------------------------------- the whole model on the twins
 
 

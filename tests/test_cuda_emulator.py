@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from cuda_emulator import CXX, CompileError, EmulatedModule
 
-from tokenkit.transformer import GPT, GPTConfig, ops
+from tokenkit.transformer import GPT, AdamW, GPTConfig, ops
 from tokenkit.transformer.backends import Backend
 from tokenkit.transformer.backends import cuda_source as src
 from tokenkit.transformer.backends.cuda_launch import CudaKernels
@@ -364,6 +364,58 @@ def test_embedding_and_adamw_kernels_are_bit_identical_to_the_cpu():
         KERNELS.adamw(*arrays, *consts)
         for name, a, b in zip("pgmv", arrays, (p, g, m, v), strict=True):
             assert np.array_equal(a, b), name
+
+
+def _adamw_lists(rng, sizes, dtypes):
+    """[p, g, m, v] lists of flat arrays of the given sizes and dtypes (v >= 0), and decayed flags."""
+    lists = [[rng.standard_normal(n).astype(d) for n, d in zip(sizes, dtypes, strict=True)] for _ in range(3)]
+    lists.insert(3, [rng.random(n).astype(d) for n, d in zip(sizes, dtypes, strict=True)])
+    return lists, [bool(k % 2) for k in range(len(sizes))]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_adamw_multi_is_bit_identical_to_the_single_tensor_kernel_and_the_twin(seed):
+    """Random lists of odd sizes (1, empty, past a chunk) and dtypes, in one launch per dtype."""
+    rng = np.random.default_rng(seed)
+    n = [0, 1, 3, 6][seed]
+    sizes = [int(rng.choice([0, 1, 5, 255, 257, src.ADAMW_CHUNK + 1, 3 * src.ADAMW_CHUNK])) for _ in range(n)]
+    if n:
+        sizes[0] = 1
+    dtypes = [np.float64 if seed == 3 and k % 3 == 0 else np.float32 for k in range(n)]
+    lists, decayed = _adamw_lists(rng, sizes, dtypes)
+    consts = (0.9, 0.95, 1e-3, 1e-8, 0.999)
+    single = [[a.copy() for a in arrays] for arrays in lists]
+    for k in range(n):
+        KERNELS.adamw(*(arrays[k] for arrays in single), *consts[:4], consts[4] if decayed[k] else 1.0)
+    twin = [[a.copy() for a in arrays] for arrays in lists]
+    TWINS.adamw_multi(*twin, decayed, *consts)
+    for _ in range(2):  # the second launch reuses the table made by the first
+        multi = [[a.copy() for a in arrays] for arrays in lists]
+        EMULATED.ops.adamw_update_many(*multi, decayed, *consts)
+        for name, got, one, two in zip("pgmv", multi, single, twin, strict=True):
+            for k in range(n):
+                assert np.array_equal(got[k], one[k]) and np.array_equal(got[k], two[k]), f"{name}[{k}]"
+
+
+def test_adamw_steps_every_parameter_in_one_launch_on_a_gpu_s_ops(monkeypatch):
+    """AdamW on the emulated GPU ops (their adamw_update_many) steps as on the CPU, bit for bit,
+    a transposed (non-contiguous) gradient included."""
+    rng = np.random.default_rng(5)
+    shapes = {"w": (7, 300), "b": (300,), "ln": (1,), "e": (2, 4097)}
+    start = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+    cpu_params, gpu_params = {k: v.copy() for k, v in start.items()}, {k: v.copy() for k, v in start.items()}
+    cpu, gpu = AdamW(cpu_params, lr=1e-2), AdamW(gpu_params, lr=1e-2)
+    monkeypatch.setattr(gpu, "backend", EMULATED)
+    launches = []
+    monkeypatch.setattr(KERNELS, "adamw", lambda *args: launches.append(args))  # never called: one launch for all
+    for step in range(3):
+        grads = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+        grads["w"] = np.ascontiguousarray(grads["w"].T).T  # the same values, in Fortran order
+        cpu.step({k: v.copy() for k, v in grads.items()}, lr=1e-2 / (step + 1))
+        gpu.step(grads, lr=1e-2 / (step + 1))
+        for name in shapes:
+            assert np.array_equal(gpu_params[name], cpu_params[name]), (step, name)
+    assert not launches
 
 
 CONFIGS = [

@@ -13,6 +13,7 @@ cupy = pytest.importorskip("cupy")
 
 from tokenkit.transformer import GPT, AdamW, GPTConfig, ModelError, clip_grad_norm, ops  # noqa: E402
 from tokenkit.transformer import reference as ref  # noqa: E402
+from tokenkit.transformer.backends import cuda_source as src  # noqa: E402
 from tokenkit.transformer.backends import get_backend, set_tf32  # noqa: E402
 from tokenkit.transformer.backends.cuda_twins import TwinKernels  # noqa: E402
 
@@ -125,6 +126,35 @@ def test_embedding_and_adamw_kernels_are_bit_identical_to_the_cpu():
     KERNELS.adamw(pd, gd, md, vd, *consts)
     for name, a, b in zip("pmv", (pd, md, vd), (p, m, v), strict=True):
         assert np.array_equal(cupy.asnumpy(a), b), name
+
+
+def test_adamw_in_one_launch_is_bit_identical_to_one_launch_per_tensor():
+    """Kernel adamw_multi over tensors of odd sizes (1, empty, past a chunk), decayed or not, gives
+    kernel adamw's bits per tensor; AdamW, which steps a GPU's parameters with it, the CPU's."""
+    rng = np.random.default_rng(8)
+    sizes = [1, 0, 5, 257, src.ADAMW_CHUNK + 1, 3 * src.ADAMW_CHUNK, 100_003]
+    lists = [[rng.standard_normal(n).astype(np.float32) for n in sizes] for _ in range(3)]
+    lists.append([rng.random(n).astype(np.float32) for n in sizes])
+    decayed = [bool(k % 2) for k in range(len(sizes))]
+    consts = (0.9, 0.95, 1e-3, 1e-8, 0.999)
+    single = [[dev(a) for a in arrays] for arrays in lists]
+    for k in range(len(sizes)):
+        KERNELS.adamw(*(arrays[k] for arrays in single), *consts[:4], consts[4] if decayed[k] else 1.0)
+    multi = [[dev(a) for a in arrays] for arrays in lists]
+    KERNELS.adamw_multi(*multi, decayed, *consts)
+    for name, got, want in zip("pgmv", multi, single, strict=True):
+        for k in range(len(sizes)):
+            assert np.array_equal(cupy.asnumpy(got[k]), cupy.asnumpy(want[k])), f"{name}[{k}]"
+    shapes = {"w": (70, 300), "b": (300,), "ln": (1,), "e": (3, 4097)}
+    start = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+    cpu_params, gpu_params = {k: v.copy() for k, v in start.items()}, {k: dev(v) for k, v in start.items()}
+    cpu, gpu = AdamW(cpu_params, lr=1e-2), AdamW(gpu_params, lr=1e-2)
+    for step in range(3):
+        grads = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+        cpu.step(grads, lr=1e-2 / (step + 1))
+        gpu.step({k: dev(v) for k, v in grads.items()}, lr=1e-2 / (step + 1))
+        for name in shapes:
+            assert np.array_equal(cupy.asnumpy(gpu_params[name]), cpu_params[name]), (step, name)
 
 
 # ----------------------------------------------------------------------------- ops against the CPU ops

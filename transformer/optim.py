@@ -5,7 +5,8 @@ with nanoGPT's grouping: every parameter with 2 or more dimensions (the matmul w
 embeddings, `wte` included) is decayed, 1-D parameters (biases, LayerNorm gains and shifts) are
 not. Everything runs in the parameters' own dtype (float32 for the model) and in place, on the
 parameters' device: the element update is the backend's `adamw_update` op (NumPy passes on the
-CPU, one fused kernel per parameter on a GPU), and `state_dict()` always hands out host arrays.
+CPU), or its `adamw_update_many` where it has one (a GPU's: one fused kernel launch for every
+parameter), and `state_dict()` always hands out host arrays.
 
 What this module deliberately does not do: no parameter groups beyond "2-D or not", no AMSGrad,
 no file I/O (`state_dict()` hands arrays to whoever saves them).
@@ -41,8 +42,8 @@ class AdamW:
     beyond one preallocated scratch buffer per thread. NumPy ufuncs release the GIL, so the
     elements are cut into `threads` contiguous ranges updated concurrently; each element's
     arithmetic is the same whatever the cut, so results are bit-identical for any thread count.
-    Parameters on a GPU (CuPy arrays, all on one device) are updated by one kernel launch each,
-    without threads; their moments live beside them.
+    Parameters on a GPU (CuPy arrays, all on one device) are updated by one kernel launch for
+    all of them, without threads; their moments live beside them.
 
     >>> p = {"w": np.ones((2, 2), np.float32), "b": np.ones(2, np.float32)}
     >>> opt = AdamW(p, lr=0.1, weight_decay=0.5)
@@ -137,11 +138,29 @@ class AdamW:
         bc2 = 1.0 - beta2**t
         r = math.sqrt((1.0 - beta2) / bc2)
         consts = (lr * (1.0 - beta1) / (bc1 * r), self.eps / r, 1.0 - lr * self.weight_decay)
-        if self._pool is None:
+        update_many = getattr(self.backend.ops, "adamw_update_many", None)
+        if update_many is not None:
+            self._run_all(update_many, grads, consts)
+        elif self._pool is None:
             self._run(0, grads, consts)
         else:
             for done in [self._pool.submit(self._run, k, grads, consts) for k in range(len(self._plan))]:
                 done.result()
+
+    def _run_all(self, update_many, grads: dict[str, np.ndarray], consts: tuple[float, float, float]) -> None:
+        """Every parameter in one call of the backend's `adamw_update_many` (a GPU's: one kernel
+        launch), each with the decay if it is decayed."""
+        names = self.names
+        contiguous = self.backend.xp.ascontiguousarray  # the kernel reads each gradient as one run of memory
+        update_many(
+            [self.params[n] for n in names],
+            [contiguous(grads[n]) for n in names],
+            [self.m[n] for n in names],
+            [self.v[n] for n in names],
+            [self.decayed[n] for n in names],
+            *self.betas,
+            *consts,
+        )
 
     def _run(self, worker: int, grads: dict[str, np.ndarray], consts: tuple[float, float, float]) -> None:
         """Update this worker's element ranges; each range is a 1-D view, so writes land in place.

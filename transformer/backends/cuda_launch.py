@@ -14,6 +14,8 @@ method's twin, of the same name in cuda_twins.TwinKernels, says what its kernel 
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import numpy as np
 
 from tokenkit.transformer.backends import attention_source as attn
@@ -29,6 +31,13 @@ def _blocks(n: int, threads: int) -> int:
     return max(1, min(_MAX_BLOCKS, -(-n // threads)))
 
 
+def _pointers(xp, arrays) -> list[int]:
+    """The arrays' data addresses, as a kernel dereferences them: device pointers for CuPy's
+    arrays (`a.data.ptr`), host ones for NumPy's (`a.ctypes.data`, for the CPU emulator)."""
+    address = attrgetter("ctypes.data" if xp is np else "data.ptr")
+    return [address(a) for a in arrays]
+
+
 class CudaKernels:
     """cuda_source.py's kernels behind the kernel interface of device_ops.py, launched through
     `module` with outputs allocated by `xp` (see the module docstring)."""
@@ -39,6 +48,7 @@ class CudaKernels:
         self.xp = xp
         self._module = module
         self._functions: dict[tuple[str, np.dtype], object] = {}
+        self._adamw_tables: dict[tuple, tuple] = {}  # adamw_multi's tables, by addresses and sizes
         self._attention_module = attention_module
         self._attention_functions: dict[tuple[str, int], object] = {}
         self.fused_attention = attention_module is not None
@@ -157,6 +167,41 @@ class CudaKernels:
             (src.ELEMENTWISE_THREADS,),
             (p, g, m, v, np.int64(n), t(beta1), t(beta2), t(scale), t(eps), t(decay)),
         )
+
+    def adamw_multi(self, ps, gs, ms, vs, decayed, beta1, beta2, scale, eps, decay):
+        groups: dict[np.dtype, list[int]] = {}  # one launch per dtype (the kernel's T)
+        for k, p in enumerate(ps):
+            groups.setdefault(p.dtype, []).append(k)
+        for dtype, picked in groups.items():
+            tensors = [(ps[k], gs[k], ms[k], vs[k]) for k in picked]
+            table, first_block, blocks = self._adamw_table(tensors, [bool(decayed[k]) for k in picked])
+            if blocks:
+                t = dtype.type
+                self._fn("adamw_multi", dtype)(
+                    (blocks,),
+                    (src.ELEMENTWISE_THREADS,),
+                    (table, first_block, np.int32(len(tensors)), np.int64(src.ADAMW_CHUNK), t(beta1), t(beta2),
+                     t(scale), t(eps), t(decay)),
+                )  # fmt: skip
+
+    def _adamw_table(self, tensors, decayed):
+        """adamw_multi's (table, first_block, number of blocks) for [(p, g, m, v), ...], on the
+        device; made once per list of arrays (their addresses and sizes: the table's content)."""
+        addresses = _pointers(self.xp, [a for arrays in tensors for a in arrays])
+        sizes = [arrays[0].size for arrays in tensors]
+        key = (*addresses, *sizes, *decayed)
+        made = self._adamw_tables.get(key)
+        if made is None:
+            chunks = [-(-n // src.ADAMW_CHUNK) for n in sizes]
+            first_block = np.concatenate([[0], np.cumsum(chunks, dtype=np.int64)]).astype(np.int64)
+            table = np.empty((len(tensors), 6), dtype=np.int64)
+            table[:, :4] = np.array(addresses, dtype=np.int64).reshape(-1, 4)
+            table[:, 4], table[:, 5] = sizes, decayed
+            if len(self._adamw_tables) >= 8:  # gradients may come at new addresses: keep the latest few
+                self._adamw_tables.clear()
+            made = (self.xp.asarray(table), self.xp.asarray(first_block), int(first_block[-1]))
+            self._adamw_tables[key] = made
+        return made
 
     # ------------------------------------------------------------------ fused attention (attention_source.py)
 

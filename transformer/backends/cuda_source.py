@@ -5,9 +5,9 @@ mirror of its computation, operation for operation, in transformer/backends/cuda
 the CPU tests check against transformer/reference.py and ops.py. Without a GPU, the source is
 compiled with g++ and run, launched as on the GPU, by the tests' CPU emulator
 (tests/cuda_emulator.py: one fiber per CUDA thread, see docs/gpu.md), and nvcc compiles it for
-sm_80/sm_90 where it is installed (tests/test_backends.py). Kernels that use tensor cores go
-through two helpers, tk_to_tf32 and tk_mma_tf32, to be defined here with inline PTX inside
-#ifndef TK_CPU_EMULATION: the emulator defines its own (tests/cuda_emulator.h).
+sm_80/sm_90 where it is installed (tests/test_backends.py). The tensor-core kernels
+(attention_source.py) go through two helpers, tk_to_tf32 and tk_mma_tf32, defined with inline
+PTX inside #ifndef TK_CPU_EMULATION: the emulator defines its own (tests/cuda_emulator.h).
 
 Every kernel is a template over T (float, double) and accumulates in T. Row-wise kernels give a
 row to one warp (LayerNorm, attention softmax; rows of at most a few thousand) or one block
@@ -29,11 +29,12 @@ ELEMENTWISE_THREADS = 256
 COLUMN_THREADS = 128
 COLUMN_CHUNK = 64  # rows per chunk of a column sum, at least; more when that would need > MAX_GRID_Y chunks
 MAX_GRID_Y = 65535
+ADAMW_CHUNK = 16 * ELEMENTWISE_THREADS  # adamw_multi: elements per block, 16 per thread
 OPTIONS = ("--fmad=false", "-std=c++14")
 
 KERNELS = (
     "layernorm_forward", "layernorm_backward", "column_sums", "gelu_forward", "xent_forward", "xent_backward",
-    "attention_softmax", "softmax_backward", "embedding_backward", "adamw",
+    "attention_softmax", "softmax_backward", "embedding_backward", "adamw", "adamw_multi",
 )  # fmt: skip
 EXPRESSIONS = tuple(f"{name}<{ctype}>" for name in KERNELS for ctype in ("float", "double"))  # each kernel's instances
 
@@ -280,20 +281,52 @@ __global__ void embedding_backward(const T* __restrict__ dout, const long long* 
     *dst = acc;
 }
 
-// ops.adamw_update, element by element in the same order
+// ops.adamw_update of element i, in the same order
+template <typename T>
+__device__ __forceinline__ void adamw_element(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m,
+                                              T* __restrict__ v, long long i, T beta1, T beta2, T scale, T eps,
+                                              T decay) {
+    T pv = p[i];
+    if (decay != T(1)) pv = pv * decay;
+    T gv = g[i];
+    T mv = m[i] * beta1 + gv;
+    T vv = v[i] * beta2 + gv * gv;
+    m[i] = mv;
+    v[i] = vv;
+    p[i] = pv - mv / (d_sqrt(vv) + eps) * scale;
+}
+
+// ops.adamw_update over one tensor
 template <typename T>
 __global__ void adamw(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __restrict__ v, long long n,
                       T beta1, T beta2, T scale, T eps, T decay) {
     long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        T pv = p[i];
-        if (decay != T(1)) pv = pv * decay;
-        T gv = g[i];
-        T mv = m[i] * beta1 + gv;
-        T vv = v[i] * beta2 + gv * gv;
-        m[i] = mv;
-        v[i] = vv;
-        p[i] = pv - mv / (d_sqrt(vv) + eps) * scale;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        adamw_element(p, g, m, v, i, beta1, beta2, scale, eps, decay);
+}
+
+// ops.adamw_update over n_tensors tensors in one launch. Row k of `table` (n_tensors, 6) holds
+// tensor k's p, g, m, v addresses, its size and whether it is decayed (else its decay is 1); its
+// chunks of `chunk` elements are blocks first_block[k] .. first_block[k + 1] - 1.
+template <typename T>
+__global__ void adamw_multi(const long long* __restrict__ table, const long long* __restrict__ first_block,
+                            int n_tensors, long long chunk, T beta1, T beta2, T scale, T eps, T decay) {
+    long long b = blockIdx.x;
+    int k = 0, hi = n_tensors - 1;  // the last k with first_block[k] <= b: never an empty tensor
+    while (k < hi) {
+        int mid = (k + hi + 1) / 2;
+        if (first_block[mid] <= b) k = mid;
+        else hi = mid - 1;
     }
+    const long long* row = table + 6 * (long long)k;
+    T* p = (T*)row[0];
+    const T* g = (const T*)row[1];
+    T* m = (T*)row[2];
+    T* v = (T*)row[3];
+    long long start = (b - first_block[k]) * chunk;
+    long long end = start + chunk < row[4] ? start + chunk : row[4];
+    T d = row[5] ? decay : T(1);
+    for (long long i = start + threadIdx.x; i < end; i += blockDim.x)
+        adamw_element(p, g, m, v, i, beta1, beta2, scale, eps, d);
 }
 """

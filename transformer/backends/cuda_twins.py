@@ -216,6 +216,12 @@ class TwinKernels:
         v[...] = vv
         p[...] = pv - mv / (np.sqrt(vv) + t(eps)) * t(scale)
 
+    def adamw_multi(self, ps, gs, ms, vs, decayed, beta1, beta2, scale, eps, decay):
+        """Every tensor of the lists updated in place: kernel `adamw_multi`, tensor k as kernel
+        `adamw` with `decay` where decayed[k], else 1."""
+        for p, g, m, v, d in zip(ps, gs, ms, vs, decayed, strict=True):
+            self.adamw(p, g, m, v, beta1, beta2, scale, eps, decay if d else 1.0)
+
     def flash_attention_forward(self, qkv, n_heads, n_kv_heads, causal, scale):
         """qkv (B, T, (H + 2 Hkv) D) -> out (B, T, H D), lse (B, H, T): kernel `flash_forward`."""
         return attention_twins.flash_forward(qkv, n_heads, n_kv_heads, causal, scale)

@@ -38,6 +38,8 @@ Kernel interface (what `kernels` provides; arrays C-contiguous, on the device):
     softmax_backward(dw (R, Tq, keys), w, row_dot (R, Tq)): dw := w * (dw - row_dot), in place
     embedding_backward(dout (N, C), ids (N,), dweight (V, C)): dweight[ids[i]] += dout[i], in place
     adamw(p, g, m, v, beta1, beta2, scale, eps, decay): in place, as ops.adamw_update
+    adamw_multi(ps, gs, ms, vs, decayed, beta1, beta2, scale, eps, decay): adamw over lists of
+        arrays at once, array k with `decay` where decayed[k] (else 1)
     fused_attention: whether the two below exist (they may not, e.g. on a GPU older than sm_80)
     flash_attention_forward(qkv (B, T, (H + 2 Hkv) D), H, Hkv, causal, scale) -> out (B, T, H D), lse (B, H, T)
     flash_attention_backward(dout (B, T, H D), qkv, out, lse, H, Hkv, causal, scale) -> dqkv (B, T, (H + 2 Hkv) D)
@@ -414,3 +416,10 @@ class DeviceOps:
     ) -> None:
         """ops.adamw_update as one kernel over the flat arrays (`scratch` is not needed)."""
         self.kernels.adamw(p, g, m, v, beta1, beta2, scale, eps, decay)
+
+    def adamw_update_many(
+        self, ps, gs, ms, vs, decayed, beta1: float, beta2: float, scale: float, eps: float, decay: float
+    ) -> None:
+        """adamw_update over lists of arrays in one kernel launch: array k with `decay` where
+        decayed[k], else 1 (a GPU's optimizer step is then one launch, not one per parameter)."""
+        self.kernels.adamw_multi(ps, gs, ms, vs, decayed, beta1, beta2, scale, eps, decay)
