@@ -110,9 +110,12 @@ try:
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     gpu = node.Get_rank() % cupy.cuda.runtime.getDeviceCount()
     cupy.cuda.Device(gpu).use()
-    uid = np.array(nccl.get_unique_id() if rank == 0 else [0] * 128, dtype=np.int64)
+    mine = nccl.get_unique_id()  # bytes in CuPy 14, a tuple of signed chars before
+    raw = bytes(mine) if isinstance(mine, (bytes, bytearray)) else bytes(c & 0xFF for c in mine)
+    uid = np.frombuffer(raw, dtype=np.uint8).copy()
     comm.Bcast(uid, root=0)  # raw bytes, never pickled
-    nc = nccl.NcclCommunicator(size, tuple(int(c) for c in uid), rank)
+    shared = bytes(uid) if isinstance(mine, (bytes, bytearray)) else tuple(int(c) - 256 * (c > 127) for c in uid)
+    nc = nccl.NcclCommunicator(size, shared, rank)
     x = cupy.full(4, rank + 1, dtype=cupy.float32)
     y = cupy.empty_like(x)
     nc.allReduce(x.data.ptr, y.data.ptr, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, cupy.cuda.Stream.null.ptr)
@@ -123,7 +126,7 @@ except Exception as err:
     print(f"rank {rank} of {size}: {type(err).__name__}: {' '.join(str(err).split())[:160]}", flush=True)
 EOF
 if [[ "$mpi_ok" == yes ]]; then
-    timeout 60 mpirun -n 2 $py "$out/nccl_probe.py" > "$out/nccl.txt" 2>&1
+    timeout 40 mpirun -n 2 $py "$out/nccl_probe.py" > "$out/nccl.txt" 2>&1
     rc=$?
     row "nccl 2 ranks 1 GPU" "rc=$rc $(grep -m1 '^rank 0' "$out/nccl.txt" | cut -c1-120)"
     row "" "$(grep -m1 '^rank 1' "$out/nccl.txt" | cut -c1-120)"
