@@ -171,3 +171,53 @@ def emulated_kernels():
 @pytest.mark.parametrize("shape", SHAPES)
 def test_emulated_kernels_against_twins(emulated_kernels, shape, causal):
     check_against_twins(emulated_kernels, np.asarray, np.asarray, shape, causal, seed=len(shape) + causal)
+
+
+def _decode_case(rng, B, H, Hkv, D, Tmax):
+    qkv = rng.standard_normal((B, Tmax, (H + 2 * Hkv) * D)).astype(np.float32)
+    caches = [np.full((B, Hkv, Tmax, D), np.nan, dtype=np.float32) for _ in range(2)]
+    return qkv, caches
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 1, 16, 20), (2, 4, 2, 64, 300), (3, 3, 3, 32, 140)])
+def test_generation_steps_through_the_decode_kernels_twin(shape):
+    """A prompt through the GEMM path, then one position at a time through `decode_attention`
+    (on the twins), against the CPU op step by step: outputs to 1e-5, the caches bit for bit."""
+    B, H, Hkv, D, Tmax = shape
+    rng = np.random.default_rng(Tmax)
+    qkv, (k, v) = _decode_case(rng, B, H, Hkv, D, Tmax)
+    _, (k_cpu, v_cpu) = _decode_case(rng, B, H, Hkv, D, Tmax)
+    prompt = 5
+    FUSED.attention_forward_cached(qkv[:, :prompt], k, v, 0, H, Hkv)
+    ops.attention_forward_cached(qkv[:, :prompt], k_cpu, v_cpu, 0, H, Hkv)
+    calls = []
+    decode = FUSED.kernels.decode_attention
+    FUSED.kernels.decode_attention = lambda *a: calls.append(1) or decode(*a)
+    try:
+        for start in range(prompt, Tmax):
+            out, _ = FUSED.attention_forward_cached(qkv[:, start : start + 1], k, v, start, H, Hkv)
+            want, _ = ops.attention_forward_cached(qkv[:, start : start + 1], k_cpu, v_cpu, start, H, Hkv)
+            close(out, want, 1e-5, f"step {start}")
+    finally:
+        del FUSED.kernels.decode_attention
+    assert len(calls) == Tmax - prompt
+    assert np.array_equal(k, k_cpu) and np.array_equal(v, v_cpu)
+
+
+@pytest.mark.parametrize("start", [0, 1, 127, 128, 260])
+@pytest.mark.parametrize("heads", [(2, 1, 16), (4, 2, 64), (3, 3, 32)])
+def test_emulated_decode_kernel_against_its_twin(emulated_kernels, heads, start):
+    """The CUDA source of `decode_attention` (emulated) against its twin: the output to 1e-5,
+    the caches (new key and value at `start`, nothing else touched) bit for bit."""
+    H, Hkv, D = heads
+    B, Tmax = 2, 300
+    rng = np.random.default_rng(start + D)
+    qkv = rng.standard_normal((B, 1, (H + 2 * Hkv) * D)).astype(np.float32)
+    k = rng.standard_normal((B, Hkv, Tmax, D)).astype(np.float32)
+    v = rng.standard_normal((B, Hkv, Tmax, D)).astype(np.float32)
+    k_twin, v_twin = k.copy(), v.copy()
+    out = emulated_kernels.decode_attention(qkv, k, v, start, H, Hkv, 1 / math.sqrt(D))
+    want = twins.decode_attention(qkv, k_twin, v_twin, start, H, Hkv, 1 / math.sqrt(D))
+    assert np.isfinite(out).all()
+    close(out, want, 1e-5, "out")
+    assert np.array_equal(k, k_twin) and np.array_equal(v, v_twin)

@@ -31,6 +31,14 @@ Shared memory rows are padded so that the lanes of a warp reading a fragment fal
 banks: a row stride of D + 4 floats for tiles read as [row g][column t] (lane = 4 g + t), D + 8 for
 those read as [row t][column g].
 
+- `decode_attention<D>`: generation's step, one new query per row against the KV cache: a block
+  per (batch, head), a thread per key (strided), each keeping its own running max, sum and
+  weighted sum of values in float32 (no tensor cores: a query is one row), combined across the
+  block in thread order at the end. It also writes the new key and value into the cache (the
+  first query head of each K/V head does), and reads them from the projection, so one launch
+  replaces the eight of the GEMM path (two cache writes, the scaling, two copies, two GEMMs, the
+  softmax): generation at batch 1 is launch-bound.
+
 What this module deliberately does not do: import CuPy or launch anything
 (transformer/backends/cuda_launch.py), or keep any (T, T) array.
 """
@@ -41,7 +49,8 @@ BLOCK_ROWS = 64  # queries of a forward / dQ block, keys of a dK/dV block; 16 pe
 KEY_TILE = 64  # keys per step of the forward and dQ walks
 QUERY_TILE = 32  # queries per step of the dK/dV walk
 OPTIONS = ("-std=c++14",)
-KERNELS = ("flash_forward", "flash_backward_dq", "flash_backward_dkv")
+KERNELS = ("flash_forward", "flash_backward_dq", "flash_backward_dkv", "decode_attention")
+DECODE_THREADS = 128  # decode_attention: a thread per key, strided
 MIN_COMPUTE_CAPABILITY = 80  # mma.sync with TF32 operands
 
 SOURCE = r"""
@@ -410,5 +419,78 @@ __global__ void __launch_bounds__(128) flash_backward_dkv(const float* __restric
     // dK summed dS^T (q scale log2e): times 1 / log2e gives dS^T q scale
     store_fragments<D>(dqkv + (long long)b * T * W + (H + hk) * D, W, c0, T, dk, 1.f / LOG2E, 1.f / LOG2E);
     store_fragments<D>(dqkv + (long long)b * T * W + (H + Hkv + hk) * D, W, c0, T, dv, 1.f, 1.f);
+}
+
+// generation's step: qkv (B, 1, (H + 2 Hkv) D) of position `start`, the caches (B, Hkv, Tmax, D) of
+// positions 0 .. start - 1 -> out (B, 1, H D); the new key and value written at `start` (by each K/V
+// head's first query head). grid (B H), 128 threads.
+template <int D>
+__global__ void __launch_bounds__(128) decode_attention(const float* __restrict__ qkv, float* __restrict__ k_cache,
+                                                        float* __restrict__ v_cache, float* __restrict__ out, int Tmax,
+                                                        int H, int Hkv, int start, float scale) {
+    __shared__ float q[D];
+    __shared__ float acc_rows[128][D + 1];
+    __shared__ float maxima[128], sums[128];
+    const int bh = blockIdx.x, b = bh / H, h = bh % H, group = H / Hkv, hk = h / group;
+    const long long W = (long long)(H + 2 * Hkv) * D;
+    const float* row = qkv + (long long)b * W;
+    const float* k_new = row + (H + hk) * D;
+    const float* v_new = row + (H + Hkv + hk) * D;
+    const long long cache = ((long long)b * Hkv + hk) * Tmax * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        q[d] = row[h * D + d] * scale;
+        if (h % group == 0) {  // no block of this launch reads position `start` from the cache
+            k_cache[cache + (long long)start * D + d] = k_new[d];
+            v_cache[cache + (long long)start * D + d] = v_new[d];
+        }
+    }
+    __syncthreads();
+    float m = minus_inf(), l = 0.f, acc[D];
+#pragma unroll
+    for (int d = 0; d < D; ++d) acc[d] = 0.f;
+    for (int j = threadIdx.x; j <= start; j += blockDim.x) {
+        const float* kj = j < start ? k_cache + cache + (long long)j * D : k_new;
+        const float* vj = j < start ? v_cache + cache + (long long)j * D : v_new;
+        float s = 0.f;
+#pragma unroll
+        for (int d = 0; d < D; d += 4) {
+            const float4 k4 = *reinterpret_cast<const float4*>(kj + d);
+            s += q[d] * k4.x + q[d + 1] * k4.y + q[d + 2] * k4.z + q[d + 3] * k4.w;
+        }
+        if (s > m) {  // a new maximum: what was summed is rescaled to it
+            const float c = expf(m - s);
+            l *= c;
+#pragma unroll
+            for (int d = 0; d < D; ++d) acc[d] *= c;
+            m = s;
+        }
+        const float p = expf(s - m);
+        l += p;
+#pragma unroll
+        for (int d = 0; d < D; d += 4) {
+            const float4 v4 = *reinterpret_cast<const float4*>(vj + d);
+            acc[d] += p * v4.x;
+            acc[d + 1] += p * v4.y;
+            acc[d + 2] += p * v4.z;
+            acc[d + 3] += p * v4.w;
+        }
+    }
+    maxima[threadIdx.x] = m;
+    __syncthreads();
+    float top = maxima[0];
+    for (int i = 1; i < blockDim.x; ++i) top = fmaxf(top, maxima[i]);
+    const float c = m == minus_inf() ? 0.f : expf(m - top);  // a thread without keys adds nothing
+    sums[threadIdx.x] = l * c;
+#pragma unroll
+    for (int d = 0; d < D; ++d) acc_rows[threadIdx.x][d] = acc[d] * c;
+    __syncthreads();
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float total = 0.f, weight = 0.f;
+        for (int i = 0; i < blockDim.x; ++i) {  // in thread order: the same bits on every run
+            total += acc_rows[i][d];
+            weight += sums[i];
+        }
+        out[(long long)b * H * D + h * D + d] = total / weight;
+    }
 }
 """

@@ -87,3 +87,22 @@ def flash_backward(dout, qkv, out, lse, n_heads: int, n_kv_heads: int, causal: b
     dv = dv.reshape(B, Hkv, group, T, D).sum(axis=2)
     dqkv = np.concatenate([dq, dk, dv], axis=1)  # (B, H + 2 Hkv, T, D)
     return dqkv.transpose(0, 2, 1, 3).reshape(B, T, W).astype(np.float32)
+
+
+def decode_attention(qkv, k_cache, v_cache, start: int, n_heads: int, n_kv_heads: int, scale: float) -> np.ndarray:
+    """qkv (B, 1, (H + 2 Hkv) D) of position `start`, caches (B, Hkv, Tmax, D) -> out (B, 1, H D), and
+    the new key and value written into the caches: kernel `decode_attention` (float32 arithmetic;
+    the kernel's per-thread sums differ in their last bits)."""
+    B, _, W = qkv.shape
+    D = W // (n_heads + 2 * n_kv_heads)
+    x = qkv.reshape(B, n_heads + 2 * n_kv_heads, D)
+    k_cache[:, :, start] = x[:, n_heads : n_heads + n_kv_heads]
+    v_cache[:, :, start] = x[:, n_heads + n_kv_heads :]
+    group = n_heads // n_kv_heads
+    keys = np.repeat(k_cache[:, :, : start + 1], group, axis=1)  # (B, H, start + 1, D)
+    values = np.repeat(v_cache[:, :, : start + 1], group, axis=1)
+    q = x[:, :n_heads] * np.float32(scale)  # (B, H, D)
+    s = np.einsum("bhd,bhjd->bhj", q, keys)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    out = np.einsum("bhj,bhjd->bhd", p, values) / p.sum(axis=-1, keepdims=True)
+    return out.reshape(B, 1, n_heads * D).astype(np.float32)

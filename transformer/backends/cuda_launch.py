@@ -237,3 +237,15 @@ class CudaKernels:
         self._attention_fn("flash_backward_dq", D)((blocks, B * n_heads), (attn.THREADS,), args)
         self._attention_fn("flash_backward_dkv", D)((blocks, B * n_kv_heads), (attn.THREADS,), args)
         return dqkv
+
+    def decode_attention(self, qkv, k_cache, v_cache, start, n_heads, n_kv_heads, scale):
+        B, _, W = qkv.shape
+        D = W // (n_heads + 2 * n_kv_heads)
+        out = self.xp.empty((B, 1, n_heads * D), dtype=qkv.dtype)
+        self._attention_fn("decode_attention", D)(
+            (B * n_heads,),
+            (attn.DECODE_THREADS,),
+            (qkv, k_cache, v_cache, out, np.int32(k_cache.shape[2]), np.int32(n_heads), np.int32(n_kv_heads),
+             np.int32(start), np.float32(scale)),
+        )  # fmt: skip
+        return out

@@ -230,6 +230,10 @@ class TwinKernels:
         """-> dqkv (B, T, (H + 2 Hkv) D): kernels `flash_backward_dq` and `flash_backward_dkv`."""
         return attention_twins.flash_backward(dout, qkv, out, lse, n_heads, n_kv_heads, causal, scale)
 
+    def decode_attention(self, qkv, k_cache, v_cache, start, n_heads, n_kv_heads, scale):
+        """-> out (B, 1, H D), the caches written at `start`: kernel `decode_attention`."""
+        return attention_twins.decode_attention(qkv, k_cache, v_cache, start, n_heads, n_kv_heads, scale)
+
 
 def embedding_segments(xp, ids):
     """ids (N,) -> order (N,), seg_start (S + 1,), seg_id (S,): a stable sort of the ids, cut into

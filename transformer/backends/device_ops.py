@@ -43,6 +43,8 @@ Kernel interface (what `kernels` provides; arrays C-contiguous, on the device):
     fused_attention: whether the two below exist (they may not, e.g. on a GPU older than sm_80)
     flash_attention_forward(qkv (B, T, (H + 2 Hkv) D), H, Hkv, causal, scale) -> out (B, T, H D), lse (B, H, T)
     flash_attention_backward(dout (B, T, H D), qkv, out, lse, H, Hkv, causal, scale) -> dqkv (B, T, (H + 2 Hkv) D)
+    decode_attention(qkv (B, 1, W), k_cache (B, Hkv, Tmax, D), v_cache, start, H, Hkv, scale) -> out (B, 1, H D),
+        the new key and value written into the caches at `start`
 
 What this module deliberately does not do: define or launch kernels (cuda_source.py,
 cuda_launch.py, cuda_twins.py), import CuPy, or know which device it runs on.
@@ -84,6 +86,16 @@ def fused_attention_applies(kernels, dtype, head_dim: int) -> bool:
         and np.dtype(dtype) == np.float32
         and head_dim in attention_source.HEAD_DIMS
         and tf32_enabled()
+    )
+
+
+def fused_decode_applies(kernels, dtype, head_dim: int) -> bool:
+    """Whether a generation step's attention (contiguous caches) runs as one kernel: the kernels
+    provide it, float32 (in float32 arithmetic: no TF32 involved), a head dim it is built for."""
+    return (
+        getattr(kernels, "fused_attention", False)
+        and np.dtype(dtype) == np.float32
+        and head_dim in attention_source.HEAD_DIMS
     )
 
 
@@ -275,9 +287,17 @@ class DeviceOps:
 
     def attention_forward_cached(self, qkv, k_cache, v_cache, start: int, n_heads: int, n_kv_heads=None):
         """Incremental causal attention for generation: qkv (B, n, (H + 2 Hkv) hd) of positions
-        start..start+n-1; their k, v go into k_cache, v_cache (B, Hkv, T_max, hd). -> out (B, n, H hd)."""
+        start..start+n-1; their k, v go into k_cache, v_cache (B, Hkv, T_max, hd). -> out (B, n, H hd).
+        One new position (a generation step) is one kernel where `fused_decode_applies`."""
+        Hkv = cpu_ops.kv_heads(n_heads, n_kv_heads)
+        hd = qkv.shape[-1] // (n_heads + 2 * Hkv)
+        contiguous = k_cache.flags.c_contiguous and v_cache.flags.c_contiguous
+        if qkv.shape[1] == 1 and contiguous and fused_decode_applies(self.kernels, qkv.dtype, hd):
+            out = self.kernels.decode_attention(
+                self.xp.ascontiguousarray(qkv), k_cache, v_cache, start, n_heads, Hkv, 1.0 / math.sqrt(hd)
+            )
+            return out, None
         q, k, v = self._heads(qkv, n_heads, n_kv_heads)
-        hd = q.shape[-1]
         group = n_heads // k.shape[1]
         end = start + k.shape[2]
         k_cache[:, :, start:end] = k
