@@ -12,7 +12,7 @@
 #    the image's mpi4py still cannot use it, the carried mpi4py wheel replaces it, and a last probe;
 # 3. NCCL: two ranks on GPU (local rank % GPUs) make a cupy.cuda.nccl communicator and allreduce
 #    four floats; each rank prints OK or its error line (recent NCCLs refuse two ranks on one GPU:
-#    "Duplicate GPU detected");
+#    NCCL_ERROR_INVALID_USAGE on an H200 with CuPy 14.2);
 # 4. tests/test_gpu_ranks.py: 2 and 3 ranks against one process computing the same shards in turn,
 #    bit for bit; `tk train-model --device cuda` on 2 ranks, stopped and resumed;
 # 5. bench/gpu_ranks.py: ms/step and tokens/s of one process (batch whole, and its shards in turn)

@@ -12,7 +12,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from attention_checks import SHAPES, PoisonedXp, check_against_twins
+from attention_checks import SHAPES, PoisonedXp, check_against_twins, check_decode_against_twin
 
 from tokenkit.transformer import GPT, GPTConfig, ops
 from tokenkit.transformer.backends import Backend, attention_source, set_tf32
@@ -207,17 +207,4 @@ def test_generation_steps_through_the_decode_kernels_twin(shape):
 @pytest.mark.parametrize("start", [0, 1, 127, 128, 260])
 @pytest.mark.parametrize("heads", [(2, 1, 16), (4, 2, 64), (3, 3, 32)])
 def test_emulated_decode_kernel_against_its_twin(emulated_kernels, heads, start):
-    """The CUDA source of `decode_attention` (emulated) against its twin: the output to 1e-5,
-    the caches (new key and value at `start`, nothing else touched) bit for bit."""
-    H, Hkv, D = heads
-    B, Tmax = 2, 300
-    rng = np.random.default_rng(start + D)
-    qkv = rng.standard_normal((B, 1, (H + 2 * Hkv) * D)).astype(np.float32)
-    k = rng.standard_normal((B, Hkv, Tmax, D)).astype(np.float32)
-    v = rng.standard_normal((B, Hkv, Tmax, D)).astype(np.float32)
-    k_twin, v_twin = k.copy(), v.copy()
-    out = emulated_kernels.decode_attention(qkv, k, v, start, H, Hkv, 1 / math.sqrt(D))
-    want = twins.decode_attention(qkv, k_twin, v_twin, start, H, Hkv, 1 / math.sqrt(D))
-    assert np.isfinite(out).all()
-    close(out, want, 1e-5, "out")
-    assert np.array_equal(k, k_twin) and np.array_equal(v, v_twin)
+    check_decode_against_twin(emulated_kernels, np.asarray, np.asarray, heads, start, B=2, Tmax=300)

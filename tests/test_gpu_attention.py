@@ -7,7 +7,13 @@ import pytest
 
 cupy = pytest.importorskip("cupy")
 
-from attention_checks import SHAPES, PoisonedXp, check_against_twins, relative_error  # noqa: E402
+from attention_checks import (  # noqa: E402
+    SHAPES,
+    PoisonedXp,
+    check_against_twins,
+    check_decode_against_twin,
+    relative_error,
+)
 
 from tokenkit.transformer import GPT, GPTConfig, ModelError  # noqa: E402
 from tokenkit.transformer.backends import get_backend, set_tf32, tf32_enabled  # noqa: E402
@@ -69,20 +75,5 @@ def test_a_training_step_through_fused_attention_matches_the_cpu():
 @pytest.mark.parametrize("start", [0, 127, 128, 1000])
 @pytest.mark.parametrize("heads", [(12, 12, 64), (8, 2, 64), (3, 1, 32), (2, 2, 16)])
 def test_decode_kernel_against_its_twin(heads, start, monkeypatch):
-    """`decode_attention` on the GPU against its twin: the output to 1e-5 (float32 sums in
-    another order), the caches bit for bit, every output written."""
-    from tokenkit.transformer.backends import attention_twins as twins
-
     monkeypatch.setattr(KERNELS, "xp", PoisonedXp(cupy))
-    H, Hkv, D = heads
-    B, Tmax = 8, 1024
-    rng = np.random.default_rng(start + D)
-    qkv = rng.standard_normal((B, 1, (H + 2 * Hkv) * D)).astype(np.float32)
-    k = rng.standard_normal((B, Hkv, Tmax, D)).astype(np.float32)
-    v = rng.standard_normal((B, Hkv, Tmax, D)).astype(np.float32)
-    k_gpu, v_gpu = cupy.asarray(k), cupy.asarray(v)
-    out = cupy.asnumpy(KERNELS.decode_attention(cupy.asarray(qkv), k_gpu, v_gpu, start, H, Hkv, D**-0.5))
-    want = twins.decode_attention(qkv, k, v, start, H, Hkv, D**-0.5)
-    assert np.isfinite(out).all()
-    assert relative_error(out, want) <= 1e-5
-    assert np.array_equal(cupy.asnumpy(k_gpu), k) and np.array_equal(cupy.asnumpy(v_gpu), v)
+    check_decode_against_twin(KERNELS, cupy.asarray, cupy.asnumpy, heads, start, B=8, Tmax=1024)

@@ -195,6 +195,11 @@ __device__ __forceinline__ void store_fragments(float* dst, long long ld, int ro
     }
 }
 
+template <int N> __device__ __forceinline__ void zero(float (&acc)[N][4]) {  // accumulator tiles := 0
+#pragma unroll
+    for (int n = 0; n < N; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+}
+
 template <int A, int B> struct larger_of { static constexpr int value = A > B ? A : B; };
 
 // qkv (B, T, (H + 2 Hkv) D) -> out (B, T, H D), lse (B, H, T): softmax(q k^T scale + mask) v and
@@ -216,8 +221,7 @@ __global__ void __launch_bounds__(128) flash_forward(const float* __restrict__ q
     unsigned qa[D / 8][4];
     load_a_fragments<D>(qa, rows + h * D, W, q0, T, scale * LOG2E);
     float o[D / 8][4];
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    zero(o);
     float m0 = minus_inf(), m1 = minus_inf(), l0 = 0.f, l1 = 0.f;  // row maxima (log2 units), this lane's sums
 
     const int last_key = causal ? min(T, (block + 1) * ROWS) : T;
@@ -227,8 +231,7 @@ __global__ void __launch_bounds__(128) flash_forward(const float* __restrict__ q
         load_tile<KT, D, VS>(vs, rows + (H + Hkv + hk) * D, W, k0, T, 1.f);
         __syncthreads();
         float s[KT / 8][4];
-#pragma unroll
-        for (int n = 0; n < KT / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        zero(s);
         mma_rows<D, KT, KS>(s, qa, kp);
 
         float mx0 = m0, mx1 = m1;
@@ -307,8 +310,7 @@ __global__ void __launch_bounds__(128) flash_backward_dq(const float* __restrict
     const float delta0 = r0 < T ? delta[(long long)bh * T + r0] : 0.f;
     const float delta1 = r1 < T ? delta[(long long)bh * T + r1] : 0.f;
     float dq[D / 8][4];
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+    zero(dq);
 
     const int last_key = causal ? min(T, (block + 1) * ROWS) : T;
     for (int k0 = 0; k0 < last_key; k0 += KT) {
@@ -317,11 +319,8 @@ __global__ void __launch_bounds__(128) flash_backward_dq(const float* __restrict
         load_tile<KT, D, KS>(vds, rows + (H + Hkv + hk) * D, W, k0, T, 1.f);
         __syncthreads();
         float s[KT / 8][4], dp[KT / 8][4];
-#pragma unroll
-        for (int n = 0; n < KT / 8; ++n) {
-            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-            dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.f;
-        }
+        zero(s);
+        zero(dp);
         mma_rows<D, KT, KS>(s, qa, ks);
         mma_rows<D, KT, KS>(dp, da, vds);
 #pragma unroll
@@ -367,11 +366,8 @@ __global__ void __launch_bounds__(128) flash_backward_dkv(const float* __restric
     load_a_fragments<D>(ka, rows + (H + hk) * D, W, c0, T, 1.f);
     load_a_fragments<D>(va, rows + (H + Hkv + hk) * D, W, c0, T, 1.f);
     float dk[D / 8][4], dv[D / 8][4];
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-        dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.f;
-        dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.f;
-    }
+    zero(dk);
+    zero(dv);
     float* pd = pds + warp * 16 * PS;
     const int first_query = causal ? blockIdx.x * ROWS : 0;  // earlier queries see none of these keys
 
@@ -389,11 +385,8 @@ __global__ void __launch_bounds__(128) flash_backward_dkv(const float* __restric
             }
             __syncthreads();
             float st[QT / 8][4], dpt[QT / 8][4];  // S^T and dP^T: this warp's 16 keys x 32 queries
-#pragma unroll
-            for (int n = 0; n < QT / 8; ++n) {
-                st[n][0] = st[n][1] = st[n][2] = st[n][3] = 0.f;
-                dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.f;
-            }
+            zero(st);
+            zero(dpt);
             mma_rows<D, QT, QS>(st, ka, qs);
             mma_rows<D, QT, QS>(dpt, va, dos);
 #pragma unroll

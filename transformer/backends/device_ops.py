@@ -22,10 +22,11 @@ How it differs from the CPU ops, and why:
   order: the additions of NumPy's add.at, so it is bit-identical to the CPU op.
 - The cross-entropy keeps each row's max and sum of exponentials instead of writing the
   exponentials: one read of the logits forward, one read and write backward.
-- Llama's pieces (RMSNorm, rotary positions, SiLU and SwiGLU, grouped-query attention) are
-  plain array code over xp, no kernels of their own yet (RMSNorm's dweight uses the column
-  sums): correct on any device, not tuned. Grouped-query attention repeats each K/V head for
-  its group (HF's repeat_kv) and sums the group's gradients back.
+- Llama's pieces (RMSNorm, rotary positions, SiLU and SwiGLU) are plain array code over xp,
+  no kernels of their own yet (RMSNorm's dweight uses the column sums): correct on any device,
+  not tuned. Grouped-query attention is fused like any attention where that applies (the kernels
+  read each K/V head for its group); on the GEMM path it repeats each K/V head for its group
+  (HF's repeat_kv) and sums the group's gradients back.
 
 Kernel interface (what `kernels` provides; arrays C-contiguous, on the device):
     layernorm_forward(x (N, C), w, b or None, eps) -> out (N, C), xhat (N, C), rstd (N,)
