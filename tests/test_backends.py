@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kernel_checks import close, tol_for
 
 import tokenkit.transformer.backends as backends
 from tokenkit.transformer import GPT, GPTConfig, ModelError, ops
@@ -37,18 +38,6 @@ TWIN = twin_backend()
 T_OPS = TWIN.ops
 KERNELS = TwinKernels()
 SEEDS = range(12)
-
-
-def close(a, b, tol: float, what: str) -> None:
-    """|a - b| <= tol * max|b| elementwise (relative to the reference's largest magnitude)."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    scale = max(float(np.abs(b).max(initial=0.0)), 1e-30)
-    err = float(np.abs(a - b).max(initial=0.0)) / scale
-    assert err <= tol, f"{what}: max relative difference {err:.2e} > {tol:.0e}"
-
-
-def tol_for(dtype) -> float:
-    return 1e-12 if np.dtype(dtype) == np.float64 else 1e-5
 
 
 def rows_shape(rng) -> tuple[int, int]:

@@ -10,30 +10,25 @@ the embedding gradient and AdamW bit for bit. Skipped without g++.
 import numpy as np
 import pytest
 from cuda_emulator import CXX, CompileError, EmulatedModule
+from kernel_checks import (
+    TWINS,
+    check_attention_kernels,
+    check_embedding_and_adamw_bit_identical,
+    check_row_kernels,
+    check_xent_kernels,
+    close,
+)
 
 from tokenkit.transformer import GPT, AdamW, GPTConfig, ops
 from tokenkit.transformer.backends import Backend
 from tokenkit.transformer.backends import cuda_source as src
 from tokenkit.transformer.backends.cuda_launch import CudaKernels
-from tokenkit.transformer.backends.cuda_twins import TwinKernels
 from tokenkit.transformer.backends.device_ops import DeviceOps
 
 if CXX is None:
     pytest.skip("g++ is not installed: the CUDA emulator compiles kernels with it", allow_module_level=True)
 
 DTYPES = [np.float64, np.float32]
-TWINS = TwinKernels()
-
-
-def close(a, b, tol: float, what: str) -> None:
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    scale = max(float(np.abs(b).max(initial=0.0)), 1e-30)
-    err = float(np.abs(a - b).max(initial=0.0)) / scale
-    assert err <= tol, f"{what}: max relative difference {err:.2e} > {tol:.0e}"
-
-
-def tol_for(dtype) -> float:
-    return 1e-12 if np.dtype(dtype) == np.float64 else 1e-5
 
 
 # ----------------------------------------------------------------------------- the emulator itself
@@ -286,26 +281,7 @@ EMULATED = Backend("cuda-emulated", np, DeviceOps(np, KERNELS), np.asarray, np.a
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 1), (3, 33), (200, 768), (70, 1000)])
 def test_row_kernels_against_twins(shape, dtype):
-    rng = np.random.default_rng(0)
-    x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
-    w, b = rng.standard_normal(shape[1]).astype(dtype), rng.standard_normal(shape[1]).astype(dtype)
-    got = KERNELS.layernorm_forward(x, w, b, 1e-5)
-    for name, g, t in zip(("out", "xhat", "rstd"), got, TWINS.layernorm_forward(x, w, b, 1e-5), strict=True):
-        close(g, t, tol_for(dtype), f"layernorm {name}")
-    close(KERNELS.layernorm_forward(x, w, None, 1e-5)[0], TWINS.layernorm_forward(x, w, None, 1e-5)[0],
-          tol_for(dtype), "layernorm without bias")  # fmt: skip
-    d = rng.standard_normal(shape).astype(dtype)
-    close(KERNELS.layernorm_backward(d, got[1], got[2], w), TWINS.layernorm_backward(d, got[1], got[2], w),
-          tol_for(dtype), "layernorm dx")  # fmt: skip
-    close(KERNELS.column_sums(d, x), TWINS.column_sums(d, x), tol_for(dtype), "column sums")
-    close(KERNELS.column_sums(d, None), TWINS.column_sums(d, None), tol_for(dtype), "column sums of one")
-    for grad in (True, False):
-        out, deriv = KERNELS.gelu(x, grad)
-        t_out, t_deriv = TWINS.gelu(x, grad)
-        close(out, t_out, tol_for(dtype), "gelu")
-        assert (deriv is None) == (not grad)
-        if grad:
-            close(deriv, t_deriv, tol_for(dtype), "gelu'")
+    check_row_kernels(KERNELS, np.copy, np.asarray, shape, dtype)
 
 
 def test_column_sums_over_many_chunks(monkeypatch):
@@ -318,52 +294,17 @@ def test_column_sums_over_many_chunks(monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 2), (5, 300), (3, 2000)])
 def test_xent_kernels_against_twins(shape, dtype):
-    rng = np.random.default_rng(1)
-    z = (rng.standard_normal(shape) * 5).astype(dtype)
-    t = rng.integers(0, shape[1], shape[0])
-    got = KERNELS.xent_forward(z, t)
-    want = TWINS.xent_forward(z, t)
-    for name, g, w in zip(("max", "sum", "losses"), got, want, strict=True):
-        close(g, w, tol_for(dtype), f"xent {name}")
-    zk, zt = z.copy(), z.copy()
-    KERNELS.xent_backward(zk, t, got[0], got[1], 3 * shape[0])
-    TWINS.xent_backward(zt, t, want[0], want[1], 3 * shape[0])
-    close(zk, zt, tol_for(dtype), "dlogits")
+    check_xent_kernels(KERNELS, np.copy, np.asarray, shape, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal, q_offset", [(True, 0), (False, 0), (True, 7)])
 def test_attention_kernels_against_twins(causal, q_offset, dtype):
-    rng = np.random.default_rng(2)
-    s = (rng.standard_normal((2, 3, 40, 47)) * 3).astype(dtype)
-    sk, st = s.copy(), s.copy()
-    KERNELS.attention_softmax(sk, q_offset, causal)
-    TWINS.attention_softmax(st, q_offset, causal)
-    close(sk, st, tol_for(dtype), "weights")
-    dw, rd = rng.standard_normal(s.shape).astype(dtype), rng.standard_normal(s.shape[:-1]).astype(dtype)
-    dk, dt = dw.copy(), dw.copy()
-    KERNELS.softmax_backward(dk, sk, rd)
-    TWINS.softmax_backward(dt, st, rd)
-    close(dk, dt, tol_for(dtype), "softmax backward")
+    check_attention_kernels(KERNELS, np.copy, np.asarray, causal, q_offset, dtype)
 
 
 def test_embedding_and_adamw_kernels_are_bit_identical_to_the_cpu():
-    rng = np.random.default_rng(3)
-    ids = rng.integers(0, 50, (4, 30))
-    dout = rng.standard_normal((4, 30, 200)).astype(np.float32)
-    start = rng.standard_normal((50, 200)).astype(np.float32)
-    want = ops.embedding_backward(dout, (ids, (50, 200)), dweight=start.copy())
-    got = start.copy()
-    KERNELS.embedding_backward(dout.reshape(-1, 200), ids.reshape(-1), got)
-    assert np.array_equal(got, want)
-    for dtype, decay in ((np.float32, 0.9999), (np.float64, 1.0)):
-        arrays = [rng.standard_normal(1003).astype(dtype) for _ in range(3)] + [rng.random(1003).astype(dtype)]
-        p, g, m, v = (a.copy() for a in arrays)
-        consts = (0.9, 0.95, 1e-3, 1e-8, decay)
-        ops.adamw_update(p, g, m, v, *consts)
-        KERNELS.adamw(*arrays, *consts)
-        for name, a, b in zip("pgmv", arrays, (p, g, m, v), strict=True):
-            assert np.array_equal(a, b), name
+    check_embedding_and_adamw_bit_identical(KERNELS, np.copy, np.asarray, rows=30, width=200, size=1003)
 
 
 def _adamw_lists(rng, sizes, dtypes):

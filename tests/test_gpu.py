@@ -11,11 +11,19 @@ import pytest
 
 cupy = pytest.importorskip("cupy")
 
+import kernel_checks  # noqa: E402
+from kernel_checks import (  # noqa: E402
+    check_attention_kernels,
+    check_embedding_and_adamw_bit_identical,
+    check_row_kernels,
+    check_xent_kernels,
+    tol_for,
+)
+
 from tokenkit.transformer import GPT, AdamW, GPTConfig, ModelError, clip_grad_norm, ops  # noqa: E402
 from tokenkit.transformer import reference as ref  # noqa: E402
 from tokenkit.transformer.backends import cuda_source as src  # noqa: E402
 from tokenkit.transformer.backends import get_backend, set_tf32  # noqa: E402
-from tokenkit.transformer.backends.cuda_twins import TwinKernels  # noqa: E402
 
 try:
     CUDA = get_backend("cuda")
@@ -24,7 +32,7 @@ except ModelError as err:
 
 G = CUDA.ops
 KERNELS = G.kernels
-TWINS = TwinKernels()
+TWINS = kernel_checks.TWINS
 DTYPES = [np.float64, np.float32]
 
 
@@ -36,15 +44,8 @@ def full_float32_gemms():
 
 
 def close(a, b, tol: float, what: str) -> None:
-    a = np.asarray(cupy.asnumpy(a) if isinstance(a, cupy.ndarray) else a, dtype=np.float64)
-    b = np.asarray(cupy.asnumpy(b) if isinstance(b, cupy.ndarray) else b, dtype=np.float64)
-    scale = max(float(np.abs(b).max(initial=0.0)), 1e-30)
-    err = float(np.abs(a - b).max(initial=0.0)) / scale
-    assert err <= tol, f"{what}: max relative difference {err:.2e} > {tol:.0e}"
-
-
-def tol_for(dtype) -> float:
-    return 1e-12 if np.dtype(dtype) == np.float64 else 1e-5
+    """kernel_checks.close over CuPy or host arrays."""
+    kernel_checks.close(*(cupy.asnumpy(x) if isinstance(x, cupy.ndarray) else x for x in (a, b)), tol, what)
 
 
 def dev(a):
@@ -57,75 +58,23 @@ def dev(a):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 1), (3, 33), (200, 768), (70, 1000)])
 def test_row_kernels_against_twins(shape, dtype):
-    rng = np.random.default_rng(0)
-    x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
-    w, b = rng.standard_normal(shape[1]).astype(dtype), rng.standard_normal(shape[1]).astype(dtype)
-    got = KERNELS.layernorm_forward(dev(x), dev(w), dev(b), 1e-5)
-    for name, g, t in zip(("out", "xhat", "rstd"), got, TWINS.layernorm_forward(x, w, b, 1e-5), strict=True):
-        close(g, t, tol_for(dtype), f"layernorm {name}")
-    d = rng.standard_normal(shape).astype(dtype)
-    xhat, rstd = cupy.asnumpy(got[1]), cupy.asnumpy(got[2])
-    close(KERNELS.layernorm_backward(dev(d), got[1], got[2], dev(w)), TWINS.layernorm_backward(d, xhat, rstd, w),
-          tol_for(dtype), "layernorm dx")  # fmt: skip
-    close(KERNELS.column_sums(dev(d), dev(x)), TWINS.column_sums(d, x), tol_for(dtype), "column sums")
-    out, deriv = KERNELS.gelu(dev(x), True)
-    t_out, t_deriv = TWINS.gelu(x, True)
-    close(out, t_out, tol_for(dtype), "gelu")
-    close(deriv, t_deriv, tol_for(dtype), "gelu'")
+    check_row_kernels(KERNELS, dev, cupy.asnumpy, shape, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 2), (5, 300), (64, 50304)])
 def test_xent_kernels_against_twins(shape, dtype):
-    rng = np.random.default_rng(1)
-    z = (rng.standard_normal(shape) * 5).astype(dtype)
-    t = rng.integers(0, shape[1], shape[0])
-    got = KERNELS.xent_forward(dev(z), dev(t))
-    want = TWINS.xent_forward(z, t)
-    for name, g, w in zip(("max", "sum", "losses"), got, want, strict=True):
-        close(g, w, tol_for(dtype), f"xent {name}")
-    zd, zt = dev(z), z.copy()
-    KERNELS.xent_backward(zd, dev(t), got[0], got[1], 3 * shape[0])
-    TWINS.xent_backward(zt, t, want[0], want[1], 3 * shape[0])
-    close(zd, zt, tol_for(dtype), "dlogits")
+    check_xent_kernels(KERNELS, dev, cupy.asnumpy, shape, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal, q_offset", [(True, 0), (False, 0), (True, 7)])
 def test_attention_kernels_against_twins(causal, q_offset, dtype):
-    rng = np.random.default_rng(2)
-    s = (rng.standard_normal((2, 3, 40, 47)) * 3).astype(dtype)
-    sd, st = dev(s), s.copy()
-    KERNELS.attention_softmax(sd, q_offset, causal)
-    TWINS.attention_softmax(st, q_offset, causal)
-    close(sd, st, tol_for(dtype), "weights")
-    dw, rd = rng.standard_normal(s.shape).astype(dtype), rng.standard_normal(s.shape[:-1]).astype(dtype)
-    dd, dt = dev(dw), dw.copy()
-    KERNELS.softmax_backward(dd, sd, dev(rd))
-    TWINS.softmax_backward(dt, st, rd)
-    close(dd, dt, tol_for(dtype), "softmax backward")
+    check_attention_kernels(KERNELS, dev, cupy.asnumpy, causal, q_offset, dtype)
 
 
 def test_embedding_and_adamw_kernels_are_bit_identical_to_the_cpu():
-    """Both do the CPU's additions and roundings in the CPU's order (--fmad=false; IEEE sqrt and
-    division), so they should agree bit for bit."""
-    rng = np.random.default_rng(3)
-    ids = rng.integers(0, 50, (4, 300))
-    dout = rng.standard_normal((4, 300, 96)).astype(np.float32)
-    start = rng.standard_normal((50, 96)).astype(np.float32)
-    want = ops.embedding_backward(dout, (ids, (50, 96)), dweight=start.copy())
-    got = dev(start)
-    KERNELS.embedding_backward(dev(dout.reshape(-1, 96)), dev(ids.reshape(-1)), got)
-    assert np.array_equal(cupy.asnumpy(got), want)
-    arrays = [rng.standard_normal(100_003).astype(np.float32) for _ in range(3)]
-    arrays.append(rng.random(100_003).astype(np.float32))  # v >= 0
-    p, g, m, v = (a.copy() for a in arrays)
-    consts = (0.9, 0.95, 1e-3, 1e-8, 0.9999)
-    ops.adamw_update(p, g, m, v, *consts)
-    pd, gd, md, vd = (dev(a) for a in arrays)
-    KERNELS.adamw(pd, gd, md, vd, *consts)
-    for name, a, b in zip("pmv", (pd, md, vd), (p, m, v), strict=True):
-        assert np.array_equal(cupy.asnumpy(a), b), name
+    check_embedding_and_adamw_bit_identical(KERNELS, dev, cupy.asnumpy, rows=300, width=96, size=100_003)
 
 
 def test_adamw_in_one_launch_is_bit_identical_to_one_launch_per_tensor():
