@@ -42,6 +42,7 @@ from tokenkit.pipeline.train import (
     resume_training,
     train_model,
 )
+from tokenkit.transformer import GPTConfig
 from tokenkit.transformer.backends import use_gpu
 from tokenkit.transformer.config import MAX_VOCAB_SIZE
 
@@ -525,6 +526,8 @@ def _info_model(path: Path) -> None:
     _row("format", f"{meta.get('format')} v{meta.get('format_version')} ({what})")
     _row("architecture", model.config.architecture)
     _row("config", json.dumps(model.config.to_dict()))
+    if model.config.rope_scaling is not None:
+        _row("rope scaling", model.config.rope_scaling.describe())
     _row("parameters", f"{n_params:,}")
     if tok is not None:
         padding = model.config.vocab_size - tok.vocab_size
@@ -591,6 +594,9 @@ def _info_state(path: Path) -> None:
     best = f"{state.best_val_loss:.4f} at step {state.best_step}" if state.best_val_loss is not None else "none yet"
     _row("best val loss", best)
     _row("config", json.dumps(state.model_config))
+    scaling = GPTConfig.from_dict(state.model_config).rope_scaling
+    if scaling is not None:
+        _row("rope scaling", scaling.describe())
     _row("parameters", f"{sum(int(p.size) for p in state.params.values()):,}")
     _corpus_rows(state.data, f" ({state.data.get('n_train')} train / {state.data.get('n_val')} val tokens)")
     _row("training config", json.dumps(state.train_config))

@@ -19,7 +19,15 @@ from typing import Any
 from tokenkit.common import FileError, jsonsafe, readfile
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.transformer import GPTConfig
-from tokenkit.transformer.config import ARCHITECTURES, MAX_CONTEXT_LENGTH, MAX_D_MODEL, MAX_LAYERS, MAX_MLP_HIDDEN
+from tokenkit.transformer.config import (
+    ARCHITECTURES,
+    MAX_CONTEXT_LENGTH,
+    MAX_D_MODEL,
+    MAX_LAYERS,
+    MAX_MLP_HIDDEN,
+    MAX_ROPE_FACTOR,
+    ROPE_SCALINGS,
+)
 
 try:  # Python >= 3.11
     import tomllib
@@ -34,6 +42,14 @@ MODEL_FIELDS = (
     "n_layers", "n_heads", "d_model", "context_length", "positional", "activation", "norm", "bias", "norm_type",
     "norm_eps", "rope_theta", "mlp_hidden", "n_kv_heads", "tie_embeddings", "qkv_bias",
 )  # fmt: skip
+# The settings of a RoPE scaling (`--rope-scaling TYPE`) -> the RopeScaling field each one is; a
+# type takes those its ROPE_SCALINGS entry names, and the others keep their defaults.
+ROPE_FIELDS = {
+    "rope_factor": "factor",
+    "rope_low_freq_factor": "low_freq_factor",
+    "rope_high_freq_factor": "high_freq_factor",
+    "rope_original_context_length": "original_context_length",
+}
 MAX_STEPS = 10**12  # a million steps an hour for a century; also bounds --eval-interval and --warmup-steps
 MAX_BATCH = 1 << 20  # windows per step; the memory check refuses much less on most machines
 MAX_EVAL_BATCHES = 100_000  # validation batches per evaluation, each a forward pass
@@ -109,6 +125,24 @@ class TrainConfig:
     )  # fmt: skip
     tie_embeddings: bool = _setting(True, "logits from the token embedding (off: a separate lm_head)")
     qkv_bias: bool = _setting(False, "biases on q, k, v even without --bias (as Qwen2)")
+    rope_scaling: str = _setting(
+        "none",
+        "stretch the rotary frequencies for a longer context (linear: every one divided by --rope-factor; "
+        "llama3: Llama 3.1's, by wavelength)",
+        ("none", *ROPE_SCALINGS),
+    )
+    rope_factor: float = _setting(1.0, "RoPE scaling: how far the frequencies are divided", Range(1, MAX_ROPE_FACTOR))
+    rope_low_freq_factor: float = _setting(
+        1.0, "llama3 scaling: wavelengths over --rope-original-context-length / this are divided",
+        Range(0, MAX_ROPE_FACTOR, low_open=True),
+    )  # fmt: skip
+    rope_high_freq_factor: float = _setting(
+        4.0, "llama3 scaling: wavelengths under --rope-original-context-length / this are kept, those between blended",
+        Range(0, MAX_ROPE_FACTOR, low_open=True),
+    )  # fmt: skip
+    rope_original_context_length: int = _setting(
+        8192, "llama3 scaling: the context the model was first trained on", Range(1, MAX_CONTEXT_LENGTH)
+    )
     # optimisation
     batch_size: int = _setting(16, "windows per step (B)", Range(1, MAX_BATCH))
     steps: int = _setting(2000, "optimizer steps in total", Range(1, MAX_STEPS))
@@ -153,8 +187,35 @@ class TrainConfig:
             )
         if self.warmup_steps > self.steps:
             raise PipelineError(f"--warmup-steps ({self.warmup_steps}) must not exceed --steps ({self.steps})")
-
+        self._check_rope_scaling()
         GPTConfig.from_dict(self.model_config(vocab_size=256))  # its own one-line ModelError, before any work
+
+    def _check_rope_scaling(self) -> None:
+        """A RoPE scaling's settings make sense together: its numbers given only with a type
+        that takes them, a factor above 1, on rotary positions (the model checks the rest)."""
+        kind = self.rope_scaling
+        choices = _field("rope_scaling").metadata["allowed"]
+        if kind not in choices:
+            raise PipelineError(f"--rope-scaling must be one of {', '.join(choices)}, got {_short(kind)}")
+        for name, part in ROPE_FIELDS.items():
+            value = getattr(self, name)
+            if part not in ROPE_SCALINGS.get(kind, ()) and value != _field(name).default:
+                takers = " or ".join(k for k, parts in ROPE_SCALINGS.items() if part in parts)
+                raise PipelineError(f"{_flag(name)} {value:g} needs --rope-scaling {takers} (it is {kind})")
+        if kind == "none":
+            return
+        if self.positional != "rope":
+            raise PipelineError(
+                f"--rope-scaling {kind} stretches rotary positions, and --positional is {self.positional}; "
+                "give --positional rope (or --arch llama)"
+            )
+        if self.rope_factor == 1:
+            raise PipelineError(f"--rope-scaling {kind} needs a --rope-factor above 1 (1 stretches nothing)")
+        if kind == "llama3" and not self.rope_high_freq_factor > self.rope_low_freq_factor:
+            raise PipelineError(
+                f"--rope-high-freq-factor ({self.rope_high_freq_factor:g}) must be above --rope-low-freq-factor "
+                f"({self.rope_low_freq_factor:g}): the wavelengths between them are blended"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -195,8 +256,21 @@ class TrainConfig:
         cfg = {name: getattr(self, name) for name in MODEL_FIELDS}
         cfg.update(mlp_hidden=self.mlp_hidden or None, n_kv_heads=self.n_kv_heads or None)
         cfg["qkv_bias"] = self.qkv_bias or None
+        cfg["rope_scaling"] = self.rope_scaling_dict()
         cfg["vocab_size"] = vocab_size
         return cfg
+
+    def rope_scaling_dict(self) -> dict[str, Any] | None:
+        """The model's rope_scaling (`config.RopeScaling.to_dict`): the type and the numbers it
+        takes, or None for --rope-scaling none.
+
+        >>> TrainConfig(positional="rope", rope_scaling="linear", rope_factor=4.0).rope_scaling_dict()
+        {'type': 'linear', 'factor': 4.0}
+        """
+        if self.rope_scaling == "none":
+            return None
+        parts = ROPE_SCALINGS[self.rope_scaling]
+        return {"type": self.rope_scaling, **{p: getattr(self, n) for n, p in ROPE_FIELDS.items() if p in parts}}
 
 
 def model_settings(config: GPTConfig) -> dict[str, Any]:
@@ -210,9 +284,19 @@ def model_settings(config: GPTConfig) -> dict[str, Any]:
     """
     values = {name: getattr(config, name) for name in MODEL_FIELDS}
     values.update(mlp_hidden=config.mlp_hidden or 0, n_kv_heads=config.n_kv_heads or 0, qkv_bias=bool(config.qkv_bias))
+    scaling = config.rope_scaling
+    values["rope_scaling"] = "none" if scaling is None else scaling.type
+    for name, part in ROPE_FIELDS.items():  # the numbers a type does not take keep their defaults
+        number = None if scaling is None else getattr(scaling, part)
+        values[name] = _field(name).default if number is None else number
     if config.architecture in ARCHITECTURES:
         values["arch"] = config.architecture
     return values
+
+
+def _field(name: str) -> dataclasses.Field:
+    """TrainConfig's field `name` (its default and metadata)."""
+    return TrainConfig.__dataclass_fields__[name]
 
 
 def _flag(name: str) -> str:

@@ -523,16 +523,11 @@ class StartFrom:
         model, tokenizer, meta = checkpoint.load_model(path)
         if not model.config.causal:
             raise PipelineError(f"{path} is a bidirectional model; train-model trains causal language models")
-        if model.config.rope_scaling is not None:  # no training setting says it: the run would differ
-            raise PipelineError(
-                f"{path} scales its rotary positions ({model.config.rope_scaling.type}); train-model trains unscaled"
-                " RoPE only"
-            )
         return cls(Path(path), model.params, tokenizer, model.config, checkpoint.hf_architecture(meta))
 
     def settings(self, given: Mapping[str, Any]) -> dict[str, Any]:
-        """`given` (the user's settings) with the model's shape; a given shape that differs is an
-        error (an --arch too, when the model is not of that family)."""
+        """`given` (the user's settings) with the model's shape, its RoPE scaling included; a given
+        shape that differs is an error (an --arch too, when the model is not of that family)."""
         shape = model_settings(self.model_config)
         for key, value in given.items():
             key = key.replace("-", "_")
@@ -685,9 +680,10 @@ def _describe(run: _Run, say: Callable[[str], None]) -> None:
     cfg = run.model.config
     family = "" if cfg.architecture == "gpt2" else f"{cfg.architecture}, "
     heads = f"{cfg.n_heads} heads" + (f" ({cfg.kv_heads} K/V)" if cfg.kv_heads != cfg.n_heads else "")
+    scaled = f", RoPE scaled ({cfg.rope_scaling.type}, factor {cfg.rope_scaling.factor:g})" if cfg.rope_scaling else ""
     say(
         f"model: {n_params:,} parameters ({family}{cfg.n_layers} layers, {heads}, width {cfg.d_model}, "
-        f"context {cfg.context_length}, vocab {cfg.vocab_size})"
+        f"context {cfg.context_length}, vocab {cfg.vocab_size}{scaled})"
     )
     val = f" (--val {run.tokens.spec.describe(val=True)})" if run.tokens.val_ids is not None else ""
     say(

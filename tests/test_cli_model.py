@@ -734,6 +734,75 @@ def test_arch_llama_trains_records_resumes_and_starts_others(corpus, small_token
     assert_one_line_error(code, err, "must be divisible by n_kv_heads")
 
 
+# Llama 3.1's scaling at theta 100 on heads of 8 (wavelengths 6.3, 19.9, 63, 199): under 16 / 4
+# kept, over 16 / 1 divided by 8, 6.3 blended
+ROPE_LLAMA3 = ["--arch", "llama", "--rope-theta", "100", "--rope-scaling", "llama3", "--rope-factor", "8",
+               "--rope-original-context-length", "16"]  # fmt: skip
+
+
+def test_rope_scaling_flags_train_record_resume_and_show(corpus, small_tokenizer, tmp_path, capsys):
+    """--rope-scaling and its numbers make a fresh run's model scaled; the run records them, so
+    --resume rebuilds the same model (a contradicting flag is one line), `tk info` says the
+    scaling, and the same settings from a --config file give the same run, bit for bit."""
+    run_dir = tmp_path / "scaled"
+    argv = ["train-model", str(corpus), "-t", str(small_tokenizer), *TINY_RUN, "--steps", "3"]
+    code, out, err = cli(capsys, *argv, "-o", str(run_dir), *ROPE_LLAMA3)
+    assert code == 0 and "step 3/3" in out, err
+    model = load_model(run_dir).model
+    want = dict(type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context_length=16)
+    assert model.config.rope_scaling.to_dict() == want and model.config.architecture == "llama"
+    recorded = json.loads(checkpoint.read_header(run_dir / "model.safetensors")["config"])
+    assert recorded["rope_scaling"] == want
+    state = load_train_state(run_dir / "train_state.safetensors")
+    assert (state.train_config["rope_scaling"], state.train_config["rope_factor"]) == ("llama3", 8.0)
+    assert state.model_config == model.config.to_dict()
+    for path in (run_dir, run_dir / "train_state.safetensors"):
+        code, out, _ = cli(capsys, "info", str(path))
+        assert code == 0 and "rope scaling:         llama3 scaling: frequencies of wavelengths over 16" in out
+    code, out, err = cli(capsys, "train-model", "--resume", str(run_dir), *ROPE_LLAMA3)
+    assert code == 0 and "nothing left to train" in out, err
+    for flag, value, old in (("--rope-factor", "4", "8.0"), ("--rope-scaling", "none", "llama3")):
+        code, _, err = cli(capsys, "train-model", "--resume", str(run_dir), flag, value)
+        assert_one_line_error(code, err, f"{flag} {value}")
+        assert f"contradicts the checkpoint in {run_dir} ({old})" in err
+    settings = tmp_path / "rope.toml"
+    settings.write_text('arch = "llama"\nrope_theta = 100.0\nrope_scaling = "llama3"\nrope_factor = 8.0\n'
+                        "rope_original_context_length = 16\n", encoding="utf-8")  # fmt: skip
+    code, _, err = cli(capsys, *argv, "-o", str(tmp_path / "from-file"), "--config", str(settings))
+    assert code == 0, err
+    a, b = _tensors(run_dir / "train_state.safetensors"), _tensors(tmp_path / "from-file" / "train_state.safetensors")
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--arch", "llama", "--rope-scaling", "llama3"], "--rope-scaling llama3 needs a --rope-factor above 1"),
+        (["--arch", "llama", "--rope-factor", "8"],
+         "--rope-factor 8 needs --rope-scaling linear or llama3 (it is none)"),
+        (["--arch", "llama", "--rope-scaling", "linear", "--rope-factor", "2", "--rope-low-freq-factor", "2"],
+         "--rope-low-freq-factor 2 needs --rope-scaling llama3 (it is linear)"),
+        (["--rope-scaling", "linear", "--rope-factor", "2"],
+         "--rope-scaling linear stretches rotary positions, and --positional is learned"),
+        ([*ROPE_LLAMA3, "--rope-high-freq-factor", "0.5"],
+         "--rope-high-freq-factor (0.5) must be above --rope-low-freq-factor (1)"),
+        (["--arch", "llama", "--rope-scaling", "yarn"], "'yarn' is not one of 'none', 'linear', 'llama3'"),
+        (["--rope-factor", "0.5"], "--rope-factor must be at least 1, got 0.5"),
+        (["--rope-factor", "inf"], "--rope-factor must be a finite number"),
+        (["--rope-low-freq-factor", "0"], "--rope-low-freq-factor must be positive"),
+        (["--rope-original-context-length", "1e5"], "1e5 is not a whole number"),
+        (["--rope-original-context-length", "100000"], "--rope-original-context-length must be at most 65,536"),
+    ],
+)  # fmt: skip
+def test_bad_rope_scaling_flags_are_one_line_before_any_work(flags, fragment, corpus, small_tokenizer, tmp_path,
+                                                             capsys):  # fmt: skip
+    run_dir = tmp_path / "never"
+    code, _, err = cli(capsys, "train-model", str(corpus), "-t", str(small_tokenizer), "-o", str(run_dir), *TINY_RUN,
+                       *flags)  # fmt: skip
+    assert_one_line_error(code, err, fragment)
+    assert not run_dir.exists()
+
+
 def test_pipeline_with_arch_llama(corpus, tmp_path, capsys):
     run_dir = tmp_path / "pipe"
     argv = ["pipeline", str(corpus), "-o", str(run_dir), "--vocab-size", "300", "--arch", "llama", "--steps", "3",
@@ -745,16 +814,19 @@ def test_pipeline_with_arch_llama(corpus, tmp_path, capsys):
     assert code == 0 and "train: up to date" in err, err
 
 
-def test_arch_llama_on_the_device_backend(capsys, tmp_path, corpus, small_tokenizer, cuda_as_twins):
-    """--device cuda trains a Llama-style model (on the CUDA ops' NumPy twins here) as the CPU does."""
+@pytest.mark.parametrize("scaling", [[], ROPE_LLAMA3[2:]], ids=["unscaled", "llama3-scaled"])
+def test_arch_llama_on_the_device_backend(scaling, capsys, tmp_path, corpus, small_tokenizer, cuda_as_twins):
+    """--device cuda trains a Llama-style model (on the CUDA ops' NumPy twins here) as the CPU
+    does, with a RoPE scaling too (the device's tables are the CPU's)."""
     runs = {}
     for device in ("cpu", "cuda"):
         runs[device] = tmp_path / device
         code, _, err = cli(capsys, "train-model", str(corpus), "-t", str(small_tokenizer), "-o", str(runs[device]),
                            "--arch", "llama", "--n-kv-heads", "1", "--steps", "3", "--device", device,
-                           *TINY_RUN)  # fmt: skip
+                           *TINY_RUN, *scaling)  # fmt: skip
         assert code == 0, err
     cpu, gpu = (load_train_state(runs[d] / "train_state.safetensors") for d in ("cpu", "cuda"))
+    assert ("rope_scaling" in gpu.model_config) is bool(scaling) and gpu.model_config == cpu.model_config
     for name, p in cpu.params.items():
         np.testing.assert_allclose(gpu.params[name], p, rtol=1e-3, atol=1e-4, err_msg=name)
 

@@ -8,9 +8,10 @@ byte-level BPE tokenizer.json made by the tokenizers library (Llama 3's split, o
 `ignore_merges` where it matters; Qwen2's split and NFC), imported by `tk import-hf`: the
 next-token probabilities are transformers' within 1e-4 (float32) and the tokenizer gives
 AutoTokenizer's ids; exported back by `tk export-hf`, transformers loads LlamaForCausalLM and
-predicts the same; so do llama3- and linear-scaled RoPE models, past the original context.
-Without them: tk's own export read back gives identical weights and probabilities (RoPE
-scalings included), and what tk does not compute is refused in one line, naming it (other RoPE
+predicts the same; so do llama3- and linear-scaled RoPE models, past the original context, and
+fine-tuned by train-model. Without them: tk's own export read back gives identical weights and
+probabilities (RoPE scalings included), a scaled model fine-tunes with its scaling and resumes
+bit-exactly, and what tk does not compute is refused in one line, naming it (other RoPE
 scalings, sliding window, head_dim, activation, SentencePiece tokenizers, a BOS template).
 Nothing is downloaded.
 """
@@ -18,10 +19,13 @@ Nothing is downloaded.
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
+import safetensors.numpy as safetensors_numpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_reliability_interop import cli, one_line_error  # the same one-line checks
@@ -297,13 +301,79 @@ def test_rope_scalings_are_written_as_transformers_writes_them_and_read_back(sca
         assert hf_llama.gpt_config("config.json", edited).config == model.config, keep
 
 
-def test_a_scaled_model_is_not_trained_on_as_if_unscaled(tk_tok, tmp_path, capsys):
-    """train-model has no setting for a RoPE scaling: --init-from such a model is refused, in one line."""
-    make_model(tmp_path / "m.safetensors", tk_tok, rope_scaling=LLAMA3)
-    corpus = ROOT / "corpora" / "tiny_tales.txt"
-    refused = cli(capsys, "train-model", corpus, "--init-from", tmp_path / "m.safetensors", "-o", tmp_path / "run")
-    one_line_error(refused, "scales its rotary positions (llama3); train-model trains unscaled RoPE only")
-    assert not (tmp_path / "run").exists()
+def losses(run_dir: Path) -> list[tuple]:
+    """A run's logged training and validation losses, step by step."""
+    records = checkpoint.read_log(run_dir / checkpoint.LOG_FILE)
+    return [(r["type"], r["step"], r.get("loss"), r.get("val_loss")) for r in records if r["type"] in ("step", "eval")]
+
+
+@pytest.mark.parametrize("scaling", [LLAMA3, dict(type="linear", factor=4.0)], ids=["llama3", "linear"])
+def test_a_scaled_model_fine_tunes_scaled_resumes_bit_exactly_and_exports(scaling, tk_tok, tmp_path, monkeypatch,
+                                                                          capsys):  # fmt: skip
+    """train-model --init-from a RoPE-scaled model trains it with its scaling (on windows of 64, past
+    the original context of 16): the run records the scaling among its settings (a flag that
+    contradicts it is one line), Ctrl-C then --resume gives the bits of an uninterrupted run, and
+    the fine-tuned model goes save -> load -> export-hf -> import-hf with its scaling and weights.
+    The same weights unscaled train to other losses (the premise)."""
+    from tokenkit.transformer.parallel import DataParallel
+
+    original = make_model(tmp_path / "m.safetensors", tk_tok, rope_scaling=scaling).config
+    unscaled = GPTConfig.from_dict({**original.to_dict(), "rope_scaling": None})
+    params = checkpoint.load_model(tmp_path / "m.safetensors").model.params
+    checkpoint.save_model(tmp_path / "u.safetensors", params, tk_tok, config=unscaled.to_dict(), step=0, val_loss=None,
+                          best_val_loss=None, provenance={})  # fmt: skip
+    (tmp_path / "corpus.txt").write_text(corpus()[:6000], encoding="utf-8")
+    flags = ["--steps", "6", "--eval-interval", "2", "--eval-batches", "1", "--batch-size", "2", "--lr", "1e-3",
+             "--workers", "1", "-q"]  # fmt: skip
+
+    def train(init: str, out: str, *more: str):
+        return cli(capsys, "train-model", tmp_path / "corpus.txt", "--init-from", tmp_path / init, "-o", tmp_path / out,
+                   *flags, *more)  # fmt: skip
+
+    code, _, err = train("m.safetensors", "whole", "--rope-scaling", scaling["type"])  # agreeing: fine
+    assert code == 0, err
+    tuned = checkpoint.load_model(tmp_path / "whole").model
+    assert tuned.config == original and tuned.config.rope_scaling.to_dict() == scaling
+    state = checkpoint.load_train_state(tmp_path / "whole" / checkpoint.STATE_FILE)
+    recorded = state.train_config
+    assert (recorded["rope_scaling"], recorded["rope_factor"]) == (scaling["type"], scaling["factor"])
+    one_line_error(train("m.safetensors", "x", "--rope-factor", "2"), "--rope-factor 2.0 contradicts the model",
+                   "(" + str(scaling["factor"]) + "); drop the flag")  # fmt: skip
+    one_line_error(train("m.safetensors", "x", "--rope-scaling", "none"), "--rope-scaling none contradicts the model")
+    assert not (tmp_path / "x").exists()
+
+    real = DataParallel.loss_and_grads
+    calls = {"n": 0}
+
+    def ctrl_c_at_step_3(self, x, y, **kw):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # as a user's Ctrl-C in the middle of step 3
+        return real(self, x, y, **kw)
+
+    monkeypatch.setattr(DataParallel, "loss_and_grads", ctrl_c_at_step_3)
+    code, _, err = train("m.safetensors", "split")
+    assert code == 130 and "interrupted at step 3/6" in err, err
+    monkeypatch.setattr(DataParallel, "loss_and_grads", real)
+    code, out, err = cli(capsys, "train-model", "--resume", tmp_path / "split", "-q")
+    assert code == 0 and "step 6/6" in out, err
+    for name in (checkpoint.STATE_FILE, checkpoint.MODEL_FILE):
+        a, b = (safetensors_numpy.load_file(tmp_path / run / name) for run in ("whole", "split"))
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), name
+    assert losses(tmp_path / "whole") == losses(tmp_path / "split")
+    assert train("u.safetensors", "unscaled")[0] == 0
+    assert losses(tmp_path / "unscaled")[0][2] != losses(tmp_path / "whole")[0][2]  # the scaling was trained with
+
+    code, out, err = cli(capsys, "export-hf", tmp_path / "whole", "-o", tmp_path / "hf")
+    assert code == 0 and "LlamaForCausalLM" in out, err
+    config = json.loads((tmp_path / "hf" / "config.json").read_text(encoding="utf-8"))
+    theirs = HF_LLAMA3 if scaling is LLAMA3 else {"rope_type": "linear", "factor": 4.0}
+    assert config["rope_parameters"] == {**theirs, "rope_theta": 5e5} and config["rope_scaling"] == theirs
+    assert cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "back.safetensors")[0] == 0
+    back = checkpoint.load_model(tmp_path / "back.safetensors").model
+    assert back.config == original
+    for name, value in tuned.params.items():
+        np.testing.assert_array_equal(back.params[name], value, err_msg=name)
 
 
 def test_llama3_scaling_reads_as_transformers_5_reads_it():
@@ -546,7 +616,8 @@ SCALED = {
 def test_rope_scaled_checkpoints_predict_as_transformers(kind, transformers, tmp_path, capsys):
     """A llama3- or linear-scaled LlamaForCausalLM: tk's import predicts as transformers over the
     whole context of 64, past original_max_position_embeddings (16) too, where the unscaled RoPE
-    would not; exported back, transformers reads the same scaling and predicts the same."""
+    would not; exported back, and fine-tuned with train-model --init-from and exported, transformers
+    reads the same scaling and predicts as tk."""
     hf_model = hf_checkpoint(transformers, tmp_path / "hf", "llama", num_key_value_heads=2, rope_theta=100.0,
                              rope_scaling=dict(SCALED[kind]))  # fmt: skip
     assert hf_model.model.rotary_emb.attention_scaling == 1.0  # neither scales the attention
@@ -563,6 +634,19 @@ def test_rope_scaled_checkpoints_predict_as_transformers(kind, transformers, tmp
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     assert again.config.rope_parameters == hf_model.config.rope_parameters
     check_same(transformers, again, tmp_path / "out", tmp_path / "m.safetensors")
+    # fine-tuned (scaled, as imported) and exported, transformers reads the scaling and predicts as tk
+    (tmp_path / "corpus.txt").write_text(corpus()[:4000], encoding="utf-8")
+    code, _, err = cli(capsys, "train-model", tmp_path / "corpus.txt", "--init-from", tmp_path / "m.safetensors",
+                       "--steps", "2", "--eval-interval", "2", "--eval-batches", "1", "--batch-size", "2",
+                       "--workers", "1", "-q", "-o", tmp_path / "run")  # fmt: skip
+    assert code == 0, err
+    tuned = checkpoint.load_model(tmp_path / "run").model
+    assert tuned.config == model.config and not np.array_equal(tuned.params["wte.weight"], model.params["wte.weight"])
+    code, out, err = cli(capsys, "export-hf", tmp_path / "run", "-o", tmp_path / "tuned")
+    assert code == 0, err
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "tuned").eval()
+    assert again.config.rope_parameters == hf_model.config.rope_parameters
+    check_same(transformers, again, tmp_path / "tuned", checkpoint.resolve_model_path(tmp_path / "run"))
 
 
 def test_a_context_beyond_tks_is_imported_with_a_shorter_window(transformers, tmp_path, capsys):

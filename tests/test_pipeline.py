@@ -416,3 +416,64 @@ def test_arch_presets_fill_the_settings_not_given():
                          ({"norm_eps": 0.0}, "--norm-eps must be positive")):  # fmt: skip
         with pytest.raises((PipelineError, ModelError), match=message):
             TrainConfig.from_dict(bad)
+
+
+LLAMA3_SETTINGS = {"arch": "llama", "rope_scaling": "llama3", "rope_factor": 32.0, "rope_low_freq_factor": 1.0,
+                   "rope_high_freq_factor": 4.0, "rope_original_context_length": 8192}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "settings, scaling",
+    [
+        (LLAMA3_SETTINGS, dict(type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                               original_context_length=8192)),
+        ({"arch": "llama", "rope_scaling": "linear", "rope_factor": 4}, dict(type="linear", factor=4.0)),
+        ({"arch": "llama"}, None),
+    ],
+    ids=["llama3", "linear", "none"],
+)  # fmt: skip
+def test_rope_scaling_settings_make_the_models_scaling_and_come_back(settings, scaling, tmp_path):
+    """--rope-scaling TYPE and its numbers are the model's rope_scaling (its dict: RopeScaling.to_dict);
+    model_settings gives the settings back from the model, and they survive a run's record
+    (to_dict) and a settings file (JSON and TOML) unchanged."""
+    config = TrainConfig.from_dict(settings)
+    model = GPTConfig.from_dict(config.model_config(300))
+    assert (model.rope_scaling and model.rope_scaling.to_dict()) == scaling
+    assert TrainConfig.from_dict(model_settings(model) | {"workers": config.workers}) == config
+    assert TrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    (tmp_path / "s.json").write_text(json.dumps(settings), encoding="utf-8")
+    assert TrainConfig.from_file(tmp_path / "s.json") == config
+    toml = "\n".join(f"{k} = {json.dumps(v)}" for k, v in settings.items())
+    (tmp_path / "s.toml").write_text(toml, encoding="utf-8")
+    assert TrainConfig.from_file(tmp_path / "s.toml") == config
+    # a run recorded before these settings existed reads as unscaled
+    old = {k: v for k, v in config.to_dict().items() if not k.startswith("rope_") or k == "rope_theta"}
+    assert TrainConfig.from_dict(old).rope_scaling == "none"
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"rope_factor": 8.0}, "--rope-factor 8 needs --rope-scaling linear or llama3 (it is none)"),
+        ({"arch": "llama", "rope_scaling": "linear", "rope_factor": 2.0, "rope_original_context_length": 16},
+         "--rope-original-context-length 16 needs --rope-scaling llama3 (it is linear)"),
+        ({"rope_scaling": "linear", "rope_factor": 2.0}, "--rope-scaling linear stretches rotary positions, and "
+         "--positional is learned; give --positional rope (or --arch llama)"),
+        ({"arch": "llama", "rope_scaling": "llama3"}, "--rope-scaling llama3 needs a --rope-factor above 1"),
+        ({**LLAMA3_SETTINGS, "rope_high_freq_factor": 1.0},
+         "--rope-high-freq-factor (1) must be above --rope-low-freq-factor (1)"),
+        ({"arch": "llama", "rope_scaling": "yarn"}, "--rope-scaling must be one of none, linear, llama3, got 'yarn'"),
+        ({"rope_scaling": None}, "training setting 'rope_scaling' must be a str, got None"),
+        ({"rope_factor": 0.5}, "--rope-factor must be at least 1, got 0.5"),
+        ({"rope_factor": float("nan")}, "--rope-factor must be a finite number"),
+        ({"rope_factor": 2e6}, "--rope-factor must be at most 1,000,000"),
+        ({"rope_low_freq_factor": 0.0}, "--rope-low-freq-factor must be positive"),
+        ({"rope_original_context_length": 0}, "--rope-original-context-length must be at least 1"),
+        ({"rope_original_context_length": 1 << 17}, "--rope-original-context-length must be at most 65,536"),
+        ({"rope_original_context_length": 8.5}, "'rope_original_context_length' must be a int"),
+    ],
+)  # fmt: skip
+def test_bad_rope_scaling_settings_are_one_line(bad, message):
+    with pytest.raises(PipelineError) as caught:
+        TrainConfig.from_dict(bad)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
