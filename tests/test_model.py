@@ -43,6 +43,13 @@ LLAMA_VARIANTS = {
             type="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context_length=8
         ),
     },
+    # every angle divided by 3 (with tied embeddings, as llama-mha-tied)
+    "linear-scaled": {
+        **LLAMA,
+        "tie_embeddings": True,
+        "rope_theta": 50.0,
+        "rope_scaling": dict(type="linear", factor=3.0),
+    },
 }
 VARIANTS.update(LLAMA_VARIANTS)
 

@@ -311,6 +311,24 @@ def test_rope(B, T, H, hd, kind, start, scaling, seed):
     check("rope dqkv", ops.rope_backward(r, cache), f, qkv)
 
 
+@pytest.mark.parametrize("scaling", ROPE_SCALINGS[1:], ids=str)
+def test_rope_backward_turns_back_by_the_scaled_angles(scaling):
+    """The backward rotates by the forward's own (scaled) angles, the transpose of its rotation:
+    backward(forward(x)) is x again, at positions past the original context too (32 and 16 here),
+    while the unscaled angles would not undo it."""
+    rng = np.random.default_rng(17)
+    H, Hkv, hd, T, start = 4, 2, 16, 40, 7
+    qkv = rng.standard_normal((2, T, (H + 2 * Hkv) * hd))
+    out, cache = ops.rope_forward(qkv, H, Hkv, 100.0, start, scaling=scaling)
+    np.testing.assert_allclose(ops.rope_backward(out, cache), qkv, rtol=1e-12, atol=1e-12)
+    cos, sin, _ = cache
+    want = np.arange(start, start + T)[:, None] * ops.rope_inv_freq(hd, 100.0, scaling)
+    np.testing.assert_allclose(cos, np.cos(want), rtol=0, atol=1e-15)
+    np.testing.assert_allclose(sin, np.sin(want), rtol=0, atol=1e-15)
+    plain = ops.rope_forward(qkv, H, Hkv, 100.0, start)[1]
+    assert np.abs(ops.rope_backward(out, plain) - qkv).max() > 0.1  # the premise: the scaling changes the angles
+
+
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(st.sampled_from([2, 4, 8, 16, 64, 128]), st.floats(2.0, 1e6), st.sampled_from(["linear", "llama3"]),
        st.floats(1.0, 64.0), st.floats(0.1, 4.0), st.floats(1.01, 8.0), st.integers(1, 8192))  # fmt: skip

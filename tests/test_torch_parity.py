@@ -313,14 +313,16 @@ def hf_weights(model: GPT) -> dict[str, "torch.Tensor"]:
     return out
 
 
-def in_float64(hf) -> None:
+def in_float64(hf, inv_freq: "torch.Tensor | None" = None) -> None:
     """HF computes its rotary angles and RMSNorm in float32 whatever the model's dtype (and its
     eager attention's softmax: the test uses torch's SDPA); in a float64 model this does both in
     float64 (the same arithmetic without the round trip through float32), as ours are, so the
-    two compare at float64's precision."""
+    two compare at float64's precision. `inv_freq`: a scaled model's frequencies in float64
+    (default: the unscaled ones of its rope_theta)."""
     cfg = hf.config
     head_dim = cfg.hidden_size // cfg.num_attention_heads
-    inv_freq = cfg.rope_parameters["rope_theta"] ** -(torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    if inv_freq is None:
+        inv_freq = cfg.rope_parameters["rope_theta"] ** -(torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
 
     def rotary(x, position_ids):
         emb = (position_ids[..., None].double() * inv_freq).repeat(1, 1, 2)
@@ -367,3 +369,98 @@ def test_transformers_llama_and_qwen2_give_our_logits(arch, dtype, tol):
     ours = model.forward(ids)
     ok, report = diff_report({"logits": ours}, {"logits": theirs}, rtol=tol, atol=tol)
     assert ok, f"{arch} {np.dtype(dtype).name}:\n{report}"
+
+
+def tk_named(tensors: dict[str, "torch.Tensor"], cfg: GPTConfig) -> dict[str, np.ndarray]:
+    """HF Llama's tensors (parameters or their gradients) under our names and layouts: hf_weights'
+    way back (q, k, v side by side in c_attn, gate and up in c_fc, (out, in) transposed); no biases."""
+    a = lambda name: tensors[name].detach().numpy()  # noqa: E731
+    out = {"wte.weight": a("model.embed_tokens.weight"), "ln_f.weight": a("model.norm.weight")}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = a("lm_head.weight")
+    for i in range(cfg.n_layers):
+        h, hf = f"h.{i}.", f"model.layers.{i}."
+        out[h + "ln_1.weight"] = a(hf + "input_layernorm.weight")
+        out[h + "attn.c_attn.weight"] = np.concatenate([a(f"{hf}self_attn.{x}_proj.weight").T for x in "qkv"], axis=1)
+        out[h + "attn.c_proj.weight"] = a(hf + "self_attn.o_proj.weight").T
+        out[h + "ln_2.weight"] = a(hf + "post_attention_layernorm.weight")
+        out[h + "mlp.c_fc.weight"] = np.concatenate([a(f"{hf}mlp.{x}_proj.weight").T for x in ("gate", "up")], axis=1)
+        out[h + "mlp.c_proj.weight"] = a(hf + "mlp.down_proj.weight").T
+    return out
+
+
+# Llama 3.1's scaling with its three bands on heads of 8 at theta 100 (wavelengths 6.3, 19.9, 63,
+# 199: under 16 / 2 kept, 19.9 blended, over 16 / 0.5 divided by 8), and linear's; transformers' names
+HF_SCALINGS = {
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 0.5, "high_freq_factor": 2.0,
+               "original_max_position_embeddings": 16},
+    "linear": {"rope_type": "linear", "factor": 4.0},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-9), (np.float32, 2e-4)], ids=["float64", "float32"])
+@pytest.mark.parametrize("kind", HF_SCALINGS)
+def test_a_rope_scaled_llama_trains_as_transformers_llama_does(kind, dtype, tol):
+    """transformers' LlamaForCausalLM with the same rope_scaling and our weights, trained side by
+    side on windows of 30 (past the original context of 16): the same loss and every gradient,
+    then, in float64, the same clipped AdamW steps (torch.optim.AdamW) for three steps. HF's own
+    float32 table of scaled frequencies is ours to float32's rounding; the float64 run computes
+    its angles in float64 from ours (`in_float64`), the float32 run with HF's own table."""
+    transformers = pytest.importorskip("transformers")
+    numbers = {k: v for k, v in HF_SCALINGS[kind].items() if k != "rope_type"}
+    scaling = {"type": kind, **numbers}
+    if kind == "llama3":
+        scaling["original_context_length"] = scaling.pop("original_max_position_embeddings")
+    cfg = llama_config(vocab_size=37, context_length=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                       mlp_hidden=48, rope_theta=100.0, norm_eps=1e-6, rope_scaling=scaling)  # fmt: skip
+    model = randomised_model(cfg, dtype, seed=9)
+    hf_config = transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.hidden,
+        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads,
+        max_position_embeddings=cfg.context_length, rms_norm_eps=cfg.norm_eps, tie_word_embeddings=False,
+        rope_parameters={**HF_SCALINGS[kind], "rope_theta": cfg.rope_theta},
+    )  # fmt: skip
+    hf_config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(hf_config).to(torch.float64 if dtype == np.float64 else torch.float32)
+    missing, unexpected = hf.load_state_dict(hf_weights(model), strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+    rotary = hf.model.rotary_emb
+    inv_freq = ops.rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    assert rotary.attention_scaling == 1.0  # neither scaling scales the attention
+    np.testing.assert_allclose(rotary.inv_freq.double().numpy(), inv_freq, rtol=1e-6)
+    assert not np.allclose(inv_freq, ops.rope_inv_freq(cfg.head_dim, cfg.rope_theta), rtol=1e-3)  # the premise
+    if dtype == np.float64:
+        in_float64(hf, torch.from_numpy(inv_freq))
+    params = dict(hf.named_parameters())
+    t_opt = torch.optim.AdamW(
+        [
+            {"params": [p for p in params.values() if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in params.values() if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=1e-2,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
+    opt = AdamW(model.params, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    rng = np.random.default_rng(10)
+    for step in range(3 if dtype == np.float64 else 1):  # float32's updates of near-zero gradients differ
+        ids, targets = (rng.integers(0, cfg.vocab_size, size=(2, 30)) for _ in range(2))
+        loss, grads = model.loss_and_grads(ids, targets)
+        t_opt.zero_grad()
+        logits = hf(torch.from_numpy(ids)).logits
+        t_loss = F.cross_entropy(logits.reshape(-1, cfg.vocab_size), torch.from_numpy(targets).reshape(-1))
+        t_loss.backward()
+        theirs = tk_named({n: p.grad for n, p in params.items()}, cfg)
+        assert theirs.keys() == grads.keys()
+        ours = {"loss": np.array(loss), **grads}
+        ok, report = diff_report(ours, {"loss": t_loss.detach().numpy(), **theirs}, tol, tol)
+        assert ok, f"{kind} {np.dtype(dtype).name}, step {step + 1}, max differences to transformers:\n{report}"
+        if dtype != np.float64:
+            break
+        norm = clip_grad_norm(grads, 1.0)
+        assert norm == pytest.approx(float(torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)), rel=1e-9)
+        opt.step(grads, lr=1e-2)
+        t_opt.step()
+        ok, report = diff_report(model.params, tk_named(params, cfg), tol, tol)
+        assert ok, f"{kind}: weights after step {step + 1}:\n{report}"
