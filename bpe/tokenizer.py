@@ -153,8 +153,6 @@ class Tokenizer:
         self._id_bytes = layout.id_bytes
         self._byte_ids = layout.byte_ids
         self._identity = layout.byte_ids == list(range(256))
-        # pair -> its rank key, 256 + rank: in the canonical layout that is also the id it makes
-        self._pair_id = {pair: 256 + r for r, pair in enumerate(self._merges)}
         self._made = layout.made  # rank -> id made, None when it is 256 + rank
 
         if not isinstance(ignore_merges, bool):
@@ -354,6 +352,12 @@ class Tokenizer:
         return tok
 
     # ------------------------------------------------------------------------------- encoding
+
+    @cached_property
+    def _pair_id(self) -> dict[tuple[int, int], int]:
+        """Pair -> its rank key, 256 + rank: in the canonical layout that is also the id it makes.
+        Built on first use: one chunk at a time and replays read it, the batch encoder does not."""
+        return {pair: 256 + r for r, pair in enumerate(self._merges)}
 
     def _merge_short(self, ids: list[int]) -> list[int]:
         """Merge the lowest-rank pair, leftmost first, until no pair has a merge.
