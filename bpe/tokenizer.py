@@ -50,6 +50,7 @@ from tokenkit.bpe.patterns import GPT2_PATTERN, PATTERNS, resolve_pattern
 from tokenkit.bpe.pretokenize import count_chunks, split_text
 from tokenkit.bpe.replay import Replay, replay_merges
 from tokenkit.bpe.trainer import train_merges
+from tokenkit.common import gcpause
 
 _NO_MERGE = 1 << 62  # "rank" of a pair that has no merge; larger than any id
 _LONG_CHUNK = 64  # from this many bytes on, merge with a heap instead of rescanning the chunk
@@ -906,6 +907,11 @@ class Tokenizer:
         splits with GPT-2's pattern whatever tokenizer.json says, a Qwen2Tokenizer with Qwen2's:
         `interop.check_transformers_class`).
         """
+        with gcpause.paused():  # a tokenizer.json makes a tuple or list per merge, and no cycles
+            return cls._from_hf(path)
+
+    @classmethod
+    def _from_hf(cls, path: str | os.PathLike) -> Tokenizer:
         files = io.find_hf(path)
         parts = (
             io.read_hf(files[0])

@@ -378,3 +378,27 @@ def test_tokenizer_json_reading_at_once_does_read_a_sound_file():
         assert {**interop.from_hf(data), "vocab": tokens, "merges": merges} == plain_outcome(
             interop.from_hf, data, at_once=HF_AT_ONCE
         )
+
+
+def test_reading_a_tokenizer_json_pauses_the_collector_and_leaves_it_as_it_was(tmp_path):
+    import doctest
+    import gc
+
+    from tokenkit.common import gcpause
+
+    assert doctest.testmod(gcpause).failed == 0
+    sound, path = json.dumps(hf_listed(random.Random(1))), tmp_path / "tokenizer.json"
+    read, seen = interop.from_hf, []
+    with mock.patch.object(interop, "from_hf", side_effect=lambda *a: seen.append(gc.isenabled()) or read(*a)):
+        for was_on in (True, False):
+            (gc.enable if was_on else gc.disable)()
+            try:
+                path.write_text(sound, encoding="utf-8")
+                assert Tokenizer.from_hf(path).listed and gc.isenabled() == was_on
+                path.write_text("{}", encoding="utf-8")  # refused, and the collector as it was all the same
+                with pytest.raises(TokenizerError):
+                    Tokenizer.from_hf(path)
+                assert gc.isenabled() == was_on
+            finally:
+                gc.enable()
+    assert seen == [False] * 4
