@@ -36,7 +36,10 @@ from __future__ import annotations
 
 import re
 import string
+from itertools import accumulate, chain, compress, repeat
+from operator import is_
 
+import numpy as np
 import regex
 
 from tokenkit.bpe.bytelevel import bytes_to_unicode
@@ -424,11 +427,7 @@ def from_hf(data, what: str = "tokenizer.json") -> dict:
         raise TokenizerError(f"{what}: decoder {_type(data.get('decoder'))} is not ByteLevel")
     pattern = pattern_name(_pattern_of_hf(data.get("pre_tokenizer"), what))
     vocab, merges_in = model.get("vocab"), model.get("merges")
-    if (
-        not isinstance(vocab, dict)
-        or not all(type(v) is int for v in vocab.values())
-        or not isinstance(merges_in, list)
-    ):
+    if not isinstance(vocab, dict) or not set(map(type, vocab.values())) <= {int} or not isinstance(merges_in, list):
         raise TokenizerError(f"{what}: model vocab must map token strings to ids and merges must be a list")
     byte_of = {c: b for b, c in bytes_to_unicode().items()}
     specials, text_tokens = _hf_specials(data, vocab, byte_of, what)
@@ -437,15 +436,7 @@ def from_hf(data, what: str = "tokenizer.json") -> dict:
     if bos is not None and _template_ids(data["post_processor"], bos) not in (None, [specials[bos]]):
         raise TokenizerError(f"{what}: the post-processor gives {bos!r} another id than its added token")
     tokens = _hf_tokens(vocab, specials, byte_of, what)
-    merges = []
-    for r, m in enumerate(merges_in):  # written out: Llama 3's file has 280k merges
-        pair = m.split(" ") if type(m) is str else m
-        if type(pair) is not list or len(pair) != 2 or type(pair[0]) is not str or type(pair[1]) is not str:
-            raise TokenizerError(f"{what}: merge {r} is {str(m)[:40]!r}, expected 'left right' or [left, right]")
-        a, b = vocab.get(pair[0]), vocab.get(pair[1])
-        if a is None or b is None or tokens[a] is None or tokens[b] is None:
-            raise TokenizerError(f"{what}: merge {r} {pair!r} uses a token missing from the vocab")
-        merges.append((a, b))
+    merges = _hf_merges(merges_in, vocab, tokens, what)
     return {
         "vocab": tokens,
         "merges": merges,
@@ -495,9 +486,62 @@ def _hf_specials(
     return specials, sorted(text_tokens) or None
 
 
+def _hf_merges(merges_in: list, vocab: dict[str, int], tokens: list, what: str) -> list[tuple[int, int]]:
+    """The merges of a tokenizer.json ("left right" strings or [left, right] lists) as pairs of
+    ids, refusing one that is neither or names no token of `tokens` (Llama 3's file has 280k:
+    read at C speed when all is well, `_hf_merges_at_once`)."""
+    found = _hf_merges_at_once(merges_in, vocab, tokens)
+    if found is not None:
+        return found
+    merges = []
+    for r, m in enumerate(merges_in):
+        pair = m.split(" ") if type(m) is str else m
+        if type(pair) is not list or len(pair) != 2 or type(pair[0]) is not str or type(pair[1]) is not str:
+            raise TokenizerError(f"{what}: merge {r} is {str(m)[:40]!r}, expected 'left right' or [left, right]")
+        a, b = vocab.get(pair[0]), vocab.get(pair[1])
+        if a is None or b is None or tokens[a] is None or tokens[b] is None:
+            raise TokenizerError(f"{what}: merge {r} {pair!r} uses a token missing from the vocab")
+        merges.append((a, b))
+    return merges
+
+
+def _hf_merges_at_once(merges_in: list, vocab: dict[str, int], tokens: list) -> list[tuple[int, int]] | None:
+    """`_hf_merges` with one `map` over all names; None where a merge has a fault or the merges
+    mix both forms (the plain loop reads those)."""
+    names = _merge_names(merges_in)
+    if names is None:
+        return None
+    ids = list(map(vocab.get, names))
+    if None in ids or not set(compress(range(len(tokens)), map(is_, tokens, repeat(None)))).isdisjoint(ids):
+        return None  # a name that is no token, or a special token's
+    return list(zip(ids[0::2], ids[1::2], strict=True))
+
+
+def _merge_names(merges_in: list) -> list[str] | None:
+    """left, right, left, right... of merges that are all "left right" strings (one space each)
+    or all [left, right] lists of strings; None otherwise.
+
+    >>> _merge_names(["a b", "ab c"]), _merge_names([["a", "b"]]), _merge_names(["a b c"])
+    (['a', 'b', 'ab', 'c'], ['a', 'b'], None)
+    """
+    kinds = set(map(type, merges_in))
+    if kinds == {str} and set(map(str.count, merges_in, repeat(" "))) == {1}:
+        return " ".join(merges_in).split(" ")
+    if kinds == {list} and set(map(len, merges_in)) == {2}:
+        names = list(chain.from_iterable(merges_in))
+        if set(map(type, names)) == {str}:
+            return names
+    return None
+
+
 def _hf_tokens(vocab: dict[str, int], specials: dict[str, int], byte_of: dict[str, int], what: str) -> list:
     """Every id's bytes (None at a special token's id) from a byte-level vocab: token strings of
-    GPT-2's byte stand-ins -> id. A special token may be in the vocab too, under its own id."""
+    GPT-2's byte stand-ins -> id. A special token may be in the vocab too, under its own id.
+
+    At C speed for a vocab without faults (`_hf_tokens_at_once`); the loop names the first one."""
+    found = _hf_tokens_at_once(vocab, specials)
+    if found is not None:
+        return found
     n = len(vocab) + len(specials)  # every id below n when nothing is missing: bounded before allocating
     tokens: list[bytes | None] = [None] * n
     special_of = {i: s for s, i in specials.items()}
@@ -520,6 +564,54 @@ def _hf_tokens(vocab: dict[str, int], specials: dict[str, int], byte_of: dict[st
         if not tokens[i]:
             raise TokenizerError(f"{what}: the vocab holds an empty token (id {i})")
     last = max([-1, *(i for i, t in enumerate(tokens) if t is not None), *specials.values()])
+    return tokens[: last + 1]
+
+
+def _byte_of_code_point() -> np.ndarray:
+    """GPT-2's table read backwards as an array: a stand-in's code point -> its byte, -1 where
+    a character stands for no byte."""
+    table = bytes_to_unicode()
+    out = np.full(max(map(ord, table.values())) + 1, -1, dtype=np.int16)
+    out[[ord(c) for c in table.values()]] = list(table)
+    return out
+
+
+_BYTE_OF_CODE_POINT = _byte_of_code_point()
+
+
+def _hf_tokens_at_once(vocab: dict[str, int], specials: dict[str, int]) -> list | None:
+    """`_hf_tokens` without a Python loop per token: the stand-ins of all tokens read in one
+    NumPy lookup; None where the vocab has a fault (a gap, an id twice, a character that is no
+    stand-in, an empty token, a special token's id under another name)."""
+    n = len(vocab) + len(specials)
+    names, values = list(vocab), list(vocab.values())
+    if values and not (min(values) >= 0 and max(values) < n):
+        return None
+    ids = np.array(values, dtype=np.int64)
+    special_of = {i: s for s, i in specials.items()}
+    at_special = np.isin(ids, [i for i in special_of if 0 <= i < n])
+    if any(
+        names[k] != special_of[i]
+        for k, i in zip(np.flatnonzero(at_special).tolist(), ids[at_special].tolist(), strict=True)
+    ):
+        return None
+    regular = ~at_special
+    names = list(compress(names, regular.tolist()))
+    ids = ids[regular]
+    if np.bincount(ids, minlength=n).max(initial=0) > 1 or 0 in map(len, names):
+        return None
+    code_points = np.frombuffer("".join(names).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    if code_points.size and code_points.max() >= len(_BYTE_OF_CODE_POINT):
+        return None
+    raw = _BYTE_OF_CODE_POINT[code_points]
+    if (raw < 0).any():
+        return None
+    raw = raw.astype(np.uint8).tobytes()
+    ends = list(accumulate(map(len, names)))
+    tokens: list[bytes | None] = [None] * n
+    for i, token in zip(ids.tolist(), map(raw.__getitem__, map(slice, [0, *ends[:-1]], ends)), strict=True):
+        tokens[i] = token
+    last = max([int(ids.max(initial=-1)), *specials.values()])
     return tokens[: last + 1]
 
 

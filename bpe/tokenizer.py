@@ -50,6 +50,7 @@ from tokenkit.bpe.patterns import GPT2_PATTERN, PATTERNS, resolve_pattern
 from tokenkit.bpe.pretokenize import count_chunks, split_text
 from tokenkit.bpe.replay import Replay, replay_merges
 from tokenkit.bpe.trainer import train_merges
+from tokenkit.common import gcpause
 
 _NO_MERGE = 1 << 62  # "rank" of a pair that has no merge; larger than any id
 _LONG_CHUNK = 64  # from this many bytes on, merge with a heap instead of rescanning the chunk
@@ -153,8 +154,6 @@ class Tokenizer:
         self._id_bytes = layout.id_bytes
         self._byte_ids = layout.byte_ids
         self._identity = layout.byte_ids == list(range(256))
-        # pair -> its rank key, 256 + rank: in the canonical layout that is also the id it makes
-        self._pair_id = {pair: 256 + r for r, pair in enumerate(self._merges)}
         self._made = layout.made  # rank -> id made, None when it is 256 + rank
 
         if not isinstance(ignore_merges, bool):
@@ -354,6 +353,12 @@ class Tokenizer:
         return tok
 
     # ------------------------------------------------------------------------------- encoding
+
+    @cached_property
+    def _pair_id(self) -> dict[tuple[int, int], int]:
+        """Pair -> its rank key, 256 + rank: in the canonical layout that is also the id it makes.
+        Built on first use: one chunk at a time and replays read it, the batch encoder does not."""
+        return {pair: 256 + r for r, pair in enumerate(self._merges)}
 
     def _merge_short(self, ids: list[int]) -> list[int]:
         """Merge the lowest-rank pair, leftmost first, until no pair has a merge.
@@ -902,6 +907,11 @@ class Tokenizer:
         splits with GPT-2's pattern whatever tokenizer.json says, a Qwen2Tokenizer with Qwen2's:
         `interop.check_transformers_class`).
         """
+        with gcpause.paused():  # a tokenizer.json makes a tuple or list per merge, and no cycles
+            return cls._from_hf(path)
+
+    @classmethod
+    def _from_hf(cls, path: str | os.PathLike) -> Tokenizer:
         files = io.find_hf(path)
         parts = (
             io.read_hf(files[0])

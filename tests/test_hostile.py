@@ -35,10 +35,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tokenkit.bpe import Tokenizer, TokenizerError
 from tokenkit.bpe import io as bpe_io
 from tokenkit.bpe.pretokenize import GPT2_PATTERN, GPT4_PATTERN
+from tokenkit.common import jsonsafe
 from tokenkit.common.errors import FileError
 from tokenkit.pipeline import PipelineError
 from tokenkit.pipeline.config import MAX_WORKERS
@@ -927,6 +930,35 @@ def test_deep_gpt2_vocab_json_is_one_line(tmp_path, capsys):
         capsys, "bpe-import", tmp_path / "vocab.json", tmp_path / "merges.txt", "-o", tmp_path / "t.safetensors"
     )
     one_line_error(code, err)
+
+
+# pieces of JSON and of damaged JSON: escapes, quotes and brackets inside and outside strings
+JSON_BITS = ['"', "\\", '\\"', "\\\\", "[", "]", "{", "}", "a", " ", ",", "é", '"a"', '"[\\"]"', '"\\\\"']
+
+
+@settings(max_examples=500, deadline=None)
+@given(bits=st.lists(st.sampled_from(JSON_BITS), max_size=30))
+def test_json_depth_found_at_once_is_the_plain_one(bits):
+    text = "".join(bits)
+    found = jsonsafe._depth_at_once(text.encode("utf-8"))
+    assert found is None or found == jsonsafe._depth_plain(text)
+    assert jsonsafe.depth(text) == jsonsafe.depth(text.encode("utf-8")) == jsonsafe._depth_plain(text)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.integers() | st.text(st.sampled_from('"\\[]{}aé\n'), max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(st.sampled_from('"\\[]{}a'), max_size=3), inner)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=JSON_VALUES, ascii=st.booleans())
+def test_json_depth_of_valid_json_is_found_at_once(value, ascii):
+    text = json.dumps(value, ensure_ascii=ascii)
+    assert jsonsafe._depth_at_once(text.encode("utf-8")) == jsonsafe._depth_plain(text)
 
 
 def test_jsonsafe_docstring_examples():

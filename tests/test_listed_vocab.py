@@ -9,8 +9,11 @@ on random vocabularies, and to the `tokenizers` library itself on files made the
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import random
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
@@ -293,3 +296,109 @@ def test_a_listed_tokenizer_encodes_files_in_worker_processes_as_in_one(llama3_s
     text = corpus().decode("utf-8")[:30_000]
     (tmp_path / "c.txt").write_text(text, encoding="utf-8")
     assert tok.encode_file(tmp_path / "c.txt", workers=2, quiet=True).tolist() == tok.encode(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# a tokenizer.json's vocab and merges read at C speed (280k merges) against the plain loops beside them
+
+
+def outcome(f, *args):
+    """What a caller of f sees: its result, or its exception as (type, message)."""
+    try:
+        return f(*copy.deepcopy(args))
+    except Exception as err:
+        return type(err).__name__, str(err)
+
+
+def plain_outcome(f, *args, at_once):
+    """`outcome` with the C-speed readings named in `at_once` (module, name) finding fault with
+    everything, so that the plain loops read it all."""
+    with contextlib.ExitStack() as stack:
+        for module, name in at_once:
+            stack.enter_context(mock.patch.object(module, name, lambda *_: None))
+        return outcome(f, *args)
+
+
+def hf_listed(rng: random.Random) -> dict:
+    """The tokenizer.json of a random listed vocabulary, its merges in either form, its specials in
+    the model's vocab or not (GPT-2's file has them there)."""
+    tok = random_listed(rng, ignore_merges=True)
+    data = interop.to_hf(tok.vocab, tok.merges, tok.special_tokens, tok._pattern, ignore_merges=True)
+    if rng.random() < 0.5:
+        data["model"]["merges"] = [m.split(" ") for m in data["model"]["merges"]]
+    if rng.random() < 0.5:
+        data["model"]["vocab"].update(tok.special_tokens)
+    return data
+
+
+def damaged_hf(rng: random.Random, data: dict) -> None:
+    """Give a tokenizer.json's vocab or merges one random fault, or none."""
+    vocab, merges = data["model"]["vocab"], data["model"]["merges"]
+    names = list(vocab)
+    r = rng.randrange(len(merges))
+    as_str = type(merges[r]) is str
+    faults = [
+        lambda: vocab.__setitem__(
+            rng.choice(names), rng.choice([len(vocab) + 5, -1, 10**30, vocab[rng.choice(names)]])
+        ),
+        lambda: vocab.__setitem__(rng.choice(["a b", "\ud800", "", "é\u0100"]), rng.choice([len(vocab), 3])),
+        lambda: vocab.__setitem__(rng.choice(names), min(data["added_tokens"], key=lambda t: t["id"])["id"]),
+        lambda: merges.__setitem__(r, rng.choice(["a b c", "ab", "a  b", "Ġ zz", "a <|e|>", "<|s|> a", ["a", "b"]])),
+        lambda: merges.__setitem__(
+            r, rng.choice([["a", "b", "c"], ["a"], [1, "b"], ["a", "zz"], ["<|e|>", "a"], "a b"])
+        ),
+        lambda: merges.__setitem__(r, merges[r] if as_str else " ".join(merges[r])),  # the two forms mixed
+        lambda: None,
+    ]
+    rng.choice(faults)()
+
+
+HF_AT_ONCE = [(interop, "_hf_tokens_at_once"), (interop, "_hf_merges_at_once")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 10**9))
+def test_tokenizer_json_read_at_once_as_by_the_plain_loops(seed):
+    """The same parts, or the same error, with the C-speed reading of vocab and merges as with the
+    plain loops alone."""
+    rng = random.Random(seed)
+    data = hf_listed(rng)
+    assert isinstance(outcome(interop.from_hf, data), dict)
+    damaged_hf(rng, data)
+    assert outcome(interop.from_hf, data) == plain_outcome(interop.from_hf, data, at_once=HF_AT_ONCE)
+
+
+def test_tokenizer_json_reading_at_once_does_read_a_sound_file():
+    """The premise of the test above: a sound file never reaches the plain loops."""
+    for seed in range(20):
+        data = hf_listed(random.Random(seed))
+        vocab, specials = data["model"]["vocab"], {t["content"]: t["id"] for t in data["added_tokens"]}
+        tokens = interop._hf_tokens_at_once(vocab, specials)
+        merges = interop._hf_merges_at_once(data["model"]["merges"], vocab, tokens)
+        assert {**interop.from_hf(data), "vocab": tokens, "merges": merges} == plain_outcome(
+            interop.from_hf, data, at_once=HF_AT_ONCE
+        )
+
+
+def test_reading_a_tokenizer_json_pauses_the_collector_and_leaves_it_as_it_was(tmp_path):
+    import doctest
+    import gc
+
+    from tokenkit.common import gcpause
+
+    assert doctest.testmod(gcpause).failed == 0
+    sound, path = json.dumps(hf_listed(random.Random(1))), tmp_path / "tokenizer.json"
+    read, seen = interop.from_hf, []
+    with mock.patch.object(interop, "from_hf", side_effect=lambda *a: seen.append(gc.isenabled()) or read(*a)):
+        for was_on in (True, False):
+            (gc.enable if was_on else gc.disable)()
+            try:
+                path.write_text(sound, encoding="utf-8")
+                assert Tokenizer.from_hf(path).listed and gc.isenabled() == was_on
+                path.write_text("{}", encoding="utf-8")  # refused, and the collector as it was all the same
+                with pytest.raises(TokenizerError):
+                    Tokenizer.from_hf(path)
+                assert gc.isenabled() == was_on
+            finally:
+                gc.enable()
+    assert seen == [False] * 4
