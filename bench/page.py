@@ -12,8 +12,9 @@ browser, and a GPT-2-124M-shaped model explained, side by side with transformers
    includes that pause; "(redraw)" starts at the change of state. Bar: within 200 ms.
 3. GPT-2 124M shapes (random weights, made here like bench/hf_import_memory.py and imported with
    `tk import-hf`; GPT-2's tokenizer from ../shared/data/gpt2): /api/explain and /api/attention on
-   64 tokens (/api/attention on 512 and 846, the view's limit, too: one head in full, every head's
-   thumbnail); the page at the attention view of the 846-token text, clicked through
+   64 tokens (/api/attention, one head in full, and /api/thumbnails, every head pooled, asked
+   after it as the page asks them, on 512 and 846 tokens, the view's limit, too); the page at the
+   attention view of the 846-token text, clicked through
    HEADS_VISITED heads (each click's time to redrawn, and the JS heap after them, garbage
    collected); and, where transformers and torch are installed, the same checkpoint's forward
    with output_attentions=True (what bertviz draws from) on the same ids. Bar: explain within 2 s.
@@ -97,7 +98,8 @@ def server_times(served: Served, text: str, repeats: int, with_model: bool) -> d
     asks = {"tokens": ("/api/tokens", {"text": text}), "bpe": ("/api/bpe", {"text": text})}
     if with_model:
         asks |= {
-            "attention": ("/api/attention", {"text": text}),
+            "attention (one head)": ("/api/attention", {"text": text}),
+            "thumbnails (then)": ("/api/thumbnails", {"text": text}),
             "explain, one query": ("/api/explain", {"text": text, "layer": 1, "head": 2, "query": 40}),
             "explain, whole": ("/api/explain", {"text": text, "layer": 1, "head": 2}),
             "next": ("/api/next", {"text": text, "top_k": 10}),
@@ -257,20 +259,13 @@ def gpt2_times(repeats: int) -> dict[str, float] | None:
                     {"text": text, "layer": 5, "head": 7, "query": 40},
                 ),
                 ("explain (64 tokens, layer 5 head 7, whole)", "/api/explain", {"text": text, "layer": 5, "head": 7}),
-                (
-                    "attention (64 tokens, head 5.7 + 12 x 12 thumbnails)",
-                    "/api/attention",
-                    {"text": text, "layer": 5, "head": 7},
-                ),
-                (
-                    "attention (512 tokens, head 5.7 + 12 x 12 thumbnails)",
-                    "/api/attention",
-                    {"text": long, "layer": 5, "head": 7},
-                ),
-                (
-                    "attention (846 tokens, head 5.7 + 12 x 12 thumbnails)",
-                    "/api/attention",
-                    {"text": longest, "layer": 5, "head": 7},
+                *(
+                    entry
+                    for n, t in ((64, text), (512, long), (846, longest))
+                    for entry in (
+                        (f"attention ({n} tokens, head 5.7)", "/api/attention", {"text": t, "layer": 5, "head": 7}),
+                        (f"thumbnails ({n} tokens, 12 x 12, after that head)", "/api/thumbnails", {"text": t}),
+                    )
                 ),
                 ("next (64 tokens)", "/api/next", {"text": text}),
             ):
@@ -337,7 +332,9 @@ def main() -> None:
                 print(f"{name:<52} {value:10.1f}" if "bytes" not in name else f"{name:<52} {value:10,.0f}")
             peer = times.get("transformers forward, output_attentions (64 tokens)")
             if peer:
-                ours = times["attention (64 tokens, head 5.7 + 12 x 12 thumbnails)"]
+                ours = (
+                    times["attention (64 tokens, head 5.7)"] + times["thumbnails (64 tokens, 12 x 12, after that head)"]
+                )
                 print(f"attention: tk serve (request + JSON) / transformers forward alone = {ours / peer:.2f}x")
 
 

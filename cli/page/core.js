@@ -75,17 +75,24 @@ const TK = (() => {
     return value;
   }
 
+  // The inline answer of `key` in a `tk explain --html` file (a query's from the whole explanation), or undefined.
+  function fileAnswer(path, params, key) {
+    if (key in FILE.answers) return unpack(FILE.answers[key]);
+    if ("query" in params) {  // the file holds whole explanations: one answers every query
+      const whole = request(path, Object.fromEntries(Object.entries(params).filter(([k]) => k !== "query")));
+      if (whole in FILE.answers) return unpack(FILE.answers[whole]);
+    }
+    return undefined;
+  }
+
   // One way to ask: the inline answers of a `tk explain --html` file, else the server.
   // Answers are kept (a few dozen), so going back to a text or a view asks nothing again;
   // pass {fresh: true} (or ask /api/training, /api/info) to ask the server anyway.
   async function api(path, params = {}, options = {}) {
     const key = request(path, params);
     if (FILE) {
-      if (key in FILE.answers) return unpack(FILE.answers[key]);
-      if ("query" in params) {  // the file holds whole explanations: one answers every query
-        const whole = request(path, Object.fromEntries(Object.entries(params).filter(([k]) => k !== "query")));
-        if (whole in FILE.answers) return unpack(FILE.answers[whole]);
-      }
+      const inline = fileAnswer(path, params, key);
+      if (inline !== undefined) return inline;
       throw new Error((FILE.errors || {})[key] || (FILE.missing || {})[path] || FILE.note);
     }
     const keep = !options.fresh && !NO_CACHE.has(path);
@@ -107,6 +114,16 @@ const TK = (() => {
       while (cache.size > CACHE_SIZE) cache.delete(cache.keys().next().value);
     }
     return answer;
+  }
+
+  // The answer of a request when the page holds it already (kept, or inline in a file), else null: asks nothing.
+  function kept(path, params = {}) {
+    const key = request(path, params);
+    if (FILE) {
+      const inline = fileAnswer(path, params, key);
+      return inline === undefined ? null : Promise.resolve(inline);
+    }
+    return cache.has(key) ? cache.get(key) : null;
   }
 
   function build(node, attrs, children) {
@@ -305,7 +322,7 @@ const TK = (() => {
     await draw();
   }
 
-  return {VIEWS, DEFAULTS, FILE, api, request, el, svg, fmt, int, pct, hex, visible, visibleNodes, chip, copy, copyButton,
+  return {VIEWS, DEFAULTS, FILE, api, kept, request, el, svg, fmt, int, pct, hex, visible, visibleNodes, chip, copy, copyButton,
     register, draw, go, remember, link, linkTo, start, readState,
     get info() { return info; }};
 })();
