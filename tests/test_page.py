@@ -412,6 +412,51 @@ def test_the_page_reads_packed_weights_as_the_server_writes_them(page):
     )
 
 
+@pytest.fixture(scope="module")
+def long_one(files, tmp_path_factory):
+    """A server of a model of one layer of two heads and a context of 1024: a text of 990 tokens gives
+    a head of 2.6 MB."""
+    cfg = GPTConfig(vocab_size=400, context_length=1024, d_model=16, n_layers=1, n_heads=2)
+    path = tmp_path_factory.mktemp("long") / "long.safetensors"
+    GPT(cfg).save(path)
+    running = Running(serve.make_server(path, tokenizer=files["tok"], port=0))
+    running.base = f"http://127.0.0.1:{running.port}/"
+    yield running
+    running.stop()
+
+
+def test_the_page_keeps_answers_within_its_byte_bound(browser, long_one, files):  # noqa: F811
+    tok = Tokenizer.load(files["tok"])
+    texts = []
+    for i in range(12):  # each a text of its own (990 tokens): answers the page has not seen
+        ids = tok.encode(f"{i} " + "Once upon a time, there was a little cat who sat. " * 80)[:990]
+        texts.append(tok.decode(ids))
+    p = open_page(browser, long_one.base + "?" + urlencode({"view": "attention", "text": texts[0]}))
+    try:
+        sizes = []
+        p.on("response", lambda r: "/api/" in r.url and sizes.append(int(r.headers.get("content-length", 0))))
+        use = []
+        for text in texts[1:]:
+            for head in ("1", "0"):  # two heads of each text: 5.3 MB, and its thumbnails
+                p.evaluate("([text, head]) => TK.go({text, head})", [text, head])
+                wait_drawn(p)
+                use.append(p.evaluate("TK.cacheUse()"))
+        bound = use[-1]["mostBytes"]
+        assert bound == 32 * 1024 * 1024 and sum(sizes) > 1.5 * bound  # the bound was needed
+        for u in use:
+            assert u["bytes"] <= bound and u["answers"] <= u["most"], u
+        assert use[-1]["bytes"] > bound / 2  # it keeps what fits, not nothing
+        kept = "([text, layer]) => TK.kept('/api/attention', {text, layer, head: 0}) !== null"
+        assert not p.evaluate(kept, [texts[0], 0]) and p.evaluate(kept, [texts[-1], 0])  # the oldest went first
+        before = len(p.tk_requests)
+        p.evaluate("TK.draw()")  # the latest text again: drawn from what the page keeps
+        wait_drawn(p)
+        assert [u for u in p.tk_requests[before:] if "/api/" in u] == []
+        assert p.tk_errors == []
+    finally:
+        p.context.close()
+
+
 # ----------------------------------------------------------------------------- next token, generation
 
 
