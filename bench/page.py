@@ -12,9 +12,12 @@ browser, and a GPT-2-124M-shaped model explained, side by side with transformers
    includes that pause; "(redraw)" starts at the change of state. Bar: within 200 ms.
 3. GPT-2 124M shapes (random weights, made here like bench/hf_import_memory.py and imported with
    `tk import-hf`; GPT-2's tokenizer from ../shared/data/gpt2): /api/explain and /api/attention on
-   64 tokens (/api/attention on 512 too: one head in full, every head's thumbnail), and, where
-   transformers and torch are installed, the same checkpoint's forward with
-   output_attentions=True (what bertviz draws from) on the same ids. Bar: explain within 2 s.
+   64 tokens (/api/attention, one head in full, and /api/thumbnails, every head pooled, asked
+   after it as the page asks them, on 512 and 846 tokens, the view's limit, too); the page at the
+   attention view of the 846-token text, clicked through
+   HEADS_VISITED heads (each click's time to redrawn, and the JS heap after them, garbage
+   collected); and, where transformers and torch are installed, the same checkpoint's forward
+   with output_attentions=True (what bertviz draws from) on the same ids. Bar: explain within 2 s.
 
 Medians; the machine is noisy. Nothing is downloaded.
 """
@@ -40,6 +43,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from tokenkit.pipeline.run import load_tokenizer  # noqa: E402
 
 GPT2 = REPO.parent / "shared" / "data" / "gpt2"
+HEADS_VISITED = 30  # more than the page keeps answers for (core.js CACHE_SIZE)
 CHROMIUM = os.environ.get("TK_CHROMIUM", "/usr/bin/chromium")
 
 
@@ -94,7 +98,8 @@ def server_times(served: Served, text: str, repeats: int, with_model: bool) -> d
     asks = {"tokens": ("/api/tokens", {"text": text}), "bpe": ("/api/bpe", {"text": text})}
     if with_model:
         asks |= {
-            "attention": ("/api/attention", {"text": text}),
+            "attention (one head)": ("/api/attention", {"text": text}),
+            "thumbnails (then)": ("/api/thumbnails", {"text": text}),
             "explain, one query": ("/api/explain", {"text": text, "layer": 1, "head": 2, "query": 40}),
             "explain, whole": ("/api/explain", {"text": text, "layer": 1, "head": 2}),
             "next": ("/api/next", {"text": text, "top_k": 10}),
@@ -124,12 +129,19 @@ _TIMED = """async () => {
     };
     const watch = new MutationObserver(() => { if (check()) { watch.disconnect(); resolve(performance.now()); } });
     watch.observe(body, {attributes: true, childList: true, subtree: true});
-    setTimeout(() => { watch.disconnect(); resolve(NaN); }, 10000);
+    setTimeout(() => { watch.disconnect(); resolve(NaN); }, TIMEOUT);
   });
   const t0 = performance.now();
   ACT;
   return (await done) - t0;
 }"""
+
+
+def timed_js(act: str, until: str | None = None, timeout_ms: int = 10_000) -> str:
+    """_TIMED with ACT, UNTIL and its timeout spliced in."""
+    timed = _TIMED.replace("HAS_UNTIL", "true" if until else "false").replace("TIMEOUT", str(timeout_ms))
+    return timed.replace("UNTIL", f"({until})" if until else "false").replace("ACT", act)
+
 
 _GO = "TK.go({text: %s});"  # the redraw alone: what a typed text starts once typing pauses
 _TYPE = "const t = document.getElementById('text'); t.value = %s; t.dispatchEvent(new Event('input'));"
@@ -176,9 +188,7 @@ def page_times(base: str, text: str, repeats: int) -> dict[str, float]:
                 # each new text differs (no answer comes from the page's cache): the first i words swapped
                 new = " ".join(reversed(words[: i + 2])) + " " + " ".join(words[i + 2 :])
                 js = {"type": _TYPE % json.dumps(new), "go": _GO % json.dumps(new)}.get(act, act)
-                timed = _TIMED.replace("HAS_UNTIL", "true" if until else "false")
-                timed = timed.replace("UNTIL", f"({until[0]})" if until else "false").replace("ACT", js)
-                times.append(page.evaluate(timed))
+                times.append(page.evaluate(timed_js(js, until[0] if until else None)))
             out[name] = statistics.median(times) if all(t == t for t in times) else float("nan")  # NaN: no redraw
         browser.close()
     return out
@@ -202,6 +212,28 @@ def page_open_ms(url: str, repeats: int) -> float:
     return median_ms(times)
 
 
+def page_heads(url: str, heads: list[tuple[int, int]]) -> tuple[float, float]:
+    """The page opened at `url` (the attention view), each of `heads` clicked in turn: (median ms
+    from the click to redrawn, the page's JS heap in MB after the last, garbage collected)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(url)
+        page.wait_for_selector('body[data-ready="1"]', timeout=120_000)
+        times = []
+        for layer, head in heads:
+            click = f'document.querySelector(\'.thumb[data-layer="{layer}"][data-head="{head}"]\').click()'
+            times.append(page.evaluate(timed_js(click, timeout_ms=120_000)))
+        cdp = page.context.new_cdp_session(page)
+        cdp.send("HeapProfiler.collectGarbage")
+        cdp.send("Performance.enable")
+        heap = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}["JSHeapUsedSize"]
+        browser.close()
+    return statistics.median(times), heap / 1e6
+
+
 def gpt2_times(repeats: int) -> dict[str, float] | None:
     if not (GPT2 / "vocab.json").is_file():
         print("GPT-2 part skipped: ../shared/data/gpt2 is absent")
@@ -217,6 +249,7 @@ def gpt2_times(repeats: int) -> dict[str, float] | None:
         source = (REPO / "corpora" / "tiny_tales.txt").read_text(encoding="utf-8")
         text = text_of(tok, source, 64)
         long = text_of(tok, source, 512)
+        longest = text_of(tok, source, 846)
         ids = tok.encode(text)
         with Served(str(model)) as served:
             for name, path, params in (
@@ -226,15 +259,13 @@ def gpt2_times(repeats: int) -> dict[str, float] | None:
                     {"text": text, "layer": 5, "head": 7, "query": 40},
                 ),
                 ("explain (64 tokens, layer 5 head 7, whole)", "/api/explain", {"text": text, "layer": 5, "head": 7}),
-                (
-                    "attention (64 tokens, head 5.7 + 12 x 12 thumbnails)",
-                    "/api/attention",
-                    {"text": text, "layer": 5, "head": 7},
-                ),
-                (
-                    "attention (512 tokens, head 5.7 + 12 x 12 thumbnails)",
-                    "/api/attention",
-                    {"text": long, "layer": 5, "head": 7},
+                *(
+                    entry
+                    for n, t in ((64, text), (512, long), (846, longest))
+                    for entry in (
+                        (f"attention ({n} tokens, head 5.7)", "/api/attention", {"text": t, "layer": 5, "head": 7}),
+                        (f"thumbnails ({n} tokens, 12 x 12, after that head)", "/api/thumbnails", {"text": t}),
+                    )
                 ),
                 ("next (64 tokens)", "/api/next", {"text": text}),
             ):
@@ -245,6 +276,10 @@ def gpt2_times(repeats: int) -> dict[str, float] | None:
             out["page: attention view with one query's arithmetic, opened (64 tokens)"] = page_open_ms(
                 served.base + f"?view=attention&layer=5&head=7&query=40&text={urllib.parse.quote(text)}", repeats
             )
+            heads = [(i // 12, i % 12) for i in range(1, HEADS_VISITED + 1)]
+            ms, heap = page_heads(served.base + f"?view=attention&text={urllib.parse.quote(longest)}", heads)
+            out[f"page: another head, 846 tokens ({HEADS_VISITED} heads clicked)"] = ms
+            out[f"page: JS heap MB after {HEADS_VISITED} heads, 846 tokens"] = heap
         try:
             import torch
             from transformers import GPT2LMHeadModel
@@ -297,7 +332,9 @@ def main() -> None:
                 print(f"{name:<52} {value:10.1f}" if "bytes" not in name else f"{name:<52} {value:10,.0f}")
             peer = times.get("transformers forward, output_attentions (64 tokens)")
             if peer:
-                ours = times["attention (64 tokens, head 5.7 + 12 x 12 thumbnails)"]
+                ours = (
+                    times["attention (64 tokens, head 5.7)"] + times["thumbnails (64 tokens, 12 x 12, after that head)"]
+                )
                 print(f"attention: tk serve (request + JSON) / transformers forward alone = {ours / peer:.2f}x")
 
 

@@ -15,7 +15,8 @@ them (grep `TK.api` and `ask(` in cli/page/*.js):
     core.js       /api/info
     tokens.js     /api/tokens     text, specials     (/api/compare only under tk serve -c)
     bpe.js        /api/bpe        text, specials
-    attention.js  /api/attention  text, layer, head, specials
+    attention.js  /api/attention  text, layer, head, specials   (not when the text's thumbnails are its weights)
+                  /api/thumbnails text, specials
                   /api/explain    text, layer, head, query, specials   (once a query is chosen; the file holds
                                   whole explanations, and core.js answers any query from one)
     next.js       /api/next       text, top_k=10, specials
@@ -25,12 +26,13 @@ them (grep `TK.api` and `ask(` in cli/page/*.js):
     model.js      /api/model
     examples.js   /api/example    name
 
-`specials` is empty (left out) for the default policy, refuse. The file holds /api/attention for
-every layer and head while they keep the file under ALL_HEADS_BYTES, and /api/explain for every
-layer and head when there are at most ALL_HEADS_COMBOS and they keep it under that too; else each
-for the --layer/--head given only. /api/generate: the default settings only. A part that several
-answers hold (every head's thumbnails, the embeddings each head's arithmetic shows) is stored once
-(`TK_DATA.shared`, referenced as {"$ref": n}).
+`specials` is empty (left out) for the default policy, refuse. The file holds /api/thumbnails, and
+/api/attention for every layer and head while they keep the file under ALL_HEADS_BYTES, but none
+for a text of at most views.THUMBNAIL_CELLS tokens, whose thumbnails are its heads' weights (the
+page draws each head from them); /api/explain for every layer and head when there are at most
+ALL_HEADS_COMBOS and they keep it under that too; else each for the --layer/--head given only.
+/api/generate: the default settings only. A part that several answers hold (the tokens, the
+embeddings each head's arithmetic shows) is stored once (`TK_DATA.shared`, referenced as {"$ref": n}).
 
 What it deliberately does not do: compute a view (pipeline/views.py does, through
 cli/serve_api.py), or write the file (cli/explain_commands.py does, atomically).
@@ -211,19 +213,19 @@ EXAMPLE_VIEWS = ["examples"]  # the views a worked example's page holds
 
 
 def _attentions(page: Page, held, params: dict[str, Any], first: tuple[int, int], heads: list[tuple[int, int]]) -> bool:
-    """/api/attention for head `first`, then for every head: when the text's thumbnails are its
-    heads' whole weights (at most views.THUMBNAIL_CELLS tokens) each answer is the first's with
-    that head's thumbnail as its weights, what the server answers, without a forward pass each;
-    else asked while the file stays under ALL_HEADS_BYTES. Whether it holds them all."""
-    key = request("/api/attention", {**params, "layer": first[0], "head": first[1]})
-    answer = page.ask(held, "/api/attention", {**params, "layer": first[0], "head": first[1]})
-    if answer is None:  # every head's request is refused as this one
-        page.missing["/api/attention"] = page.errors[key]
+    """/api/thumbnails, and /api/attention for head `first`, then for every head while the file
+    stays under ALL_HEADS_BYTES; when the text's thumbnails are its heads' whole weights (at most
+    views.THUMBNAIL_CELLS tokens) no head's, as the page draws each from them. Whether it holds
+    every head's weights."""
+    first_params = {**params, "layer": first[0], "head": first[1]}
+    answer = page.ask(held, "/api/attention", first_params)  # first: its forward pass pools the thumbnails
+    thumbnails = page.ask(held, "/api/thumbnails", params)
+    if answer is None or thumbnails is None:  # every head's request is refused as this one
+        refused = ("/api/attention", first_params) if answer is None else ("/api/thumbnails", params)
+        page.missing["/api/attention"] = page.errors[request(*refused)]
         return True
-    if answer["thumbnail_edges"] == list(range(len(answer["tokens"]) + 1)):
-        for i, h in heads:
-            one = {**answer, "layer": i, "head": h, "weights": answer["thumbnails"][i][h]}
-            page.answers[request("/api/attention", {**params, "layer": i, "head": h})] = one
+    if thumbnails["thumbnail_edges"] == list(range(len(thumbnails["tokens"]) + 1)):
+        del page.answers[request("/api/attention", first_params)]  # the thumbnails hold it
         return True
     if len(_dump(answer["weights"])) * len(heads) > ALL_HEADS_BYTES:  # each head's weights as large
         return False

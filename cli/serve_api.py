@@ -234,6 +234,11 @@ def _attention(held: Holdings, q: Query) -> dict[str, Any]:
     return views.attention_view(loaded.model, loaded.tokenizer, q.text(), **_layer_head(q, cfg), policy=q.policy())
 
 
+def _thumbnails(held: Holdings, q: Query) -> dict[str, Any]:
+    loaded = held.need_model()
+    return views.thumbnails_view(loaded.model, loaded.tokenizer, q.text(), policy=q.policy())
+
+
 def _explain(held: Holdings, q: Query) -> dict[str, Any]:
     loaded = held.need_model()
     cfg = loaded.model.config
@@ -301,6 +306,7 @@ ENDPOINTS: dict[str, tuple[Callable[[Holdings, Query], dict[str, Any]], tuple[st
     "/api/compare": (_compare, ("text", "specials")),
     "/api/bpe": (_bpe, ("text", "which", "specials")),
     "/api/attention": (_attention, ("text", "layer", "head", "specials")),
+    "/api/thumbnails": (_thumbnails, ("text", "specials")),
     "/api/explain": (_explain, ("text", "layer", "head", "top_k", "query", "specials")),
     "/api/example": (_example, ("name",)),
     "/api/next": (_next, ("text", "top_k", "specials")),

@@ -4,21 +4,24 @@ The commands' `--json` (`tk explain`, `tk predict-next`) print these same dicts 
 (cli/serve.py) sends them, so the page's numbers are the commands' by construction. Each function
 takes loaded objects (a Tokenizer, a GPT, a run directory) and plain settings, and returns plain
 lists, dicts, strings, ints and finite floats (a value JSON cannot hold, such as a masked score's
--inf, is None). docs/serve.md lists every shape.
+-inf, is None); attention maps go as their float32 bytes in base64 (`pack_weights`), exact and
+about a fifth of their JSON. docs/serve.md lists every shape.
 
 - `tokens_view`, `compare_view`: a text cut into tokens, by one tokenizer or two side by side.
 - `bpe_view`: the text from bytes to tokens, merge by merge (`Tokenizer.replay`).
-- `attention_view`, `explain_doc`, `example_doc`: a forward pass (transformer/explain.py).
+- `attention_view`, `thumbnails_view`, `explain_doc`, `example_doc`: a forward pass (transformer/explain.py).
 - `next_view`, `generate_view`: the next-token distribution; generation step by step.
 - `training_view`: a run's log (`pipeline.live.TrainingLog`); `model_view`: a model's blocks.
 - `info_view`: what the server holds, and the limits of what it answers.
 
 What it deliberately does not do: read request parameters, hold locks or follow files (cli/serve.py
-and pipeline/live.py do), or print.
+and pipeline/live.py do), or print. It keeps two things between calls, each per tokenizer or model
+and dropped with it: the vocabulary's labels, and the last text's attention thumbnails.
 """
 
 from __future__ import annotations
 
+import base64
 import math
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -33,13 +36,13 @@ from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.live import TrainingLog
 from tokenkit.pipeline.run import generate_ids, pad_label, predict_next
 from tokenkit.transformer.backends import as_host
-from tokenkit.transformer.explain import EXAMPLES, Explanation, explain_example, explain_model, json_array
+from tokenkit.transformer.explain import EXAMPLES, Explanation, explain_example, explain_model
 from tokenkit.transformer.sampling import softmax
 
 TEXT_CHARS = 20_000  # the longest text a view takes: a tokenization of it is a few hundred KB of JSON
 FIRST_MERGES = 50  # merges listed by bpe_view
 TRAIN_POINTS = 2000  # training-curve points sent at most; a longer log is decimated, its last step kept
-ATTENTION_NUMBERS = 1 << 20  # weights one attention answer holds at most (~20 MB of JSON)
+ATTENTION_NUMBERS = 1 << 20  # weights one text's two attention answers hold at most, together (< 6 MB of base64)
 THUMBNAIL_CELLS = 48  # an attention thumbnail is at most this many cells a side (block means above)
 EXPLAIN_NUMBERS = 1 << 22  # numbers one explain answer holds at most (a GPT-2 explain of 64 tokens: ~1.1 M)
 TOP_K_MAX = 100  # next tokens listed (top_k, and show per generated token)
@@ -201,9 +204,9 @@ def bpe_view(
 
 
 def attention_tokens(config) -> int:
-    """The longest text (in tokens) /api/attention answers for: the model's context, or fewer when
-    one head's T x T weights and every head's thumbnail (at most THUMBNAIL_CELLS a side) would pass
-    ATTENTION_NUMBERS."""
+    """The longest text (in tokens) /api/attention and /api/thumbnails answer for: the model's
+    context, or fewer when one head's T x T weights and every head's thumbnail (at most
+    THUMBNAIL_CELLS a side) would pass ATTENTION_NUMBERS."""
     heads, S = config.n_layers * config.n_heads, THUMBNAIL_CELLS
     t = math.isqrt(ATTENTION_NUMBERS // (1 + heads))  # T <= S: the thumbnails are T x T too
     if t >= S:  # T > S: the thumbnails are S x S
@@ -260,10 +263,41 @@ def pool(weights: np.ndarray, cells: int = THUMBNAIL_CELLS) -> np.ndarray:
     return (sums / np.outer(np.diff(rows), np.diff(cols))).astype(weights.dtype)
 
 
+def pack_weights(w: np.ndarray) -> dict[str, Any]:
+    """A (T, T) map of attention weights as JSON carries it: its numbers as little-endian float32
+    (float64 for a float64 model) in base64, row by row, exact. When every cell above the diagonal
+    is 0 (a causal map: a key after its query), row q holds its first q + 1 cells only (`triangle`).
+
+    >>> pack_weights(np.array([[1.0, 0.0], [0.25, 0.75]], dtype=np.float32))
+    {'shape': [2, 2], 'dtype': 'float32', 'triangle': True, 'base64': 'AACAPwAAgD4AAEA/'}
+    """
+    n, m = w.shape
+    w = np.asarray(w, dtype="<f8" if w.dtype == np.float64 else "<f4")
+    triangle = n == m and not np.triu(w, 1).any()  # a NaN above the diagonal counts: the map goes whole
+    cells = w[np.tri(n, dtype=bool)] if triangle else w
+    raw = base64.b64encode(np.ascontiguousarray(cells).tobytes()).decode("ascii")
+    return {"shape": [n, m], "dtype": w.dtype.name, "triangle": triangle, "base64": raw}
+
+
+def unpack_weights(packed: Mapping[str, Any]) -> np.ndarray:
+    """`pack_weights`' map again, bit for bit (what cli/page/attention.js's `unpackWeights` does).
+
+    >>> unpack_weights({"shape": [2, 2], "dtype": "float32", "triangle": True, "base64": "AACAPwAAgD4AAEA/"}).tolist()
+    [[1.0, 0.0], [0.25, 0.75]]
+    """
+    (n, m), dtype = packed["shape"], {"float32": "<f4", "float64": "<f8"}[packed["dtype"]]
+    cells = np.frombuffer(base64.b64decode(packed["base64"], validate=True), dtype=dtype)
+    if not packed["triangle"]:
+        return cells.reshape(n, m).copy()
+    w = np.zeros((n, m), dtype=dtype)
+    w[np.tri(n, m, dtype=bool)] = cells
+    return w
+
+
 class _Thumbnails(dict):
     """A forward trace that keeps each layer's attention weights pooled (`thumbnails`) and one
-    head's whole (`chosen`), and drops the rest as the layers fill it: a trace of a long text holds
-    every layer's scores and weights, gigabytes."""
+    head's whole (`chosen`; none for layer -1), and drops the rest as the layers fill it: a trace
+    of a long text holds every layer's scores and weights, gigabytes."""
 
     def __init__(self, layer: int, head: int) -> None:
         super().__init__()
@@ -284,30 +318,60 @@ class _Thumbnails(dict):
             self[key] = value
 
 
+# model -> (ids, (L, H, s, s) thumbnails) of the last text a forward pass pooled (1.3 MB for GPT-2's 144
+# heads): the page asks a text's thumbnails just after a head of it, and they come from that head's forward
+# pass, not another. A served model never changes in place (pipeline/live.py loads a new one).
+_LAST_THUMBNAILS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _attention_pass(model, ids: Sequence[int], layer: int = -1, head: int = 0) -> tuple[np.ndarray | None, np.ndarray]:
+    """One forward pass of `ids`: (head `head` of `layer`'s weights, or None for layer -1; every
+    head's thumbnail, (L, H, s, s)), kept as the model's last thumbnails."""
+    trace = _Thumbnails(layer, head)
+    with np.errstate(over="ignore", invalid="ignore"):  # a damaged model's overflow shows as NaN, not warnings
+        model.forward(np.asarray(ids, dtype=np.int64)[None, :], trace=trace)
+    thumbnails = np.stack([trace.thumbnails[i] for i in range(model.config.n_layers)])
+    _LAST_THUMBNAILS[model] = (tuple(ids), thumbnails)
+    return trace.chosen, thumbnails
+
+
 def attention_view(
     model, tokenizer, text: str, *, layer: int = 0, head: int = 0, policy: Mapping[str, Any] = REFUSE
 ) -> dict[str, Any]:
-    """/api/attention: head `head` of layer `layer` whole (weights[query][key]) and every head's
-    thumbnail (thumbnails[layer][head]: `pool`ed to at most THUMBNAIL_CELLS a side, blocks starting
-    at thumbnail_edges), from one `forward(trace=...)`; masked cells are 0, as the softmax gives them."""
+    """/api/attention: head `head` of layer `layer`'s weights (weights[query][key], `pack_weights`:
+    exact), from one `forward(trace=...)`; masked cells are 0, as the softmax gives them. The pass
+    pools every head too, for `thumbnails_view` of the same text next."""
     cfg = model.config
     if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
         where = f"{cfg.n_layers} layers of {cfg.n_heads} heads"
         raise PipelineError(f"layer {layer}, head {head} is not in the model ({where})")
     ids = model_ids(model, tokenizer, text, policy, attention_tokens(cfg))
-    trace = _Thumbnails(layer, head)
-    with np.errstate(over="ignore", invalid="ignore"):  # a damaged model's overflow shows as null, not warnings
-        model.forward(np.asarray(ids, dtype=np.int64)[None, :], trace=trace)
-    thumbnails = np.stack([trace.thumbnails[i] for i in range(cfg.n_layers)])  # (L, H, s, s)
+    chosen, _ = _attention_pass(model, ids, layer, head)
     return {
         "tokens": token_entries(tokenizer, ids),
         "n_layers": cfg.n_layers,
         "n_heads": cfg.n_heads,
         "layer": layer,
         "head": head,
-        "weights": json_array(trace.chosen),
+        "weights": pack_weights(chosen),
+    }
+
+
+def thumbnails_view(model, tokenizer, text: str, *, policy: Mapping[str, Any] = REFUSE) -> dict[str, Any]:
+    """/api/thumbnails: every head's thumbnail (thumbnails[layer][head], `pack_weights`: `pool`ed to
+    at most THUMBNAIL_CELLS a side, blocks starting at thumbnail_edges). Up to THUMBNAIL_CELLS
+    tokens a thumbnail is its head's weights, what `attention_view` sends for it, bit for bit.
+    Those of the text the model's last `attention_view` was of are its, without a forward pass."""
+    cfg = model.config
+    ids = model_ids(model, tokenizer, text, policy, attention_tokens(cfg))
+    last = _LAST_THUMBNAILS.get(model)
+    thumbnails = last[1] if last is not None and last[0] == tuple(ids) else _attention_pass(model, ids)[1]
+    return {
+        "tokens": token_entries(tokenizer, ids),
+        "n_layers": cfg.n_layers,
+        "n_heads": cfg.n_heads,
         "thumbnail_edges": block_edges(len(ids)).tolist(),
-        "thumbnails": json_array(thumbnails),
+        "thumbnails": [[pack_weights(t) for t in layer] for layer in thumbnails],
     }
 
 

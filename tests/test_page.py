@@ -30,7 +30,7 @@ from test_serve import EOT, Running, cli_json, train_files
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli import serve
 from tokenkit.cli.main import main
-from tokenkit.pipeline import checkpoint
+from tokenkit.pipeline import checkpoint, views
 from tokenkit.pipeline.run import load_model_and_tokenizer
 from tokenkit.transformer import GPT, GPTConfig
 
@@ -333,7 +333,8 @@ def wide(files, tmp_path_factory):
 def test_thumbnails_of_a_long_text_pick_the_head_shown_whole(browser, wide):  # noqa: F811
     text = "Once upon a time, there was a little cat who sat. " * 5
     doc = wide.ok("/api/attention", text=text, layer=0, head=0)
-    T, edges = len(doc["tokens"]), doc["thumbnail_edges"]
+    thumbs = wide.ok("/api/thumbnails", text=text)
+    T, edges = len(doc["tokens"]), thumbs["thumbnail_edges"]
     assert 85 < T <= 160 and len(edges) == 49  # pooled thumbnails; the large map still a grid of cells
     p = open_page(browser, wide.base + "?" + urlencode({"view": "attention", "text": text}))
     try:
@@ -352,10 +353,10 @@ def test_thumbnails_of_a_long_text_pick_the_head_shown_whole(browser, wide):  # 
             }""",
             [3, 4, [[i, j] for i in range(0, 48, 5) for j in range(0, 48, 7)]],
         )
-        thumb = doc["thumbnails"][3][4]
+        thumb = views.unpack_weights(thumbs["thumbnails"][3][4])
         cells = [(i, j) for i in range(0, 48, 5) for j in range(0, 48, 7)]
         for (i, j), colour in zip(cells, got, strict=True):
-            share = thumb[i][j] * (edges[j + 1] - edges[j])
+            share = float(thumb[i, j]) * (edges[j + 1] - edges[j])
             want = [246, 246, 248] if edges[j] >= edges[i + 1] else p.evaluate("(w) => TK.explain.rgb(w)", share)
             assert max(abs(a - b) for a, b in zip(colour, want, strict=True)) <= 2, ((i, j), colour, want, share)
         # a click shows that head whole: the server's exact weights, the model's trace
@@ -366,14 +367,15 @@ def test_thumbnails_of_a_long_text_pick_the_head_shown_whole(browser, wide):  # 
         model = wide.server.held.need_model().model
         trace = {}
         model.forward(np.array([[t["id"] for t in doc["tokens"]]]), trace=trace)
-        weights = wide.ok("/api/attention", text=text, layer=5, head=7)["weights"]
-        assert weights == trace["h.5.attn.weights"][0, 7].tolist()
+        weights = views.unpack_weights(wide.ok("/api/attention", text=text, layer=5, head=7)["weights"])
+        assert weights.tobytes() == trace["h.5.attn.weights"][0, 7].tobytes()
         for q, k, w in cells:
-            assert float(w) == weights[int(q)][int(k)]
+            assert float(w) == weights[int(q), int(k)]
         assert p.locator('.thumb.selected[data-layer="5"][data-head="7"]').count() == 1
         p.go_back()  # the address keeps the head: back is head 0 of layer 0 again
         wait_state(p, layer=0, head=0)
-        assert float(p.get_attribute('.heatmap .cell[data-q="9"][data-k="3"]', "data-w")) == doc["weights"][9][3]
+        w = float(p.get_attribute('.heatmap .cell[data-q="9"][data-k="3"]', "data-w"))
+        assert w == views.unpack_weights(doc["weights"])[9, 3]
         shot(p, "attention-thumbnails")
         p.goto(wide.base + "?" + urlencode({"view": "attention", "text": text * 2}))
         wait_drawn(p)
@@ -381,6 +383,76 @@ def test_thumbnails_of_a_long_text_pick_the_head_shown_whole(browser, wide):  # 
         shot(p, "attention-thumbnails-canvas")
         assert p.tk_errors == []
         assert "more than the model's context of 256" in wide.refused("/api/attention", text=text * 4)
+    finally:
+        p.context.close()
+
+
+def test_the_page_reads_packed_weights_as_the_server_writes_them(page):
+    # views.pack_weights -> JSON -> attention.js's unpackWeights: every number the very double, bit for bit
+    rng = np.random.default_rng(3)
+    maps = []
+    for seed in range(24):
+        n = int(rng.integers(1, 60))
+        m = n if seed % 4 else int(rng.integers(1, 60))
+        w = rng.random((n, m)) ** rng.uniform(1, 40)  # tiny numbers too
+        if seed % 3:
+            w = np.tril(w)
+        if seed % 7 == 0:
+            w.flat[rng.integers(0, w.size, 3)] = [np.nan, np.inf, -np.inf]
+        maps.append(w.astype(np.float64 if seed % 5 == 0 else np.float32))
+    packed = [views.pack_weights(w) for w in maps]
+    assert {p["triangle"] for p in packed} == {True, False} and {p["dtype"] for p in packed} == {"float32", "float64"}
+    p = page(view="tokens")
+    got = p.evaluate("(maps) => maps.map((m) => TK.explain.unpackWeights(m).map((row) => Array.from(row)))", packed)
+    for w, rows in zip(maps, got, strict=True):
+        np.testing.assert_array_equal(np.array(rows, dtype=np.float64).reshape(w.shape), w.astype(np.float64))
+    assert "bytes for" in p.evaluate(
+        "(m) => { try { TK.explain.unpackWeights(m); return ''; } catch (e) { return e.message; } }",
+        {**packed[1], "shape": [packed[1]["shape"][0] + 1] * 2},
+    )
+
+
+@pytest.fixture(scope="module")
+def long_one(files, tmp_path_factory):
+    """A server of a model of one layer of two heads and a context of 1024: a text of 990 tokens gives
+    a head of 2.6 MB."""
+    cfg = GPTConfig(vocab_size=400, context_length=1024, d_model=16, n_layers=1, n_heads=2)
+    path = tmp_path_factory.mktemp("long") / "long.safetensors"
+    GPT(cfg).save(path)
+    running = Running(serve.make_server(path, tokenizer=files["tok"], port=0))
+    running.base = f"http://127.0.0.1:{running.port}/"
+    yield running
+    running.stop()
+
+
+def test_the_page_keeps_answers_within_its_byte_bound(browser, long_one, files):  # noqa: F811
+    tok = Tokenizer.load(files["tok"])
+    texts = []
+    for i in range(12):  # each a text of its own (990 tokens): answers the page has not seen
+        ids = tok.encode(f"{i} " + "Once upon a time, there was a little cat who sat. " * 80)[:990]
+        texts.append(tok.decode(ids))
+    p = open_page(browser, long_one.base + "?" + urlencode({"view": "attention", "text": texts[0]}))
+    try:
+        sizes = []
+        p.on("response", lambda r: "/api/" in r.url and sizes.append(int(r.headers.get("content-length", 0))))
+        use = []
+        for text in texts[1:]:
+            for head in ("1", "0"):  # two heads of each text: 5.3 MB, and its thumbnails
+                p.evaluate("([text, head]) => TK.go({text, head})", [text, head])
+                wait_drawn(p)
+                use.append(p.evaluate("TK.cacheUse()"))
+        bound = use[-1]["mostBytes"]
+        assert bound == 32 * 1024 * 1024 and sum(sizes) > 1.5 * bound  # the bound was needed
+        for u in use:
+            assert u["bytes"] <= bound and u["answers"] <= u["most"], u
+        assert use[-1]["bytes"] > bound / 2  # it keeps what fits, not nothing
+        kept = "([text, layer]) => TK.kept('/api/attention', {text, layer, head: 0}) !== null"
+        assert not p.evaluate(kept, [texts[0], 0]) and p.evaluate(kept, [texts[-1], 0])  # the oldest went first
+        before = len(p.tk_requests)
+        p.evaluate("TK.draw()")  # the latest text again: drawn from what the page keeps
+        wait_drawn(p)
+        assert [u for u in p.tk_requests[before:] if "/api/" in u] == []
+        assert p.tk_errors == []
     finally:
         p.context.close()
 

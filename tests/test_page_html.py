@@ -210,6 +210,23 @@ def test_what_the_file_does_not_hold_says_so_in_one_line(made, browser, tmp_path
         assert page.tk_errors == []
 
 
+def test_a_long_texts_file_draws_each_heads_own_weights(made, browser, tmp_path):  # noqa: F811
+    text = "Once upon a time, there was a little cat who sat. " * 2  # over 48 tokens: pooled thumbnails
+    out = tmp_path / "long.html"
+    assert tk("explain", "-m", str(made["run"]), text, "--html", str(out))[0] == 0
+    model, tok = load_model_and_tokenizer(made["run"])
+    with offline(browser, out, "?view=attention&layer=0&head=1") as page:
+        assert page.locator(".thumb canvas").count() == 4 and page.query_selector("#thumb-note")
+        cells = page.eval_on_selector_all(
+            ".heatmap .cell", "cs => cs.map(c => [+c.dataset.q, +c.dataset.k, c.dataset.w])"
+        )
+        assert page.tk_errors == []
+    weights = views.unpack_weights(views.attention_view(model, tok, text, layer=0, head=1)["weights"])
+    assert len(cells) == weights.size
+    for q, k, w in cells:
+        assert float(w) == weights[q, k], (q, k)
+
+
 def test_the_example_file_opens_the_example(made, browser):  # noqa: F811
     doc = views.example_doc("chai")
     with offline(browser, made["example"]) as page:
@@ -284,8 +301,9 @@ def test_shared_parts_are_stored_once_and_put_back_whole(made):
     start = text.index("window.TK_DATA = ") + len("window.TK_DATA = ")
     data = json.loads(text[start : text.index(";</script>", start)])
     explains = [k for k in data["answers"] if k.startswith("/api/explain?")]
-    attentions = [k for k in data["answers"] if k.startswith("/api/attention?")]
-    assert len(explains) == len(attentions) == 4  # every head's arithmetic and weights
+    attentions = [k for k in data["answers"] if k.startswith(("/api/attention?", "/api/thumbnails?"))]
+    assert len(explains) == 4  # every head's arithmetic
+    assert attentions == [page_file.request("/api/thumbnails", {"text": TEXT})]  # every head's weights, once
     assert data["missing"].keys() == {"/api/generate"}
     assert len(data["shared"]) > 10 and not data["errors"]
     answers = _unpacked(data["answers"], data["shared"])
@@ -303,8 +321,9 @@ def _data(path: Path) -> dict:
 
 @pytest.mark.parametrize("long", [False, True])
 def test_the_attention_answers_are_the_servers_for_every_head(made, tmp_path, monkeypatch, long):
-    # a text of at most THUMBNAIL_CELLS tokens: every head's answer made from the thumbnails; a longer one:
-    # every head's asked while the file stays small, else --layer/--head's only
+    # a text of at most THUMBNAIL_CELLS tokens: its thumbnails, which are every head's weights, and no head's
+    # answer; a longer one: its thumbnails and every head's answer while the file stays small, else
+    # --layer/--head's only. Each map of weights is in the file once.
     model, tok = load_model_and_tokenizer(made["run"])
     text = "Once upon a time, there was a little cat who sat. " * 2 if long else TEXT
     assert (len(tok.encode(text)) > views.THUMBNAIL_CELLS) == long
@@ -312,15 +331,23 @@ def test_the_attention_answers_are_the_servers_for_every_head(made, tmp_path, mo
         monkeypatch.setattr(page_file, "ALL_HEADS_BYTES", budget)
         out = tmp_path / f"{long}-{budget}.html"
         assert tk("explain", "-m", str(made["run"]), text, "--layer", "1", "--head", "0", "--html", str(out))[0] == 0
+        raw = out.read_text(encoding="utf-8")
+        packed = re.findall(r'"base64":"([A-Za-z0-9+/=]*)"', raw)
+        assert packed and len(set(packed)) == len(packed)  # each map once
         data = _data(out)
+        thumbs = data["answers"][page_file.request("/api/thumbnails", {"text": text})]
+        assert thumbs == json.loads(json.dumps(views.thumbnails_view(model, tok, text)))
         held = {k: v for k, v in data["answers"].items() if k.startswith("/api/attention?")}
-        every = not (long and budget == 0)
-        assert len(held) == (4 if every else 1) and ("/api/attention" in data["missing"]) != every
+        every = long and budget > 0
+        assert len(held) == (4 if every else 1 if long else 0)
+        assert ("/api/attention" in data["missing"]) == (long and not every)
         for layer, head in ((0, 0), (0, 1), (1, 0), (1, 1)):
             key = page_file.request("/api/attention", {"text": text, "layer": layer, "head": head})
-            if every or (layer, head) == (1, 0):
-                server = views.attention_view(model, tok, text, layer=layer, head=head)
-                assert held[key] == json.loads(json.dumps(server)), (layer, head)
+            server = json.loads(json.dumps(views.attention_view(model, tok, text, layer=layer, head=head)))
+            if every or (long and (layer, head) == (1, 0)):
+                assert held[key] == server, (layer, head)
+            elif not long:  # the page draws the head from its thumbnail: the same map
+                assert thumbs["thumbnails"][layer][head] == server["weights"]
 
 
 def test_doctests():

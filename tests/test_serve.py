@@ -270,21 +270,94 @@ def test_attention_is_the_forward_trace(srv, files):
     ids = tok.encode(text)
     trace = {}
     model.forward(np.array([ids]), trace=trace)
+    thumbs = srv.ok("/api/thumbnails", text=text)
+    assert thumbs == json.loads(json.dumps(views.thumbnails_view(model, tok, text)))
+    assert (thumbs["n_layers"], thumbs["n_heads"]) == (2, 2) and [t["id"] for t in thumbs["tokens"]] == ids
+    # a text shorter than THUMBNAIL_CELLS: every thumbnail is its head's whole map, bit for bit
+    assert thumbs["thumbnail_edges"] == list(range(len(ids) + 1))
     for layer, head in ((0, 0), (0, 1), (1, 0), (1, 1)):
         doc = srv.ok("/api/attention", text=text, layer=layer, head=head)
         assert doc == json.loads(json.dumps(views.attention_view(model, tok, text, layer=layer, head=head)))
         assert (doc["n_layers"], doc["n_heads"], doc["layer"], doc["head"]) == (2, 2, layer, head)
-        np.testing.assert_array_equal(np.array(doc["weights"]), trace[f"h.{layer}.attn.weights"][0, head])
-        # a text shorter than THUMBNAIL_CELLS: every thumbnail is its head's whole map, bit for bit
-        thumbnails = np.array(doc["thumbnails"])
-        assert thumbnails.shape == (2, 2, len(ids), len(ids)) and doc["thumbnail_edges"] == list(range(len(ids) + 1))
-        for i in range(2):
-            np.testing.assert_array_equal(thumbnails[i], trace[f"h.{i}.attn.weights"][0])
-        np.testing.assert_allclose(thumbnails.sum(-1), 1, rtol=1e-5)
-        assert [t["id"] for t in doc["tokens"]] == ids
+        weights = views.unpack_weights(doc["weights"])
+        assert weights.dtype == np.float32 and doc["weights"]["triangle"]  # causal: the cells up to the diagonal
+        np.testing.assert_array_equal(weights, trace[f"h.{layer}.attn.weights"][0, head])
+        assert thumbs["thumbnails"][layer][head] == doc["weights"]
+        np.testing.assert_allclose(weights.sum(-1), 1, rtol=1e-5)
+        assert doc["tokens"] == thumbs["tokens"]
     assert srv.ok("/api/attention", text=text) == srv.ok("/api/attention", text=text, layer=0, head=0)
     assert "layer must be" in srv.refused("/api/attention", text=text, layer=2)
     assert srv.refused("/api/attention", text=text, head=-1).startswith("head ")
+    assert "unknown parameter 'layer'" in srv.refused("/api/thumbnails", text=text, layer=0)
+    assert "more than the model's context of 32" in srv.refused("/api/thumbnails", text="x" * 400)
+
+
+def random_weights(rng, n: int, m: int, causal: bool, dtype) -> np.ndarray:
+    """Softmax rows of random scores, the keys after each query masked when `causal`."""
+    scores = rng.normal(scale=rng.uniform(0.1, 30), size=(n, m))
+    if causal:
+        scores[np.triu(np.ones((n, m), bool), 1)] = -np.inf
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    return (w / w.sum(-1, keepdims=True)).astype(dtype)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_packed_weights_come_back_bit_for_bit(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 70))
+    m = n if seed % 4 else int(rng.integers(1, 70))
+    dtype = np.float64 if seed % 5 == 0 else np.float32
+    w = random_weights(rng, n, m, causal=seed % 3 != 0, dtype=dtype)
+    if seed % 7 == 0:  # a damaged model's numbers: NaN and infinities go as they are
+        w.flat[rng.integers(0, w.size, 3)] = [np.nan, np.inf, -np.inf]
+    packed = views.pack_weights(w)
+    back = views.unpack_weights(json.loads(json.dumps(packed)))
+    assert back.dtype == dtype and back.shape == (n, m)
+    assert back.tobytes() == w.tobytes()  # every bit, NaN included
+    assert packed["triangle"] == (n == m and not np.triu(w, 1).any())
+    cells = n * (n + 1) // 2 if packed["triangle"] else n * m
+    assert len(packed["base64"]) == 4 * -(-cells * w.itemsize // 3)  # base64 of the cells sent, none more
+
+
+def test_attention_answers_are_the_models_weights_on_random_texts(files):
+    # random texts of 1 to 120 tokens (the thumbnails pooled above 48), random heads: the decoded weights
+    # are the trace's float32 numbers exactly, the thumbnails its pooled ones exactly
+    tok = Tokenizer.load(files["tok"])
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=128, d_model=18, n_layers=2, n_heads=3), seed=5)
+    rng = np.random.default_rng(0)
+    alphabet = list("abcdefghij klmnop.,!?\n") + ["Ça", "日本", "😀", " the", " cat"]
+    calls, pooled = [], set()
+    forward = model.forward
+    model.forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
+    for _ in range(16):
+        text = "".join(rng.choice(alphabet, size=int(rng.integers(1, 160))))
+        ids = tok.encode(text)[:120]
+        text = tok.decode(ids)
+        ids = tok.encode(text)
+        layer, head = int(rng.integers(0, 2)), int(rng.integers(0, 3))
+        trace = {}
+        forward(np.array([ids]), trace=trace)
+        calls.clear()
+        doc = views.attention_view(model, tok, text, layer=layer, head=head)
+        thumbs = views.thumbnails_view(model, tok, text)
+        assert len(calls) == 1  # the thumbnails came from the head's forward pass
+        assert views.unpack_weights(doc["weights"]).tobytes() == trace[f"h.{layer}.attn.weights"][0, head].tobytes()
+        for i in range(2):
+            got = np.stack([views.unpack_weights(t) for t in thumbs["thumbnails"][i]])
+            assert got.tobytes() == views.pool(trace[f"h.{i}.attn.weights"][0]).tobytes()
+        assert thumbs["thumbnail_edges"] == views.block_edges(len(ids)).tolist()
+        pooled.add(len(ids) > views.THUMBNAIL_CELLS)
+        if len(ids) <= views.THUMBNAIL_CELLS:
+            assert thumbs["thumbnails"][layer][head] == doc["weights"]
+    assert pooled == {False, True}
+    # another text's thumbnails are that text's, from a forward pass of their own
+    views.attention_view(model, tok, "Once upon a time")
+    calls.clear()
+    other = views.thumbnails_view(model, tok, "The cat sat")
+    trace = {}
+    forward(np.array([tok.encode("The cat sat")]), trace=trace)
+    assert len(calls) == 1
+    assert views.unpack_weights(other["thumbnails"][1][2]).tobytes() == trace["h.1.attn.weights"][0, 2].tobytes()
 
 
 def pool_by_loops(w: np.ndarray, cells: int) -> np.ndarray:
@@ -350,17 +423,20 @@ def test_attention_of_a_text_too_long_for_every_heads_whole_weights(files, tmp_p
         ids = tok.encode(text)
         assert 62 < len(ids) <= 653, len(ids)
         doc = running.ok("/api/attention", text=text, layer=29, head=8)
+        thumbs = running.ok("/api/thumbnails", text=text)
         trace = {}
         model.forward(np.array([ids]), trace=trace)
-        np.testing.assert_array_equal(np.array(doc["weights"]), trace["h.29.attn.weights"][0, 8])
-        thumbnails, edges = np.array(doc["thumbnails"]), doc["thumbnail_edges"]
+        np.testing.assert_array_equal(views.unpack_weights(doc["weights"]), trace["h.29.attn.weights"][0, 8])
+        thumbnails = np.array([[views.unpack_weights(t) for t in layer] for layer in thumbs["thumbnails"]])
+        edges = thumbs["thumbnail_edges"]
         assert thumbnails.shape == (30, 9, 48, 48) and edges == views.block_edges(len(ids)).tolist()
         for layer in (0, 17, 29):
             np.testing.assert_array_equal(thumbnails[layer], views.pool(trace[f"h.{layer}.attn.weights"][0]))
         np.testing.assert_allclose(thumbnails @ np.diff(edges), 1, rtol=1e-5)
         longer = text * 2
-        error = running.refused("/api/attention", text=longer)
-        assert f"{len(tok.encode(longer))} tokens" in error and "653" in error
+        for path in ("/api/attention", "/api/thumbnails"):
+            error = running.refused(path, text=longer)
+            assert f"{len(tok.encode(longer))} tokens" in error and "653" in error
     finally:
         running.stop()
 

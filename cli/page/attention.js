@@ -1,6 +1,7 @@
 // attention.js: the attention view (every layer and head as a small heatmap, the chosen head large, the
 // worked arithmetic of one query) and TK.explain, the renderers it shares with examples.js. The server sends
-// the chosen head whole and every head as a thumbnail: its weights, or above 48 tokens block means.
+// the chosen head whole (/api/attention) and, once per text, every head as a thumbnail (/api/thumbnails): its
+// weights, or above 48 tokens block means; each map as its float32 bytes (unpackWeights), exact.
 // Every number drawn is also an attribute at full precision: a heatmap cell data-q/data-k/data-w; a value
 // of an explain step data-key/data-value (+ data-row, data-col); a value computed here data-derived.
 "use strict";
@@ -272,22 +273,30 @@
     const canvas = el("canvas", {width: size * 2, height: size * 2, "aria-hidden": "true"});
     const g = canvas.getContext("2d");
     g.imageSmoothingEnabled = false;
-    const shares = widths ? weights.map((row) => row.map((x, j) => x * widths[j])) : weights;
+    const shares = widths ? weights.map((row) => Array.from(row, (x, j) => x * widths[j])) : weights;
     g.drawImage(pixels(shares, masked, 64), 0, 0, size * 2, size * 2);
     return canvas;
   }
 
-  // ---------------------------------------------------------------- the last answers, kept for redraws
-  const kept = new Map();
-  function ask(path, params) {
-    const key = path + "?" + new URLSearchParams(params).toString();
-    if (!kept.has(key)) {
-      const answer = TK.api(path, params);
-      answer.catch(() => kept.delete(key));
-      kept.set(key, answer);
-      while (kept.size > 6) kept.delete(kept.keys().next().value);
+  // ---------------------------------------------------------------- the server's answers
+  const ask = (path, params) => TK.api(path, params);  // kept by core.js, within its bounds
+
+  // A map of weights as the server packs it (views.pack_weights): {shape: [n, m], dtype, triangle, base64}, the
+  // numbers little-endian float32 (or float64) row by row; a triangle's row q holds its first q + 1 only (the rest
+  // are 0). -> n rows of m numbers (typed arrays: each number reads back as the very double JSON would give).
+  function unpackWeights(packed) {
+    const [n, m] = packed.shape, wide = packed.dtype === "float64", size = wide ? 8 : 4;
+    const text = atob(packed.base64), bytes = new Uint8Array(text.length);
+    for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
+    const cells = packed.triangle ? n * (n + 1) / 2 : n * m;
+    if (bytes.length !== cells * size) throw new Error(`attention weights of ${bytes.length} bytes for ${n} x ${m} cells`);
+    const data = new DataView(bytes.buffer), out = wide ? new Float64Array(n * m) : new Float32Array(n * m);
+    let at = 0;
+    for (let q = 0; q < n; q++) {
+      const end = packed.triangle ? q + 1 : m;
+      for (let k = 0; k < end; k++, at += size) out[q * m + k] = wide ? data.getFloat64(at, true) : data.getFloat32(at, true);
     }
-    return kept.get(key);
+    return Array.from({length: n}, (_, q) => out.subarray(q * m, (q + 1) * m));
   }
 
   // Draw after the state changes, then give the keyboard focus back to what the user was on.
@@ -297,7 +306,7 @@
     if (node) node.focus();
   }
 
-  TK.explain = {colour, ink, rgb, full, value, vector, matrix, heatmap, thumb, legend, tokenChip, ask, goKeep};
+  TK.explain = {colour, ink, rgb, full, value, vector, matrix, heatmap, thumb, legend, tokenChip, ask, goKeep, unpackWeights};
 
   // ---------------------------------------------------------------- the attention view
   function intParam(text, name, n) {
@@ -308,12 +317,15 @@
     return x;
   }
 
+  // Whether a text's thumbnails are block means (above 48 tokens), not their heads' own weights.
+  const pooled = (thumbs) => thumbs.thumbnail_edges.length - 1 < thumbs.tokens.length;
+
   // Every head's thumbnail (att.thumbnails[layer][head]; cell i covers positions edges[i]..edges[i + 1] - 1).
   function overview(att, layer, head, causal) {
     const size = Math.max(28, Math.min(60, Math.floor(360 / att.n_heads)));
     const edges = att.thumbnail_edges, T = att.tokens.length;
     const widths = edges.slice(1).map((e, i) => e - edges[i]);
-    const pooled = widths.length < T;
+    const blocks = pooled(att);
     const lo = Math.min(...widths), hi = Math.max(...widths), block = lo === hi ? String(lo) : `${lo}-${hi}`;
     // a cell is masked when every key of its block comes after every query of its block
     const masked = causal ? (i, j) => edges[j] >= edges[i + 1] : () => false;
@@ -328,7 +340,7 @@
         const button = el("button", {type: "button", class: "thumb" + (on ? " selected" : ""), dataset: {layer: l, head: h},
           "aria-pressed": on ? "true" : "false", "aria-label": `layer ${l}, head ${h}`, title: `layer ${l}, head ${h}`,
           onclick: () => goKeep({layer: String(l), head: String(h)}, `.thumb[data-layer="${l}"][data-head="${h}"]`)},
-        thumb(att.thumbnails[l][h], masked, size, pooled ? widths : null));
+        thumb(unpackWeights(att.thumbnails[l][h]), masked, size, blocks ? widths : null));
         Object.assign(button.style, {width: `${size + 6}px`, height: `${size + 6}px`});
         grid.append(button);
       }
@@ -336,7 +348,7 @@
     const side = lo === hi ? `${lo} × ${lo}` : `${lo}–${hi} × ${lo}–${hi}`;
     return el("div", {class: "overview"}, el("h3", {}, "every layer and head"), grid,
       el("p", {class: "muted note"}, "click one to show it large"),
-      pooled ? el("p", {class: "muted note", id: "thumb-note"}, `${T} tokens: each thumbnail cell is the mean of a ` +
+      blocks ? el("p", {class: "muted note", id: "thumb-note"}, `${T} tokens: each thumbnail cell is the mean of a ` +
         `${side} block of weights, coloured by the mean × the block's keys (its share of its queries' attention); ` +
         "the large map is the head's own weights.") : null);
   }
@@ -500,11 +512,20 @@
       const cfg = info.model.config;
       const layer = intParam(state.layer, "layer", cfg.n_layers), head = intParam(state.head, "head", cfg.n_heads);
       const wantQuery = state.query !== "";
-      // the arithmetic's answer failing (a `tk explain --html` file holds one head's) leaves the heatmaps drawn
-      const [att, doc] = await Promise.all([ask("/api/attention", {text: state.text, layer, head, specials: state.specials}),
-        // query: the server sends that row of each per-token step only (50x less JSON for 64 tokens)
-        wantQuery ? ask("/api/explain", {text: state.text, layer, head, query: state.query, specials: state.specials})
-          .catch((error) => ({error: error.message})) : null]);
+      const ofText = {text: state.text, specials: state.specials};
+      // this text's thumbnails, when the page holds them: up to 48 tokens they are the heads' own weights too
+      const known = TK.kept("/api/thumbnails", ofText);
+      const held = known && await known.catch(() => null);
+      const atHand = held && !pooled(held);
+      const headAsked = atHand ? null : ask("/api/attention", {...ofText, layer, head});
+      // the arithmetic's answer failing (a `tk explain --html` file holds one head's) leaves the heatmaps drawn;
+      // query: the server sends that row of each per-token step only (50x less JSON for 64 tokens)
+      const docAsked = wantQuery ? ask("/api/explain", {...ofText, layer, head, query: state.query})
+        .catch((error) => ({error: error.message})) : null;
+      // the head before the thumbnails: its forward pass pools every head, which the server then sends without another
+      const att = atHand ? {tokens: held.tokens, weights: held.thumbnails[layer][head]} : await headAsked;
+      const thumbs = held || await ask("/api/thumbnails", ofText);
+      const doc = await docAsked;
       const T = att.tokens.length;
       let query = null, queryError = null;
       if (wantQuery) {
@@ -513,7 +534,7 @@
         else queryError = `query ${state.query} is not a position of this text (0..${T - 1})`;
       }
       const labels = att.tokens.map((t, i) => `${i} ${visible(t.text)}`);
-      const weights = att.weights;
+      const weights = unpackWeights(att.weights);
       const causal = cfg.causal !== false;
       const hd = cfg.d_model / cfg.n_heads;
       const pick = (q) => goKeep({query: String(q)}, ".heatmap");
@@ -542,7 +563,7 @@
           "(from the same trace as tk explain --json); hover a number for its full precision."),
         ...arithmetic(doc, query, cfg, att.tokens, layer, head));
       }
-      root.append(el("div", {class: "att-top"}, overview(att, layer, head, causal), main), arith);
+      root.append(el("div", {class: "att-top"}, overview(thumbs, layer, head, causal), main), arith);
     },
   });
 })();

@@ -13,12 +13,14 @@ const TK = (() => {
     query: "", example: "attention-lookup", step: "", temperature: "1", top_k: "", top_p: "", seed: "0", n: "20",
     specials: ""};
   const NO_CACHE = new Set(["/api/info", "/api/training"]);  // answers that change while the server runs
-  const CACHE_SIZE = 24;
+  const CACHE_SIZE = 24;                  // answers kept at most ...
+  const CACHE_BYTES = 32 * 1024 * 1024;   // ... and their bytes (as the server sent them) at most
   const SVG_NS = "http://www.w3.org/2000/svg";
   const FILE = window.TK_DATA || null;
   if (FILE) Object.assign(DEFAULTS, FILE.defaults, FILE.fixed);
   const views = {};
-  const cache = new Map();   // request -> answer (a promise), the most recent last
+  const cache = new Map();   // request -> {answer (a promise), bytes (0 until it came)}, the most recent last
+  let cacheBytes = 0;        // the bytes of the answers in `cache`
   let info = null;           // /api/info, fetched once
   let drawing = 0;           // the latest draw; an older one that finishes late draws nothing
   let current = null;        // the drawn view's ctx, whose onLeave functions the next draw runs
@@ -75,39 +77,77 @@ const TK = (() => {
     return value;
   }
 
+  // The inline answer of `key` in a `tk explain --html` file (a query's from the whole explanation), or undefined.
+  function fileAnswer(path, params, key) {
+    if (key in FILE.answers) return unpack(FILE.answers[key]);
+    if ("query" in params) {  // the file holds whole explanations: one answers every query
+      const whole = request(path, Object.fromEntries(Object.entries(params).filter(([k]) => k !== "query")));
+      if (whole in FILE.answers) return unpack(FILE.answers[whole]);
+    }
+    return undefined;
+  }
+
+  function forget(key) {
+    const entry = cache.get(key);
+    if (entry) { cacheBytes -= entry.bytes; cache.delete(key); }
+  }
+
+  // Drop the oldest answers until at most CACHE_SIZE are kept in at most CACHE_BYTES (one larger is not kept).
+  function trim() {
+    while (cache.size > CACHE_SIZE || cacheBytes > CACHE_BYTES) forget(cache.keys().next().value);
+  }
+
   // One way to ask: the inline answers of a `tk explain --html` file, else the server.
-  // Answers are kept (a few dozen), so going back to a text or a view asks nothing again;
+  // Answers are kept (CACHE_SIZE, CACHE_BYTES), so going back to a text or a view asks nothing again;
   // pass {fresh: true} (or ask /api/training, /api/info) to ask the server anyway.
   async function api(path, params = {}, options = {}) {
     const key = request(path, params);
     if (FILE) {
-      if (key in FILE.answers) return unpack(FILE.answers[key]);
-      if ("query" in params) {  // the file holds whole explanations: one answers every query
-        const whole = request(path, Object.fromEntries(Object.entries(params).filter(([k]) => k !== "query")));
-        if (whole in FILE.answers) return unpack(FILE.answers[whole]);
-      }
+      const inline = fileAnswer(path, params, key);
+      if (inline !== undefined) return inline;
       throw new Error((FILE.errors || {})[key] || (FILE.missing || {})[path] || FILE.note);
     }
     const keep = !options.fresh && !NO_CACHE.has(path);
     if (keep && cache.has(key)) {
-      const answer = cache.get(key);
+      const entry = cache.get(key);
       cache.delete(key);
-      cache.set(key, answer);
-      return answer;
+      cache.set(key, entry);
+      return entry.answer;
     }
-    const answer = (async () => {
+    const entry = {answer: null, bytes: 0};
+    entry.answer = (async () => {
       const response = await fetch(key, {headers: {"Accept": "application/json"}});
-      const body = await response.json().catch(() => ({error: `the server answered ${response.status}`}));
+      const text = await response.text().catch(() => "");
+      let body;
+      try { body = JSON.parse(text); } catch (error) { body = {error: `the server answered ${response.status}`}; }
       if (!response.ok) throw new Error(body.error || `the server answered ${response.status}`);
+      if (cache.get(key) === entry) {  // still kept: count its bytes
+        entry.bytes = Number(response.headers.get("Content-Length")) || text.length;
+        cacheBytes += entry.bytes;
+        trim();
+      }
       return body;
     })();
     if (keep) {
-      cache.set(key, answer);
-      answer.catch(() => cache.delete(key));  // an error is asked again next time
-      while (cache.size > CACHE_SIZE) cache.delete(cache.keys().next().value);
+      cache.set(key, entry);
+      entry.answer.catch(() => { if (cache.get(key) === entry) forget(key); });  // an error is asked again next time
+      trim();
     }
-    return answer;
+    return entry.answer;
   }
+
+  // The answer of a request when the page holds it already (kept, or inline in a file), else null: asks nothing.
+  function kept(path, params = {}) {
+    const key = request(path, params);
+    if (FILE) {
+      const inline = fileAnswer(path, params, key);
+      return inline === undefined ? null : Promise.resolve(inline);
+    }
+    return cache.has(key) ? cache.get(key).answer : null;
+  }
+
+  // What the cache holds: {answers, bytes}, and its bounds {most, mostBytes} (for tests and the curious).
+  function cacheUse() { return {answers: cache.size, bytes: cacheBytes, most: CACHE_SIZE, mostBytes: CACHE_BYTES}; }
 
   function build(node, attrs, children) {
     for (const [key, value] of Object.entries(attrs || {})) {
@@ -305,7 +345,7 @@ const TK = (() => {
     await draw();
   }
 
-  return {VIEWS, DEFAULTS, FILE, api, request, el, svg, fmt, int, pct, hex, visible, visibleNodes, chip, copy, copyButton,
+  return {VIEWS, DEFAULTS, FILE, api, kept, cacheUse, request, el, svg, fmt, int, pct, hex, visible, visibleNodes, chip, copy, copyButton,
     register, draw, go, remember, link, linkTo, start, readState,
     get info() { return info; }};
 })();
