@@ -615,9 +615,10 @@ CONSTRUCTS = [  # Python regexes whose reading the engines could differ on
 DIALECT_TEXT = "".join(NUMBER_TEXTS + TRICKY_TEXTS) + "[[a]]&&~~ 1x11 😀😀 Ñ"
 
 
-def tiktoken_pieces(pat_str: str, text: str) -> list[str]:
+def tiktoken_pieces(pat_str: str, text: str) -> list[str] | None:
     """The pieces tiktoken cuts a short `text` into: every substring is a token, which tiktoken
-    looks up whole, so each piece comes back as one token."""
+    looks up whole, so each piece comes back as one token. None when its regex engine gives up
+    on the text (fancy-regex's backtracking limit: a Rust panic), as `hf_pieces` for Oniguruma."""
     tiktoken = pytest.importorskip("tiktoken")
     data = text.encode()
     ranks = {bytes([b]): b for b in range(256)}
@@ -625,7 +626,13 @@ def tiktoken_pieces(pat_str: str, text: str) -> list[str]:
         for j in range(i + 2, len(data) + 1):
             ranks.setdefault(data[i:j], len(ranks))
     enc = tiktoken.Encoding("pieces", pat_str=pat_str, mergeable_ranks=ranks, special_tokens={})
-    return [enc.decode_single_token_bytes(t).decode("utf-8", "surrogateescape") for t in enc.encode_ordinary(text)]
+    try:
+        ids = enc.encode_ordinary(text)
+    except BaseException as err:  # pyo3's PanicException is no Exception
+        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise
+        return None
+    return [enc.decode_single_token_bytes(t).decode("utf-8", "surrogateescape") for t in ids]
 
 
 @pytest.mark.parametrize("pattern", CONSTRUCTS)
@@ -834,4 +841,6 @@ def test_any_small_pattern_splits_alike_in_tk_and_tiktoken(pattern, text):
         pat_str = interop.tiktoken_pat_str(pattern)
     except TokenizerError:  # over the time limit on the probe text
         assume(False)
-    assert tiktoken_pieces(pat_str, text) == ours
+    pieces = tiktoken_pieces(pat_str, text)
+    assume(pieces is not None)
+    assert pieces == ours
