@@ -512,7 +512,8 @@ def _hf_merges_at_once(merges_in: list, vocab: dict[str, int], tokens: list) -> 
     if names is None:
         return None
     ids = list(map(vocab.get, names))
-    if None in ids or not set(compress(range(len(tokens)), map(is_, tokens, repeat(None)))).isdisjoint(ids):
+    special_ids = set(compress(range(len(tokens)), map(is_, tokens, repeat(None))))  # ids without bytes
+    if None in ids or not special_ids.isdisjoint(ids):
         return None  # a name that is no token, or a special token's
     return list(zip(ids[0::2], ids[1::2], strict=True))
 

@@ -5,6 +5,7 @@ or over NumPy with the emulated CUDA source) against the NumPy twins and exact a
 import math
 
 import numpy as np
+from kernel_checks import relative_error
 
 from tokenkit.transformer import ops
 from tokenkit.transformer.backends import attention_twins as twins
@@ -21,11 +22,6 @@ SHAPES = [  # (B, T, H, Hkv, D): T off and on the tiles (64 rows, 32 and 64 keys
 # boundary can land on either side (2^-11 on that term); measured up to 1.7e-4
 TWIN_TOL = 5e-4
 EXACT_TOL = 3e-3  # TF32 against exact float64 attention
-
-
-def relative_error(a, b) -> float:
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return float(np.abs(a - b).max(initial=0.0)) / max(float(np.abs(b).max(initial=0.0)), 1e-30)
 
 
 def check_against_twins(kernels, to_device, to_host, shape, causal: bool, seed: int = 0) -> None:

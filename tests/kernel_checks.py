@@ -15,11 +15,15 @@ from tokenkit.transformer.backends.cuda_twins import TwinKernels
 TWINS = TwinKernels()
 
 
+def relative_error(a, b) -> float:
+    """max |a - b| over the reference b's largest magnitude."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.abs(a - b).max(initial=0.0)) / max(float(np.abs(b).max(initial=0.0)), 1e-30)
+
+
 def close(a, b, tol: float, what: str) -> None:
     """|a - b| <= tol * max|b| elementwise (relative to the reference's largest magnitude)."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    scale = max(float(np.abs(b).max(initial=0.0)), 1e-30)
-    err = float(np.abs(a - b).max(initial=0.0)) / scale
+    err = relative_error(a, b)
     assert err <= tol, f"{what}: max relative difference {err:.2e} > {tol:.0e}"
 
 

@@ -13,6 +13,7 @@ import subprocess
 import numpy as np
 import pytest
 from attention_checks import SHAPES, PoisonedXp, check_against_twins, check_decode_against_twin
+from kernel_checks import close
 
 from tokenkit.transformer import GPT, GPTConfig, ops
 from tokenkit.transformer.backends import Backend, attention_source, set_tf32
@@ -23,13 +24,6 @@ from tokenkit.transformer.backends.device_ops import DeviceOps, FusedAttention
 
 FUSED = DeviceOps(np, TwinKernels(fused_attention=True))
 TF32_TOL = 3e-3  # TF32 operands: ~1e-3 relative to the largest magnitude, float64 accumulation
-
-
-def close(a, b, tol: float, what: str) -> None:
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    scale = max(float(np.abs(b).max(initial=0.0)), 1e-30)
-    err = float(np.abs(a - b).max(initial=0.0)) / scale
-    assert err <= tol, f"{what}: max relative difference {err:.2e} > {tol:.0e}"
 
 
 def tf32_reference(x: float) -> float:

@@ -12,8 +12,8 @@ from attention_checks import (  # noqa: E402
     PoisonedXp,
     check_against_twins,
     check_decode_against_twin,
-    relative_error,
 )
+from kernel_checks import relative_error  # noqa: E402
 
 from tokenkit.transformer import GPT, GPTConfig, ModelError  # noqa: E402
 from tokenkit.transformer.backends import get_backend, set_tf32, tf32_enabled  # noqa: E402

@@ -108,17 +108,13 @@ def _workers(workers: int | None) -> int:
         return os.cpu_count() or 1
 
 
-def available_bytes(device: str = "cpu") -> int | None:
+def available_bytes() -> int | None:
     """Bytes this process can still allocate, or None when the system does not say.
-
-    "cuda": the GPU's free memory (cudaMemGetInfo) and what CuPy's pool holds unused.
 
     Linux: MemAvailable of /proc/meminfo (free memory plus what the kernel can reclaim);
     elsewhere the free physical pages (os.sysconf). A process address-space limit
     (RLIMIT_AS, e.g. `ulimit -v`) lowers it to what is left under the limit.
     """
-    if device != "cpu":
-        return _device_free_bytes()
     avail = None
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
@@ -140,6 +136,7 @@ def available_bytes(device: str = "cpu") -> int | None:
 
 
 def _device_free_bytes() -> int | None:
+    """The GPU's free memory (cudaMemGetInfo) and what CuPy's pool holds unused, or None."""
     try:
         import cupy
 

@@ -76,20 +76,6 @@ class FusedAttention(NamedTuple):
     scale: float
 
 
-def fused_attention_applies(kernels, dtype, head_dim: int) -> bool:
-    """Whether attention over (dtype, head_dim) runs fused on `kernels`: they provide it, the
-    model is float32 and TF32 is on (the kernels multiply on TF32 tensor cores, like the GEMMs
-    they replace), and the head dim is one they are built for."""
-    from tokenkit.transformer.backends import tf32_enabled
-
-    return (
-        getattr(kernels, "fused_attention", False)
-        and np.dtype(dtype) == np.float32
-        and head_dim in attention_source.HEAD_DIMS
-        and tf32_enabled()
-    )
-
-
 def fused_decode_applies(kernels, dtype, head_dim: int) -> bool:
     """Whether a generation step's attention (contiguous caches) runs as one kernel: the kernels
     provide it, float32 (in float32 arithmetic: no TF32 involved), a head dim it is built for."""
@@ -98,6 +84,14 @@ def fused_decode_applies(kernels, dtype, head_dim: int) -> bool:
         and np.dtype(dtype) == np.float32
         and head_dim in attention_source.HEAD_DIMS
     )
+
+
+def fused_attention_applies(kernels, dtype, head_dim: int) -> bool:
+    """Whether attention over (dtype, head_dim) runs fused on `kernels`: as `fused_decode_applies`,
+    and TF32 on (the kernels multiply on TF32 tensor cores, like the GEMMs they replace)."""
+    from tokenkit.transformer.backends import tf32_enabled
+
+    return fused_decode_applies(kernels, dtype, head_dim) and tf32_enabled()
 
 
 class DeviceOps:
