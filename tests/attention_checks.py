@@ -59,16 +59,20 @@ def check_against_twins(kernels, to_device, to_host, shape, causal: bool, seed: 
     assert relative_error(dqkv, ops.attention_backward(dout.astype(np.float64), cache)) <= EXACT_TOL
 
 
-def check_decode_against_twin(kernels, to_device, to_host, heads, start: int, B: int, Tmax: int) -> None:
+def check_decode_against_twin(
+    kernels, to_device, to_host, heads, start: int, B: int, Tmax: int, position_on_device: bool = False
+) -> None:
     """`decode_attention` of `kernels` against its twin: the output to 1e-5 (float32 sums in
-    another order), the caches (the new key and value at `start`, nothing else) bit for bit."""
+    another order), the caches (the new key and value at `start`, nothing else) bit for bit.
+    `position_on_device`: `start` given as an int32 array (1,), read by `decode_attention_at`."""
     H, Hkv, D = heads
     rng = np.random.default_rng(start + D)
     qkv = rng.standard_normal((B, 1, (H + 2 * Hkv) * D)).astype(np.float32)
     k = rng.standard_normal((B, Hkv, Tmax, D)).astype(np.float32)
     v = rng.standard_normal((B, Hkv, Tmax, D)).astype(np.float32)
     k_dev, v_dev = to_device(k.copy()), to_device(v.copy())
-    out = to_host(kernels.decode_attention(to_device(qkv), k_dev, v_dev, start, H, Hkv, 1 / math.sqrt(D)))
+    position = to_device(np.array([start], dtype=np.int32)) if position_on_device else start
+    out = to_host(kernels.decode_attention(to_device(qkv), k_dev, v_dev, position, H, Hkv, 1 / math.sqrt(D)))
     want = twins.decode_attention(qkv, k, v, start, H, Hkv, 1 / math.sqrt(D))
     assert np.isfinite(out).all(), "an output was left unwritten"
     assert relative_error(out, want) <= 1e-5, f"out: {relative_error(out, want):.2e}"

@@ -125,6 +125,80 @@ def test_a_model_trains_through_fused_attention():
         close(grads[name], want[name], 2e-2, name)  # TF32 attention, float32 elsewhere
 
 
+class RerunCapture:
+    """The Backend's `capture` without a GPU: it runs the step once to "record" it, and each replay
+    reruns it over the same input arrays into the same output array, as a CUDA graph writes the
+    addresses it recorded. It counts captures and replays."""
+
+    def __init__(self):
+        self.captures = self.replays = self.closed = 0
+
+    def __call__(self, step):
+        self.captures += 1
+        out = step()
+        counts = self
+
+        class Replay:
+            def __call__(self):
+                counts.replays += 1
+                out[...] = step()
+                return out
+
+            def close(self):
+                counts.closed += 1
+
+        return Replay()
+
+
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal", "rope"])
+def test_generation_replays_a_captured_step_with_the_eager_tokens(positional):
+    """Generation through a captured one-position step (ids and position in device arrays, the
+    decode kernel reading the position from memory) gives the eager steps' tokens bit for bit,
+    sampled at batch 1 and greedy at batch 3, past the context (prefills and window shifts run
+    eagerly between replays). Rotary positions are not captured (the table is indexed on the host)."""
+    from tokenkit.transformer.backends import set_cuda_graphs
+
+    capture = RerunCapture()
+    base = twin_backend()
+    backend = Backend("cuda-twin-graphs", np, FUSED, base.to_device, base.to_host, base.synchronize, capture)
+    cfg = GPTConfig(vocab_size=61, context_length=24, d_model=64, n_layers=2, n_heads=2, positional=positional)
+    model = GPT(cfg, seed=3, device=backend)
+    model.params = {k: v.astype(np.float32) for k, v in model.params.items()}
+    prompts = np.random.default_rng(5).integers(0, 61, (3, 5))
+
+    def run():
+        with pytest.warns(UserWarning, match="context"):
+            sampled = list(model.generate(prompts[0], 40, temperature=0.9, seed=2))
+        with pytest.warns(UserWarning, match="context"):
+            greedy = np.stack(list(model.generate_batch(prompts, 40)))
+        return sampled, greedy
+
+    set_cuda_graphs(False)
+    try:
+        eager = run()
+    finally:
+        set_cuda_graphs(True)
+    assert capture.captures == 0
+    captured = run()
+    assert captured[0] == eager[0] and np.array_equal(captured[1], eager[1])
+    if positional == "rope":
+        assert capture.captures == 0
+    else:  # one capture per generation; the steps that are not prefills replay it
+        assert capture.captures == 2 and capture.replays > 60 and capture.closed == 2
+
+
+def test_a_position_on_the_device_needs_the_fused_decode_kernel():
+    qkv = np.ones((1, 1, 3 * 16), dtype=np.float32)
+    cache = np.zeros((1, 1, 8, 16), dtype=np.float32)
+    position = np.array([2], dtype=np.int32)
+    for ops_, x in [(FUSED, qkv.astype(np.float64)), (FUSED, np.ones((1, 2, 48), np.float32))]:
+        with pytest.raises(ValueError, match="position on the device"):
+            ops_.attention_forward_cached(x, cache.astype(x.dtype), cache.astype(x.dtype), position, 1, 1)
+    out, _ = FUSED.attention_forward_cached(qkv, cache, cache.copy(), position, 1, 1)
+    want, _ = FUSED.attention_forward_cached(qkv, cache, cache.copy(), 2, 1, 1)
+    assert np.array_equal(out, want)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_attention_source_compiles_without_spilling_much(tmp_path):
     """Every kernel and head dim for sm_80 and sm_90; ptxas reports no more than a few bytes of
@@ -198,7 +272,8 @@ def test_generation_steps_through_the_decode_kernels_twin(shape):
     assert np.array_equal(k, k_cpu) and np.array_equal(v, v_cpu)
 
 
+@pytest.mark.parametrize("on_device", [False, True], ids=["position-in-launch", "position-in-memory"])
 @pytest.mark.parametrize("start", [0, 1, 127, 128, 260])
 @pytest.mark.parametrize("heads", [(2, 1, 16), (4, 2, 64), (3, 3, 32)])
-def test_emulated_decode_kernel_against_its_twin(emulated_kernels, heads, start):
-    check_decode_against_twin(emulated_kernels, np.asarray, np.asarray, heads, start, B=2, Tmax=300)
+def test_emulated_decode_kernel_against_its_twin(emulated_kernels, heads, start, on_device):
+    check_decode_against_twin(emulated_kernels, np.asarray, np.asarray, heads, start, 2, 300, on_device)

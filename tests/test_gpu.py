@@ -222,3 +222,38 @@ def test_tf32_changes_little():
     ids, targets = rng.integers(0, 500, (4, 64)), rng.integers(0, 500, (4, 64))
     set_tf32(True)
     close(gpu.loss(ids, targets), cpu.loss(ids, targets), 1e-2, "loss with TF32")
+
+
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal"])
+def test_captured_generation_steps_give_the_eager_tokens(positional, monkeypatch):
+    """float32 (the fused decode kernel): generation replaying a CUDA graph of the one-position
+    step gives the tokens of one launch per op, sampled at batch 1 and greedy at batch 8, past
+    the context; the graphs were replayed, and their memory goes back to the pool afterwards."""
+    from tokenkit.transformer.backends import cuda_graph, set_cuda_graphs
+
+    set_tf32(True)
+    cfg, _, gpu = _models(np.float32, positional=positional)
+    prompts = np.random.default_rng(3).integers(0, 500, (8, 16))
+
+    def run():
+        with pytest.warns(UserWarning, match="context"):
+            sampled = list(gpu.generate(prompts[0], 90, temperature=0.9, seed=4))
+        with pytest.warns(UserWarning, match="context"):
+            greedy = np.stack(list(gpu.generate_batch(prompts, 90)))
+        return sampled, greedy
+
+    set_cuda_graphs(False)
+    try:
+        eager = run()
+    finally:
+        set_cuda_graphs(True)
+    replays = []
+    replay = cuda_graph.CapturedStep.__call__
+    monkeypatch.setattr(cuda_graph.CapturedStep, "__call__", lambda self: replays.append(1) or replay(self))
+    pool = cupy.get_default_memory_pool()
+    captured = run()
+    used = pool.used_bytes()
+    assert captured[0] == eager[0] and np.array_equal(captured[1], eager[1])
+    assert len(replays) > 150
+    run()
+    assert pool.used_bytes() <= used, "a generation's graph kept memory after it ended"

@@ -72,8 +72,9 @@ def test_a_training_step_through_fused_attention_matches_the_cpu():
         set_tf32(was)
 
 
+@pytest.mark.parametrize("on_device", [False, True], ids=["position-in-launch", "position-in-memory"])
 @pytest.mark.parametrize("start", [0, 127, 128, 1000])
 @pytest.mark.parametrize("heads", [(12, 12, 64), (8, 2, 64), (3, 1, 32), (2, 2, 16)])
-def test_decode_kernel_against_its_twin(heads, start, monkeypatch):
+def test_decode_kernel_against_its_twin(heads, start, on_device, monkeypatch):
     monkeypatch.setattr(KERNELS, "xp", PoisonedXp(cupy))
-    check_decode_against_twin(KERNELS, cupy.asarray, cupy.asnumpy, heads, start, B=8, Tmax=1024)
+    check_decode_against_twin(KERNELS, cupy.asarray, cupy.asnumpy, heads, start, 8, 1024, on_device)

@@ -105,6 +105,30 @@ class _Prefixed:
         self.grads[self.prefix + name] = value
 
 
+class _CapturedDecode:
+    """A generation step of one position per row, captured by the backend (a CUDA graph) over
+    inputs that live on the device: the ids (B, 1) and the position (1,), rewritten before each
+    replay. The caches are the coroutine's, so prefills (eager) and replays share them."""
+
+    def __init__(self, model: GPT, rows: int, k_cache: list, v_cache: list):
+        self._model = model
+        self._ids = model.xp.zeros((rows, 1), dtype=np.int64)
+        self._position = model.xp.zeros(1, dtype=np.int32)
+        self._forward = lambda: model._cached_forward(self._ids, self._position, k_cache, v_cache)
+        self._replay = None  # captured at the first call, when the inputs hold a real step
+
+    def __call__(self, new: np.ndarray, position: int):
+        self._ids[...] = self._model.backend.to_device(new.astype(np.int64))
+        self._position[...] = position
+        if self._replay is None:
+            self._replay = self._model.backend.capture(self._forward)
+        return self._replay()
+
+    def close(self) -> None:
+        if self._replay is not None:
+            self._replay.close()
+
+
 class GPT:
     """A GPT-style transformer in NumPy (or CuPy on a GPU), in one process.
 
@@ -680,36 +704,67 @@ class GPT:
         """Coroutine like `_steps_uncached` for `rows` rows, with per-layer K/V caches (rows, Hkv,
         T_max, hd), one slot per K/V head (n_kv_heads): only the positions not yet cached are
         computed. When the window shifts, every position changes, so the caches are refilled
-        from the new window."""
+        from the new window. One-position steps replay as a graph where `_captured_step` can."""
         cfg = self.config
-        T_max = cfg.context_length
         dtype = self.params["wte.weight"].dtype
-        shape = (rows, cfg.kv_heads, T_max, cfg.head_dim)
+        shape = (rows, cfg.kv_heads, cfg.context_length, cfg.head_dim)
         k_cache = [self.xp.empty(shape, dtype=dtype) for _ in range(cfg.n_layers)]
         v_cache = [self.xp.empty(shape, dtype=dtype) for _ in range(cfg.n_layers)]
         cached = 0  # positions held in the caches
         window_start = 0  # index in the token list of cached position 0
+        step = None  # the one-position step, captured at its first use
         logits = None
-        while True:
-            tokens, start = yield logits
-            if start != window_start:
-                window_start, cached = start, 0
-            new = self._window(tokens, window_start + cached)  # (B, n)
-            x = self.params["wte.weight"][self.backend.to_device(new)]  # (B, n, C)
-            if cfg.positional != "rope":
-                x = x + self._positions()[cached : cached + new.shape[1]]
-            for i in range(cfg.n_layers):
+        try:
+            while True:
+                tokens, start = yield logits
+                if start != window_start:
+                    window_start, cached = start, 0
+                new = self._window(tokens, window_start + cached)  # (B, n)
+                if new.shape[1] == 1 and step is None:
+                    step = self._captured_step(rows, k_cache, v_cache) or False
+                if new.shape[1] == 1 and step:
+                    logits = step(new, cached)
+                else:
+                    logits = self._cached_forward(self.backend.to_device(new), cached, k_cache, v_cache)
+                cached += new.shape[1]
+        finally:
+            if step:
+                step.close()
 
-                def attend(qkv, i=i, start=cached):
-                    qkv, _ = self._rope(qkv, start)
-                    return self.ops.attention_forward_cached(
-                        qkv, k_cache[i], v_cache[i], start, cfg.n_heads, cfg.n_kv_heads
-                    )
+    def _cached_forward(self, ids, start, k_cache: list, v_cache: list):
+        """ids (B, n) on the device, of positions start..start+n-1 -> next-token logits (B, V),
+        their keys and values written into the per-layer caches. `start` is an int, or for one
+        position an int32 device array (1,) where the ops read it there (a captured step)."""
+        cfg = self.config
+        x = self.params["wte.weight"][ids]  # (B, n, C)
+        if cfg.positional != "rope":
+            table = self._positions()
+            x = x + (table[start : start + ids.shape[1]] if isinstance(start, int) else table.take(start, axis=0))
+        for i in range(cfg.n_layers):
 
-                x, _ = self._block_forward(i, x, None, attend)
-            cached += new.shape[1]
-            xf, _ = self._norm(x[:, -1], self.params["ln_f.weight"], self.params.get("ln_f.bias"))
-            logits = self._last_logits(xf)
+            def attend(qkv, i=i):
+                qkv, _ = self._rope(qkv, start)
+                return self.ops.attention_forward_cached(qkv, k_cache[i], v_cache[i], start, cfg.n_heads, cfg.kv_heads)
+
+            x, _ = self._block_forward(i, x, None, attend)
+        xf, _ = self._norm(x[:, -1], self.params["ln_f.weight"], self.params.get("ln_f.bias"))
+        return self._last_logits(xf)
+
+    def _captured_step(self, rows: int, k_cache: list, v_cache: list):
+        """The one-position step of `_cached_forward` recorded once as a graph, or None where the
+        backend has none (the CPU), graphs are off, or an op would need the position on the host
+        (rotary positions, an attention without the fused decode kernel). -> step(new (B, 1) host
+        ids, position int) -> logits (B, V), the same device array at every step; `step.close()`."""
+        from tokenkit.transformer.backends import cuda_graphs_enabled
+
+        capture = self.backend.capture
+        on_device = getattr(self.ops, "decode_position_on_device", None)
+        dtype = self.params["wte.weight"].dtype
+        if capture is None or not cuda_graphs_enabled() or self.config.positional == "rope":
+            return None
+        if on_device is None or not on_device(dtype, self.config.head_dim):
+            return None
+        return _CapturedDecode(self, rows, k_cache, v_cache)
 
     # ------------------------------------------------------------------------- files
 

@@ -20,6 +20,10 @@ nor float64 models.
 
 `use_gpu(local_rank)` makes the cuda backend on one of several GPUs, for one MPI rank per GPU.
 
+CUDA graphs: on a GPU, generation captures its one-token step once and replays it (a single launch
+instead of one per op, the position read from device memory); `set_cuda_graphs(False)` or
+TK_CUDA_GRAPHS=0 runs every op as its own launch instead. Both give the same tokens.
+
 What this module deliberately does not do: any math (the op modules), choose a device for the
 user (the default is always "cpu"), or move data between processes or GPUs (transformer/parallel.py).
 """
@@ -44,7 +48,11 @@ INSTALL_HINT = "install it with: pip install 'tokenkit[gpu]' (CUDA 12; for CUDA 
 class Backend:
     """A device's array module `xp`, its op module `ops` (transformer/ops.py's names and
     signatures), and the transfers to and from it (`to_device(host array) -> device array`,
-    `to_host(device array) -> numpy array`, `synchronize()` waits for queued work)."""
+    `to_host(device array) -> numpy array`, `synchronize()` waits for queued work).
+
+    `capture(fn)`, where the device has graphs (CUDA), records the work of `fn()` once and
+    returns a `replay()` that reruns all of it in one launch and returns fn's output array, the
+    same array each time (transformer/backends/cuda_graph.py); None elsewhere."""
 
     name: str
     xp: ModuleType
@@ -52,6 +60,7 @@ class Backend:
     to_device: Callable[[Any], Any]
     to_host: Callable[[Any], np.ndarray]
     synchronize: Callable[[], None]
+    capture: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None
 
     def __repr__(self) -> str:
         return f"Backend({self.name!r})"
@@ -59,6 +68,7 @@ class Backend:
 
 _BACKENDS: dict[str, Backend] = {}
 _TF32 = {"on": os.environ.get("TK_TF32", "1") != "0"}
+_GRAPHS = {"on": os.environ.get("TK_CUDA_GRAPHS", "1") != "0"}
 
 
 def get_backend(device: str | Backend = "cpu") -> Backend:
@@ -86,7 +96,7 @@ def _make_cuda() -> Backend:
 
     cuda.set_tf32(_TF32["on"])
     synchronize = lambda: cupy.cuda.get_current_stream().synchronize()  # noqa: E731
-    return Backend("cuda", cupy, cuda.ops, cuda.to_device, cupy.asnumpy, synchronize)
+    return Backend("cuda", cupy, cuda.ops, cuda.to_device, cupy.asnumpy, synchronize, cuda.capture)
 
 
 def _cupy():
@@ -154,6 +164,17 @@ def set_tf32(enabled: bool) -> None:
 def tf32_enabled() -> bool:
     """Whether float32 GEMMs on the GPU may use TF32."""
     return _TF32["on"]
+
+
+def set_cuda_graphs(enabled: bool) -> None:
+    """Let generation replay each one-token step as a CUDA graph where it can (default: on; the
+    environment variable TK_CUDA_GRAPHS=0 turns it off): the same tokens, far fewer launches."""
+    _GRAPHS["on"] = bool(enabled)
+
+
+def cuda_graphs_enabled() -> bool:
+    """Whether generation may capture its steps as CUDA graphs (on a backend that has `capture`)."""
+    return _GRAPHS["on"]
 
 
 def backend_of(array) -> Backend:

@@ -37,7 +37,9 @@ those read as [row t][column g].
   block in thread order at the end. It also writes the new key and value into the cache (the
   first query head of each K/V head does), and reads them from the projection, so one launch
   replaces the eight of the GEMM path (two cache writes, the scaling, two copies, two GEMMs, the
-  softmax): generation at batch 1 is launch-bound.
+  softmax): generation at batch 1 is launch-bound. `decode_attention_at<D>` is the same step at a
+  position read from device memory, so that one CUDA graph of a whole decode step serves every
+  position (transformer/backends/cuda_graph.py).
 
 What this module deliberately does not do: import CuPy or launch anything
 (transformer/backends/cuda_launch.py), or keep any (T, T) array.
@@ -49,7 +51,7 @@ BLOCK_ROWS = 64  # queries of a forward / dQ block, keys of a dK/dV block; 16 pe
 KEY_TILE = 64  # keys per step of the forward and dQ walks
 QUERY_TILE = 32  # queries per step of the dK/dV walk
 OPTIONS = ("-std=c++14",)
-KERNELS = ("flash_forward", "flash_backward_dq", "flash_backward_dkv", "decode_attention")
+KERNELS = ("flash_forward", "flash_backward_dq", "flash_backward_dkv", "decode_attention", "decode_attention_at")
 DECODE_THREADS = 128  # decode_attention: a thread per key, strided
 MIN_COMPUTE_CAPABILITY = 80  # mma.sync with TF32 operands
 
@@ -418,9 +420,9 @@ __global__ void __launch_bounds__(128) flash_backward_dkv(const float* __restric
 // positions 0 .. start - 1 -> out (B, 1, H D); the new key and value written at `start` (by each K/V
 // head's first query head). grid (B H), 128 threads.
 template <int D>
-__global__ void __launch_bounds__(128) decode_attention(const float* __restrict__ qkv, float* __restrict__ k_cache,
-                                                        float* __restrict__ v_cache, float* __restrict__ out, int Tmax,
-                                                        int H, int Hkv, int start, float scale) {
+__device__ __forceinline__ void decode_step(const float* __restrict__ qkv, float* __restrict__ k_cache,
+                                            float* __restrict__ v_cache, float* __restrict__ out, int Tmax, int H,
+                                            int Hkv, int start, float scale) {
     __shared__ float q[D];
     __shared__ float acc_rows[128][D + 1];
     __shared__ float maxima[128], sums[128];
@@ -485,5 +487,23 @@ __global__ void __launch_bounds__(128) decode_attention(const float* __restrict_
         }
         out[(long long)b * H * D + h * D + d] = total / weight;
     }
+}
+
+// decode_step at a position given by the host
+template <int D>
+__global__ void __launch_bounds__(128) decode_attention(const float* __restrict__ qkv, float* __restrict__ k_cache,
+                                                        float* __restrict__ v_cache, float* __restrict__ out, int Tmax,
+                                                        int H, int Hkv, int start, float scale) {
+    decode_step<D>(qkv, k_cache, v_cache, out, Tmax, H, Hkv, start, scale);
+}
+
+// decode_step at the position held in device memory, position[0]: a CUDA graph of the step replays
+// at every position without being captured again
+template <int D>
+__global__ void __launch_bounds__(128) decode_attention_at(const float* __restrict__ qkv, float* __restrict__ k_cache,
+                                                           float* __restrict__ v_cache, float* __restrict__ out,
+                                                           int Tmax, int H, int Hkv, const int* __restrict__ position,
+                                                           float scale) {
+    decode_step<D>(qkv, k_cache, v_cache, out, Tmax, H, Hkv, position[0], scale);
 }
 """

@@ -92,7 +92,9 @@ def flash_backward(dout, qkv, out, lse, n_heads: int, n_kv_heads: int, causal: b
 def decode_attention(qkv, k_cache, v_cache, start: int, n_heads: int, n_kv_heads: int, scale: float) -> np.ndarray:
     """qkv (B, 1, (H + 2 Hkv) D) of position `start`, caches (B, Hkv, Tmax, D) -> out (B, 1, H D), and
     the new key and value written into the caches: kernel `decode_attention` (float32 arithmetic;
-    the kernel's per-thread sums differ in their last bits)."""
+    the kernel's per-thread sums differ in their last bits). `start` may be an int32 array (1,):
+    kernel `decode_attention_at`, the position read from memory."""
+    start = int(start) if isinstance(start, (int, np.integer)) else int(start[0])
     B, _, W = qkv.shape
     D = W // (n_heads + 2 * n_kv_heads)
     x = qkv.reshape(B, n_heads + 2 * n_kv_heads, D)

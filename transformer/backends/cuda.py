@@ -12,8 +12,10 @@ a CPU run never imports CuPy. The kernels compile on first use (NVRTC, cached by
 The fused attention kernels (attention_source.py) compile in a module of their own, on GPUs
 with TF32 tensor cores (sm_80 and newer).
 
+Generation's steps replay as CUDA graphs (cuda_graph.py's `capture`, the Backend's).
+
 What this module deliberately does not do: math of its own (the kernels and device_ops.py),
-CUDA graphs, mixed precision, or anything across GPUs.
+mixed precision, or anything across GPUs.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 
 from tokenkit.transformer.backends import attention_source as attn
 from tokenkit.transformer.backends import cuda_source as src
+from tokenkit.transformer.backends.cuda_graph import capture  # noqa: F401 (the Backend's capture)
 from tokenkit.transformer.backends.cuda_launch import CudaKernels
 from tokenkit.transformer.backends.device_ops import DeviceOps
 

@@ -242,10 +242,12 @@ class CudaKernels:
         B, _, W = qkv.shape
         D = W // (n_heads + 2 * n_kv_heads)
         out = self.xp.empty((B, 1, n_heads * D), dtype=qkv.dtype)
-        self._attention_fn("decode_attention", D)(
+        # an int position goes in the launch; a device one (int32, (1,)) is read there, for a CUDA graph
+        on_host = isinstance(start, (int, np.integer))
+        self._attention_fn("decode_attention" if on_host else "decode_attention_at", D)(
             (B * n_heads,),
             (attn.DECODE_THREADS,),
             (qkv, k_cache, v_cache, out, np.int32(k_cache.shape[2]), np.int32(n_heads), np.int32(n_kv_heads),
-             np.int32(start), np.float32(scale)),
+             np.int32(start) if on_host else start, np.float32(scale)),
         )  # fmt: skip
         return out

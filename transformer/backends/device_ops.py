@@ -280,13 +280,23 @@ class DeviceOps:
         dqkv[:, :, H + Hkv :] = dv.transpose(0, 2, 1, 3)
         return dqkv.reshape(B, T, (H + 2 * Hkv) * hd)
 
-    def attention_forward_cached(self, qkv, k_cache, v_cache, start: int, n_heads: int, n_kv_heads=None):
+    def decode_position_on_device(self, dtype, head_dim: int) -> bool:
+        """Whether `attention_forward_cached` of one position takes its `start` as an int32 device
+        array (1,), read by the kernel: what a CUDA graph of the decode step needs (one kernel)."""
+        return fused_decode_applies(self.kernels, dtype, head_dim)
+
+    def attention_forward_cached(self, qkv, k_cache, v_cache, start, n_heads: int, n_kv_heads=None):
         """Incremental causal attention for generation: qkv (B, n, (H + 2 Hkv) hd) of positions
         start..start+n-1; their k, v go into k_cache, v_cache (B, Hkv, T_max, hd). -> out (B, n, H hd).
-        One new position (a generation step) is one kernel where `fused_decode_applies`."""
+        One new position (a generation step) is one kernel where `fused_decode_applies`; there
+        `start` may be an int32 device array (1,) (`decode_position_on_device`)."""
         Hkv = cpu_ops.kv_heads(n_heads, n_kv_heads)
         hd = qkv.shape[-1] // (n_heads + 2 * Hkv)
         contiguous = k_cache.flags.c_contiguous and v_cache.flags.c_contiguous
+        if not isinstance(start, (int, np.integer)) and not (
+            qkv.shape[1] == 1 and contiguous and self.decode_position_on_device(qkv.dtype, hd)
+        ):
+            raise ValueError("a position on the device needs one new position through the fused decode kernel")
         if qkv.shape[1] == 1 and contiguous and fused_decode_applies(self.kernels, qkv.dtype, hd):
             out = self.kernels.decode_attention(
                 self.xp.ascontiguousarray(qkv), k_cache, v_cache, start, n_heads, Hkv, 1.0 / math.sqrt(hd)
