@@ -106,3 +106,23 @@ def check_embedding_and_adamw_bit_identical(kernels, dev, host, rows: int, width
         kernels.adamw(*on_device, *consts)
         for name, a, b in zip("pgmv", on_device, (p, g, m, v), strict=True):
             assert np.array_equal(host(a), b), name
+
+
+def check_skinny_kernels(kernels, dev, host, rows: int, k: int, n: int, dtype) -> None:
+    """The products of a few rows (a generation step's linear layers and logits) against their
+    twins bit for bit (the same products added in the same order, --fmad=false), and the twins
+    against NumPy's matmul to the dtype's tolerance; with and without the bias."""
+    rng = np.random.default_rng(rows * 1000 + k + n)
+    x = rng.standard_normal((rows, k)).astype(dtype)
+    w = rng.standard_normal((k, n)).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype)
+    for bias in (b, None):
+        got = host(kernels.skinny_matmul(dev(x), dev(w), None if bias is None else dev(bias)))
+        twin = TWINS.skinny_matmul(x, w, bias)
+        assert got.shape == (rows, n) and np.array_equal(got, twin), "skinny_matmul against its twin"
+        close(twin, x.astype(np.float64) @ w + (0 if bias is None else bias), tol_for(dtype), "skinny_matmul")
+    wt = np.ascontiguousarray(w.T)  # (V, C) = (n, k): the unembedding's layout
+    got = host(kernels.skinny_matmul_nt(dev(x), dev(wt)))
+    twin = TWINS.skinny_matmul_nt(x, wt)
+    assert got.shape == (rows, n) and np.array_equal(got, twin), "skinny_matmul_nt against its twin"
+    close(twin, x.astype(np.float64) @ wt.T, tol_for(dtype), "skinny_matmul_nt")

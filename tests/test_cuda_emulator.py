@@ -15,6 +15,7 @@ from kernel_checks import (
     check_attention_kernels,
     check_embedding_and_adamw_bit_identical,
     check_row_kernels,
+    check_skinny_kernels,
     check_xent_kernels,
     close,
 )
@@ -295,6 +296,12 @@ def test_column_sums_over_many_chunks(monkeypatch):
 @pytest.mark.parametrize("shape", [(1, 2), (5, 300), (3, 2000)])
 def test_xent_kernels_against_twins(shape, dtype):
     check_xent_kernels(KERNELS, np.copy, np.asarray, shape, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, k, n", [(1, 1, 1), (1, 64, 200), (3, 37, 65), (8, 300, 33), (5, 96, 96)])
+def test_skinny_kernels_against_twins(rows, k, n, dtype):
+    check_skinny_kernels(KERNELS, np.copy, np.asarray, rows, k, n, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

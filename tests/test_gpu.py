@@ -16,6 +16,7 @@ from kernel_checks import (  # noqa: E402
     check_attention_kernels,
     check_embedding_and_adamw_bit_identical,
     check_row_kernels,
+    check_skinny_kernels,
     check_xent_kernels,
     tol_for,
 )
@@ -65,6 +66,12 @@ def test_row_kernels_against_twins(shape, dtype):
 @pytest.mark.parametrize("shape", [(1, 2), (5, 300), (64, 50304)])
 def test_xent_kernels_against_twins(shape, dtype):
     check_xent_kernels(KERNELS, dev, cupy.asnumpy, shape, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, k, n", [(1, 768, 2304), (8, 3072, 768), (3, 37, 65), (8, 768, 4099)])
+def test_skinny_kernels_against_twins(rows, k, n, dtype):
+    check_skinny_kernels(KERNELS, dev, cupy.asnumpy, rows, k, n, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -685,11 +685,8 @@ class GPT:
         return np.ascontiguousarray(new.reshape(new.shape[0], -1).T)
 
     def _last_logits(self, xf_last: np.ndarray) -> np.ndarray:
-        """xf_last (B, C) final-normed last positions -> logits (B, V). One row is a GEMV (W @ x),
-        as batch-1 decoding has always computed it."""
-        if xf_last.shape[0] == 1:
-            return (self._unembedding() @ xf_last[0])[None]
-        return xf_last @ self._unembedding().T
+        """xf_last (B, C) final-normed last positions -> logits (B, V)."""
+        return self.ops.unembed(xf_last, self._unembedding())
 
     def _steps_uncached(self):
         """Coroutine: receives (tokens, window start) as `_generate` holds them, returns the

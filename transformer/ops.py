@@ -370,6 +370,15 @@ def linear_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None):
     return out.reshape(*x.shape[:-1], weight.shape[1]), (x, weight, bias is not None)
 
 
+def unembed(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """x (R, C) final-normed rows, weight (V, C) (the tied wte or lm_head) -> logits (R, V) = x weight^T,
+    for the last positions of generation. One row is a GEMV (weight @ x), as batch-1 decoding has
+    always computed it. Inference only (training's logits go through its loss buffer)."""
+    if x.shape[0] == 1:
+        return (weight @ x[0])[None]
+    return x @ weight.T
+
+
 def linear_backward(dout: np.ndarray, cache):
     """dout (..., Cout) -> dx (..., Cin), dweight (Cin, Cout), dbias (Cout,) or None."""
     x, weight, has_bias = cache

@@ -40,6 +40,7 @@ from tokenkit.transformer.ops import (
     softmax_xent_forward,
     swiglu_backward,
     swiglu_forward,
+    unembed,
 )
 
 OPS = (
@@ -48,7 +49,7 @@ OPS = (
     "residual_backward", "attention_forward", "attention_backward", "attention_forward_cached", "gelu_forward",
     "gelu_backward", "relu_forward", "relu_backward", "softmax_xent_forward", "softmax_xent_backward", "adamw_update",
     "rope_forward", "rope_backward", "rmsnorm_forward", "rmsnorm_backward", "silu_forward", "silu_backward",
-    "swiglu_forward", "swiglu_backward",
+    "swiglu_forward", "swiglu_backward", "unembed",
 )  # fmt: skip
 
 __all__ = ["LN_EPS", "OPS", *OPS]

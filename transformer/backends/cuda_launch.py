@@ -99,6 +99,26 @@ class CudaKernels:
         )
         return out
 
+    def skinny_matmul(self, x, w, b):
+        R, K = x.shape
+        N = w.shape[1]
+        out = self.xp.empty((R, N), dtype=x.dtype)
+        self._fn("skinny_matmul", x.dtype)(
+            (-(-N // src.WARP),), (src.SKINNY_WARPS * src.WARP,),
+            (x, w, w if b is None else b, np.int32(b is not None), out, np.int32(R), np.int32(K), np.int32(N)),
+        )  # fmt: skip
+        return out
+
+    def skinny_matmul_nt(self, x, w):
+        R, C = x.shape
+        V = w.shape[0]
+        out = self.xp.empty((R, V), dtype=x.dtype)
+        self._fn("skinny_matmul_nt", x.dtype)(
+            (-(-V // src.ROWS_PER_BLOCK),), (src.ROWS_PER_BLOCK * src.WARP,),
+            (x, w, out, np.int32(R), np.int32(C), np.int64(V)),
+        )  # fmt: skip
+        return out
+
     def gelu(self, x, grad):
         t = x.dtype.type
         out = self.xp.empty_like(x)

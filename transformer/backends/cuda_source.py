@@ -30,11 +30,14 @@ COLUMN_THREADS = 128
 COLUMN_CHUNK = 64  # rows per chunk of a column sum, at least; more when that would need > MAX_GRID_Y chunks
 MAX_GRID_Y = 65535
 ADAMW_CHUNK = 16 * ELEMENTWISE_THREADS  # adamw_multi: elements per block, 16 per thread
+SKINNY_ROWS = 8  # the most rows the skinny products take (a generation step's batch); more go to cuBLAS
+SKINNY_WARPS = 8  # skinny_matmul: a block is 32 columns x 8 warps, each warp a slice of the k range
 OPTIONS = ("--fmad=false", "-std=c++14")
 
 KERNELS = (
     "layernorm_forward", "layernorm_backward", "column_sums", "gelu_forward", "xent_forward", "xent_backward",
-    "attention_softmax", "softmax_backward", "embedding_backward", "adamw", "adamw_multi",
+    "attention_softmax", "softmax_backward", "embedding_backward", "adamw", "adamw_multi", "skinny_matmul",
+    "skinny_matmul_nt",
 )  # fmt: skip
 EXPRESSIONS = tuple(f"{name}<{ctype}>" for name in KERNELS for ctype in ("float", "double"))  # each kernel's instances
 
@@ -44,7 +47,9 @@ def column_chunk_rows(n_rows: int) -> int:
     return max(COLUMN_CHUNK, -(-n_rows // MAX_GRID_Y))
 
 
-SOURCE = r"""
+SOURCE = (
+    f"#define SKINNY_ROWS {SKINNY_ROWS}\n#define SKINNY_WARPS {SKINNY_WARPS}\n"
+    + r"""
 #define FULL_MASK 0xffffffffu
 
 template <typename T> __device__ __forceinline__ T neg_inf();
@@ -329,4 +334,63 @@ __global__ void adamw_multi(const long long* __restrict__ table, const long long
     for (long long i = start + threadIdx.x; i < end; i += blockDim.x)
         adamw_element(p, g, m, v, i, beta1, beta2, scale, eps, d);
 }
+
+// out (R, N) = x (R, K) w (K, N) (+ b) for R <= SKINNY_ROWS: a generation step's linear layers, which
+// cuBLAS would run too, but not inside a CUDA graph that CuPy captures. A block is 32 columns (a lane
+// each, reading w's rows coalesced) x SKINNY_WARPS warps; warp g adds k = g, g + 8, ... in order,
+// then the warps' partial sums add in warp order (the same bits on every run).
+template <typename T>
+__global__ void skinny_matmul(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                              int has_bias, T* __restrict__ out, int R, int K, int N) {
+    __shared__ T partial[SKINNY_WARPS][SKINNY_ROWS][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
+    T acc[SKINNY_ROWS];
+#pragma unroll
+    for (int r = 0; r < SKINNY_ROWS; ++r) acc[r] = T(0);
+    if (j < N) {
+        for (int k = warp; k < K; k += SKINNY_WARPS) {
+            const T wk = w[(long long)k * N + j];
+#pragma unroll
+            for (int r = 0; r < SKINNY_ROWS; ++r)
+                if (r < R) acc[r] += x[(long long)r * K + k] * wk;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < SKINNY_ROWS; ++r) partial[warp][r][lane] = acc[r];
+    __syncthreads();
+    for (int e = threadIdx.x; e < R * 32; e += blockDim.x) {
+        const int r = e / 32, c = e % 32, col = blockIdx.x * 32 + c;
+        if (col >= N) continue;
+        T s = partial[0][r][c];
+        for (int g = 1; g < SKINNY_WARPS; ++g) s += partial[g][r][c];
+        out[(long long)r * N + col] = has_bias ? s + b[col] : s;
+    }
+}
+
+// out (R, V) = x (R, C) w (V, C)^T for R <= SKINNY_ROWS: the logits of a generation step. A warp per
+// row of w: lane l adds c = l, l + 32, ... in order, then the lanes by the xor butterfly.
+template <typename T>
+__global__ void skinny_matmul_nt(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out, int R,
+                                 int C, long long V) {
+    const long long v = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (v >= V) return;  // the whole warp leaves together
+    const T* wv = w + v * C;
+    T acc[SKINNY_ROWS];
+#pragma unroll
+    for (int r = 0; r < SKINNY_ROWS; ++r) acc[r] = T(0);
+    for (int c = lane; c < C; c += 32) {
+        const T wc = wv[c];
+#pragma unroll
+        for (int r = 0; r < SKINNY_ROWS; ++r)
+            if (r < R) acc[r] += x[(long long)r * C + c] * wc;
+    }
+#pragma unroll
+    for (int r = 0; r < SKINNY_ROWS; ++r) {
+        const T total = warp_sum(acc[r]);
+        if (r < R && lane == 0) out[(long long)r * V + v] = total;
+    }
+}
 """
+)

@@ -124,6 +124,26 @@ class TwinKernels:
             acc += chunks[:, r]
         return acc
 
+    def skinny_matmul(self, x, w, b):
+        """x (R, K) @ w (K, N) (+ b) -> (R, N), R <= SKINNY_ROWS: kernel `skinny_matmul`, warp g's
+        sum of k = g, g + SKINNY_WARPS, ... in order, then the warps' sums in order."""
+        g = src.SKINNY_WARPS
+        partial = [np.zeros((x.shape[0], w.shape[1]), dtype=x.dtype) for _ in range(g)]
+        for k in range(x.shape[1]):
+            partial[k % g] += x[:, k : k + 1] * w[k]
+        out = partial[0]
+        for p in partial[1:]:
+            out = out + p
+        return out + b if b is not None else out
+
+    def skinny_matmul_nt(self, x, w):
+        """x (R, C) @ w (V, C)^T -> (R, V), R <= SKINNY_ROWS: kernel `skinny_matmul_nt`, a warp per
+        row of w (lane sums, then the butterfly)."""
+        R, C = x.shape
+        products = x[:, None, :] * w[None, :, :]  # (R, V, C)
+        sums = _butterfly(_lane_sums(products.reshape(-1, C)))
+        return sums.reshape(R, w.shape[0])
+
     def gelu(self, x, grad):
         """x (...) -> out, gelu'(x) or None: kernel `gelu_forward`."""
         t = x.dtype.type

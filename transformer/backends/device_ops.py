@@ -22,6 +22,10 @@ How it differs from the CPU ops, and why:
   order: the additions of NumPy's add.at, so it is bit-identical to the CPU op.
 - The cross-entropy keeps each row's max and sum of exponentials instead of writing the
   exponentials: one read of the logits forward, one read and write backward.
+- Products of at most SKINNY_ROWS rows (a generation step's linear layers and logits) run on
+  kernels of their own instead of cuBLAS: CuPy refuses cuBLAS calls inside the CUDA graph that
+  a generation step is captured as (cuda_graph.py), and at a few rows a product only streams
+  the weights once.
 - Llama's pieces (RMSNorm, rotary positions, SiLU and SwiGLU) are plain array code over xp,
   no kernels of their own yet (RMSNorm's dweight uses the column sums): correct on any device,
   not tuned. Grouped-query attention is fused like any attention where that applies (the kernels
@@ -45,7 +49,9 @@ Kernel interface (what `kernels` provides; arrays C-contiguous, on the device):
     flash_attention_forward(qkv (B, T, (H + 2 Hkv) D), H, Hkv, causal, scale) -> out (B, T, H D), lse (B, H, T)
     flash_attention_backward(dout (B, T, H D), qkv, out, lse, H, Hkv, causal, scale) -> dqkv (B, T, (H + 2 Hkv) D)
     decode_attention(qkv (B, 1, W), k_cache (B, Hkv, Tmax, D), v_cache, start, H, Hkv, scale) -> out (B, 1, H D),
-        the new key and value written into the caches at `start`
+        the new key and value written into the caches at `start` (an int, or an int32 device array (1,))
+    skinny_matmul(x (R, K), w (K, N), b (N,) or None) -> x w (+ b) (R, N), for R <= SKINNY_ROWS
+    skinny_matmul_nt(x (R, C), w (V, C)) -> x w^T (R, V), for R <= SKINNY_ROWS
 
 What this module deliberately does not do: define or launch kernels (cuda_source.py,
 cuda_launch.py, cuda_twins.py), import CuPy, or know which device it runs on.
@@ -60,6 +66,7 @@ import numpy as np
 
 from tokenkit.transformer import ops as cpu_ops
 from tokenkit.transformer.backends import attention_source
+from tokenkit.transformer.backends.cuda_source import SKINNY_ROWS
 
 LN_EPS = cpu_ops.LN_EPS
 
@@ -161,11 +168,23 @@ class DeviceOps:
     # ------------------------------------------------------------------------- linear
 
     def linear_forward(self, x, weight, bias):
-        """x (..., Cin), weight (Cin, Cout), bias (Cout,) -> (..., Cout): one GEMM."""
-        out = x.reshape(-1, x.shape[-1]) @ weight
-        if bias is not None:
-            out += bias
+        """x (..., Cin), weight (Cin, Cout), bias (Cout,) -> (..., Cout): one GEMM, or for a few
+        rows (a generation step) one kernel with the bias, which a CUDA graph can hold."""
+        x2 = x.reshape(-1, x.shape[-1])
+        if x2.shape[0] <= SKINNY_ROWS:
+            out = self.kernels.skinny_matmul(self.xp.ascontiguousarray(x2), weight, bias)
+        else:
+            out = x2 @ weight
+            if bias is not None:
+                out += bias
         return out.reshape(*x.shape[:-1], weight.shape[1]), (x, weight, bias is not None)
+
+    def unembed(self, x, weight):
+        """x (R, C), weight (V, C) -> logits (R, V) = x weight^T: for a few rows one kernel (a
+        warp per row of weight), else one GEMM."""
+        if x.shape[0] <= SKINNY_ROWS:
+            return self.kernels.skinny_matmul_nt(self.xp.ascontiguousarray(x), weight)
+        return x @ weight.T
 
     def linear_backward(self, dout, cache):
         """dout (..., Cout) -> dx (..., Cin), dweight (Cin, Cout), dbias (Cout,) or None."""
