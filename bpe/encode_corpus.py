@@ -18,12 +18,10 @@ worker processes that cannot inherit the tokenizer rebuild it with its own class
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from itertools import chain, islice
 from typing import NamedTuple, Protocol
@@ -35,7 +33,7 @@ from tokenkit.bpe import io
 from tokenkit.bpe.corpus import Corpus, file_ranges, read_range
 from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.patterns import BUILTIN
-from tokenkit.common.processes import die_with_parent, signals_held
+from tokenkit.common import pool
 
 __all__ = ["Encoded", "Encodes", "Part", "encode_corpus", "encoded_tasks", "eot_id", "file_tasks", "tasks_of"]
 
@@ -231,44 +229,30 @@ def encoded_tasks(
             yield np.frombuffer(ids, dtype=tok.ids_dtype)
         return
     global _worker_tok
-    ctx = multiprocessing.get_context()
-    if ctx.get_start_method() == "fork":  # workers inherit this tokenizer (and its warm cache)
+    if pool.forked():  # workers inherit this tokenizer (and its warm cache)
         _worker_tok, packed = tok, None
         _ = tok._chunk_cache  # built once here, not in every worker
-    else:  # spawn/forkserver: each worker rebuilds it from the tensors, with the tokenizer's own class
+    else:  # spawn: each worker rebuilds it from the tensors, with the tokenizer's own class
         packed = type(tok).from_tensors, tok.to_tensors()
     n = min(workers, len(head))
-    todo = chain(head, tasks)
-    pending: deque = deque()  # (task, future) of the tasks in flight, in order
-    # The pool starts its workers from the thread that submits (this one; its manager thread
-    # only replaces workers under max_tasks_per_child, unused here): the thread whose exit
-    # fires the workers' death signal (see die_with_parent).
-    with ProcessPoolExecutor(n, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(), packed)) as pool:
+    # common.pool: stopped at once by an error, Ctrl-C or SIGTERM (its workers killed and reaped,
+    # their pipes never read again), whatever a worker was writing at that moment.
+    try:
+        with pool.TaskPool(n, _worker_encode, init=_worker_init, init_args=(packed, allowed, disallowed, between)) as p:
+            taken: deque = deque()  # the tasks handed to the pool whose ids have not come out yet
 
-        def submit(count: int) -> None:
-            with signals_held():  # the pool starts its workers in submit: none hears Ctrl-C before it ignores it
-                for task in islice(todo, count):
-                    pending.append((task, pool.submit(_worker_encode, task, allowed, disallowed, between)))
+            def todo() -> Iterator[Task]:
+                for task in chain(head, tasks):
+                    taken.append(task)
+                    yield task
 
-        try:
-            submit(2 * n)
-            while pending:
-                task, fut = pending.popleft()
-                ids = np.frombuffer(fut.result(), dtype=tok.ids_dtype)
-                submit(1)
-                progress(task)
-                yield ids
-        except BaseException as exc:  # e.g. a disallowed special in one task: stop the others now
-            if not isinstance(exc, Exception):
-                # Interrupted (Ctrl-C, SIGTERM) or closed early: the tasks in flight are not worth
-                # waiting for. Terminate first, then shut down, which waits for the manager thread to
-                # reap them (the other order races this process's exit on Python 3.11).
-                for proc in list((pool._processes or {}).values()):  # Python >= 3.14: terminate_workers()
-                    proc.terminate()
-            pool.shutdown(cancel_futures=True)
-            raise
-        finally:
-            _worker_tok = None
+            for raw in p.map(todo(), window=2 * n):  # tasks taken ahead: finished ids do not pile up
+                progress(taken.popleft())
+                yield np.frombuffer(raw, dtype=tok.ids_dtype)
+    except pool.PoolError as err:
+        raise TokenizerError(f"an encoding worker failed: {err}; try --workers 1") from None
+    finally:
+        _worker_tok = None
 
 
 def _encode_task(tok: Encodes, task: Task, allowed, disallowed, between: bytes) -> bytes:
@@ -289,17 +273,19 @@ def _encode_task(tok: Encodes, task: Task, allowed, disallowed, between: bytes) 
 # Worker processes of encode_corpus hold the tokenizer here: forked ones inherit it from the
 # parent, others build it once from the tensors; its chunk cache stays warm across tasks.
 _worker_tok: Encodes | None = None
+_worker_args: tuple = ()  # allowed, disallowed, between
 
 
-def _worker_init(parent: int, packed: tuple[Callable[..., Encodes], Tensors] | None) -> None:
-    """First thing in an encoding worker: die with `parent`; rebuild the tokenizer with
-    `from_tensors` (its class's, pickled by name) unless it was inherited through fork (`packed` None)."""
-    global _worker_tok
-    die_with_parent(parent)
+def _worker_init(packed: tuple[Callable[..., Encodes], Tensors] | None, *args) -> None:
+    """First thing in an encoding worker (after common.pool's die_with_parent): rebuild the
+    tokenizer with `from_tensors` (its class's, pickled by name) unless it was inherited through
+    fork (`packed` None); keep the special-token arguments of every task."""
+    global _worker_tok, _worker_args
+    _worker_args = args
     if packed is not None:
         from_tensors, tensors = packed
         _worker_tok = from_tensors(*tensors)
 
 
-def _worker_encode(task: Task, allowed, disallowed, between: bytes) -> bytes:
-    return _encode_task(_worker_tok, task, allowed, disallowed, between)
+def _worker_encode(task: Task) -> bytes:
+    return _encode_task(_worker_tok, task, *_worker_args)

@@ -28,11 +28,9 @@ read files other than through `bpe.corpus`.
 from __future__ import annotations
 
 import os
-import queue
 import sys
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
-from multiprocessing import get_context
 
 from tqdm import tqdm
 
@@ -40,7 +38,7 @@ from tokenkit.bpe.corpus import as_corpus
 from tokenkit.bpe.cut import find_cut
 from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.patterns import BUILTIN, GPT2_PATTERN, GPT4_PATTERN, PATTERNS, compile_pattern, resolve_pattern
-from tokenkit.common.processes import die_with_parent, signals_held
+from tokenkit.common import pool
 
 # The pattern names and find_cut are re-exported: callers have always found them here.
 __all__ = [
@@ -190,83 +188,59 @@ def _count_in_workers(
     """Hand batches of pieces to `workers` processes; each counts all its pieces into one Counter.
 
     One Counter per worker, sent back once at the end, instead of one per piece: merging
-    Counters is a Python loop over their keys, and it would run in this (serial) process.
+    Counters is a Python loop over their keys, and it would run in this (serial) process. The
+    workers are common.pool's: an error, Ctrl-C or SIGTERM stops them at once.
     """
-    # fork on Linux: a spawned worker re-imports numpy & co. (~0.3 s each). Elsewhere fork is
-    # either missing or unsafe (macOS system libraries), so spawn.
-    ctx = get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    tasks = ctx.Queue(maxsize=2 * workers)  # bounded: memory stays at a few pieces
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(target=_count_worker, args=(tasks, results, pattern, os.getpid()), daemon=True)
-        for _ in range(workers)
-    ]
     try:
-        with signals_held():  # a worker hears no Ctrl-C before it ignores it (die_with_parent)
-            for p in procs:  # started before the progress bar, whose monitor thread a fork should not copy
-                p.start()
-        with _bar(total, quiet) as bar:
-            for batch in batches:
-                _put(tasks, batch, procs)
-                bar.update(sum(map(len, batch)))
-            for _ in procs:
-                _put(tasks, None, procs)
-            totals: Counter[str] = Counter()
-            for _ in procs:
-                part = _next_result(results, procs)
-                if isinstance(part, TokenizerError):  # e.g. a custom pattern over its time limit
-                    raise TokenizerError(str(part)) from None
-                if isinstance(part, str):
-                    raise TokenizerError(f"a counting worker failed: {part}; try --workers 1")
-                totals.update(part)
-        for p in procs:
-            p.join()
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        tasks.cancel_join_thread()  # after a failure, unread pieces must not keep this process alive
+        # started before the progress bar, whose monitor thread a fork should not copy
+        with pool.TaskPool(workers, _count_batch, init=_count_init, init_args=(pattern,), done=_counted) as p:
+            with _bar(total, quiet) as bar:
+                sizes: deque[int] = deque()  # of the batches handed out, in order
+
+                def todo() -> Iterator[list[bytes]]:
+                    for batch in batches:
+                        sizes.append(sum(map(len, batch)))
+                        yield batch
+
+                for _ in p.map(todo(), window=2 * workers):
+                    bar.update(sizes.popleft())
+                parts = p.finish()
+    except pool.PoolError as err:
+        raise TokenizerError(f"a counting worker failed: {err}; try --workers 1") from None
+    totals: Counter[str] = Counter()
+    for part in parts:
+        totals.update(part)
     return totals
 
 
-def _count_worker(tasks, results, pattern: str | None, parent: int) -> None:
-    die_with_parent(parent)  # daemon=True only covers a parent that exits normally
-    totals: Counter[str] = Counter()
+# A counting worker's state: the pattern, and the counts of every batch it was handed.
+_worker_pattern: str | None = None
+_worker_totals: Counter = Counter()
+
+
+def _count_init(pattern: str | None) -> None:
+    global _worker_pattern, _worker_totals
+    _worker_pattern, _worker_totals = pattern, Counter()
+
+
+def _count_batch(batch: list[bytes]) -> None:
+    """Count a batch in a worker; a failure goes back to the parent as one-line TokenizerError
+    (a custom pattern over its time limit is one already)."""
     try:
-        while (batch := tasks.get()) is not None:
-            for piece in batch:
-                _count_into(totals, piece, pattern)
-    except Exception as err:  # reported to the parent, which turns it into one line
-        results.put(err if isinstance(err, TokenizerError) else " ".join(f"{type(err).__name__}: {err}".split()))
-        while tasks.get() is not None:  # keep draining, so that the parent never waits on a full queue
-            pass
-    else:
-        results.put(totals)
+        for piece in batch:
+            _count_into(_worker_totals, piece, _worker_pattern)
+    except TokenizerError:
+        raise
+    except Exception as err:
+        raise TokenizerError(f"a counting worker failed: {_one_line(err)}; try --workers 1") from None
 
 
-def _dead(procs) -> str | None:
-    codes = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-    return f"exit code {codes[0]} (out of memory?)" if codes else None
+def _counted() -> Counter:
+    return _worker_totals
 
 
-def _put(tasks, item: list[bytes] | None, procs) -> None:
-    """Queue `item` for the workers; a worker that died (killed, out of memory) is an error."""
-    while True:
-        try:
-            return tasks.put(item, timeout=0.5)
-        except queue.Full:
-            if (why := _dead(procs)) is not None:
-                raise TokenizerError(f"a counting worker failed: {why}; try --workers 1") from None
-
-
-def _next_result(results, procs) -> Counter | str:
-    """The next worker's result, or why a worker died without one."""
-    while True:
-        try:
-            return results.get(timeout=0.5)
-        except queue.Empty:
-            if (why := _dead(procs)) is not None:
-                return why
+def _one_line(err: BaseException) -> str:
+    return " ".join(f"{type(err).__name__}: {err}".split())
 
 
 def _bar(total: int | None, quiet: bool) -> tqdm:

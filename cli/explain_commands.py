@@ -17,6 +17,7 @@ from tokenkit.cli.explain_render import plot_attention, render, render_tokens
 from tokenkit.cli.launch import check_device, device_option
 from tokenkit.cli.params import count
 from tokenkit.cli.specials import special_options
+from tokenkit.common import atomic
 from tokenkit.pipeline import views
 from tokenkit.pipeline.checkpoint import load_model, write_bytes
 from tokenkit.transformer.explain import EXAMPLES, Explanation, explain_example
@@ -86,6 +87,9 @@ def explain_command(
     """
     check_device(device)  # first, as in every command: a missing CuPy or GPU is the one line
     _check_view(view, html_path, example, model_path)
+    for written in (html_path, plot_path):  # a device, FIFO or socket there is refused before the model loads
+        if written is not None:
+            atomic.check_output(written)
     page = None
     if example is not None:
         if model_path is not None or text is not None:

@@ -20,6 +20,7 @@ from tokenkit.cli.launch import check_device, device_option, end_together, mpi_w
 from tokenkit.cli.params import Number, count, real
 from tokenkit.cli.specials import policy_name, special_options
 from tokenkit.cli.tokenizer_commands import corpus_options
+from tokenkit.common import atomic, atomic_dir
 from tokenkit.pipeline import PipelineError, checkpoint, hf, views
 from tokenkit.pipeline.config import Range, load_config_file
 from tokenkit.pipeline.ranks import Ranks
@@ -744,6 +745,7 @@ def export_hf_command(model_path, directory, tokenizer_path, overwrite) -> int:
     Example:
       tk export-hf runs/demo -o demo-hf
     """
+    atomic_dir.check_output_dir(directory)
     result = hf.export_hf(model_path, directory, tokenizer_path=tokenizer_path, overwrite=overwrite)
     shape = _shape(result.config)
     click.echo(f"wrote {result.directory}: {result.architecture}, {result.n_params:,} parameters ({shape})")
@@ -792,6 +794,7 @@ def import_hf_command(directory, out, overwrite, context, tokenizer_json) -> int
     Example:
       tk import-hf gpt2-hf -o gpt2.safetensors
     """
+    atomic.check_output(out)  # a device, FIFO or socket at -o is refused, with or without --overwrite
     result = hf.import_hf(directory, out, overwrite=overwrite, context_length=context, tokenizer_json=tokenizer_json)
     shards = f" in {result.shards} shards" if result.shards > 1 else ""
     source = "" if result.architecture == "GPT2LMHeadModel" else f" of {result.architecture}"

@@ -20,6 +20,7 @@ from tokenkit.bpe.tokenizer import describe_merge
 from tokenkit.cli.launch import end_together, mpi_world
 from tokenkit.cli.params import count
 from tokenkit.cli.specials import flags_in_errors, special_options
+from tokenkit.common import atomic, atomic_dir
 from tokenkit.pipeline.config import MAX_WORKERS
 from tokenkit.pipeline.run import load_tokenizer
 
@@ -130,6 +131,7 @@ def bpe_train_command(
 
 
 def _bpe_train(comm, corpus, vocab_size, min_frequency, pattern, specials, workers, verbose, quiet, output) -> int:
+    atomic.check_output(output)  # a device, FIFO or socket at -o is refused before the counting
     on_merge = None
     if verbose:
         vocab = [bytes([i]) for i in range(256)]
@@ -255,6 +257,8 @@ def encode_command(
 def _encode(comm, tokenizer_path, text, file, as_json, output, special_policy, show, workers, quiet, eot, how) -> int:
     if comm is not None and comm.Get_rank() and file is None:  # a text is rank 0's alone
         return 0
+    if output is not None:
+        atomic.check_output(output)  # before any encoding
     tok = load_tokenizer(tokenizer_path)
     if file is not None:
         eot_id(tok, eot)  # a mistake in the flags is said before the corpus is looked at
@@ -388,6 +392,7 @@ def bpe_import_command(sources, output, pattern, specials) -> int:
       tk bpe-import hf_dir/tokenizer.json -o tok.safetensors
       tk bpe-import gpt2.tiktoken --pattern gpt2 --special '<|endoftext|>' -o gpt2.safetensors
     """
+    atomic.check_output(output)
     if len(sources) > 2:
         raise click.UsageError("give one file (tokenizer.json, a .tiktoken file, a directory) or GPT-2's two files")
     if specials and not (len(sources) == 1 and sources[0].suffix == ".tiktoken"):
@@ -444,6 +449,7 @@ def bpe_export_command(tokenizer_path, output, fmt, overwrite) -> int:
       tk bpe-export tok.safetensors --format hf -o tok_hf/
       tk bpe-export tok.safetensors --format tiktoken -o tok_tiktoken/
     """
+    atomic_dir.check_output_dir(output)
     tok = load_tokenizer(tokenizer_path)
     paths = tok.export(output, fmt, overwrite=overwrite)
     if fmt == "gpt2":

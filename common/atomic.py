@@ -26,6 +26,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -78,14 +79,38 @@ def fsync_dir(directory: str | os.PathLike) -> None:
             os.close(fd)
 
 
-def _check_target(path: Path) -> None:
+def check_output(path: str | os.PathLike) -> None:
+    """One-line FileError unless `path` is a place to write a file: a regular file (replaced whole)
+    or a new name in an existing directory. Commands call it before any work; `commit` asks again
+    right before its rename.
+
+    Never replaced: a device node (/dev/null), a FIFO, a socket, or a link to one. A write goes to
+    a temp file renamed over the path, which would put a regular file where the node was (for
+    /dev/null, the machine's); tk does not stream into such a path either, since a half-written
+    output could not be told from a whole one. A dangling link is named as one and kept.
+    """
+    path = Path(path)
     for link in (path.parent, path):  # a dangling link is named as one: replacing it would lose it silently
         if os.path.islink(link) and not link.exists():
             raise FileError(f"{readfile.describe_missing(link)}; remove the link or give another path")
     if not path.parent.is_dir():
         raise FileError(f"{path}: directory {path.parent} does not exist; create it first")
-    if path.is_dir():
+    _check_not_special(path)
+
+
+def _check_not_special(path: Path) -> None:
+    try:
+        mode = os.stat(path).st_mode  # through links: a link to /dev/null is a device here
+    except OSError:  # nothing there (or a dangling link: named by check_output)
+        return
+    if stat.S_ISDIR(mode):
         raise FileError(f"{path}: is a directory; give a file name")
+    if not stat.S_ISREG(mode):
+        via = f" (a link to {os.path.realpath(path)})" if os.path.islink(path) else ""
+        raise FileError(
+            f"{path}: is {readfile.kind_of(mode)}{via}, not a regular file; tk writes only regular files "
+            "(it would replace the node): give a file path, and read or copy the file from there"
+        )
 
 
 @contextlib.contextmanager
@@ -96,7 +121,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     and `path` is untouched.
     """
     path = Path(path)
-    _check_target(path)
+    check_output(path)
     tmp = temp_path(path)
     try:
         yield tmp
@@ -116,6 +141,7 @@ def commit(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+    _check_not_special(Path(path))  # again: a node made at the path since check_output is not replaced either
     os.replace(tmp, path)
     fsync_dir(Path(path).parent)
 

@@ -60,16 +60,12 @@ def replace_files(
     directory as it was; a killed writer's leftovers are cleared by the next call for the same
     directory (`recover_replacements`).
     """
-    given = Path(directory)
-    if os.path.islink(given) and not given.exists():  # realpath would make its missing target, silently
-        raise FileError(f"{readfile.describe_missing(given)}; remove the link or give another directory")
+    check_output_dir(directory)  # before realpath, which would make a dangling link's missing target
     directory = Path(os.path.realpath(directory))
     names = set(files) | set(remove)
     for name in names:
         if not name or Path(name).name != name or name in (".", ".."):
             raise ValueError(f"replace_files: {name!r} is not a plain file name")
-    if directory.exists() and not directory.is_dir():
-        raise FileError(f"{directory}: exists and is not a directory; give a directory")
     created = _make_parents(directory.parent)
     try:
         with _serialised(directory.parent):
@@ -82,6 +78,20 @@ def replace_files(
             for made in reversed(created):  # a failed first write leaves no directory it made
                 with contextlib.suppress(OSError):
                     made.rmdir()
+
+
+def check_output_dir(directory: str | os.PathLike) -> None:
+    """One-line FileError unless `directory` is a place for `replace_files` to write: a directory
+    (or a link to one) or a new name. Commands call it before any work."""
+    given = Path(directory)
+    if os.path.islink(given) and not given.exists():  # realpath would make its missing target, silently
+        raise FileError(f"{readfile.describe_missing(given)}; remove the link or give another directory")
+    try:
+        mode = os.stat(given).st_mode
+    except OSError:
+        return
+    if not stat.S_ISDIR(mode):
+        raise FileError(f"{given}: is {readfile.kind_of(mode)}, not a directory; give a directory")
 
 
 class _Swap:
@@ -99,6 +109,7 @@ class _Swap:
         for name in sorted(self.names & set(existing or ())):
             if existing[name]:
                 raise FileError(f"{d / name} is a directory where a file goes; move it away or write elsewhere")
+            atomic.check_output(d / name)  # a device, FIFO or socket of the set is refused, never replaced
         try:
             self._write_new(files, None if existing is None else stat.S_IMODE(os.stat(d).st_mode))
             if existing is None:

@@ -37,6 +37,8 @@ def commit_staged(directory: str | os.PathLike, staged: str | os.PathLike, *, re
         names = sorted(
             e.name for e in it if e.is_file() and e.name != _COMMIT_NOTE and not atomic.TEMP_NAME.match(e.name)
         )
+    for name in names:  # a device, FIFO or socket where a file goes is refused before anything moves
+        atomic.check_output(directory / name)
     note = {"move": names, "remove": sorted(set(remove) - set(names))}
     atomic.write_atomic(staged / _COMMIT_NOTE, json.dumps(note).encode("utf-8"))
     try:

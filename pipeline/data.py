@@ -30,6 +30,7 @@ import numpy as np
 from tokenkit.bpe import TokenizerError
 from tokenkit.bpe import io as bpe_io
 from tokenkit.common import atomic
+from tokenkit.common.errors import FileError
 from tokenkit.pipeline import checkpoint
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.sources import CorpusSpec, check_eot, open_corpus, remove_pending, store_streams
@@ -298,6 +299,9 @@ def commit_tokens(tokens: TokenData, run_dir: str | os.PathLike, *, into: str | 
         except OSError as err:
             tokens.discard()
             raise PipelineError(str(atomic.write_error(dest / name, err))) from None
+        except FileError as err:  # a device, FIFO or socket where the file goes: left as it is
+            tokens.discard()
+            raise PipelineError(str(err)) from None
         del tokens.pending[name]
     entries.update(tokens.files())
     checkpoint.write_json(dest / checkpoint.TOKENS_META_FILE, entries)

@@ -88,7 +88,8 @@ class RunDir:
                 f"run directory {readfile.describe_missing(path)}; remove the link or choose another -o"
             )
         if path.exists() and not path.is_dir():
-            raise PipelineError(f"run directory {path} is a file; give a directory path with -o")
+            kind = readfile.kind_of(os.stat(path).st_mode)
+            raise PipelineError(f"run directory {path} is {kind}; give a directory path with -o")
         if not path.exists():
             try:
                 path.mkdir(parents=True)

@@ -1,6 +1,6 @@
 """Worker processes never outlive `tk`: each pooled command is stopped while its workers run.
 
-Commands: `tk encode -f` (a ProcessPoolExecutor), `tk bpe-train` (counting processes), and
+Commands: `tk encode -f` (common.pool's workers), `tk bpe-train` (counting processes), and
 `tk train-model` during its encoding stage and during training (forked batch-shard workers).
 Each runs as a subprocess; once it has children (read from /proc) it gets SIGTERM or SIGKILL, and
 every child recorded must be gone within 3 s. After SIGTERM, the command must also exit 143 and

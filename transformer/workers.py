@@ -27,7 +27,6 @@ from __future__ import annotations
 import gc
 import mmap
 import os
-import signal
 import struct
 import sys
 import warnings
@@ -38,6 +37,7 @@ from typing import NoReturn
 
 import numpy as np
 
+from tokenkit.common.pool import kill_and_reap
 from tokenkit.common.processes import die_with_parent, signals_held
 from tokenkit.transformer.errors import ModelError
 
@@ -212,12 +212,7 @@ def _shut_down(conns: list[Connection], pids: list[int], owner: int) -> None:
     for conn in conns:
         conn.close()
     if os.getpid() == owner:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
+        kill_and_reap(pids)  # common.pool's one way to stop workers: nothing is read from them again
     conns.clear()
     pids.clear()
 
