@@ -250,6 +250,12 @@ def test_column_sums_twin_in_one_and_two_stages(seed, monkeypatch):
     close(KERNELS.column_sums(a, None), a.sum(axis=0), 1e-12, "sum with long chunks")
 
 
+def test_column_sums_twin_sums_more_chunks_than_a_chunk_has_rows():
+    """GPT-2's 8 x 1024 rows make 128 chunks of 64: their sums are summed in two more passes."""
+    rows = cuda_source.COLUMN_CHUNK**2 * 2 + 3
+    assert np.array_equal(KERNELS.column_sums(np.ones((rows, 3)), None), np.full(3, float(rows)))
+
+
 def test_column_sums_twin_adds_each_chunk_in_order():
     """Chunk sums are sequential: 1 + 1e16 - 1e16 in order is 0, not the exact 1."""
     a = np.array([[1.0], [1e16], [-1e16]])

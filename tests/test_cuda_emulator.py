@@ -291,6 +291,12 @@ def test_column_sums_over_many_chunks(monkeypatch):
     close(KERNELS.column_sums(a, None), TWINS.column_sums(a, None), 1e-12, "column sums")
 
 
+def test_column_sums_of_more_chunks_than_a_chunk_has_rows():
+    """GPT-2's 8 x 1024 rows: 128 chunks of 64, whose sums take two more passes; every row counts."""
+    rows = src.COLUMN_CHUNK**2 * 2 + 3
+    assert np.array_equal(KERNELS.column_sums(np.ones((rows, 5)), None), np.full(5, float(rows)))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 2), (5, 300), (3, 2000)])
 def test_xent_kernels_against_twins(shape, dtype):

@@ -61,6 +61,14 @@ def test_row_kernels_against_twins(shape, dtype):
     check_row_kernels(KERNELS, dev, cupy.asnumpy, shape, dtype)
 
 
+def test_column_sums_count_every_row_of_a_gpt2_batch():
+    """8 x 1024 rows: 128 chunks of 64, whose sums take two more passes (one dropped half the rows)."""
+    rng = np.random.default_rng(9)
+    a, b = rng.standard_normal((8 * 1024, 768)).astype(np.float32), rng.standard_normal((8 * 1024, 768))
+    close(KERNELS.column_sums(dev(a), None), TWINS.column_sums(a, None), 1e-5, "column sums")
+    close(KERNELS.column_sums(dev(b), dev(b)), (b * b).sum(axis=0), 1e-12, "column sums of products")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 2), (5, 300), (64, 50304)])
 def test_xent_kernels_against_twins(shape, dtype):

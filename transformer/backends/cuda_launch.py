@@ -85,7 +85,9 @@ class CudaKernels:
 
     def column_sums(self, a, b):
         partial = self._chunk_sums(a, b)
-        return partial[0] if partial.shape[0] == 1 else self._chunk_sums(partial, None)[0]
+        while partial.shape[0] > 1:
+            partial = self._chunk_sums(partial, None)
+        return partial[0]
 
     def _chunk_sums(self, a, b):
         N, C = a.shape

@@ -105,10 +105,12 @@ class TwinKernels:
         return (g - mean_g[:, None] - xhat * mean_gx[:, None]) * rstd[:, None]
 
     def column_sums(self, a, b):
-        """a, b (N, C) -> (C,): kernel `column_sums` over chunks of rows, then over the chunks."""
-        prod = a * b if b is not None else a
-        partial = self._chunk_sums(prod)
-        return partial[0] if partial.shape[0] == 1 else self._chunk_sums(partial)[0]
+        """a, b (N, C) -> (C,): kernel `column_sums` over chunks of rows, then over the chunks'
+        sums, chunk by chunk again, until one row is left."""
+        partial = self._chunk_sums(a * b if b is not None else a)
+        while partial.shape[0] > 1:
+            partial = self._chunk_sums(partial)
+        return partial[0]
 
     @staticmethod
     def _chunk_sums(a):
