@@ -14,6 +14,7 @@ from kernel_checks import (
     TWINS,
     check_attention_kernels,
     check_embedding_and_adamw_bit_identical,
+    check_fused_kernels,
     check_row_kernels,
     check_xent_kernels,
     close,
@@ -282,6 +283,12 @@ EMULATED = Backend("cuda-emulated", np, DeviceOps(np, KERNELS), np.asarray, np.a
 @pytest.mark.parametrize("shape", [(1, 1), (3, 33), (200, 768), (70, 1000)])
 def test_row_kernels_against_twins(shape, dtype):
     check_row_kernels(KERNELS, np.copy, np.asarray, shape, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 33), (70, 300), (4100, 3)])
+def test_fused_kernels_against_twins_and_the_kernels_they_replace(shape, dtype):
+    check_fused_kernels(KERNELS, np.copy, np.asarray, shape, dtype)
 
 
 def test_column_sums_over_many_chunks(monkeypatch):
