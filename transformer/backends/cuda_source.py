@@ -14,7 +14,14 @@ row to one warp (LayerNorm, attention softmax; rows of at most a few thousand) o
 (the cross-entropy's vocabulary-long rows); lane l of a warp handles elements l, l + 32, ... in
 order, and lanes combine by an xor butterfly (`warp_sum`), after which every lane holds the
 same total, since each step adds the same two numbers in either order. Column sums run over
-chunks of rows in a fixed order, then over the chunks: deterministic, unlike atomics. The source
+chunks of rows in a fixed order, then over the chunks' sums the same way until one row is left:
+deterministic, unlike atomics; `column_sums_pair` (LayerNorm's dweight and dbias) and
+`product_column_sums` (dout * gelu' and c_fc's dbias) do their first pass while reading what
+they sum. Elementwise kernels over rows with a per-column bias (`gelu_forward`, `bias_residual`)
+give a thread one column of a tile and loop over rows, so the bias is read once per thread and
+no index is divided. GPT-2's block fuses its passes (device_ops.py): `residual_layernorm_forward`
+adds the residual and c_proj's bias and normalises in one row kernel, and `layernorm_backward`
+can add its dx into the skip's gradient in place. The source
 is compiled with --fmad=false, so that no multiply-add is contracted and each kernel rounds as
 its twin does (exp, log, tanh and sqrt's last bits aside).
 
