@@ -2,9 +2,11 @@
 
     python bench/gpu_profile.py [--steps 5] [--batch 8]
 
-Every op of the CUDA backend (`DeviceOps`: layernorm, linear, attention, gelu, the loss, AdamW, ...)
-is wrapped so that the device is synchronised before and after it and the time between counted
-under its name; matrix products count under the op that makes them. The synchronisations cost
+Every op of the CUDA backend (`DeviceOps`: layernorm, linear, attention, the loss, AdamW, and
+GPT-2's fused pieces: linear_gelu (c_fc with its GELU), residual_layernorm (a residual with ln_2),
+bias_residual, layernorm_add_backward, ...) is wrapped so that the device is synchronised before
+and after it and the time between counted under its name; matrix products count under the op
+that makes them, and an op called inside another counts under the outer one only. The synchronisations cost
 a little, so the ops' total is somewhat above a step's plain time, which is printed beside it. The
 step is `GPT.loss_and_grads` then `AdamW.step`, as bench/gpu.py times it. Needs CuPy and a GPU.
 """
@@ -58,6 +60,7 @@ def main() -> None:
     calls: dict[str, int] = defaultdict(int)
     ops = model.ops
     originals = {}
+    inside = [False]  # an op that another op calls (linear_gelu_backward's linear_backward) is the outer one's
     for name in dir(type(ops)):
         fn = getattr(ops, name)
         if name.startswith("_") or not callable(fn):
@@ -65,9 +68,15 @@ def main() -> None:
         originals[name] = fn
 
         def timed(*a, _fn=fn, _name=name, **k):
+            if inside[0]:
+                return _fn(*a, **k)
             backend.synchronize()
             t = time.perf_counter()
-            out = _fn(*a, **k)
+            inside[0] = True
+            try:
+                out = _fn(*a, **k)
+            finally:
+                inside[0] = False
             backend.synchronize()
             spent[_name] += time.perf_counter() - t
             calls[_name] += 1
@@ -77,8 +86,8 @@ def main() -> None:
     try:
         wrapped = per_step()
     finally:
-        for name, fn in originals.items():
-            setattr(ops, name, fn)
+        for name in originals:
+            delattr(ops, name)  # the instance's wrapper goes; the class's method shows again
     total = sum(spent.values()) / args.steps
     print(f"GPT-2 124M shapes, batch {B} x {T}: a step {1000 * plain:.1f} ms ({B * T / plain:,.0f} tokens/s); "
           f"with every op synchronised {1000 * wrapped:.1f} ms, of which the ops {1000 * total:.1f} ms")  # fmt: skip

@@ -5,7 +5,8 @@ kernels read it (a copy: in-place kernels write into it), `host` brings one back
 
 Float64 to 1e-12 and float32 to 1e-5 relative to the largest magnitude; the embedding gradient
 and AdamW bit for bit (both do the CPU's additions and roundings in the CPU's order:
---fmad=false, IEEE sqrt and division)."""
+--fmad=false, IEEE sqrt and division), and so each fused kernel of GPT-2's block against the
+unfused kernels (and array additions) it replaces, on the same device."""
 
 import numpy as np
 
@@ -48,8 +49,8 @@ def check_row_kernels(kernels, dev, host, shape, dtype) -> None:
     close(host(kernels.column_sums(dev(d), dev(x))), TWINS.column_sums(d, x), tol_for(dtype), "column sums")
     close(host(kernels.column_sums(dev(d), None)), TWINS.column_sums(d, None), tol_for(dtype), "column sums of one")
     for grad in (True, False):
-        out, deriv = kernels.gelu(dev(x), grad)
-        t_out, t_deriv = TWINS.gelu(x, grad)
+        out, deriv = kernels.gelu(dev(x), None, grad)
+        t_out, t_deriv = TWINS.gelu(x, None, grad)
         close(host(out), t_out, tol_for(dtype), "gelu")
         assert (deriv is None) == (not grad)
         if grad:
@@ -126,3 +127,57 @@ def check_skinny_kernels(kernels, dev, host, rows: int, k: int, n: int, dtype) -
     twin = TWINS.skinny_matmul_nt(x, wt)
     assert got.shape == (rows, n) and np.array_equal(got, twin), "skinny_matmul_nt against its twin"
     close(twin, x.astype(np.float64) @ wt.T, tol_for(dtype), "skinny_matmul_nt")
+
+
+def check_fused_kernels(kernels, dev, host, shape, dtype) -> None:
+    """The kernels that fuse GPT-2's elementwise passes, on (N, C) rows: each against its twin, and
+    bit for bit against the unfused kernels and array arithmetic it replaces (the same operations
+    in the same order): residual + bias + LayerNorm, LayerNorm's dx added into a skip, LayerNorm's
+    two column sums in one pass, a product with its column sums, a bias with a residual, GELU of
+    x + b."""
+    rng = np.random.default_rng(5)
+    tol = tol_for(dtype)
+    x, h, d, skip = ((rng.standard_normal(shape) * 3 + 1).astype(dtype) for _ in range(4))
+    w, b, hb = (rng.standard_normal(shape[1]).astype(dtype) for _ in range(3))
+
+    def opt(a):
+        return None if a is None else dev(a)
+
+    for bias, branch_bias in ((b, hb), (None, None)):
+        xd, xt = dev(x), x.copy()
+        fused = kernels.residual_layernorm_forward(xd, dev(h), opt(branch_bias), dev(w), opt(bias), 1e-5)
+        got = [host(a) for a in fused]
+        want = TWINS.residual_layernorm_forward(xt, h, branch_bias, w, bias, 1e-5)
+        summed = x + (h if branch_bias is None else h + branch_bias)
+        assert np.array_equal(host(xd), summed) and np.array_equal(xt, summed), "x += h + b"
+        unfused = kernels.layernorm_forward(dev(summed), dev(w), opt(bias), 1e-5)
+        for name, g, t, u in zip(("out", "xhat", "rstd"), got, want, unfused, strict=True):
+            close(g, t, tol, f"residual layernorm {name}")
+            assert np.array_equal(g, host(u)), f"residual layernorm {name} vs layernorm_forward"
+    sd = dev(skip)
+    added = kernels.layernorm_backward(dev(d), dev(got[1]), dev(got[2]), dev(w), sd)
+    assert added is sd
+    dx = host(kernels.layernorm_backward(dev(d), dev(got[1]), dev(got[2]), dev(w)))
+    assert np.array_equal(host(sd), skip + dx), "layernorm dx added into the skip"
+    close(host(sd), TWINS.layernorm_backward(d, got[1], got[2], w, skip.copy()), tol, "layernorm dx added (twin)")
+    pair = [host(a) for a in kernels.column_sums_pair(dev(d), dev(x))]
+    assert np.array_equal(pair[0], host(kernels.column_sums(dev(d), dev(x)))), "column sums pair: of products"
+    assert np.array_equal(pair[1], host(kernels.column_sums(dev(d), None))), "column sums pair: of one"
+    for name, g, t in zip(("products", "one"), pair, TWINS.column_sums_pair(d, x), strict=True):
+        close(g, t, tol, f"column sums pair ({name})")
+    prod, sums = (host(a) for a in kernels.product_column_sums(dev(d), dev(x)))
+    assert np.array_equal(prod, d * x), "product"
+    assert np.array_equal(sums, host(kernels.column_sums(dev(d * x), None))), "product's column sums"
+    close(sums, TWINS.product_column_sums(d, x)[1], tol, "product's column sums (twin)")
+    for bias in (hb, None):
+        xd = dev(x)
+        kernels.bias_residual(xd, dev(h), opt(bias))
+        assert np.array_equal(host(xd), x + (h if bias is None else h + bias)), "bias residual"
+    for grad in (True, False):
+        fused = kernels.gelu(dev(x), dev(b), grad)
+        unfused = kernels.gelu(dev(x + b), None, grad)
+        for name, f, u, t in zip(("gelu", "gelu'"), fused, unfused, TWINS.gelu(x, b, grad), strict=True):
+            assert (f is None) == (u is None) == (t is None) == (name == "gelu'" and not grad)
+            if f is not None:
+                assert np.array_equal(host(f), host(u)), f"{name} of x + b vs of the sum"
+                close(host(f), t, tol, f"{name} of x + b (twin)")

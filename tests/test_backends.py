@@ -239,6 +239,68 @@ def test_layernorm_twin(seed, dtype):
         close(db, cdb, tol_for(dtype), "dbias vs ops")
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_gpt2_block_fused_ops_twins(seed, dtype):
+    """The ops that fuse GPT-2's elementwise passes, on the twins, against the CPU ops of the same
+    names (today's ops in a row): c_fc with GELU, the bias with the residual, the residual with
+    ln_2, LayerNorm's dx added into the skip; forward, in-place x, trace and backward."""
+    rng = np.random.default_rng(seed)
+    N, C = rows_shape(rng)
+    tol = tol_for(dtype)
+
+    def arrays(*shapes):
+        return [(rng.standard_normal(shape) * 2 + 0.5).astype(dtype) for shape in shapes]
+
+    x, h, skip, dout = arrays(*[(1, N, C)] * 4)
+    w, b, hb = arrays(C, C, C)
+    if seed % 3 == 0:
+        b = hb = None
+    mine, theirs = {}, {}
+    W, Wb = arrays((C, 3 * C), 3 * C)
+    Wb = None if seed % 3 == 0 else Wb
+    act, cache = T_OPS.linear_gelu_forward(x, W, Wb, True, mine)
+    cpu_act, cpu_cache = ops.linear_gelu_forward(x, W, Wb, True, theirs)
+    close(act, cpu_act, tol, "linear gelu")
+    close(mine["pre"], theirs["pre"], tol, "linear gelu's trace")
+    (dact,) = arrays(act.shape)
+    grads = T_OPS.linear_gelu_backward(dact, cache)
+    for name, g, c in zip(("dx", "dW", "db"), grads, ops.linear_gelu_backward(dact, cpu_cache), strict=True):
+        assert (g is None) == (c is None) == (name == "db" and Wb is None)
+        if c is not None:
+            close(g, c, tol, f"linear gelu {name}")
+    xt, xc = x.copy(), x.copy()
+    out, cache = T_OPS.residual_layernorm_forward(xt, h.copy(), hb, w, b)
+    cpu_out, cpu_cache = ops.residual_layernorm_forward(xc, h.copy(), hb, w, b)
+    close(xt, xc, tol, "x += branch + bias")
+    close(out, cpu_out, tol, "residual layernorm")
+    dt, dc = skip.copy(), skip.copy()
+    got = T_OPS.residual_layernorm_backward(dt, dout, cache)
+    want = ops.residual_layernorm_backward(dc, dout, cpu_cache)
+    assert got[0] is dt and want[0] is dc  # written over the skip's gradient
+    for name, g, c in zip(("dx", "dw", "db", "dbranch_bias"), got, want, strict=True):
+        assert (g is None) == (c is None) == (name != "dx" and name != "dw" and b is None)
+        if c is not None:
+            close(g, c, tol, f"residual layernorm {name}")
+    dt, dc = skip.copy(), skip.copy()
+    got = T_OPS.layernorm_add_backward(dt, dout, T_OPS.layernorm_forward(x, w, b)[1])
+    want = ops.layernorm_add_backward(dc, dout, ops.layernorm_forward(x, w, b)[1])
+    assert got[0] is dt and want[0] is dc
+    for name, g, c in zip(("dx", "dw", "db"), got, want, strict=True):
+        if c is not None:
+            close(g, c, tol, f"layernorm added {name}")
+    xt, xc = x.copy(), x.copy()
+    assert T_OPS.bias_residual_forward(xt, h.copy(), hb)[0] is xt
+    assert ops.bias_residual_forward(xc, h.copy(), hb)[0] is xc
+    assert np.array_equal(xt, xc), "bias residual"  # the same two additions
+    got = T_OPS.bias_residual_backward(dout, hb is not None)
+    want = ops.bias_residual_backward(dout, hb is not None)
+    assert got[0] is got[1] is dout and want[0] is want[1] is dout
+    assert (got[2] is None) == (want[2] is None) == (hb is None)
+    if hb is not None:
+        close(got[2], want[2], tol, "bias residual dbias")
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_column_sums_twin_in_one_and_two_stages(seed, monkeypatch):
     rng = np.random.default_rng(seed)
@@ -248,6 +310,12 @@ def test_column_sums_twin_in_one_and_two_stages(seed, monkeypatch):
     close(KERNELS.column_sums(a, None), a.sum(axis=0), 1e-12, "sum")
     monkeypatch.setattr(cuda_source, "MAX_GRID_Y", 2)  # few chunks allowed: longer chunks, same sums
     close(KERNELS.column_sums(a, None), a.sum(axis=0), 1e-12, "sum with long chunks")
+
+
+def test_column_sums_twin_sums_more_chunks_than_a_chunk_has_rows():
+    """GPT-2's 8 x 1024 rows make 128 chunks of 64: their sums are summed in two more passes."""
+    rows = cuda_source.COLUMN_CHUNK**2 * 2 + 3
+    assert np.array_equal(KERNELS.column_sums(np.ones((rows, 3)), None), np.full(3, float(rows)))
 
 
 def test_column_sums_twin_adds_each_chunk_in_order():

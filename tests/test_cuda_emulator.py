@@ -14,6 +14,7 @@ from kernel_checks import (
     TWINS,
     check_attention_kernels,
     check_embedding_and_adamw_bit_identical,
+    check_fused_kernels,
     check_row_kernels,
     check_skinny_kernels,
     check_xent_kernels,
@@ -285,11 +286,23 @@ def test_row_kernels_against_twins(shape, dtype):
     check_row_kernels(KERNELS, np.copy, np.asarray, shape, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 33), (70, 300), (4100, 3)])
+def test_fused_kernels_against_twins_and_the_kernels_they_replace(shape, dtype):
+    check_fused_kernels(KERNELS, np.copy, np.asarray, shape, dtype)
+
+
 def test_column_sums_over_many_chunks(monkeypatch):
     """More chunks than MAX_GRID_Y allows: longer chunks, then a second pass over the chunks."""
     monkeypatch.setattr(src, "MAX_GRID_Y", 3)
     a = np.random.default_rng(1).standard_normal((700, 130))
     close(KERNELS.column_sums(a, None), TWINS.column_sums(a, None), 1e-12, "column sums")
+
+
+def test_column_sums_of_more_chunks_than_a_chunk_has_rows():
+    """GPT-2's 8 x 1024 rows: 128 chunks of 64, whose sums take two more passes; every row counts."""
+    rows = src.COLUMN_CHUNK**2 * 2 + 3
+    assert np.array_equal(KERNELS.column_sums(np.ones((rows, 5)), None), np.full(5, float(rows)))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

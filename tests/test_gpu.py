@@ -15,6 +15,7 @@ import kernel_checks  # noqa: E402
 from kernel_checks import (  # noqa: E402
     check_attention_kernels,
     check_embedding_and_adamw_bit_identical,
+    check_fused_kernels,
     check_row_kernels,
     check_skinny_kernels,
     check_xent_kernels,
@@ -60,6 +61,25 @@ def dev(a):
 @pytest.mark.parametrize("shape", [(1, 1), (3, 33), (200, 768), (70, 1000)])
 def test_row_kernels_against_twins(shape, dtype):
     check_row_kernels(KERNELS, dev, cupy.asnumpy, shape, dtype)
+
+
+@pytest.mark.parametrize(
+    "shape, dtype",
+    [((1, 1), np.float64), ((3, 33), np.float64), ((200, 768), np.float64), ((4100, 130), np.float64),
+     ((3, 33), np.float32), ((200, 768), np.float32), ((8 * 1024, 768), np.float32), ((8 * 1024, 3072), np.float32)],
+)  # fmt: skip
+def test_fused_kernels_against_twins_and_the_kernels_they_replace(shape, dtype):
+    """GPT-2's fused passes, at its shapes too: (8 x 1024, 768) for the residual and LayerNorm,
+    (8 x 1024, 3072) for c_fc's bias with GELU and dpre with its column sums."""
+    check_fused_kernels(KERNELS, dev, cupy.asnumpy, shape, dtype)
+
+
+def test_column_sums_count_every_row_of_a_gpt2_batch():
+    """8 x 1024 rows: 128 chunks of 64, whose sums take two more passes (one dropped half the rows)."""
+    rng = np.random.default_rng(9)
+    a, b = rng.standard_normal((8 * 1024, 768)).astype(np.float32), rng.standard_normal((8 * 1024, 768))
+    close(KERNELS.column_sums(dev(a), None), TWINS.column_sums(a, None), 1e-5, "column sums")
+    close(KERNELS.column_sums(dev(b), dev(b)), (b * b).sum(axis=0), 1e-12, "column sums of products")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -78,6 +78,11 @@ def init_params(config: GPTConfig, seed: int = 0) -> dict[str, np.ndarray]:
     return params
 
 
+def _with_bias(h, bias):
+    """h + bias (a new array), or h without a bias: a projection's output as the trace shows it."""
+    return h if bias is None else h + bias
+
+
 class _CopyInto(dict):
     """A dict that stores each array by copying it into the preallocated array of the same name
     (None, an absent bias's gradient, is stored as is)."""
@@ -317,11 +322,50 @@ class GPT:
         for training, incremental with a KV cache for generation. `grad`: a backward will follow
         (the activation then caches its derivative). The trace is filled here, from what the
         block saw."""
-        block = self._post_norm_block if self.config.norm == "post" else self._pre_norm_block
-        x, cache, seen = block(self._layer(i), x, attend, grad, trace is not None)
+        x, cache, seen = self._block_kind()[0](self._layer(i), x, attend, grad, trace is not None)
         if trace is not None:
             trace.update({f"h.{i}.{name}": value for name, value in seen.items()})
         return x, cache
+
+    def _block_kind(self):
+        """The blocks' (forward, backward): post-norm, GPT-2's (pre-norm with LayerNorm and GELU, over
+        the fused ops) or any other pre-norm block."""
+        cfg = self.config
+        if cfg.norm == "post":
+            return self._post_norm_block, self._post_norm_block_backward
+        if cfg.norm_type == "layernorm" and cfg.activation == "gelu":
+            return self._gpt2_block, self._gpt2_block_backward
+        return self._pre_norm_block, self._pre_norm_block_backward
+
+    def _gpt2_block(self, p, x, attend, grad: bool, record: bool):
+        """`_pre_norm_block` with LayerNorm and GELU (GPT-2's), over the ops that fuse its elementwise
+        passes: c_fc with its GELU; each c_proj's GEMM without its bias, which is added with the
+        residual; the attention's residual with ln_2. The same math in the same order: the CPU's
+        numbers are `_pre_norm_block`'s bits. x is updated in place."""
+        eps = self.config.norm_eps
+        (w_attn, b_attn), (w_mlp, b_mlp) = p["attn.c_proj"], p["mlp.c_proj"]
+        a, ln_1 = self.ops.layernorm_forward(x, *p["ln_1"], eps)
+        y, qkv_caches = self._qkv_attention(p, a, attend)
+        h, c_proj = self.ops.linear_forward(y, w_attn, None)  # its bias joins the residual
+        ao = _with_bias(h, b_attn) if record else None
+        m, ln_2 = self.ops.residual_layernorm_forward(x, h, b_attn, *p["ln_2"], eps)  # x += h + b; m = ln_2(x)
+        resid_1 = x.copy() if record else None
+        mlp_trace = {} if record else None
+        act, c_fc = self.ops.linear_gelu_forward(m, *p["mlp.c_fc"], grad, mlp_trace)
+        h, mlp_proj = self.ops.linear_forward(act, w_mlp, None)
+        mo = _with_bias(h, b_mlp) if record else None
+        x, resid_2 = self.ops.bias_residual_forward(x, h, b_mlp)
+        seen = {
+            "ln_1": a,
+            "attn.out": ao,
+            "resid_1": resid_1,
+            "ln_2": m,
+            "mlp.pre": mlp_trace["pre"] if record else None,
+            "mlp.act": act,
+            "mlp.out": mo,
+            "resid_2": x.copy() if record else None,
+        }
+        return x, (ln_1, *qkv_caches, c_proj, ln_2, c_fc, mlp_proj, resid_2), seen
 
     def _pre_norm_block(self, p, x, attend, grad: bool, record: bool):
         """GPT-2: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)). The residuals add in place (x is in
@@ -368,10 +412,15 @@ class GPT:
     def _attention_half(self, p, a: np.ndarray, attend):
         """a (B, T, C) -> c_proj(attention(c_attn(a))) (B, T, C), caches (c_attn, attention, c_proj).
         `attend` rotates q and k first when the positions are rotary."""
-        qkv, c_attn = self.ops.linear_forward(a, *p["attn.c_attn"])  # (B, T, (H + 2 Hkv) hd)
-        y, attn = attend(qkv)  # (B, T, C)
+        y, qkv_caches = self._qkv_attention(p, a, attend)
         out, c_proj = self.ops.linear_forward(y, *p["attn.c_proj"])
-        return out, (c_attn, attn, c_proj)
+        return out, (*qkv_caches, c_proj)
+
+    def _qkv_attention(self, p, a: np.ndarray, attend):
+        """a (B, T, C) -> attention(c_attn(a)) (B, T, H hd), caches (c_attn, attention)."""
+        qkv, c_attn = self.ops.linear_forward(a, *p["attn.c_attn"])  # (B, T, (H + 2 Hkv) hd)
+        y, attn = attend(qkv)
+        return y, (c_attn, attn)
 
     def _mlp_half(self, p, m: np.ndarray, grad: bool):
         """m (B, T, C) -> c_proj(act(c_fc(m))) (B, T, C), caches (c_fc, act, c_proj), (pre, act).
@@ -509,9 +558,20 @@ class GPT:
 
     def _block_backward(self, i: int, dx: np.ndarray, cache, grads: dict) -> np.ndarray:
         """d(block i's output) (B, T, C) -> d(its input) (B, T, C); its grads go into `grads`."""
-        backward = self._post_norm_block_backward if self.config.norm == "post" else self._pre_norm_block_backward
-        g = _Prefixed(grads, f"h.{i}.")
-        return backward(dx, cache, g)
+        return self._block_kind()[1](dx, cache, _Prefixed(grads, f"h.{i}."))
+
+    def _gpt2_block_backward(self, dx: np.ndarray, cache, g) -> np.ndarray:
+        """`_gpt2_block` read backwards: the MLP's residual, c_proj, c_fc with GELU, then ln_2 with
+        the attention's residual, c_proj, attention and c_attn, ln_1 with the skip (dx in place)."""
+        ln_1, c_attn, attn, c_proj, ln_2, c_fc, mlp_proj, resid_2 = cache
+        dx, dbranch, g["mlp.c_proj.bias"] = self.ops.bias_residual_backward(dx, resid_2)
+        dact, g["mlp.c_proj.weight"], _ = self.ops.linear_backward(dbranch, mlp_proj)
+        dm, g["mlp.c_fc.weight"], g["mlp.c_fc.bias"] = self.ops.linear_gelu_backward(dact, c_fc)
+        dx, g["ln_2.weight"], g["ln_2.bias"], g["attn.c_proj.bias"] = self.ops.residual_layernorm_backward(dx, dm, ln_2)
+        dy, g["attn.c_proj.weight"], _ = self.ops.linear_backward(dx, c_proj)
+        da = self._qkv_attention_backward(dy, (c_attn, attn), g)
+        dx, g["ln_1.weight"], g["ln_1.bias"] = self.ops.layernorm_add_backward(dx, da, ln_1)
+        return dx
 
     def _pre_norm_block_backward(self, dx: np.ndarray, cache, g) -> np.ndarray:
         """`_pre_norm_block` read backwards: MLP half (x2 = x1 + mlp(ln_2(x1))), then attention half."""
@@ -538,8 +598,13 @@ class GPT:
         return dx
 
     def _attention_half_backward(self, dout: np.ndarray, cache, g) -> np.ndarray:
-        c_attn, (rope, attn), c_proj = cache
+        c_attn, attn, c_proj = cache
         dy, g["attn.c_proj.weight"], g["attn.c_proj.bias"] = self.ops.linear_backward(dout, c_proj)
+        return self._qkv_attention_backward(dy, (c_attn, attn), g)
+
+    def _qkv_attention_backward(self, dy: np.ndarray, cache, g) -> np.ndarray:
+        """d(attention's output) -> d(c_attn's input): `_qkv_attention` read backwards."""
+        c_attn, (rope, attn) = cache
         dqkv = self.ops.attention_backward(dy, attn)
         if rope is not None:
             dqkv = self.ops.rope_backward(dqkv, rope)

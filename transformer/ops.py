@@ -386,8 +386,12 @@ def linear_backward(dout: np.ndarray, cache):
     x2 = x.reshape(-1, x.shape[-1])
     dx = (d2 @ weight.T).reshape(x.shape)
     dweight = x2.T @ d2
-    dbias = np.ones(d2.shape[0], dtype=d2.dtype) @ d2 if has_bias else None  # column sums as a GEMV: 2-3x d2.sum(0)
-    return dx, dweight, dbias
+    return dx, dweight, _column_sums(d2) if has_bias else None
+
+
+def _column_sums(d2: np.ndarray) -> np.ndarray:
+    """(N, C) -> (C,): a bias's gradient, the column sums as a GEMV against ones (2-3x d2.sum(0))."""
+    return np.ones(d2.shape[0], dtype=d2.dtype) @ d2
 
 
 # ----------------------------------------------------------------------------- residual
@@ -407,6 +411,62 @@ def residual_backward(dout: np.ndarray, cache) -> tuple[np.ndarray, np.ndarray]:
     (the same array twice; the caller adds the branch's input gradient to it once the branch's
     backward has read it)."""
     return dout, dout
+
+
+# ----------------------------------------------------------------------------- fused pieces of GPT-2's block
+# Each is today's ops one after the other, in the same order, so the CPU's numbers are the same bits
+# whichever the model calls; on a GPU (backends/device_ops.py) each is fewer passes over memory.
+
+
+def bias_residual_forward(x: np.ndarray, branch: np.ndarray, bias: np.ndarray | None):
+    """x (B, T, C) += branch (B, T, C) + bias (C,) or None, written over x: a projection whose
+    GEMM left its bias out (linear_forward with bias None) joining the residual stream. `branch`
+    is consumed (the bias is added into it). -> x, cache."""
+    if bias is not None:
+        branch += bias
+    x, _ = residual_forward(x, branch, inplace=True)
+    return x, bias is not None
+
+
+def bias_residual_backward(dout: np.ndarray, cache):
+    """dout (B, T, C) -> (d skip, d branch, d bias (C,) or None): the residual's gradient twice,
+    as residual_backward, and the bias's, the column sums of dout (as linear_backward's)."""
+    has_bias = cache
+    return dout, dout, _column_sums(dout.reshape(-1, dout.shape[-1])) if has_bias else None
+
+
+def residual_layernorm_forward(
+    x: np.ndarray,
+    branch: np.ndarray,
+    branch_bias: np.ndarray | None,
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    eps: float = LN_EPS,
+):
+    """x += branch + branch_bias (bias_residual_forward, written over x), then
+    layernorm_forward of the new x: a pre-norm block's residual and the next LayerNorm.
+    -> out (B, T, C), cache."""
+    x, has_branch_bias = bias_residual_forward(x, branch, branch_bias)
+    out, ln_cache = layernorm_forward(x, weight, bias, eps)
+    return out, (ln_cache, has_branch_bias)
+
+
+def residual_layernorm_backward(dskip: np.ndarray, dout: np.ndarray, cache):
+    """dskip (B, T, C): the gradient reaching the new x through the skip; dout: the LayerNorm
+    output's. -> (dx, dweight, dbias, d branch_bias): dx = dskip + the LayerNorm's input gradient
+    (written over dskip; it is also the branch's gradient), the LayerNorm's parameters' and the
+    branch bias's gradients (None where absent)."""
+    ln_cache, has_branch_bias = cache
+    dx, dweight, dbias = layernorm_add_backward(dskip, dout, ln_cache)
+    return dx, dweight, dbias, _column_sums(dx.reshape(-1, dx.shape[-1])) if has_branch_bias else None
+
+
+def layernorm_add_backward(dskip: np.ndarray, dout: np.ndarray, cache):
+    """layernorm_backward of an x that also feeds a skip: dskip (B, T, C) += the LayerNorm's input
+    gradient (written over dskip). -> dskip, dweight, dbias or None."""
+    dx, dweight, dbias = layernorm_backward(dout, cache)
+    dskip += dx
+    return dskip, dweight, dbias
 
 
 # ----------------------------------------------------------------------------- attention
@@ -679,6 +739,23 @@ def gelu_forward(x: np.ndarray, grad: bool = True):
 def gelu_backward(dout: np.ndarray, cache) -> np.ndarray:
     """dout (...) -> dx (...) = dout * gelu'(x), the derivative the forward cached."""
     return dout * cache
+
+
+def linear_gelu_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, grad: bool = True, trace=None):
+    """x (..., Cin) -> gelu(x @ weight + bias) (..., Cout): linear_forward, then gelu_forward (an
+    MLP's first projection and its GELU). `trace` (a dict), when given, gets the pre-activation
+    (bias included) under "pre". -> out, cache."""
+    pre, linear_cache = linear_forward(x, weight, bias)
+    if trace is not None:
+        trace["pre"] = pre
+    out, gelu_cache = gelu_forward(pre, grad)
+    return out, (linear_cache, gelu_cache)
+
+
+def linear_gelu_backward(dout: np.ndarray, cache):
+    """dout (..., Cout) -> dx (..., Cin), dweight, dbias or None: gelu_backward, then linear_backward."""
+    linear_cache, gelu_cache = cache
+    return linear_backward(gelu_backward(dout, gelu_cache), linear_cache)
 
 
 def relu_forward(x: np.ndarray, grad: bool = True):

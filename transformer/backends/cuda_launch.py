@@ -31,6 +31,18 @@ def _blocks(n: int, threads: int) -> int:
     return max(1, min(_MAX_BLOCKS, -(-n // threads)))
 
 
+def _chunks(n_rows: int) -> tuple[int, int]:
+    """The column sums' (rows per chunk, chunks) over n_rows rows: the kernels' grid.y."""
+    rows = src.column_chunk_rows(n_rows)
+    return rows, max(1, -(-n_rows // rows))
+
+
+def _row_grid(n_rows: int, C: int) -> tuple[int, int]:
+    """The grid of a kernel over rows of C elements: a tile of ELEMENTWISE_THREADS columns by a
+    group of rows (at most MAX_GRID_Y groups; each thread then loops over its column's rows)."""
+    return max(1, -(-C // src.ELEMENTWISE_THREADS)), max(1, min(n_rows, src.MAX_GRID_Y))
+
+
 def _pointers(xp, arrays) -> list[int]:
     """The arrays' data addresses, as a kernel dereferences them: device pointers for CuPy's
     arrays (`a.data.ptr`), host ones for NumPy's (`a.ctypes.data`, for the CPU emulator)."""
@@ -74,23 +86,45 @@ class CudaKernels:
         )
         return out, xhat, rstd
 
-    def layernorm_backward(self, dout, xhat, rstd, w):
+    def residual_layernorm_forward(self, x, h, hb, w, b, eps):
+        N, C = x.shape
+        out, xhat = self.xp.empty_like(x), self.xp.empty_like(x)
+        rstd = self.xp.empty(N, dtype=x.dtype)
+        t = x.dtype.type
+        grid = -(-N // src.ROWS_PER_BLOCK)
+        self._fn("residual_layernorm_forward", x.dtype)(
+            (grid,),
+            (src.ROWS_PER_BLOCK * src.WARP,),
+            (x, h, w if hb is None else hb, np.int32(hb is not None), w, w if b is None else b, np.int32(b is not None),
+             out, xhat, rstd, np.int64(N), np.int32(C), t(eps)),
+        )  # fmt: skip
+        return out, xhat, rstd
+
+    def layernorm_backward(self, dout, xhat, rstd, w, dx=None):
         N, C = dout.shape
-        dx = self.xp.empty_like(dout)
+        add = dx is not None
+        if not add:
+            dx = self.xp.empty_like(dout)
         grid = -(-N // src.ROWS_PER_BLOCK)
         self._fn("layernorm_backward", dout.dtype)(
-            (grid,), (src.ROWS_PER_BLOCK * src.WARP,), (dout, xhat, rstd, w, dx, np.int64(N), np.int32(C))
+            (grid,),
+            (src.ROWS_PER_BLOCK * src.WARP,),
+            (dout, xhat, rstd, w, dx, np.int32(add), np.int64(N), np.int32(C)),
         )
         return dx
 
     def column_sums(self, a, b):
-        partial = self._chunk_sums(a, b)
-        return partial[0] if partial.shape[0] == 1 else self._chunk_sums(partial, None)[0]
+        return self._total(self._chunk_sums(a, b))
+
+    def _total(self, partial):
+        """(n_chunks, C) chunks' sums -> (C,): summed chunk by chunk again until one row is left."""
+        while partial.shape[0] > 1:
+            partial = self._chunk_sums(partial, None)
+        return partial[0]
 
     def _chunk_sums(self, a, b):
         N, C = a.shape
-        rows = src.column_chunk_rows(N)
-        n_chunks = max(1, -(-N // rows))
+        rows, n_chunks = _chunks(N)
         out = self.xp.empty((n_chunks, C), dtype=a.dtype)
         self._fn("column_sums", a.dtype)(
             (-(-C // src.COLUMN_THREADS), n_chunks),
@@ -119,15 +153,46 @@ class CudaKernels:
         )  # fmt: skip
         return out
 
-    def gelu(self, x, grad):
+    def column_sums_pair(self, a, b):
+        N, C = a.shape
+        rows, n_chunks = _chunks(N)
+        partial = self.xp.empty((n_chunks, 2, C), dtype=a.dtype)
+        self._fn("column_sums_pair", a.dtype)(
+            (-(-C // src.COLUMN_THREADS), n_chunks),
+            (src.COLUMN_THREADS,),
+            (a, b, partial, np.int64(N), np.int64(C), np.int64(rows)),
+        )
+        both = self._total(partial.reshape(n_chunks, 2 * C)).reshape(2, C)
+        return both[0], both[1]
+
+    def product_column_sums(self, a, b):
+        N, C = a.shape
+        rows, n_chunks = _chunks(N)
+        prod = self.xp.empty_like(a)
+        partial = self.xp.empty((n_chunks, C), dtype=a.dtype)
+        self._fn("product_column_sums", a.dtype)(
+            (-(-C // src.COLUMN_THREADS), n_chunks),
+            (src.COLUMN_THREADS,),
+            (a, b, prod, partial, np.int64(N), np.int64(C), np.int64(rows)),
+        )
+        return prod, self._total(partial)
+
+    def bias_residual(self, x, h, b):
+        N, C = x.shape
+        self._fn("bias_residual", x.dtype)(
+            _row_grid(N, C), (src.ELEMENTWISE_THREADS,),
+            (x, h, h if b is None else b, np.int32(b is not None), np.int64(N), np.int32(C)),
+        )  # fmt: skip
+
+    def gelu(self, x, b, grad):
+        N, C = x.shape
         t = x.dtype.type
         out = self.xp.empty_like(x)
         deriv = self.xp.empty_like(x) if grad else None
-        n = x.size
         self._fn("gelu_forward", x.dtype)(
-            (_blocks(n, src.ELEMENTWISE_THREADS),), (src.ELEMENTWISE_THREADS,),
-            (x, out, out if deriv is None else deriv, np.int32(grad), np.int64(n), t(_GELU_A * _GELU_C), t(_GELU_C),
-             t(6.0 * _GELU_A * _GELU_C), t(2.0 * _GELU_C)),
+            _row_grid(N, C), (src.ELEMENTWISE_THREADS,),
+            (x, x if b is None else b, np.int32(b is not None), out, out if deriv is None else deriv, np.int32(grad),
+             np.int64(N), np.int32(C), t(_GELU_A * _GELU_C), t(_GELU_C), t(6.0 * _GELU_A * _GELU_C), t(2.0 * _GELU_C)),
         )  # fmt: skip
         return out, deriv
 

@@ -14,7 +14,14 @@ row to one warp (LayerNorm, attention softmax; rows of at most a few thousand) o
 (the cross-entropy's vocabulary-long rows); lane l of a warp handles elements l, l + 32, ... in
 order, and lanes combine by an xor butterfly (`warp_sum`), after which every lane holds the
 same total, since each step adds the same two numbers in either order. Column sums run over
-chunks of rows in a fixed order, then over the chunks: deterministic, unlike atomics. The source
+chunks of rows in a fixed order, then over the chunks' sums the same way until one row is left:
+deterministic, unlike atomics; `column_sums_pair` (LayerNorm's dweight and dbias) and
+`product_column_sums` (dout * gelu' and c_fc's dbias) do their first pass while reading what
+they sum. Elementwise kernels over rows with a per-column bias (`gelu_forward`, `bias_residual`)
+give a thread one column of a tile and loop over rows, so the bias is read once per thread and
+no index is divided. GPT-2's block fuses its passes (device_ops.py): `residual_layernorm_forward`
+adds the residual and c_proj's bias and normalises in one row kernel, and `layernorm_backward`
+can add its dx into the skip's gradient in place. The source
 is compiled with --fmad=false, so that no multiply-add is contracted and each kernel rounds as
 its twin does (exp, log, tanh and sqrt's last bits aside).
 
@@ -35,8 +42,9 @@ SKINNY_WARPS = 8  # skinny_matmul: a block is 32 columns x 8 warps, each warp a 
 OPTIONS = ("--fmad=false", "-std=c++14")
 
 KERNELS = (
-    "layernorm_forward", "layernorm_backward", "column_sums", "gelu_forward", "xent_forward", "xent_backward",
-    "attention_softmax", "softmax_backward", "embedding_backward", "adamw", "adamw_multi", "skinny_matmul",
+    "layernorm_forward", "residual_layernorm_forward", "layernorm_backward", "column_sums", "column_sums_pair",
+    "product_column_sums", "bias_residual", "gelu_forward", "xent_forward", "xent_backward", "attention_softmax",
+    "softmax_backward", "embedding_backward", "adamw", "adamw_multi", "skinny_matmul",
     "skinny_matmul_nt",
 )  # fmt: skip
 EXPRESSIONS = tuple(f"{name}<{ctype}>" for name in KERNELS for ctype in ("float", "double"))  # each kernel's instances
@@ -94,17 +102,14 @@ template <typename T> __device__ __forceinline__ void warp_combine(T& m, T& s) {
     }
 }
 
-// out, xhat (n_rows, C); rstd (n_rows,). One warp per row.
+// LayerNorm of row `row` of x, by one warp, from `s`: each lane's sum of its elements of the row. x is
+// not __restrict__: residual_layernorm_forward has just written it (no read through the read-only cache)
 template <typename T>
-__global__ void layernorm_forward(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
-                                  int has_bias, T* __restrict__ out, T* __restrict__ xhat, T* __restrict__ rstd,
-                                  long long n_rows, int C, T eps) {
-    long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= n_rows) return;  // the whole warp leaves together
+__device__ __forceinline__ void layernorm_row(const T* x, T s, const T* __restrict__ w,
+                                              const T* __restrict__ b, int has_bias, T* __restrict__ out,
+                                              T* __restrict__ xhat, T* __restrict__ rstd, long long row, int C,
+                                              T eps, int lane) {
     const T* xr = x + row * C;
-    T s = T(0);
-    for (int c = lane; c < C; c += 32) s += xr[c];
     T mean = warp_sum(s) / T(C);
     T ss = T(0);
     for (int c = lane; c < C; c += 32) {
@@ -123,10 +128,45 @@ __global__ void layernorm_forward(const T* __restrict__ x, const T* __restrict__
     if (lane == 0) rstd[row] = r;
 }
 
-// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * w. One warp per row.
+// out, xhat (n_rows, C); rstd (n_rows,). One warp per row.
+template <typename T>
+__global__ void layernorm_forward(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                                  int has_bias, T* __restrict__ out, T* __restrict__ xhat, T* __restrict__ rstd,
+                                  long long n_rows, int C, T eps) {
+    long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= n_rows) return;  // the whole warp leaves together
+    const T* xr = x + row * C;
+    T s = T(0);
+    for (int c = lane; c < C; c += 32) s += xr[c];
+    layernorm_row(x, s, w, b, has_bias, out, xhat, rstd, row, C, eps, lane);
+}
+
+// x += h + hb (hb (C,), or x += h), in place, then layernorm_forward of the new x. One warp per row.
+template <typename T>
+__global__ void residual_layernorm_forward(T* __restrict__ x, const T* __restrict__ h, const T* __restrict__ hb,
+                                           int has_hb, const T* __restrict__ w, const T* __restrict__ b,
+                                           int has_bias, T* __restrict__ out, T* __restrict__ xhat,
+                                           T* __restrict__ rstd, long long n_rows, int C, T eps) {
+    long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= n_rows) return;
+    T* xr = x + row * C;
+    const T* hr = h + row * C;
+    T s = T(0);
+    for (int c = lane; c < C; c += 32) {
+        T v = xr[c] + (has_hb ? hr[c] + hb[c] : hr[c]);
+        xr[c] = v;  // the lane reads back only what it wrote
+        s += v;
+    }
+    layernorm_row(x, s, w, b, has_bias, out, xhat, rstd, row, C, eps, lane);
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * w; with `add`, dx += that instead.
+// One warp per row.
 template <typename T>
 __global__ void layernorm_backward(const T* __restrict__ dout, const T* __restrict__ xhat,
-                                   const T* __restrict__ rstd, const T* __restrict__ w, T* __restrict__ dx,
+                                   const T* __restrict__ rstd, const T* __restrict__ w, T* __restrict__ dx, int add,
                                    long long n_rows, int C) {
     long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
@@ -145,7 +185,8 @@ __global__ void layernorm_backward(const T* __restrict__ dout, const T* __restri
     T* dxr = dx + row * C;
     for (int c = lane; c < C; c += 32) {
         T g = dr[c] * w[c];
-        dxr[c] = (g - mean_g - hr[c] * mean_gx) * r;
+        T v = (g - mean_g - hr[c] * mean_gx) * r;
+        dxr[c] = add ? dxr[c] + v : v;
     }
 }
 
@@ -162,14 +203,70 @@ __global__ void column_sums(const T* __restrict__ a, const T* __restrict__ b, in
     out[(long long)blockIdx.y * C + c] = acc;
 }
 
-// GPT-2's tanh GELU: out = x h with h = 0.5 (1 + tanh((x^2 k_cube + k_lin) x));
-// deriv = h + (1 - h) h (x^2 d_cube + d_lin) x (ops.gelu_forward's derivation)
+// out (gridDim.y, 2, C): out[chunk, 0, c] = sum over the chunk's rows, in order, of a[r, c] * b[r, c], and
+// out[chunk, 1, c] of a[r, c] (column_sums' two sums in one read of a)
 template <typename T>
-__global__ void gelu_forward(const T* __restrict__ x, T* __restrict__ out, T* __restrict__ deriv, int with_deriv,
-                             long long n, T k_cube, T k_lin, T d_cube, T d_lin) {
-    long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        T xv = x[i];
+__global__ void column_sums_pair(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
+                                 long long n_rows, long long C, long long rows_per_chunk) {
+    long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    long long r0 = (long long)blockIdx.y * rows_per_chunk;
+    long long r1 = r0 + rows_per_chunk < n_rows ? r0 + rows_per_chunk : n_rows;
+    T ab = T(0), sa = T(0);
+    for (long long r = r0; r < r1; ++r) {
+        T av = a[r * C + c];
+        ab += av * b[r * C + c];
+        sa += av;
+    }
+    out[2 * (long long)blockIdx.y * C + c] = ab;
+    out[(2 * (long long)blockIdx.y + 1) * C + c] = sa;
+}
+
+// prod = a * b (n_rows, C), and out (gridDim.y, C) as column_sums of prod
+template <typename T>
+__global__ void product_column_sums(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ prod,
+                                    T* __restrict__ out, long long n_rows, long long C, long long rows_per_chunk) {
+    long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    long long r0 = (long long)blockIdx.y * rows_per_chunk;
+    long long r1 = r0 + rows_per_chunk < n_rows ? r0 + rows_per_chunk : n_rows;
+    T acc = T(0);
+    for (long long r = r0; r < r1; ++r) {
+        T p = a[r * C + c] * b[r * C + c];
+        prod[r * C + c] = p;
+        acc += p;
+    }
+    out[(long long)blockIdx.y * C + c] = acc;
+}
+
+// Rows of C elements, a block per (tile of columns, group of rows): thread c of the tile takes rows
+// blockIdx.y, + gridDim.y, ... of column c, so a column's bias is read once and no index is divided.
+
+// x += h + b (or x += h), in place
+template <typename T>
+__global__ void bias_residual(T* __restrict__ x, const T* __restrict__ h, const T* __restrict__ b, int has_bias,
+                              long long n_rows, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    T bc = has_bias ? b[c] : T(0);
+    for (long long r = blockIdx.y; r < n_rows; r += gridDim.y) {
+        long long i = r * C + c;
+        x[i] = x[i] + (has_bias ? h[i] + bc : h[i]);
+    }
+}
+
+// GPT-2's tanh GELU of v = x + b (or x): out = v h with h = 0.5 (1 + tanh((v^2 k_cube + k_lin) v));
+// deriv = h + (1 - h) h (v^2 d_cube + d_lin) v (ops.gelu_forward's derivation)
+template <typename T>
+__global__ void gelu_forward(const T* __restrict__ x, const T* __restrict__ b, int has_bias, T* __restrict__ out,
+                             T* __restrict__ deriv, int with_deriv, long long n_rows, int C, T k_cube, T k_lin,
+                             T d_cube, T d_lin) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    T bc = has_bias ? b[c] : T(0);
+    for (long long r = blockIdx.y; r < n_rows; r += gridDim.y) {
+        long long i = r * C + c;
+        T xv = has_bias ? x[i] + bc : x[i];
         T x2 = xv * xv;
         T h = d_tanh((x2 * k_cube + k_lin) * xv) * T(0.5) + T(0.5);
         if (with_deriv) {

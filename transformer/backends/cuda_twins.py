@@ -85,6 +85,17 @@ class TwinKernels:
 
     def layernorm_forward(self, x, w, b, eps):
         """x (N, C) -> out, xhat (N, C), rstd (N,): kernel `layernorm_forward`, a warp per row."""
+        return self._layernorm_rows(x, w, b, eps)
+
+    def residual_layernorm_forward(self, x, h, hb, w, b, eps):
+        """x (N, C) += h + hb (or h), in place, then out, xhat, rstd of the new x: kernel
+        `residual_layernorm_forward`."""
+        x += h if hb is None else h + hb
+        return self._layernorm_rows(x, w, b, eps)
+
+    @staticmethod
+    def _layernorm_rows(x, w, b, eps):
+        """The kernels' `layernorm_row` over every row of x."""
         C = x.shape[1]
         eps = x.dtype.type(eps)
         mean = _butterfly(_lane_sums(x)) / x.dtype.type(C)
@@ -96,19 +107,41 @@ class TwinKernels:
             out = out + b
         return out, xhat, r
 
-    def layernorm_backward(self, dout, xhat, rstd, w):
-        """dout (N, C) -> dx (N, C): kernel `layernorm_backward`."""
+    def layernorm_backward(self, dout, xhat, rstd, w, dx=None):
+        """dout (N, C) -> dx (N, C): kernel `layernorm_backward`; added into `dx` when given."""
         C = dout.dtype.type(dout.shape[1])
         g = dout * w
         mean_g = _butterfly(_lane_sums(g)) / C
         mean_gx = _butterfly(_lane_sums(g * xhat)) / C
-        return (g - mean_g[:, None] - xhat * mean_gx[:, None]) * rstd[:, None]
+        v = (g - mean_g[:, None] - xhat * mean_gx[:, None]) * rstd[:, None]
+        if dx is None:
+            return v
+        dx += v
+        return dx
 
     def column_sums(self, a, b):
-        """a, b (N, C) -> (C,): kernel `column_sums` over chunks of rows, then over the chunks."""
-        prod = a * b if b is not None else a
-        partial = self._chunk_sums(prod)
-        return partial[0] if partial.shape[0] == 1 else self._chunk_sums(partial)[0]
+        """a, b (N, C) -> (C,): kernel `column_sums` over chunks of rows, then over the chunks'
+        sums, chunk by chunk again, until one row is left."""
+        return self._total(self._chunk_sums(a * b if b is not None else a))
+
+    def column_sums_pair(self, a, b):
+        """a, b (N, C) -> column sums of a * b (C,), of a (C,): kernel `column_sums_pair`, each
+        summed as `column_sums` sums it."""
+        N, C = a.shape
+        partial = np.stack([self._chunk_sums(a * b), self._chunk_sums(a)], axis=1)  # (n_chunks, 2, C)
+        both = self._total(partial.reshape(-1, 2 * C)).reshape(2, C)
+        return both[0], both[1]
+
+    def product_column_sums(self, a, b):
+        """a, b (N, C) -> a * b (N, C), its column sums (C,): kernel `product_column_sums`."""
+        prod = a * b
+        return prod, self._total(self._chunk_sums(prod))
+
+    def _total(self, partial):
+        """(n_chunks, C) chunks' sums -> (C,), chunk by chunk again until one row is left."""
+        while partial.shape[0] > 1:
+            partial = self._chunk_sums(partial)
+        return partial[0]
 
     @staticmethod
     def _chunk_sums(a):
@@ -144,9 +177,15 @@ class TwinKernels:
         sums = _butterfly(_lane_sums(products.reshape(-1, C)))
         return sums.reshape(R, w.shape[0])
 
-    def gelu(self, x, grad):
-        """x (...) -> out, gelu'(x) or None: kernel `gelu_forward`."""
+    def bias_residual(self, x, h, b):
+        """x (N, C) += h + b (or h), in place: kernel `bias_residual`."""
+        x += h if b is None else h + b
+
+    def gelu(self, x, b, grad):
+        """x (N, C), b (C,) or None -> out, gelu'(v) or None of v = x + b (or x): kernel `gelu_forward`."""
         t = x.dtype.type
+        if b is not None:
+            x = x + b
         x2 = x * x
         h = np.tanh((x2 * t(_GELU_A * _GELU_C) + t(_GELU_C)) * x) * t(0.5) + t(0.5)
         deriv = None

@@ -18,6 +18,13 @@ How it differs from the CPU ops, and why:
   normalises and writes the weights in place (float64, TF32 off, explain's trace, generation).
 - Column sums (LayerNorm's dweight and dbias, linear's dbias, the positions' gradient) come
   from a chunked kernel that adds rows in a fixed order: deterministic, unlike atomics.
+- GPT-2's block (the model's `_gpt2_block`) calls ops that fuse its elementwise passes, so that
+  fewer bytes cross memory: c_fc's bias goes into the GELU kernel (`linear_gelu_*`, whose
+  backward writes dpre and sums its columns in one pass), each c_proj's bias into its residual's
+  kernel (`bias_residual_*`, `residual_layernorm_*`, the latter with ln_2's LayerNorm), and a
+  LayerNorm's input gradient is added into the skip's by its row kernel (`layernorm_add_backward`).
+  LayerNorm's dweight and dbias come from one column pass. The CPU's ops of those names are
+  today's ops in a row (ops.py), so the CPU computes the same bits either way.
 - The embedding gradient sorts the ids (stably) and adds each id's rows in their original
   order: the additions of NumPy's add.at, so it is bit-identical to the CPU op.
 - The cross-entropy keeps each row's max and sum of exponentials instead of writing the
@@ -34,9 +41,14 @@ How it differs from the CPU ops, and why:
 
 Kernel interface (what `kernels` provides; arrays C-contiguous, on the device):
     layernorm_forward(x (N, C), w, b or None, eps) -> out (N, C), xhat (N, C), rstd (N,)
-    layernorm_backward(dout (N, C), xhat, rstd, w) -> dx (N, C)
+    residual_layernorm_forward(x (N, C), h (N, C), hb or None, w, b or None, eps) -> out, xhat, rstd:
+        x += h + hb in place, then layernorm_forward of the new x
+    layernorm_backward(dout (N, C), xhat, rstd, w, dx=None) -> dx (N, C); added into dx when given
     column_sums(a (N, C), b (N, C) or None) -> (C,): sum over rows of a * b (or of a)
-    gelu(x, grad) -> out, gelu'(x) or None (same shape as x)
+    column_sums_pair(a (N, C), b (N, C)) -> sums of a * b (C,), of a (C,), in one read of a
+    product_column_sums(a (N, C), b (N, C)) -> a * b (N, C), its column sums (C,)
+    bias_residual(x (N, C), h (N, C), b (C,) or None): x += h + b, in place
+    gelu(x (N, C), b (C,) or None, grad) -> out, gelu'(x + b) or None (N, C): GELU of x + b
     xent_forward(logits (N, V), targets (N,)) -> row max (N,), row sum of exp(z - max) (N,), losses (N,) float64
     xent_backward(logits, targets, row_max, row_sum, n_total): logits := dlogits, in place
     attention_softmax(scores (R, Tq, keys), q_offset, causal): scores := weights, in place
@@ -101,6 +113,12 @@ def fused_attention_applies(kernels, dtype, head_dim: int) -> bool:
     return fused_decode_applies(kernels, dtype, head_dim) and tf32_enabled()
 
 
+def _rows_in_place(a, C: int):
+    """a (..., C) as (N, C) rows for a kernel to write in place: a view, so a must be C-contiguous."""
+    assert a.flags.c_contiguous, "an array updated in place by a kernel must be C-contiguous"
+    return a.reshape(-1, C)
+
+
 class DeviceOps:
     """transformer/ops.py's op functions over array module `xp` and fused `kernels` (see the
     module docstring). Each method's contract (shapes, cache) is the CPU op's of the same name;
@@ -157,27 +175,62 @@ class DeviceOps:
 
     def layernorm_backward(self, dout, cache):
         """dout (..., C) -> dx (..., C), dweight (C,), dbias (C,) or None: one row kernel for dx,
-        column sums for the parameters."""
+        one column kernel for both parameters."""
         xhat, rstd, weight, has_bias = cache
         d2 = self.xp.ascontiguousarray(dout.reshape(xhat.shape))
         dx = self.kernels.layernorm_backward(d2, xhat, rstd, weight)
-        dweight = self.kernels.column_sums(d2, xhat)
-        dbias = self.kernels.column_sums(d2, None) if has_bias else None
-        return dx.reshape(dout.shape), dweight, dbias
+        return (dx.reshape(dout.shape), *self._layernorm_param_grads(d2, xhat, has_bias))
+
+    def layernorm_add_backward(self, dskip, dout, cache):
+        """layernorm_backward of an x that also feeds a skip: dskip (..., C) += the LayerNorm's input
+        gradient, written over dskip by the row kernel itself (no dx array, no second pass).
+        -> dskip, dweight, dbias or None."""
+        xhat, rstd, weight, has_bias = cache
+        d2 = self.xp.ascontiguousarray(dout.reshape(xhat.shape))
+        self.kernels.layernorm_backward(d2, xhat, rstd, weight, _rows_in_place(dskip, xhat.shape[-1]))
+        return (dskip, *self._layernorm_param_grads(d2, xhat, has_bias))
+
+    def _layernorm_param_grads(self, d2, xhat, has_bias: bool):
+        """dweight = column sums of dout * xhat, dbias = of dout (None without a bias): one read of
+        dout and xhat for both."""
+        if has_bias:
+            return self.kernels.column_sums_pair(d2, xhat)
+        return self.kernels.column_sums(d2, xhat), None
+
+    def residual_layernorm_forward(self, x, branch, branch_bias, weight, bias, eps: float = LN_EPS):
+        """x (B, T, C) += branch + branch_bias, written over x, then x's LayerNorm: one kernel
+        (a warp per row) reads x and branch and writes x, out and the cache's xhat once. -> out, cache."""
+        C = x.shape[-1]
+        h = self.xp.ascontiguousarray(branch.reshape(-1, C))
+        out, xhat, rstd = self.kernels.residual_layernorm_forward(
+            _rows_in_place(x, C), h, branch_bias, weight, bias, eps
+        )
+        return out.reshape(x.shape), ((xhat, rstd, weight, bias is not None), branch_bias is not None)
+
+    def residual_layernorm_backward(self, dskip, dout, cache):
+        """-> (dx, dweight, dbias, d branch_bias) as the CPU op: layernorm_add_backward, then the
+        branch bias's column sums of dx."""
+        ln_cache, has_branch_bias = cache
+        dx, dweight, dbias = self.layernorm_add_backward(dskip, dout, ln_cache)
+        C = dx.shape[-1]
+        return dx, dweight, dbias, self.kernels.column_sums(dx.reshape(-1, C), None) if has_branch_bias else None
 
     # ------------------------------------------------------------------------- linear
 
     def linear_forward(self, x, weight, bias):
         """x (..., Cin), weight (Cin, Cout), bias (Cout,) -> (..., Cout): one GEMM, or for a few
         rows (a generation step) one kernel with the bias, which a CUDA graph can hold."""
-        x2 = x.reshape(-1, x.shape[-1])
-        if x2.shape[0] <= SKINNY_ROWS:
-            out = self.kernels.skinny_matmul(self.xp.ascontiguousarray(x2), weight, bias)
-        else:
-            out = x2 @ weight
-            if bias is not None:
-                out += bias
+        out = self._product(x.reshape(-1, x.shape[-1]), weight, bias)
         return out.reshape(*x.shape[:-1], weight.shape[1]), (x, weight, bias is not None)
+
+    def _product(self, x2, weight, bias=None):
+        """x2 (N, Cin) @ weight (Cin, Cout) (+ bias): a GEMM, or the skinny kernel for N <= SKINNY_ROWS."""
+        if x2.shape[0] <= SKINNY_ROWS:
+            return self.kernels.skinny_matmul(self.xp.ascontiguousarray(x2), weight, bias)
+        out = x2 @ weight
+        if bias is not None:
+            out += bias
+        return out
 
     def unembed(self, x, weight):
         """x (R, C), weight (V, C) -> logits (R, V) = x weight^T: for a few rows one kernel (a
@@ -208,6 +261,18 @@ class DeviceOps:
     def residual_backward(self, dout, cache):
         """dout (B, T, C) -> (d skip, d branch): the same array twice, as on the CPU."""
         return dout, dout
+
+    def bias_residual_forward(self, x, branch, bias):
+        """x (B, T, C) += branch + bias (or branch), written over x: one kernel, one read of each and
+        one write (the bias's own pass over branch is gone). -> x, cache."""
+        C = x.shape[-1]
+        self.kernels.bias_residual(_rows_in_place(x, C), self.xp.ascontiguousarray(branch.reshape(-1, C)), bias)
+        return x, bias is not None
+
+    def bias_residual_backward(self, dout, cache):
+        """dout (B, T, C) -> (d skip, d branch, d bias (C,) or None): dout twice, its column sums."""
+        d2 = self.xp.ascontiguousarray(dout.reshape(-1, dout.shape[-1]))
+        return dout, dout, self.kernels.column_sums(d2, None) if cache else None
 
     # ------------------------------------------------------------------------- attention
 
@@ -400,11 +465,34 @@ class DeviceOps:
 
     def gelu_forward(self, x, grad: bool = True):
         """x (...) -> GPT-2's tanh GELU, one kernel; with `grad` the cache is gelu'(x) (as on the CPU)."""
-        return self.kernels.gelu(self.xp.ascontiguousarray(x), grad)
+        rows = self.xp.ascontiguousarray(x.reshape(-1, x.shape[-1]))
+        out, deriv = self.kernels.gelu(rows, None, grad)
+        return out.reshape(x.shape), None if deriv is None else deriv.reshape(x.shape)
 
     def gelu_backward(self, dout, cache):
         """dout (...) -> dout * gelu'(x)."""
         return dout * cache
+
+    def linear_gelu_forward(self, x, weight, bias, grad: bool = True, trace=None):
+        """x (..., Cin) -> gelu(x @ weight + bias) (..., Cout): the GEMM without its bias, then one
+        kernel adds the bias and writes the GELU and its derivative (no pass of its own for the bias,
+        no pre-activation array read back). `trace` gets the pre-activation under "pre", made for
+        it. -> out, cache."""
+        h = self._product(x.reshape(-1, x.shape[-1]), weight)  # (N, Cout) without the bias
+        shape = (*x.shape[:-1], weight.shape[1])
+        if trace is not None:
+            trace["pre"] = (h if bias is None else h + bias).reshape(shape)
+        out, deriv = self.kernels.gelu(h, bias, grad)
+        return out.reshape(shape), (x, weight, bias is not None, deriv)
+
+    def linear_gelu_backward(self, dout, cache):
+        """dout (..., Cout) -> dx (..., Cin), dweight, dbias or None: one kernel writes
+        dpre = dout * gelu' and, with a bias, its column sums (dbias) as it goes; then the GEMMs."""
+        x, weight, has_bias, deriv = cache
+        d2 = self.xp.ascontiguousarray(dout.reshape(deriv.shape))
+        dpre, dbias = self.kernels.product_column_sums(d2, deriv) if has_bias else (d2 * deriv, None)
+        dx, dweight, _ = self.linear_backward(dpre, (x, weight, False))
+        return dx, dweight, dbias
 
     def relu_forward(self, x, grad: bool = True):
         """x (...) -> max(x, 0); the cache is the output."""
