@@ -277,3 +277,24 @@ def test_generation_steps_through_the_decode_kernels_twin(shape):
 @pytest.mark.parametrize("heads", [(2, 1, 16), (4, 2, 64), (3, 3, 32)])
 def test_emulated_decode_kernel_against_its_twin(emulated_kernels, heads, start, on_device):
     check_decode_against_twin(emulated_kernels, np.asarray, np.asarray, heads, start, 2, 300, on_device)
+
+
+def test_the_memory_check_counts_no_weights_where_attention_is_fused(monkeypatch):
+    """On a backend whose attention is fused, a training step's estimate keeps each row's
+    log-sum-exp instead of the (T, T) weights and the scaled q: less than the CPU's estimate."""
+    import tokenkit.transformer.backends as backends
+    from tokenkit.transformer import memory
+
+    base = twin_backend()
+    monkeypatch.setitem(
+        backends._BACKENDS, "cuda", Backend("cuda", np, FUSED, base.to_device, base.to_host, base.synchronize)
+    )
+    monkeypatch.setattr(memory, "_device_free_bytes", lambda: None)
+    gpt2 = GPTConfig(vocab_size=50304, context_length=1024, d_model=768, n_layers=12, n_heads=12)
+    fused = memory.check_memory(gpt2, training=True, batch_rows=8, device="cuda")
+    assert fused == memory.estimate_bytes(gpt2, training=True, batch_rows=8, fused_attention=True)
+    assert fused < memory.estimate_bytes(gpt2, training=True, batch_rows=8)
+    odd = GPTConfig(vocab_size=300, context_length=64, d_model=96, n_layers=1, n_heads=2)  # head dim 48: not fused
+    assert memory.check_memory(odd, training=True, batch_rows=2, device="cuda") == memory.estimate_bytes(
+        odd, training=True, batch_rows=2
+    )

@@ -5,9 +5,10 @@ What it counts: the float32 parameters, the sinusoid table of sinusoidal positio
 backs it; rotary positions' cos and sin tables are counted alike), and the per-layer K/V caches
 of generation (n_kv_heads heads each); training adds the gradients, AdamW's two
 moments and its scratch, and, given the batch (`batch_rows`), the activations of a step: every
-layer's cached intermediates, the attention weights, the logits and the backward's transients
-(`activation_bytes`). tests/test_reliability_files.py checks the training estimate against the
-peak that tracemalloc measures.
+layer's cached intermediates, the attention weights (none where a GPU fuses attention), the
+logits and the backward's transients (`activation_bytes`). tests/test_reliability_files.py
+checks the training estimate against the peak that tracemalloc measures; bench/gpu.py prints the
+GPU's estimate beside the peak of CuPy's pool.
 
 What it deliberately does not do: allocate, or decide the config (transformer/config.py bounds it).
 """
@@ -26,7 +27,7 @@ _TRANSIENT = 16  # floats per token and unit of width alive besides: residual st
 _SCRATCH = 2 << 20  # the ops' row-block buffers and other small arrays of a step
 
 
-def activation_bytes(config: GPTConfig, rows: int) -> int:
+def activation_bytes(config: GPTConfig, rows: int, fused_attention: bool = False) -> int:
     """Bytes one process holds at the peak of a training step over `rows` rows of context_length
     tokens (N = rows x T, width C, L layers, H heads, vocabulary V), besides the parameters:
 
@@ -39,11 +40,19 @@ def activation_bytes(config: GPTConfig, rows: int) -> int:
       of one tile's scores;
     - the logits, N x V (one buffer: the softmax and its gradient overwrite it).
 
+    `fused_attention` (a GPU's fused kernels, transformer/backends/attention_source.py): no
+    weights and no scaled q are kept, only each row's log-sum-exp (H floats per token).
+
     >>> activation_bytes(GPTConfig(), rows=8) / 1e9  # GPT-2 small, 8 rows of 1024 tokens
     9.953640448
+    >>> activation_bytes(GPTConfig(), rows=8, fused_attention=True) / 1e9  # on a GPU
+    6.888128512
     """
     T, C, L, H = config.context_length, config.d_model, config.n_layers, config.n_heads
     N = rows * T
+    if fused_attention:
+        floats = N * ((cached_per_token(config) - C + H) * L + _TRANSIENT * C)
+        return _F32 * (floats + N * config.vocab_size) + _SCRATCH
     tiles = [(hi - lo) * keys for lo, hi, keys in _query_tiles(T, config.causal, rows * H)]
     weights = rows * H * sum(tiles)
     floats = N * (cached_per_token(config) * L + _TRANSIENT * C) + weights * L + rows * H * max(tiles)
@@ -66,7 +75,14 @@ def cached_per_token(config: GPTConfig) -> int:
     return 4 * C + W + C + C + 2 * config.hidden
 
 
-def estimate_bytes(config: GPTConfig, *, training: bool = False, workers: int | None = 1, batch_rows: int = 0) -> int:
+def estimate_bytes(
+    config: GPTConfig,
+    *,
+    training: bool = False,
+    workers: int | None = 1,
+    batch_rows: int = 0,
+    fused_attention: bool = False,
+) -> int:
     """Bytes a model of `config` needs.
 
     Inference: parameters + sinusoid table (sinusoidal positions; rotary ones' cos and sin) +
@@ -75,7 +91,8 @@ def estimate_bytes(config: GPTConfig, *, training: bool = False, workers: int | 
     scratch, and one gradient buffer per process computing batch shards (`workers`; 1: ~5x the
     parameters; None or 0: one per available core, as GPT and TrainConfig read them) + the
     sinusoid table + the activations of a step over `batch_rows` rows (0: not counted), which
-    the processes share between them (`activation_bytes` of each one's rows).
+    the processes share between them (`activation_bytes` of each one's rows; `fused_attention`
+    as there).
 
     >>> estimate_bytes(GPTConfig()) / 1e9  # GPT-2 small: 498 MB of weights + 75 MB of K/V caches
     0.573256704
@@ -93,7 +110,7 @@ def estimate_bytes(config: GPTConfig, *, training: bool = False, workers: int | 
         activations = 0
         if batch_rows > 0:
             per_process = -(-batch_rows // n)  # shard_rows' largest share
-            activations = min(n, batch_rows) * activation_bytes(config, per_process)
+            activations = min(n, batch_rows) * activation_bytes(config, per_process, fused_attention)
         return (4 + n) * params + table + activations
     kv_caches = 2 * _F32 * config.n_layers * config.context_length * config.kv_heads * config.head_dim
     return params + table + kv_caches
@@ -146,6 +163,19 @@ def _device_free_bytes() -> int | None:
         return None
 
 
+def _fused_attention(config: GPTConfig, device: str) -> bool:
+    """Whether a float32 model of `config` trains through fused attention on `device`'s backend;
+    False (the larger estimate) where that backend cannot be had."""
+    from tokenkit.transformer.backends import get_backend
+    from tokenkit.transformer.backends.device_ops import fused_attention_applies
+
+    try:
+        kernels = getattr(get_backend(device).ops, "kernels", None)
+    except ModelError:
+        return False
+    return kernels is not None and fused_attention_applies(kernels, "float32", config.head_dim)
+
+
 def _address_space_left() -> int | None:
     if sys.platform == "win32":
         return None
@@ -182,7 +212,8 @@ def check_memory(
     """
     gpu = device != "cpu"
     workers = 1 if gpu else workers
-    need = estimate_bytes(config, training=training, workers=workers, batch_rows=batch_rows)
+    fused = gpu and _fused_attention(config, device)
+    need = estimate_bytes(config, training=training, workers=workers, batch_rows=batch_rows, fused_attention=fused)
     if loaded and not gpu:
         need -= _F32 * config.n_params()
     avail = _device_free_bytes() if gpu else available_bytes()

@@ -117,10 +117,13 @@ class _CapturedDecode:
 
     def __init__(self, model: GPT, rows: int, k_cache: list, v_cache: list):
         self._model = model
+        self._caches = k_cache, v_cache
         self._ids = model.xp.zeros((rows, 1), dtype=np.int64)
         self._position = model.xp.zeros(1, dtype=np.int32)
-        self._forward = lambda: model._cached_forward(self._ids, self._position, k_cache, v_cache)
         self._replay = None  # captured at the first call, when the inputs hold a real step
+
+    def _forward(self):
+        return self._model._cached_forward(self._ids, self._position, *self._caches)
 
     def __call__(self, new: np.ndarray, position: int):
         self._ids[...] = self._model.backend.to_device(new.astype(np.int64))
@@ -132,6 +135,7 @@ class _CapturedDecode:
     def close(self) -> None:
         if self._replay is not None:
             self._replay.close()
+            self._replay = None
 
 
 class GPT:

@@ -136,10 +136,17 @@ class CudaKernels:
     def skinny_matmul(self, x, w, b):
         R, K = x.shape
         N = w.shape[1]
-        out = self.xp.empty((R, N), dtype=x.dtype)
+        n_chunks = -(-K // src.SKINNY_CHUNK)
+        partial = self.xp.empty((n_chunks, R, N), dtype=x.dtype)
         self._fn("skinny_matmul", x.dtype)(
-            (-(-N // src.WARP),), (src.SKINNY_WARPS * src.WARP,),
-            (x, w, w if b is None else b, np.int32(b is not None), out, np.int32(R), np.int32(K), np.int32(N)),
+            (-(-N // src.WARP), n_chunks), (src.SKINNY_WARPS * src.WARP,),
+            (x, w, partial, np.int32(R), np.int32(K), np.int32(N)),
+        )  # fmt: skip
+        out = self.xp.empty((R, N), dtype=x.dtype)
+        self._fn("skinny_matmul_sum", x.dtype)(
+            (_blocks(R * N, src.ELEMENTWISE_THREADS),), (src.ELEMENTWISE_THREADS,),
+            (partial, w if b is None else b, np.int32(b is not None), out, np.int32(n_chunks), np.int64(R * N),
+             np.int32(N)),
         )  # fmt: skip
         return out
 

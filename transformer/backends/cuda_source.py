@@ -38,14 +38,15 @@ COLUMN_CHUNK = 64  # rows per chunk of a column sum, at least; more when that wo
 MAX_GRID_Y = 65535
 ADAMW_CHUNK = 16 * ELEMENTWISE_THREADS  # adamw_multi: elements per block, 16 per thread
 SKINNY_ROWS = 8  # the most rows the skinny products take (a generation step's batch); more go to cuBLAS
-SKINNY_WARPS = 8  # skinny_matmul: a block is 32 columns x 8 warps, each warp a slice of the k range
+SKINNY_WARPS = 8  # skinny_matmul: a block is 32 columns x 8 warps over SKINNY_CHUNK rows of the weights
+SKINNY_CHUNK = 64  # rows of the weights (k) per block of skinny_matmul: K / 64 blocks share a column tile
 OPTIONS = ("--fmad=false", "-std=c++14")
 
 KERNELS = (
     "layernorm_forward", "residual_layernorm_forward", "layernorm_backward", "column_sums", "column_sums_pair",
     "product_column_sums", "bias_residual", "gelu_forward", "xent_forward", "xent_backward", "attention_softmax",
     "softmax_backward", "embedding_backward", "adamw", "adamw_multi", "skinny_matmul",
-    "skinny_matmul_nt",
+    "skinny_matmul_sum", "skinny_matmul_nt",
 )  # fmt: skip
 EXPRESSIONS = tuple(f"{name}<{ctype}>" for name in KERNELS for ctype in ("float", "double"))  # each kernel's instances
 
@@ -56,7 +57,7 @@ def column_chunk_rows(n_rows: int) -> int:
 
 
 SOURCE = (
-    f"#define SKINNY_ROWS {SKINNY_ROWS}\n#define SKINNY_WARPS {SKINNY_WARPS}\n"
+    f"#define SKINNY_ROWS {SKINNY_ROWS}\n#define SKINNY_WARPS {SKINNY_WARPS}\n#define SKINNY_CHUNK {SKINNY_CHUNK}\n"
     + r"""
 #define FULL_MASK 0xffffffffu
 
@@ -432,36 +433,55 @@ __global__ void adamw_multi(const long long* __restrict__ table, const long long
         adamw_element(p, g, m, v, i, beta1, beta2, scale, eps, d);
 }
 
-// out (R, N) = x (R, K) w (K, N) (+ b) for R <= SKINNY_ROWS: a generation step's linear layers, which
-// cuBLAS would run too, but not inside a CUDA graph that CuPy captures. A block is 32 columns (a lane
-// each, reading w's rows coalesced) x SKINNY_WARPS warps; warp g adds k = g, g + 8, ... in order,
-// then the warps' partial sums add in warp order (the same bits on every run).
+// partial (n_chunks, R, N): chunk c's share of x (R, K) w (K, N), k in c SKINNY_CHUNK .. (c + 1) SKINNY_CHUNK - 1,
+// for R <= SKINNY_ROWS: a generation step's linear layers, which cuBLAS would run too, but not inside a
+// CUDA graph that CuPy captures. Splitting k over blocks keeps enough loads in flight to stream the
+// weights: block (column tile, chunk) is 32 columns (a lane each, reading w's rows coalesced) x
+// SKINNY_WARPS warps; warp g adds k = k0 + g, k0 + g + SKINNY_WARPS, ... in order, then the warps'
+// sums add in warp order (the same bits on every run). skinny_matmul_sum adds the chunks.
 template <typename T>
-__global__ void skinny_matmul(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
-                              int has_bias, T* __restrict__ out, int R, int K, int N) {
-    __shared__ T partial[SKINNY_WARPS][SKINNY_ROWS][32];
+__global__ void skinny_matmul(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ partial, int R,
+                              int K, int N) {
+    __shared__ T sums[SKINNY_WARPS][SKINNY_ROWS][32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int j = blockIdx.x * 32 + lane;
+    const int k0 = blockIdx.y * SKINNY_CHUNK;
     T acc[SKINNY_ROWS];
 #pragma unroll
     for (int r = 0; r < SKINNY_ROWS; ++r) acc[r] = T(0);
     if (j < N) {
-        for (int k = warp; k < K; k += SKINNY_WARPS) {
-            const T wk = w[(long long)k * N + j];
 #pragma unroll
-            for (int r = 0; r < SKINNY_ROWS; ++r)
-                if (r < R) acc[r] += x[(long long)r * K + k] * wk;
+        for (int i = warp; i < SKINNY_CHUNK; i += SKINNY_WARPS) {
+            const int k = k0 + i;
+            if (k < K) {
+                const T wk = w[(long long)k * N + j];
+#pragma unroll
+                for (int r = 0; r < SKINNY_ROWS; ++r)
+                    if (r < R) acc[r] += x[(long long)r * K + k] * wk;
+            }
         }
     }
 #pragma unroll
-    for (int r = 0; r < SKINNY_ROWS; ++r) partial[warp][r][lane] = acc[r];
+    for (int r = 0; r < SKINNY_ROWS; ++r) sums[warp][r][lane] = acc[r];
     __syncthreads();
     for (int e = threadIdx.x; e < R * 32; e += blockDim.x) {
         const int r = e / 32, c = e % 32, col = blockIdx.x * 32 + c;
         if (col >= N) continue;
-        T s = partial[0][r][c];
-        for (int g = 1; g < SKINNY_WARPS; ++g) s += partial[g][r][c];
-        out[(long long)r * N + col] = has_bias ? s + b[col] : s;
+        T s = sums[0][r][c];
+        for (int g = 1; g < SKINNY_WARPS; ++g) s += sums[g][r][c];
+        partial[((long long)blockIdx.y * R + r) * N + col] = s;
+    }
+}
+
+// out (R, N) = the sum over chunks, in order, of partial (n_chunks, R, N), plus b (N,) if has_bias
+template <typename T>
+__global__ void skinny_matmul_sum(const T* __restrict__ partial, const T* __restrict__ b, int has_bias,
+                                  T* __restrict__ out, int n_chunks, long long RN, int N) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < RN; i += stride) {
+        T s = partial[i];
+        for (int c = 1; c < n_chunks; ++c) s += partial[(long long)c * RN + i];
+        out[i] = has_bias ? s + b[i % N] : s;
     }
 }
 
@@ -477,6 +497,7 @@ __global__ void skinny_matmul_nt(const T* __restrict__ x, const T* __restrict__ 
     T acc[SKINNY_ROWS];
 #pragma unroll
     for (int r = 0; r < SKINNY_ROWS; ++r) acc[r] = T(0);
+#pragma unroll 4
     for (int c = lane; c < C; c += 32) {
         const T wc = wv[c];
 #pragma unroll

@@ -158,15 +158,20 @@ class TwinKernels:
         return acc
 
     def skinny_matmul(self, x, w, b):
-        """x (R, K) @ w (K, N) (+ b) -> (R, N), R <= SKINNY_ROWS: kernel `skinny_matmul`, warp g's
-        sum of k = g, g + SKINNY_WARPS, ... in order, then the warps' sums in order."""
-        g = src.SKINNY_WARPS
-        partial = [np.zeros((x.shape[0], w.shape[1]), dtype=x.dtype) for _ in range(g)]
-        for k in range(x.shape[1]):
-            partial[k % g] += x[:, k : k + 1] * w[k]
-        out = partial[0]
-        for p in partial[1:]:
-            out = out + p
+        """x (R, K) @ w (K, N) (+ b) -> (R, N), R <= SKINNY_ROWS: kernels `skinny_matmul` (chunk c of
+        SKINNY_CHUNK rows of w: warp g's sum of its k = g, g + SKINNY_WARPS, ... in order, then the
+        warps' sums in order) and `skinny_matmul_sum` (the chunks in order, then the bias)."""
+        R, K = x.shape
+        chunk, warps = src.SKINNY_CHUNK, src.SKINNY_WARPS
+        out = None
+        for k0 in range(0, K, chunk):
+            partial = [np.zeros((R, w.shape[1]), dtype=x.dtype) for _ in range(warps)]
+            for k in range(k0, min(K, k0 + chunk)):
+                partial[(k - k0) % warps] += x[:, k : k + 1] * w[k]
+            total = partial[0]
+            for p in partial[1:]:
+                total = total + p
+            out = total if out is None else out + total
         return out + b if b is not None else out
 
     def skinny_matmul_nt(self, x, w):
