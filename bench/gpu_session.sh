@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 23's device call: everything a lent GPU machine should run, in one command, most telling first.
+# The GPU issues' device call: everything a lent GPU machine should run, in one command, most telling first.
 #
 #   bash bench/gpu_session.sh [--quick]      (on the device machine, from the repository root)
 #
@@ -14,7 +14,8 @@
 #      backends' and the emulator's tests;
 #   3. bench/gpu_attention.py: attention alone, fused against GEMMs and PyTorch's SDPA;
 #   4. bench/gpu.py: tk next to PyTorch eager on GPT-2 124M's shapes (training and generation at
-#      batch 1 and 8), the same without fused attention, then S, M, L (--quick: gpt2 only, short);
+#      batch 1 and 8), the same without fused attention, generation without CUDA graphs, then S, M,
+#      L (--quick: gpt2 only, short);
 #   5. bench/gpu_profile.py: a GPT-2 step op by op;
 #   6. bench/shakespeare.py --device cuda: nanoGPT's baby GPT, its validation loss and wall time.
 # A failing step does not stop the next: the last lines printed are one short table, what the
@@ -63,6 +64,7 @@ if [[ -n "$quick" ]]; then
 else
     step "gpu.py gpt2" 200 $py bench/gpu.py --configs gpt2
     step "gpu.py gpt2, GEMM attention" 120 $py bench/gpu.py --configs gpt2 --gemm-attention --gen-tokens 0
+    step "gpu.py gpt2, no CUDA graphs" 90 $py bench/gpu.py --configs gpt2 --no-graphs --steps 2 --warmup 1
     step "gpu.py S, M, L" 200 $py bench/gpu.py --configs S,M,L
     step "profile" 120 $py bench/gpu_profile.py --steps 5
     step "shakespeare --device cuda" 150 $py bench/shakespeare.py --device cuda
