@@ -313,7 +313,7 @@ def test_column_sums_twin_in_one_and_two_stages(seed, monkeypatch):
 
 
 def test_column_sums_twin_sums_more_chunks_than_a_chunk_has_rows():
-    """GPT-2's 8 x 1024 rows make 256 chunks of 32: their sums are summed in two more passes."""
+    """GPT-2's 8 x 1024 rows make 128 chunks of 64: their sums are summed in two more passes."""
     rows = cuda_source.COLUMN_CHUNK**2 * 2 + 3
     assert np.array_equal(KERNELS.column_sums(np.ones((rows, 3)), None), np.full(3, float(rows)))
 

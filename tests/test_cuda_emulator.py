@@ -300,7 +300,7 @@ def test_column_sums_over_many_chunks(monkeypatch):
 
 
 def test_column_sums_of_more_chunks_than_a_chunk_has_rows():
-    """GPT-2's 8 x 1024 rows: 256 chunks of 32, whose sums take two more passes; every row counts."""
+    """GPT-2's 8 x 1024 rows: 128 chunks of 64, whose sums take two more passes; every row counts."""
     rows = src.COLUMN_CHUNK**2 * 2 + 3
     assert np.array_equal(KERNELS.column_sums(np.ones((rows, 5)), None), np.full(5, float(rows)))
 

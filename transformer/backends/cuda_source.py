@@ -34,7 +34,7 @@ ROWS_PER_BLOCK = 8  # warp-per-row kernels: 8 warps, 256 threads per block
 ROW_THREADS = 256  # block-per-row kernels (the cross-entropy's rows of V logits)
 ELEMENTWISE_THREADS = 256
 COLUMN_THREADS = 128
-COLUMN_CHUNK = 32  # rows per chunk of a column sum, at least; more when that would need > MAX_GRID_Y chunks
+COLUMN_CHUNK = 64  # rows per chunk of a column sum, at least; more when that would need > MAX_GRID_Y chunks
 MAX_GRID_Y = 65535
 ADAMW_CHUNK = 16 * ELEMENTWISE_THREADS  # adamw_multi: elements per block, 16 per thread
 SKINNY_ROWS = 8  # the most rows the skinny products take (a generation step's batch); more go to cuBLAS
@@ -200,13 +200,7 @@ __global__ void column_sums(const T* __restrict__ a, const T* __restrict__ b, in
     long long r0 = (long long)blockIdx.y * rows_per_chunk;
     long long r1 = r0 + rows_per_chunk < n_rows ? r0 + rows_per_chunk : n_rows;
     T acc = T(0);
-    if (has_b) {
-#pragma unroll 8
-        for (long long r = r0; r < r1; ++r) acc += a[r * C + c] * b[r * C + c];
-    } else {
-#pragma unroll 8
-        for (long long r = r0; r < r1; ++r) acc += a[r * C + c];
-    }
+    for (long long r = r0; r < r1; ++r) acc += has_b ? a[r * C + c] * b[r * C + c] : a[r * C + c];
     out[(long long)blockIdx.y * C + c] = acc;
 }
 
@@ -220,7 +214,6 @@ __global__ void column_sums_pair(const T* __restrict__ a, const T* __restrict__ 
     long long r0 = (long long)blockIdx.y * rows_per_chunk;
     long long r1 = r0 + rows_per_chunk < n_rows ? r0 + rows_per_chunk : n_rows;
     T ab = T(0), sa = T(0);
-#pragma unroll 8
     for (long long r = r0; r < r1; ++r) {
         T av = a[r * C + c];
         ab += av * b[r * C + c];
@@ -239,7 +232,6 @@ __global__ void product_column_sums(const T* __restrict__ a, const T* __restrict
     long long r0 = (long long)blockIdx.y * rows_per_chunk;
     long long r1 = r0 + rows_per_chunk < n_rows ? r0 + rows_per_chunk : n_rows;
     T acc = T(0);
-#pragma unroll 8
     for (long long r = r0; r < r1; ++r) {
         T p = a[r * C + c] * b[r * C + c];
         prod[r * C + c] = p;
