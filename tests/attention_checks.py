@@ -93,3 +93,21 @@ class PoisonedXp:
 
     def empty_like(self, a, dtype=None, **kw):
         return self._xp.full_like(a, np.nan, dtype=dtype, **kw)
+
+
+def generated_tokens(model, prompts: np.ndarray, n_new: int, graphs: bool = True):
+    """What `model` generates past its context: (tokens sampled from prompts[0] at temperature
+    0.9, greedy tokens (n_new, B) of every prompt), with CUDA graphs on or off."""
+    import pytest
+
+    from tokenkit.transformer.backends import set_cuda_graphs
+
+    set_cuda_graphs(graphs)
+    try:
+        with pytest.warns(UserWarning, match="context"):
+            sampled = list(model.generate(prompts[0], n_new, temperature=0.9, seed=2))
+        with pytest.warns(UserWarning, match="context"):
+            greedy = np.stack(list(model.generate_batch(prompts, n_new)))
+    finally:
+        set_cuda_graphs(True)
+    return sampled, greedy

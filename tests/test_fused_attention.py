@@ -12,7 +12,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from attention_checks import SHAPES, PoisonedXp, check_against_twins, check_decode_against_twin
+from attention_checks import SHAPES, PoisonedXp, check_against_twins, check_decode_against_twin, generated_tokens
 from kernel_checks import close
 
 from tokenkit.transformer import GPT, GPTConfig, ops
@@ -156,7 +156,6 @@ def test_generation_replays_a_captured_step_with_the_eager_tokens(positional):
     decode kernel reading the position from memory) gives the eager steps' tokens bit for bit,
     sampled at batch 1 and greedy at batch 3, past the context (prefills and window shifts run
     eagerly between replays). Rotary positions are not captured (the table is indexed on the host)."""
-    from tokenkit.transformer.backends import set_cuda_graphs
 
     capture = RerunCapture()
     base = twin_backend()
@@ -166,20 +165,9 @@ def test_generation_replays_a_captured_step_with_the_eager_tokens(positional):
     model.params = {k: v.astype(np.float32) for k, v in model.params.items()}
     prompts = np.random.default_rng(5).integers(0, 61, (3, 5))
 
-    def run():
-        with pytest.warns(UserWarning, match="context"):
-            sampled = list(model.generate(prompts[0], 40, temperature=0.9, seed=2))
-        with pytest.warns(UserWarning, match="context"):
-            greedy = np.stack(list(model.generate_batch(prompts, 40)))
-        return sampled, greedy
-
-    set_cuda_graphs(False)
-    try:
-        eager = run()
-    finally:
-        set_cuda_graphs(True)
+    eager = generated_tokens(model, prompts, 40, graphs=False)
     assert capture.captures == 0
-    captured = run()
+    captured = generated_tokens(model, prompts, 40)
     assert captured[0] == eager[0] and np.array_equal(captured[1], eager[1])
     if positional == "rope":
         assert capture.captures == 0

@@ -256,30 +256,21 @@ def test_captured_generation_steps_give_the_eager_tokens(positional, monkeypatch
     """float32 (the fused decode kernel): generation replaying a CUDA graph of the one-position
     step gives the tokens of one launch per op, sampled at batch 1 and greedy at batch 8, past
     the context; the graphs were replayed, and their memory goes back to the pool afterwards."""
-    from tokenkit.transformer.backends import cuda_graph, set_cuda_graphs
+    from attention_checks import generated_tokens
+
+    from tokenkit.transformer.backends import cuda_graph
 
     set_tf32(True)
     cfg, _, gpu = _models(np.float32, positional=positional)
     prompts = np.random.default_rng(3).integers(0, 500, (8, 16))
 
-    def run():
-        with pytest.warns(UserWarning, match="context"):
-            sampled = list(gpu.generate(prompts[0], 90, temperature=0.9, seed=4))
-        with pytest.warns(UserWarning, match="context"):
-            greedy = np.stack(list(gpu.generate_batch(prompts, 90)))
-        return sampled, greedy
-
-    set_cuda_graphs(False)
-    try:
-        eager = run()
-    finally:
-        set_cuda_graphs(True)
+    eager = generated_tokens(gpu, prompts, 90, graphs=False)
     replays = []
     replay = cuda_graph.CapturedStep.__call__
     monkeypatch.setattr(cuda_graph.CapturedStep, "__call__", lambda self: replays.append(1) or replay(self))
     pool = cupy.get_default_memory_pool()
     used = pool.used_bytes()
-    captured = run()
+    captured = generated_tokens(gpu, prompts, 90)
     assert captured[0] == eager[0] and np.array_equal(captured[1], eager[1])
     assert len(replays) > 150
     assert pool.used_bytes() <= used, "a generation's graph or caches outlived it"
