@@ -377,7 +377,11 @@ def _sparse_tokenizer(path: Path, tok: Path, size: int) -> None:
     [
         ("tok.safetensors", readfile.TOKENIZER_LIMIT, lambda x, b: ["encode", "-t", x, "hello"]),
         ("tokenizer.json", readfile.TOKENIZER_LIMIT, lambda x, b: ["bpe-import", x, "-o", x.parent / "o"]),
-        ("r.tiktoken", readfile.TOKENIZER_LIMIT, lambda x, b: ["bpe-import", x, "--pattern", "gpt2", "-o", x.parent]),
+        (
+            "r.tiktoken",
+            readfile.TOKENIZER_LIMIT,
+            lambda x, b: ["bpe-import", x, "--pattern", "gpt2", "-o", x.parent / "o"],
+        ),
         (
             "vocab.json",
             readfile.TOKENIZER_LIMIT,
