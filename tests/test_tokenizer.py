@@ -443,9 +443,10 @@ def test_encode_file_equals_encode(tok, tmp_path, small_pieces):
 
 def test_encode_file_in_spawned_workers(tok, tmp_path, small_pieces, monkeypatch):
     """Where workers cannot inherit the tokenizer (spawn: macOS, Windows), each rebuilds it with
-    its class's from_tensors, which bpe.encode_corpus is handed rather than imports."""
+    its class's from_tensors, which bpe.encode_corpus is handed rather than imports (common/pool.py
+    starts the workers)."""
     spawn = multiprocessing.get_context("spawn")
-    monkeypatch.setattr(pool, "_context", lambda: spawn)  # common.pool starts every worker process
+    monkeypatch.setattr(pool, "_context", lambda: spawn)
     path = tmp_path / "in.txt"
     path.write_bytes(make_corpus(seed=9, n_words=1500).encode())
     assert tok.encode_file(path, workers=2, quiet=True).tolist() == tok.encode(path.read_bytes())
