@@ -7,8 +7,12 @@ tokenizer.json and tiktoken's rank files (an imported tokenizer gives its librar
 
 What it deliberately does not do: normalise text (no lowercasing, no Unicode normalisation, no
 byte fallback: the exact bytes go in and come back out), know anything about models, or touch
-files outside `bpe/io.py` (tokenizer and ids files) and `bpe/corpus.py` (corpora: files,
-directories, pipes, compressed files, JSONL).
+files outside `bpe/io.py` (tokenizer and ids files), `bpe/library_files.py` (other libraries'
+tokenizer files) and `bpe/corpus.py` with `bpe/streams.py` (corpora: files, directories, pipes,
+compressed files, JSONL).
+
+Reading order for a newcomer: merge.py (the merge loop), trainer.py (learning merges), then
+tokenizer.py (the codec and its special-token policy) and text_encoder.py (its caches).
 
 >>> from tokenkit.bpe import Tokenizer
 >>> tok = Tokenizer.train([b"aaabdaaabac"], vocab_size=259, min_frequency=1, quiet=True)

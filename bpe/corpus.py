@@ -10,14 +10,14 @@ What it does:
   is "stdin").
 - Formats: gzip, bzip2, xz and zstd (zstd with the `zstandard` package or Python's
   `compression.zstd`) are recognised by their first bytes, not their names, and decompressed as
-  they stream. With `text_field`, every input is JSON Lines: one JSON object per line, whose
-  document is the string at that field (a dotted path like "meta.text" reaches inside; a number
-  picks from a list). With `binary`, files are their exact bytes: nothing is decompressed, and a
-  file that does not look like text is not warned about.
+  they stream (bpe/streams.py opens each input). With `text_field`, every input is JSON Lines: one
+  JSON object per line, whose document is the string at that field (a dotted path like "meta.text"
+  reaches inside; a number picks from a list). With `binary`, files are their exact bytes: nothing
+  is decompressed, and a file that does not look like text is not warned about.
 - Documents: each file, text and JSONL record is one document (empty ones are skipped).
   `pieces()` yields them in pieces of about a megabyte, cut only where the split pattern always
-  splits (`bpe.cut.find_cut`, the one cut rule), never across two documents: merges
-  never cross documents, and memory stays flat however large a file. `documents()` yields each
+  splits (`bpe.cut.cut_pieces`, by `find_cut`, the one cut rule), never across two documents:
+  merges never cross documents, and memory stays flat however large a file. `documents()` yields each
   document whole.
 - `plain_files()`: the files, when every input can be read at any offset (regular, not
   compressed, not JSONL): what parallel and MPI encoding cut into byte ranges (`file_ranges`).
@@ -36,24 +36,22 @@ bpe/encode_corpus.py). It reads each stream once; reading a stream again is an e
 
 from __future__ import annotations
 
-import bz2
-import gzip
 import hashlib
 import json
-import lzma
 import os
 import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from fnmatch import fnmatchcase
 from itertools import pairwise
-from typing import BinaryIO, NamedTuple
+from typing import NamedTuple
 
 from tokenkit.bpe import io
-from tokenkit.bpe.cut import CUT_CONTEXT, find_cut
+from tokenkit.bpe.cut import CUT_CONTEXT, cut_pieces, find_cut
 from tokenkit.bpe.errors import TokenizerError
+from tokenkit.bpe.streams import Input, Reader, codec_of
 
-__all__ = ["Corpus", "FileRange", "Piece", "as_corpus", "file_ranges", "find_file_cut", "read_range", "zstd_available"]
+__all__ = ["Corpus", "FileRange", "Piece", "as_corpus", "file_ranges", "find_file_cut", "read_range"]
 
 BLOCK_BYTES = 1 << 20  # read size; also the size of the pieces handed to worker processes
 MAX_LINE_BYTES = 1 << 30  # a JSONL line (one document) longer than this is refused
@@ -79,7 +77,6 @@ class Piece(NamedTuple):
 
 Source = str | os.PathLike | bytes | bytearray | FileRange
 
-_CODECS = ((b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"))
 _NOT_TEXT = (
     (b"PK\x03\x04", "a zip archive"),
     (b"PK\x05\x06", "a zip archive"),
@@ -92,21 +89,6 @@ _NOT_TEXT = (
     (b"\x93NUMPY", "a NumPy array"),
     (b"SQLite format 3\x00", "an SQLite database"),
 )
-_TOOLS = {"gzip": "gzip -t", "bzip2": "bzip2 -t", "xz": "xz -t", "zstd": "zstd -t"}
-
-
-def codec_of(head: bytes) -> str | None:
-    """The compression format that `head` (a file's first bytes) starts, or None.
-
-    >>> codec_of(b"\\x1f\\x8b\\x08"), codec_of(b"BZh91AY"), codec_of(b"plain text")
-    ('gzip', 'bzip2', None)
-    """
-    for magic, name in _CODECS:
-        if head.startswith(magic):
-            return name
-    if head[:3] == b"BZh" and head[3:4].isdigit() and head[3:4] != b"0":
-        return "bzip2"
-    return None
 
 
 def not_text(head: bytes) -> str | None:
@@ -129,28 +111,6 @@ def not_text(head: bytes) -> str | None:
     if bad > max(8, len(text) // 10):
         return "binary data (mostly not UTF-8)"
     return None
-
-
-def zstd_available() -> bool:
-    """Whether zstd files can be read here (`pip install tokenkit[zstd]`, or Python 3.14+)."""
-    try:
-        from compression import zstd  # noqa: F401  (Python >= 3.14)
-    except ImportError:
-        try:
-            import zstandard  # noqa: F401
-        except ImportError:
-            return False
-    return True
-
-
-class _Input(NamedTuple):
-    name: str  # as shown in messages
-    kind: str  # "text" (bytes in memory), "file", "range" (FileRange) or "stream" (stdin, pipe)
-    path: str | None = None
-    data: bytes | None = None
-    start: int = 0
-    end: int | None = None  # a file's size, a range's end; None for streams
-    codec: str | None = None  # known beforehand for regular files; sniffed as they are read for streams
 
 
 def _warn_stderr(message: str) -> None:
@@ -189,7 +149,7 @@ class Corpus:
             raise TokenizerError("--binary and --text-field exclude each other: JSON lines are text")
         self.glob, self.text_field, self.binary, self._warn = glob, text_field, binary, warn
         self._names = dict(names or {})
-        self._inputs: list[_Input] = []
+        self._inputs: list[Input] = []
         for source in inputs:
             self._inputs.extend(self._resolve(source))
         if not self._inputs:
@@ -232,7 +192,7 @@ class Corpus:
         block = piece_bytes or BLOCK_BYTES
         for blocks in self._documents(block):
             first = True
-            for data in _cut(blocks, piece_bytes, specials):
+            for data in cut_pieces(blocks, piece_bytes, specials):
                 yield Piece(data, first)
                 first = False
 
@@ -282,8 +242,8 @@ class Corpus:
             else:
                 yield self._file_blocks(inp, block)
 
-    def _file_blocks(self, inp: _Input, block: int) -> Iterator[bytes]:
-        with _Reader(inp, self.binary) as reader:
+    def _file_blocks(self, inp: Input, block: int) -> Iterator[bytes]:
+        with Reader(inp, self.binary) as reader:
             data = reader.read(block)
             if inp.kind == "stream" and not self.binary:
                 self._check_text(inp, data[:_SNIFF_BYTES], reader.codec)
@@ -291,8 +251,8 @@ class Corpus:
                 yield data
                 data = reader.read(block)
 
-    def _jsonl(self, inp: _Input) -> Iterator[bytes]:
-        with _Reader(inp, False) as reader:
+    def _jsonl(self, inp: Input) -> Iterator[bytes]:
+        with Reader(inp, False) as reader:
             if inp.kind == "stream":
                 head = reader.read(_SNIFF_BYTES)
                 self._check_text(inp, head, reader.codec)
@@ -327,7 +287,7 @@ class Corpus:
                         f"(\\u{ord(value[err.start]):04x}), which is not Unicode text"
                     ) from None
 
-    def _check_text(self, inp: _Input, head: bytes, codec: str | None) -> None:
+    def _check_text(self, inp: Input, head: bytes, codec: str | None) -> None:
         """Warn (or, for JSONL, refuse) when the start of an input does not look like text."""
         what = not_text(head)
         if what is None:
@@ -343,12 +303,12 @@ class Corpus:
 
     # ------------------------------------------------------------------------ resolving
 
-    def _resolve(self, source: Source) -> list[_Input]:
+    def _resolve(self, source: Source) -> list[Input]:
         if isinstance(source, (bytes, bytearray)):
-            return [_Input(f"text {len(self._inputs) + 1}", "text", data=bytes(source))]
+            return [Input(f"text {len(self._inputs) + 1}", "text", data=bytes(source))]
         if isinstance(source, FileRange):
             return [
-                _Input(_shown(source.path), "range", path=os.fspath(source.path), start=source.start, end=source.end)
+                Input(_shown(source.path), "range", path=os.fspath(source.path), start=source.start, end=source.end)
             ]
         if not isinstance(source, (str, os.PathLike)):
             raise TokenizerError(f"a corpus source must be a file path or bytes, got {type(source).__name__}")
@@ -360,7 +320,7 @@ class Corpus:
                     "stdin (-) is a terminal, and nothing is piped in; pipe a corpus into it "
                     "(`tk ... - < corpus.txt`) or give the file itself"
                 )
-            return [_Input("stdin", "stream", path="-")]
+            return [Input("stdin", "stream", path="-")]
         try:
             st = os.stat(path)
         except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL byte, so certainly not a file
@@ -371,28 +331,28 @@ class Corpus:
         if stat.S_ISDIR(st.st_mode):
             return self._walk(path, name)
         if stat.S_ISFIFO(st.st_mode):
-            return [_Input(name, "stream", path=path)]
+            return [Input(name, "stream", path=path)]
         if not stat.S_ISREG(st.st_mode):
             kind = "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file"
             raise TokenizerError(f"{name} is {kind}; give text files, directories, - for stdin, or a pipe")
         return [self._file(path, name, st.st_size)]
 
-    def _file(self, path: str, name: str, size: int) -> _Input:
+    def _file(self, path: str, name: str, size: int) -> Input:
         """A regular file, its compression sniffed (and whether its text looks like text)."""
-        inp = _Input(name, "file", path=path, end=size)
+        inp = Input(name, "file", path=path, end=size)
         if self.binary or size == 0:
             return inp
-        with _Reader(inp, True) as raw:
+        with Reader(inp, True) as raw:
             head = raw.read(_SNIFF_BYTES)
         codec = codec_of(head)
         if codec is not None:
             inp = inp._replace(codec=codec)
-            with _Reader(inp, False) as reader:
+            with Reader(inp, False) as reader:
                 head = reader.read(_SNIFF_BYTES)
         self._check_text(inp, head, codec)
         return inp
 
-    def _walk(self, root: str, root_name: str) -> list[_Input]:
+    def _walk(self, root: str, root_name: str) -> list[Input]:
         """The files below `root`: sorted by path, hidden names skipped, `glob` applied, each
         real directory and file once."""
         seen_dirs: set[tuple[int, int]] = set()
@@ -439,177 +399,12 @@ def as_corpus(sources: Corpus | Source | Iterable[Source], **options) -> Corpus:
     return sources if isinstance(sources, Corpus) else Corpus(sources, **options)
 
 
-# --------------------------------------------------------------------------------- streams
-
-
-class _Reader:
-    """An input opened for reading: decompressed unless `raw`; `read(n)` gives exactly n bytes
-    (fewer only at the end) and turns a corrupt or unreadable file into one TokenizerError."""
-
-    def __init__(self, inp: _Input, raw: bool) -> None:
-        self.inp, self.raw, self.codec = inp, raw, inp.codec
-        self.done = 0  # bytes of text given out so far
-
-    def __enter__(self) -> _Reader:
-        inp = self.inp
-        try:
-            if inp.path == "-":
-                self._file = None
-                source: BinaryIO = sys.stdin.buffer
-            else:
-                source = self._file = open(inp.path, "rb")
-                if inp.start:
-                    self._file.seek(inp.start)
-        except OSError as err:
-            raise TokenizerError(f"cannot read corpus file {inp.name}: {err.strerror}") from None
-        if inp.kind == "range":
-            source = _Stretch(source, inp.end - inp.start)
-        if inp.kind == "stream":  # the format shows in the first bytes, which cannot be read twice
-            head = self._guarded(lambda: _read_full(source, 6))
-            self.codec = None if self.raw else codec_of(head)
-            source = _Prefixed(head, source)
-        self._stream = source if self.raw or self.codec is None else _decompressor(self.codec, source, inp.name)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._file is not None:
-            self._file.close()
-
-    def read(self, n: int) -> bytes:
-        data = self._guarded(lambda: _read_full(self._stream, n))
-        self.done += len(data)
-        return data
-
-    def _guarded(self, read: Callable[[], bytes]) -> bytes:
-        try:
-            return read()
-        except TokenizerError:
-            raise
-        except EOFError:
-            raise TokenizerError(
-                f"{self.inp.name}: the {self.codec} data ends early (a truncated file?); check it with "
-                f"{_TOOLS.get(self.codec, 'its tool')}"
-            ) from None
-        except Exception as err:  # gzip.BadGzipFile, zlib.error, lzma.LZMAError, OSError, zstd's errors
-            if self.codec is None and isinstance(err, OSError):
-                raise TokenizerError(f"cannot read corpus file {self.inp.name}: {err.strerror or err}") from None
-            msg = " ".join(str(err).split()) or type(err).__name__
-            where = f" after {self.done:,} bytes of text" if self.done else ""
-            raise TokenizerError(
-                f"{self.inp.name}: corrupt {self.codec} data{where} ({msg}); "
-                f"check it with {_TOOLS.get(self.codec, 'its tool')}"
-            ) from None
-
-
-def _decompressor(codec: str, source: BinaryIO, name: str) -> BinaryIO:
-    if codec == "gzip":
-        return gzip.GzipFile(fileobj=source, mode="rb")
-    if codec == "bzip2":
-        return bz2.BZ2File(source, mode="rb")
-    if codec == "xz":
-        return lzma.LZMAFile(source, mode="rb")
-    try:
-        from compression import zstd  # Python >= 3.14
-
-        return zstd.ZstdFile(source, mode="rb")
-    except ImportError:
-        pass
-    try:
-        import zstandard
-    except ImportError:
-        raise TokenizerError(
-            f"{name} is zstd-compressed; install zstandard (pip install 'tokenkit[zstd]') "
-            "or decompress it first (zstd -d)"
-        ) from None
-    return _ZstdStream(source, zstandard)
-
-
-class _ZstdStream:
-    """zstd frames one after the other, decompressed with the `zstandard` package; a last frame
-    cut short is an EOFError, as gzip, bz2 and lzma say it (its stream_reader just stops).
-
-    Compressed input goes in 8 KiB at a time, which bounds what one step can inflate to.
-    """
-
-    def __init__(self, source, zstandard) -> None:
-        self._source, self._new = source, zstandard.ZstdDecompressor().decompressobj
-        self._d = self._new()
-        self._out: list[bytes] = []
-        self._have = 0
-        self._started = False  # a frame is open
-
-    def read(self, n: int) -> bytes:
-        while self._have < n:
-            if self._started and self._d.eof:  # a frame ended: the next one starts in what is left
-                data, self._d, self._started = self._d.unused_data, self._new(), False
-            else:
-                data = b""
-            data = data or self._source.read(8192)
-            if not data:
-                if self._started:
-                    raise EOFError("the last frame is cut short")
-                break
-            self._started = True
-            chunk = self._d.decompress(data)
-            self._out.append(chunk)
-            self._have += len(chunk)
-        joined = b"".join(self._out)
-        out, rest = joined[:n], joined[n:]
-        self._out, self._have = [rest], len(rest)
-        return out
-
-
-def _read_full(stream, n: int) -> bytes:
-    """n bytes of `stream`, fewer only at its end (pipes and decompressors may return less)."""
-    data = stream.read(n)
-    if len(data) == n or not data:
-        return data
-    parts = [data]
-    got = len(data)
-    while got < n and (more := stream.read(n - got)):
-        parts.append(more)
-        got += len(more)
-    return b"".join(parts)
-
-
-class _Prefixed:
-    """`head` (already read from `stream`) followed by the rest of `stream`."""
-
-    def __init__(self, head: bytes, stream) -> None:
-        self._head, self._stream = head, stream
-
-    def read(self, n: int = -1) -> bytes:
-        if self._head:
-            if n is None or n < 0:
-                data, self._head = self._head + self._stream.read(), b""
-                return data
-            data, self._head = self._head[:n], self._head[n:]
-            return data
-        return self._stream.read(n)
-
-    def readable(self) -> bool:
-        return True
-
-
-class _Stretch:
-    """The next `n` bytes of an open file, as a stream that ends there."""
-
-    def __init__(self, f: BinaryIO, n: int):
-        self._f, self._left = f, n
-
-    def read(self, n: int | None = -1) -> bytes:
-        n = self._left if n is None or n < 0 else min(n, self._left)
-        data = self._f.read(n)
-        self._left -= len(data)
-        return data
-
-
 def _slices(data: bytes, block: int) -> Iterator[bytes]:
     for i in range(0, len(data), block):
         yield data[i : i + block]
 
 
-def _lines(head: bytes, reader: _Reader, name: str) -> Iterator[bytes]:
+def _lines(head: bytes, reader: Reader, name: str) -> Iterator[bytes]:
     """The lines of `head` + the rest of `reader`, without their b"\\n", each at most MAX_LINE_BYTES."""
     pending: list[bytes] = []  # the start of a line that continues in the next block
     pending_bytes = 0
@@ -671,7 +466,7 @@ def _json_type(value) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def _place(inp: _Input) -> str:
+def _place(inp: Input) -> str:
     """An input as the start of a "file:line" place: the path unquoted when it prints plainly
     (and the input has no name of its own)."""
     plain = (
@@ -696,33 +491,6 @@ def _shown(path: str | os.PathLike) -> str:
     """A path for a one-line message: quoted and escaped, and cut short if it is long."""
     text = repr(os.fspath(path))
     return text if len(text) <= 120 else text[:100] + "...'"
-
-
-# --------------------------------------------------------------------------------- cutting
-
-
-def _cut(blocks: Iterable[bytes], piece_bytes: int | None, specials: Sequence[bytes] = ()) -> Iterator[bytes]:
-    """The bytes of `blocks` (one document) in pieces ending at safe cuts (all in one if None).
-
-    After each block, the buffer is cut at its last safe place; a stretch without any stays in
-    one piece, however long.
-    """
-    if piece_bytes is None:
-        data = b"".join(blocks)
-        if data:
-            yield data
-        return
-    margin = max([CUT_CONTEXT] + [len(s) for s in specials]) + 8  # cuts there were not yet eligible
-    buf = bytearray()  # grows in place: a long stretch without a cut must not be copied per block
-    for block in blocks:
-        searched = max(len(buf) - margin, 1)  # what was already searched need not be searched again
-        buf += block
-        cut = find_cut(buf, searched, specials=specials)
-        if cut > 0:
-            yield bytes(buf[:cut])
-            del buf[:cut]
-    if buf:
-        yield bytes(buf)
 
 
 def find_file_cut(

@@ -5,17 +5,19 @@ both built-in split patterns always end a chunk, so that splitting the pieces gi
 splitting the whole text. `bpe.corpus` cuts documents and files with this rule, and through it
 `bpe.pretokenize` (counting) and `bpe.encode_corpus` / `bpe.distributed` (encoding).
 
+`cut_pieces` cuts a document's bytes, block by block as they are read, into pieces by it.
+
 What it deliberately does not do: read anything, or split text into chunks (bpe/pretokenize.py):
 it looks at bytes already in memory and says where a cut is safe.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import regex
 
-__all__ = ["CUT_CONTEXT", "find_cut"]
+__all__ = ["CUT_CONTEXT", "cut_pieces", "find_cut"]
 
 _ASCII_WS = frozenset(b" \t\n\r\x0b\x0c")
 _SPACE = regex.compile(r"\s")
@@ -77,3 +79,28 @@ def _candidates(buf: bytes, byte: bytes, lo: int, hi: int, last: bool) -> Iterat
         while i >= 0:
             yield i
             i = buf.find(byte, i + 1, hi)
+
+
+def cut_pieces(blocks: Iterable[bytes], piece_bytes: int | None, specials: Sequence[bytes] = ()) -> Iterator[bytes]:
+    """The bytes of `blocks` (one document) in pieces of about `piece_bytes`, each ending at a
+    safe cut (all in one if None).
+
+    After each block, the buffer is cut at its last safe place; a stretch without any stays in
+    one piece, however long.
+    """
+    if piece_bytes is None:
+        data = b"".join(blocks)
+        if data:
+            yield data
+        return
+    margin = max([CUT_CONTEXT] + [len(s) for s in specials]) + 8  # cuts there were not yet eligible
+    buf = bytearray()  # grows in place: a long stretch without a cut must not be copied per block
+    for block in blocks:
+        searched = max(len(buf) - margin, 1)  # what was already searched need not be searched again
+        buf += block
+        cut = find_cut(buf, searched, specials=specials)
+        if cut > 0:
+            yield bytes(buf[:cut])
+            del buf[:cut]
+    if buf:
+        yield bytes(buf)

@@ -170,7 +170,7 @@ def encode_file(
     (memory-mapped when written to `out_path`), None on the others."""
     rank, n = comm.Get_rank(), comm.Get_size()
     files = _plain_files(corpus)
-    allowed, disallowed = tok._special_args(allowed_special, disallowed_special)
+    policy = tok.special_policy(allowed_special, disallowed_special)
     sep = eot_id(tok, eot)
     tasks = file_tasks(tok, files)
     spans, done = [], 0
@@ -192,7 +192,7 @@ def encode_file(
     with bar:
         progress = lambda task: bar.update(sum(p.end - p.start for p in task))  # noqa: E731
         between = np.array([] if sep is None else [sep], dtype=tok.ids_dtype).tobytes()
-        pieces = encoded_tasks(tok, share, workers, allowed, disallowed, between, progress)
+        pieces = encoded_tasks(tok, share, workers, policy, between, progress)
         own, count = io.spill_ids(pieces, tok.ids_dtype)  # unnamed: nothing is left behind if the job is aborted
     empty = np.zeros(0, dtype=tok.ids_dtype)
     with own:

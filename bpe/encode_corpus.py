@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import chain, islice
 from typing import NamedTuple, Protocol
@@ -55,9 +55,12 @@ Tensors = tuple[dict[str, np.ndarray], dict[str, str]]
 
 
 class Encodes(Protocol):
-    """What encoding a corpus uses of a tokenizer (`bpe.tokenizer.Tokenizer` is one)."""
+    """What encoding a corpus uses of a tokenizer (`bpe.tokenizer.Tokenizer` is one). Its special
+    policy (`Tokenizer.special_policy`: a `bpe.tokenizer.SpecialPolicy`) is checked once and
+    handed to every task as it is."""
 
-    _pattern: str | None  # the split regex: a built-in one may be cut into pieces
+    @property
+    def pattern_regex(self) -> str | None: ...  # the split regex: a built-in one may be cut into pieces
 
     @property
     def special_tokens(self) -> dict[str, int]: ...
@@ -65,12 +68,11 @@ class Encodes(Protocol):
     @property
     def ids_dtype(self) -> type: ...
 
-    @property
-    def _chunk_cache(self) -> object: ...
+    def special_policy(self, allowed_special, disallowed_special) -> Hashable: ...
 
-    def _special_args(self, allowed_special, disallowed_special) -> tuple[list[str], list[str] | str]: ...
+    def encode_raw(self, text: str, policy) -> bytes: ...
 
-    def _encode_bytes(self, text: str, allowed_special, disallowed_special) -> bytes: ...
+    def warm_up(self) -> None: ...
 
     def to_tensors(self) -> Tensors: ...
 
@@ -119,7 +121,7 @@ def encode_corpus(
     With `out_path` (.npy) the ids are streamed there task by task, atomically, and `ids` is
     that file memory-mapped read-only. workers: processes (default: all cores; 1: here).
     """
-    allowed, disallowed = tok._special_args(allowed_special, disallowed_special)
+    policy = tok.special_policy(allowed_special, disallowed_special)
     sep = eot_id(tok, eot)
     lead = np.array([] if bos is None else [bos], dtype=tok.ids_dtype)
     between = np.array([i for i in (sep, bos) if i is not None], dtype=tok.ids_dtype).tobytes()
@@ -135,7 +137,7 @@ def encode_corpus(
             done["documents"] += sum(p.after_document for p in task)
             bar.update(n)
 
-        pieces = _led(lead, encoded_tasks(tok, tasks_of(tok, corpus), workers, allowed, disallowed, between, progress))
+        pieces = _led(lead, encoded_tasks(tok, tasks_of(tok, corpus), workers, policy, between, progress))
         if out_path is None:
             ids = np.concatenate([np.zeros(0, dtype=tok.ids_dtype), *pieces])
         elif io.save_ids_stream(out_path, tok.ids_dtype, pieces) == 0:
@@ -165,7 +167,7 @@ def tasks_of(tok: Encodes, corpus: Corpus) -> Iterator[Task]:
     files = corpus.plain_files()
     if files is not None:
         return iter(file_tasks(tok, files))
-    cuttable = tok._pattern in BUILTIN
+    cuttable = tok.pattern_regex in BUILTIN
     specials = [s.encode("utf-8") for s in tok.special_tokens]
     parts = (
         Part(p.data, 0, len(p.data), p.starts_document)
@@ -177,7 +179,7 @@ def tasks_of(tok: Encodes, corpus: Corpus) -> Iterator[Task]:
 def file_tasks(tok: Encodes, files: list[tuple[str, int]]) -> list[Task]:
     """Tasks over plain files: each file in ranges of about a megabyte (whole with a custom
     pattern or "none"), small files grouped."""
-    cuttable = tok._pattern in BUILTIN
+    cuttable = tok.pattern_regex in BUILTIN
     specials = [s.encode("utf-8") for s in tok.special_tokens]
     parts = []
     for path, size in files:
@@ -212,8 +214,7 @@ def encoded_tasks(
     tok: Encodes,
     tasks: Iterable[Task],
     workers: int,
-    allowed: list[str],
-    disallowed: list[str] | str,
+    policy: Hashable,
     between: bytes,
     progress: Callable[[Task], None],
 ) -> Iterator[np.ndarray]:
@@ -224,21 +225,21 @@ def encoded_tasks(
     head = list(islice(tasks, 2 * workers))  # enough to know whether workers are worth starting
     if workers == 1 or len(head) <= 1:  # here, task by task: memory stays at one task
         for task in chain(head, tasks):
-            ids = _encode_task(tok, task, allowed, disallowed, between)
+            ids = _encode_task(tok, task, policy, between)
             progress(task)
             yield np.frombuffer(ids, dtype=tok.ids_dtype)
         return
     global _worker_tok
     if pool.forked():  # workers inherit this tokenizer (and its warm cache)
         _worker_tok, packed = tok, None
-        _ = tok._chunk_cache  # built once here, not in every worker
+        tok.warm_up()  # its tables built once here, not in every worker
     else:  # spawn: each worker rebuilds it from the tensors, with the tokenizer's own class
         packed = type(tok).from_tensors, tok.to_tensors()
     n = min(workers, len(head))
     # common.pool: stopped at once by an error, Ctrl-C or SIGTERM (its workers killed and reaped,
     # their pipes never read again), whatever a worker was writing at that moment.
     try:
-        with pool.TaskPool(n, _worker_encode, init=_worker_init, init_args=(packed, allowed, disallowed, between)) as p:
+        with pool.TaskPool(n, _worker_encode, init=_worker_init, init_args=(packed, policy, between)) as p:
             taken: deque = deque()  # the tasks handed to the pool whose ids have not come out yet
 
             def todo() -> Iterator[Task]:
@@ -255,7 +256,7 @@ def encoded_tasks(
         _worker_tok = None
 
 
-def _encode_task(tok: Encodes, task: Task, allowed, disallowed, between: bytes) -> bytes:
+def _encode_task(tok: Encodes, task: Task, policy: Hashable, between: bytes) -> bytes:
     """The ids of one task's parts as raw bytes of `tok.ids_dtype` (no per-id pickling on the way
     back from a worker), `between` before each part that starts a new document."""
     out = []
@@ -266,20 +267,20 @@ def _encode_task(tok: Encodes, task: Task, allowed, disallowed, between: bytes) 
             text = part.source.decode("utf-8", errors="surrogateescape")
         else:
             text = read_range(part.source, part.start, part.end)
-        out.append(tok._encode_bytes(text, allowed, disallowed))  # = tok.encode(text, ...) as raw ids
+        out.append(tok.encode_raw(text, policy))  # = tok.encode(text, ...) as raw ids
     return out[0] if len(out) == 1 else b"".join(out)
 
 
 # Worker processes of encode_corpus hold the tokenizer here: forked ones inherit it from the
 # parent, others build it once from the tensors; its chunk cache stays warm across tasks.
 _worker_tok: Encodes | None = None
-_worker_args: tuple = ()  # allowed, disallowed, between
+_worker_args: tuple = ()  # policy, between
 
 
 def _worker_init(packed: tuple[Callable[..., Encodes], Tensors] | None, *args) -> None:
     """First thing in an encoding worker (after common.pool's die_with_parent): rebuild the
     tokenizer with `from_tensors` (its class's, pickled by name) unless it was inherited through
-    fork (`packed` None); keep the special-token arguments of every task."""
+    fork (`packed` None); keep the special-token policy and separator of every task."""
     global _worker_tok, _worker_args
     _worker_args = args
     if packed is not None:

@@ -10,8 +10,9 @@ words are split into chunks.
 
 What it deliberately does not do: split text into chunks with a custom pattern
 (bpe/pretokenize.py; GPT-2's pattern for ASCII words is here, in the stdlib's `re`), handle special
-tokens or the tokenizer's policy (bpe/tokenizer.py). The plain one-chunk-at-a-time merge that
-this must equal is `Tokenizer._merge_short`; tests compare the two on many random inputs.
+tokens or the tokenizer's policy (bpe/tokenizer.py). `merge_batch` is a different algorithm
+(rounds over many chunks at once, in NumPy); its plain twin, the one-chunk-at-a-time merge it
+must equal, is `bpe.merge.merge_chunk`, and tests compare the two on many random inputs.
 
 >>> table = PairTable([(97, 97), (256, 97)])       # "aa" -> 256, then "aa"+"a" -> 257
 >>> ids, lengths = merge_batch(np.array([97, 97, 97, 98, 97, 97]), np.array([4, 2]), table)
@@ -98,7 +99,7 @@ def merge_batch(ids: np.ndarray, lengths: np.ndarray, table: PairTable) -> tuple
 
     Each round, every chunk merges all occurrences of its lowest-rank pair, left to right (in a
     run like a a a of the pair (a, a), the first and third position merge). That is what merging
-    the leftmost lowest pair one at a time does (`Tokenizer._merge_short`) when a merge only
+    the leftmost lowest pair one at a time does (`bpe.merge.merge_chunk`) when a merge only
     creates pairs of higher rank (`table.monotone`); otherwise each round merges the leftmost
     occurrence alone. A chunk with no pair left to merge leaves the working set.
     Example, merges (a,a)->256, (256,a)->257: [a,a,a,b] -> [256,a,b] -> [257,b].

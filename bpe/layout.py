@@ -10,7 +10,7 @@ What it does: builds and checks a tokenizer's `Layout` from one of two descripti
   is a merge), and SmolLM's puts its special tokens before the bytes.
 A listed vocabulary that fits the canonical layout becomes canonical: one tokenizer, one form.
 
-Merging picks the pair with the lowest rank, leftmost first (`Tokenizer._merge_short`). When
+Merging picks the pair with the lowest rank, leftmost first (`bpe.merge.merge_chunk`). When
 every merge only uses tokens that earlier merges make (`monotone`, always true of the canonical
 layout), a merge never creates a pair that outranks it, so all places of one pair can merge at
 once (`bpe.encoder.merge_batch`, `bpe.replay`); otherwise they merge one at a time.
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from tokenkit.bpe.errors import TokenizerError
 
@@ -55,6 +56,18 @@ class Layout:
         """The ids that are not special tokens, ascending."""
         special = set(self.specials.values())
         return [i for i in range(len(self.id_bytes)) if i not in special]
+
+    @property
+    def merged_tokens(self) -> list[int]:
+        """The ids of the tokens of two bytes or more, ascending (special tokens aside)."""
+        return [i for i in self.regular_ids if len(self.id_bytes[i]) > 1]
+
+    @cached_property
+    def pair_id(self) -> dict[tuple[int, int], int]:
+        """Pair -> its rank key, 256 + rank, as `bpe.merge` takes the merges: in the canonical
+        layout that is also the id it makes. Built on first use: one chunk at a time and replays
+        read it, the batch encoder does not."""
+        return {pair: 256 + r for r, pair in enumerate(self.merges)}
 
 
 def _special_names(special_tokens: Iterable | Mapping) -> list[str]:

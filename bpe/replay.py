@@ -13,8 +13,8 @@ chunks by rank changes no chunk's own order. A listed vocabulary may break that 
 Llama 3's makes "abcd" from "abc" + "d" before it makes "abc"); where it does (`monotone`
 false), a step is one merge: the lowest-rank pair, leftmost, as encoding merges.
 
-`replay_merges` does it with a heap over one linked list (O(n log n) in the text's bytes) and
-finds each step's positions with a Fenwick tree of the tokens still there; `replay_merges_naive`
+`replay_merges` does it with a heap over one linked list (`bpe.merge.Linked`: O(n log n) in the
+text's bytes) and finds each step's positions with a Fenwick tree of the tokens still there; `replay_merges_naive`
 below is the plain version, a rescan of the whole sequence per step, which the tests hold it to.
 
 >>> steps, ids = replay_merges([[97, 97, 97, 98], [97, 97]], {(97, 97): 256, (256, 97): 257})
@@ -31,6 +31,8 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+
+from tokenkit.bpe.merge import Linked
 
 __all__ = ["MergeStep", "Replay", "replay_merges", "replay_merges_naive"]
 
@@ -100,26 +102,13 @@ def replay_merges(
     step); pair_id[(a, b)] is the pair's rank key (256 + rank), absent for a pair with no merge;
     made[rank] the id it makes (None: the key itself); `monotone` as above.
 
-    One linked list holds every chunk, a pair is pushed only inside a chunk, and heap entries
-    (merged id, place) pop lowest rank first and, for one rank, left to right: the pops of one
-    rank are one step. An entry is checked when popped (a neighbour may have merged since).
+    One linked list holds every chunk (`bpe.merge.Linked`, as `merge_chunk_heap` merges one),
+    and its heap pops lowest rank first and, for one rank, left to right: the pops of one rank
+    are one step. An entry is checked when popped (a neighbour may have merged since).
     """
-    val: list[int] = [v for chunk in chunks for v in chunk]
-    n = len(val)
-    nxt = list(range(1, n + 1))
-    prv = list(range(-1, n - 1))
-    chunk_of: list[int] = []
-    for c, chunk in enumerate(chunks):
-        chunk_of += [c] * len(chunk)
-    if n:
-        nxt[-1] = -1
-    for i in range(n - 1):  # no links across chunks: a pair is never formed there
-        if chunk_of[i] != chunk_of[i + 1]:
-            nxt[i], prv[i + 1] = -1, -1
-    get = pair_id.get
-    heap = [(new, i) for i in range(n - 1) if nxt[i] >= 0 and (new := get((val[i], val[i + 1]))) is not None]
-    heapq.heapify(heap)
-    alive = _Alive(n)
+    linked = Linked(chunks, pair_id)
+    heap = linked.heap
+    alive = _Alive(len(linked.val))
     steps: list[MergeStep] = []
     while heap:
         new = heap[0][0]
@@ -129,29 +118,15 @@ def replay_merges(
         new_id = new if made is None else made[new - 256]
         while heap and heap[0][0] == new and (monotone or not at):
             _, i = heapq.heappop(heap)
-            j = nxt[i]
-            if val[i] < 0 or j < 0 or get((val[i], val[j])) != new:
+            if not linked.holds(i, new):
                 continue  # stale
-            pair = (val[i], val[j])
+            pair = (linked.val[i], linked.val[linked.nxt[i]])
             at.append(alive.before(i) + removed)
-            val[i], val[j] = new_id, -1
-            alive.remove(j)
+            alive.remove(linked.merge_at(i, new_id))  # pushes a later step's pairs (higher ranks when monotone)
             removed += 1
-            k = nxt[j]
-            nxt[i] = k
-            if k >= 0:
-                prv[k] = i
-                r = get((new_id, val[k]))
-                if r is not None:
-                    heapq.heappush(heap, (r, i))  # a later step's (a higher rank when monotone)
-            p = prv[i]
-            if p >= 0:
-                r = get((val[p], new_id))
-                if r is not None:
-                    heapq.heappush(heap, (r, p))
         if at:
             steps.append(MergeStep(new_id, pair, at, new - 256))
-    return steps, [v for v in val if v >= 0]
+    return steps, linked.ids()
 
 
 def replay_merges_naive(

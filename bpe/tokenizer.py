@@ -1,18 +1,19 @@
-"""`Tokenizer`: byte-level BPE encode/decode, special tokens, training entry point.
+"""`Tokenizer`: byte-level BPE encode/decode, and the special-token policy; the package's front door.
 
 What it does: turns text into token ids and back with a list of merges (merge r makes id 256 + r);
-recognises special tokens only where the caller allows them (tiktoken's policy): the codec and
-its policy, as tiktoken's `Encoding`. `train` and `encode_file` are thin entry points: a corpus is
-read by bpe/corpus.py, counted by `bpe.pretokenize.count_chunks`, learnt by
-`bpe.trainer.train_merges`, and encoded in worker processes by bpe/encode_corpus.py.
+recognises special tokens only where the caller allows them (tiktoken's policy, `SpecialPolicy`):
+the codec and its policy, as tiktoken's `Encoding`. The rest are thin entry points: `train`
+(bpe/train_corpus.py), `encode_file` (bpe/encode_corpus.py: worker processes), `save`/`load`
+(bpe/io.py), and the importers and exporters of other libraries' files (bpe/formats.py).
 
-What it deliberately does not do: learn merges (bpe/trainer.py), split text into chunks
-(bpe/pretokenize.py), read corpora or run processes (bpe/corpus.py, bpe/encode_corpus.py), or
-touch files (bpe/io.py does, for it).
+What it deliberately does not do: merge (bpe/merge.py), learn merges (bpe/trainer.py), split text
+into chunks (bpe/pretokenize.py), cache chunks' ids (bpe/text_encoder.py), read corpora or run
+processes, or touch files.
 
 Encoding, in short: split the text at allowed special tokens, split each stretch with the pattern
 into chunks, and turn each chunk into ids by repeatedly merging the adjacent pair with the lowest
-rank. Text repeats a lot, so each distinct chunk is merged once and its ids are cached. Two
+rank (`bpe.merge.merge_chunk`). Text repeats a lot, so each distinct chunk is merged once and its
+ids are cached (`bpe.text_encoder`). Two
 options of Hugging Face tokenizers change that, for tokenizers imported from them:
 `ignore_merges` (Llama 3's: a chunk that is itself a token is that token, unmerged) and
 `normalizer="nfc"` (Qwen2's: each stretch is put in Unicode NFC before it is split).
@@ -27,85 +28,41 @@ options of Hugging Face tokenizers change that, for tokenizers imported from the
 from __future__ import annotations
 
 import hashlib
-import heapq
 import os
-import time
-import unicodedata
-from array import array
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
-from itertools import accumulate, pairwise, repeat
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import accumulate, pairwise
 from pathlib import Path
 
 import numpy as np
 import regex
 
-from tokenkit.bpe import encode_corpus, interop, io
-from tokenkit.bpe.corpus import Corpus, as_corpus
-from tokenkit.bpe.encoder import ChunkCache, PairTable, PieceCache, WordCache
+from tokenkit.bpe import encode_corpus, formats, io, library_files, train_corpus
+from tokenkit.bpe.corpus import Corpus, Source, as_corpus
 from tokenkit.bpe.errors import DisallowedSpecialError, TokenizerError
-from tokenkit.bpe.layout import canonical, listed
-from tokenkit.bpe.patterns import GPT2_PATTERN, PATTERNS, resolve_pattern
-from tokenkit.bpe.pretokenize import count_chunks, split_text
+from tokenkit.bpe.layout import Layout, canonical, listed
+from tokenkit.bpe.patterns import resolve_pattern
 from tokenkit.bpe.replay import Replay, replay_merges
-from tokenkit.bpe.trainer import train_merges
-from tokenkit.common import gcpause
+from tokenkit.bpe.text_encoder import TextEncoder
+from tokenkit.bpe.train_corpus import TrainReport
 
-_NO_MERGE = 1 << 62  # "rank" of a pair that has no merge; larger than any id
-_LONG_CHUNK = 64  # from this many bytes on, merge with a heap instead of rescanning the chunk
 _CACHE_LIMIT = 1 << 20  # distinct chunks kept in the cache before it is emptied and refilled
 _CACHE_MAX_CHUNK = 256  # longer chunks are rare; caching them would only cost memory
 _WORD_CACHE_LIMIT = 1 << 18  # distinct words (and pieces) kept (GPT-2's pattern), like _CACHE_LIMIT
-MERGE_COUNTS = 1024  # merges whose pair count the tokenizer file records (a few KB; the rest are small)
 NORMALIZERS = ("nfc",)  # Unicode normalizations a tokenizer may apply before splitting (HF's NFC)
-_TIKTOKEN_WHOLE = "tiktoken looks whole chunks up before merging and would give {id} for that text"
-# with ignore_merges tk gives the token for its bytes too, but not inside a longer chunk
-_TIKTOKEN_IGNORE_MERGES = (
-    "tiktoken merges by the rank of the merged bytes, so it can make {id} inside a longer chunk where these "
-    "merges do not"
-)
 
 
-@dataclass
-class TrainReport:
-    """What happened during `Tokenizer.train`.
+@dataclass(frozen=True)
+class SpecialPolicy:
+    """How a text's special tokens are read (tiktoken's policy, checked against one tokenizer's
+    special tokens by `Tokenizer.special_policy`): those `allowed` as their token, finding one of
+    those `disallowed` is a DisallowedSpecialError, and the others are plain text."""
 
-    merges_learned: number of merges; stop_reason: why training stopped (the trainer's words:
-    "vocab_size", "min_frequency" or "no_pairs"); seconds: wall time of counting + merging;
-    counts: the pair count of each merge, in rank order; unique_chunks: distinct pre-token
-    chunks in the corpus; corpus_bytes: size of the corpus. `corpus_tokens` (its length in
-    tokens under the new tokenizer, specials read as plain text) and `bytes_per_token` are
-    computed on first use, so that training time does not include them.
-    """
-
-    merges_learned: int
-    stop_reason: str
-    seconds: float
-    counts: list[int] = field(repr=False)
-    unique_chunks: int
-    corpus_bytes: int
-    _count_tokens: Callable[[], int] = field(repr=False, compare=False)
-
-    @cached_property
-    def corpus_tokens(self) -> int:
-        return self._count_tokens()
-
-    @property
-    def bytes_per_token(self) -> float:
-        return self.corpus_bytes / max(self.corpus_tokens, 1)
+    allowed: frozenset[str]
+    disallowed: frozenset[str]
 
 
-def describe_merge(vocab: Sequence[bytes], rank: int, pair: tuple[int, int], count: int) -> str:
-    """One readable line per merge, for learners watching training.
-
-    >>> describe_merge([bytes([i]) for i in range(256)], 0, (116, 104), 1234)
-    "merge 0: 't' + 'h' -> 'th'  (id 256, count 1234)"
-    """
-    a, b = pair
-    show = lambda bs: repr(bs.decode("utf-8", errors="backslashreplace"))  # noqa: E731
-    merged = f"{show(vocab[a])} + {show(vocab[b])} -> {show(vocab[a] + vocab[b])}"
-    return f"merge {rank}: {merged}  (id {256 + rank}, count {count})"
+_PLAIN = SpecialPolicy(frozenset(), frozenset())  # every text plain, its special-looking text too
 
 
 class Tokenizer:
@@ -152,9 +109,6 @@ class Tokenizer:
         self._merges = layout.merges
         self._specials = layout.specials
         self._id_bytes = layout.id_bytes
-        self._byte_ids = layout.byte_ids
-        self._identity = layout.byte_ids == list(range(256))
-        self._made = layout.made  # rank -> id made, None when it is 256 + rank
 
         if not isinstance(ignore_merges, bool):
             raise TokenizerError(f"ignore_merges must be true or false, got {ignore_merges!r}")
@@ -172,13 +126,10 @@ class Tokenizer:
         self._normalizer = normalizer
         self._bos = bos
         self._text_tokens = text
-        self._whole: dict[bytes, int] | None = None  # token bytes -> id, for ignore_merges (`_token_of`)
         self._pattern_name = pattern
         self._pattern = resolve_pattern(pattern) if _pattern_regex is False else _pattern_regex
         self._training = dict(training or {})
-        self._cache: ChunkCache | None = None  # chunk -> ids, built on first use (`_chunk_cache`)
-        self._word_cache: WordCache | None = None  # word -> ids, for GPT-2's pattern (`_encode_ordinary`)
-        self._piece_cache: PieceCache | None = None  # space-separated piece -> ids, in front of the words
+        self._text = TextEncoder(layout, self._pattern, normalizer, ignore_merges, self.ids_dtype)  # and its caches
         self._special_res: dict[frozenset, regex.Pattern] = {}
         self.train_report: TrainReport | None = None
         self._fingerprint: str | None = None
@@ -225,7 +176,7 @@ class Tokenizer:
     @property
     def training(self) -> dict:
         """How the tokenizer was made, as its file records it: `train`'s settings, stop reason and
-        `merge_counts` (the pair count of each of the first MERGE_COUNTS merges), or what it was
+        `merge_counts` (the pair count of each of the first `bpe.train_corpus.MERGE_COUNTS` merges), or what it was
         imported from."""
         return dict(self._training)
 
@@ -253,13 +204,25 @@ class Tokenizer:
         return self._text_tokens
 
     @property
-    def _options(self) -> dict:
+    def options(self) -> dict:
+        """The settings beside the merges that change ids, as the tokenizer file records them:
+        ignore_merges, normalizer, bos and text_tokens (a sorted list, None when there are none)."""
         text = sorted(self._text_tokens) or None
         return {"ignore_merges": self._ignore_merges, "normalizer": self._normalizer, "bos": self._bos,
                 "text_tokens": text}  # fmt: skip
 
+    @property
+    def pattern_regex(self) -> str | None:
+        """The split regex in use (the pattern's, resolved), None for no split."""
+        return self._pattern
+
+    @property
+    def layout(self) -> Layout:
+        """Which bytes each id stands for and which id each merge makes (see `bpe.layout`)."""
+        return self._layout
+
     def __repr__(self) -> str:
-        options = "".join(f", {k}={v!r}" for k, v in self._options.items() if v not in (False, None))
+        options = "".join(f", {k}={v!r}" for k, v in self.options.items() if v not in (False, None))
         return (
             f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self._merges)}, pattern={self._pattern_name!r}, "
             f"specials={list(self._specials)}{options})"
@@ -268,237 +231,26 @@ class Tokenizer:
     # ------------------------------------------------------------------------------- training
 
     @classmethod
-    def train(
-        cls,
-        sources: Corpus | str | os.PathLike | bytes | Iterable[str | os.PathLike | bytes],
-        *,
-        vocab_size: int | None = None,
-        min_frequency: int | None = 2,
-        pattern: str = "gpt2",
-        special_tokens: Iterable[str] = (),
-        workers: int | None = None,
-        verbose: bool = False,
-        quiet: bool = False,
-        on_merge: Callable[[int, tuple[int, int], int], None] | None = None,
-        count: Callable[..., dict[bytes, int]] = count_chunks,
-    ) -> Tokenizer:
-        """Learn merges from a corpus; the result carries `train_report`.
+    def train(cls, sources: Corpus | Source | Iterable[Source], **options) -> Tokenizer:
+        """Learn merges from a corpus (files, directories, texts as bytes, or a `bpe.corpus.Corpus`);
+        the result carries `train_report`. The options (vocab_size, min_frequency, pattern,
+        special_tokens, workers, verbose, quiet, on_merge, count) are `bpe.train_corpus.train`'s.
 
-        sources: a `bpe.corpus.Corpus` (compressed files, JSONL, stdin, ...), or file paths,
-        directories and texts (bytes), or one of them alone; merges never cross two documents
-        (files, texts, JSONL records). vocab_size counts everything:
-        256 bytes + merges + special tokens. Training stops at vocab_size or when the best pair
-        occurs fewer than min_frequency times, whichever comes first. on_merge(rank, pair, count)
-        is called after each merge; verbose=True prints each merge to stderr instead.
-        count(corpus, regex, workers=, quiet=) counts the chunks; `bpe.distributed` passes one
-        that counts over MPI ranks.
+        >>> Tokenizer.train([b"aaabdaaabac"], vocab_size=259, min_frequency=1, quiet=True).merges
+        [(97, 97), (97, 98), (256, 257)]
         """
-
-        specials = list(special_tokens)
-        if vocab_size is not None and vocab_size < 256 + len(specials):
-            need = f"256 byte tokens + {len(specials)} special tokens" if specials else "256 byte tokens"
-            raise TokenizerError(
-                f"vocab size {vocab_size} is too small: the {need} need at least {256 + len(specials)}"
-            )
-        if min_frequency is not None and min_frequency < 1:
-            raise TokenizerError(f"--min-frequency must be at least 1, got {min_frequency}")
-        corpus = as_corpus(sources)
-        regex_ = resolve_pattern(pattern)
-        start = time.perf_counter()
-        counts = count(corpus, regex_, workers=workers, quiet=quiet)
-        if not counts:
-            raise TokenizerError("the corpus is empty; give a file with some text")
-        if verbose and on_merge is None:
-            vocab = [bytes([i]) for i in range(256)]
-
-            def on_merge(rank, pair, count):
-                vocab.append(vocab[pair[0]] + vocab[pair[1]])
-                io.print_line(describe_merge(vocab, rank, pair, count))
-
-        result = train_merges(
-            counts,
-            vocab_size=None if vocab_size is None else vocab_size - len(specials),
-            min_frequency=min_frequency,
-            quiet=quiet,
-            on_merge=on_merge,
-        )
-        seconds = time.perf_counter() - start
-        training = {
-            "vocab_size": vocab_size,
-            "min_frequency": min_frequency,
-            "pattern": pattern,
-            "special_tokens": specials,
-            "merges_learned": len(result.merges),
-            "stop_reason": result.stop_reason,
-            "merge_counts": list(result.counts[:MERGE_COUNTS]),  # shown beside the first merges (tk serve)
-        }
-        tok = cls(result.merges, special_tokens=specials, pattern=pattern, training=training, _pattern_regex=regex_)
-        corpus_bytes = sum(len(chunk) * n for chunk, n in counts.items())
-
-        def count_tokens() -> int:
-            # Encoding each distinct chunk once, weighted by its count, is encoding the corpus;
-            # going through the chunk cache leaves it warm for encoding that corpus next.
-            texts = [chunk.decode("utf-8", "surrogateescape") for chunk in counts]
-            return sum(len(ids) * n for ids, n in zip(tok._chunk_values(texts), counts.values(), strict=True))
-
-        tok.train_report = TrainReport(
-            merges_learned=len(result.merges),
-            stop_reason=result.stop_reason,
-            seconds=seconds,
-            counts=list(result.counts),
-            unique_chunks=len(counts),
-            corpus_bytes=corpus_bytes,
-            _count_tokens=count_tokens,
-        )
-        return tok
+        return train_corpus.train(cls, sources, **options)
 
     # ------------------------------------------------------------------------------- encoding
 
-    @cached_property
-    def _pair_id(self) -> dict[tuple[int, int], int]:
-        """Pair -> its rank key, 256 + rank: in the canonical layout that is also the id it makes.
-        Built on first use: one chunk at a time and replays read it, the batch encoder does not."""
-        return {pair: 256 + r for r, pair in enumerate(self._merges)}
-
-    def _merge_short(self, ids: list[int]) -> list[int]:
-        """Merge the lowest-rank pair, leftmost first, until no pair has a merge.
-
-        `ranks[i]` is the rank key (256 + rank) of (ids[i], ids[i+1]), which is also the id the
-        merge makes unless the vocabulary is listed (`_made`); a merge rewrites one slot and
-        refreshes only its two neighbours. Quadratic in the worst case, which beats a heap for
-        the few bytes of a typical chunk.
-        Example, merges (a,a)->256, (256,a)->257: aaab -> [256,a,b] -> [257,b].
-        """
-        get, made = self._pair_id.get, self._made
-        ranks = list(map(get, pairwise(ids), repeat(_NO_MERGE)))
-        while True:
-            new = min(ranks)
-            if new == _NO_MERGE:
-                return ids
-            i = ranks.index(new)
-            ids[i] = new = new if made is None else made[new - 256]
-            del ids[i + 1]
-            del ranks[i]
-            if i < len(ranks):
-                ranks[i] = get((new, ids[i + 1]), _NO_MERGE)
-            if i:
-                ranks[i - 1] = get((ids[i - 1], new), _NO_MERGE)
-            if not ranks:
-                return ids
-
-    def _merge_long(self, ids: list[int]) -> list[int]:
-        """Same result as `_merge_short` in O(n log n): a linked list of tokens and a heap of
-        (rank, position) candidates, checked when popped (entries go stale as neighbours merge).
-
-        Lowest rank first and equal ranks left to right, and every pair a merge creates is pushed,
-        so the order of merges is exactly the rescanning one.
-        """
-        get, made = self._pair_id.get, self._made
-        n = len(ids)
-        val = list(ids)
-        nxt = list(range(1, n + 1))
-        nxt[-1] = -1
-        prv = list(range(-1, n - 1))
-        heap = [(r, i) for i, r in enumerate(map(get, pairwise(ids))) if r is not None]
-        heapq.heapify(heap)
-        push, pop = heapq.heappush, heapq.heappop
-        while heap:
-            new, i = pop(heap)
-            j = nxt[i]
-            if val[i] < 0 or j < 0 or get((val[i], val[j])) != new:
-                continue  # stale: a neighbour changed since this entry was pushed
-            new = new if made is None else made[new - 256]
-            val[i], val[j] = new, -1
-            k = nxt[j]
-            nxt[i] = k
-            if k >= 0:
-                prv[k] = i
-                r = get((new, val[k]))
-                if r is not None:
-                    push(heap, (r, i))
-            p = prv[i]
-            if p >= 0:
-                r = get((val[p], new))
-                if r is not None:
-                    push(heap, (r, p))
-        return [v for v in val if v >= 0]
-
     def _chunk_ids(self, chunk: str) -> tuple[int, ...]:
-        """Ids of one pre-token chunk (no cache)."""
-        try:
-            raw = chunk.encode("utf-8", errors="surrogateescape")
-        except UnicodeEncodeError:
-            raise TokenizerError(
-                "text contains a lone surrogate that is not an escaped byte; it cannot be encoded as UTF-8"
-            ) from None
-        ids = list(raw) if self._identity else [self._byte_ids[b] for b in raw]
-        if len(ids) < 2:
-            return tuple(ids)
-        if self._ignore_merges and raw in self._token_of:
-            return (self._token_of[raw],)
-        return tuple(self._merge_long(ids) if len(ids) >= _LONG_CHUNK else self._merge_short(ids))
+        """Ids of one pre-token chunk, merged with the plain loop (no cache)."""
+        return self._text.chunk_ids(chunk)
 
-    @property
-    def _token_of(self) -> dict[bytes, int]:
-        """The bytes of every merged token -> its id (ignore_merges looks chunks up in it), built
-        on first use; two ids with the same bytes are refused (which would the chunk be?)."""
-        if self._whole is None:
-            whole: dict[bytes, int] = {}
-            for i in self._merged_tokens:
-                if whole.setdefault(self._id_bytes[i], i) != i:
-                    raise TokenizerError(
-                        f"ids {whole[self._id_bytes[i]]} and {i} have the same bytes {self._id_bytes[i]!r}; with "
-                        "ignore_merges a chunk of those bytes would be either"
-                    )
-            self._whole = whole
-        return self._whole
-
-    @property
-    def _merged_tokens(self) -> list[int]:
-        """The ids of the tokens of two bytes or more, ascending (special tokens aside)."""
-        return [i for i in self._layout.regular_ids if len(self._id_bytes[i]) > 1]
-
-    @property
-    def _chunk_cache(self) -> ChunkCache:
-        """The chunk cache, built on first use (its pair table takes a moment for a big vocabulary)."""
-        if self._cache is None:
-            byte_ids = None if self._identity else self._byte_ids
-            whole = self._token_of if self._ignore_merges else None
-            table = PairTable(self._merges, self._made, self._layout.monotone)
-            self._cache = ChunkCache(table, byte_ids, self.ids_dtype, _CACHE_MAX_CHUNK, whole)
-            if self._pattern == GPT2_PATTERN:
-                split = lambda text: split_text(text, GPT2_PATTERN)  # noqa: E731
-                self._word_cache = WordCache(self._cache, split, _CACHE_MAX_CHUNK)
-                self._piece_cache = PieceCache(self._word_cache, _CACHE_MAX_CHUNK)
-        return self._cache
-
-    def _encode_ordinary(self, text: str) -> bytes:
-        """Ids of text that holds no special tokens (anything special-looking is plain text), as
-        raw bytes of `ids_dtype`.
-
-        Split with the pattern, then look every chunk up in the cache, merging only the chunks
-        not seen before (chunks, not whole words: new text brings few new chunks; BENCHMARKS.md).
-        With GPT-2's pattern, the pieces between single spaces are looked up first, then whole
-        words, and only new words are split into chunks: cheaper splits and fewer lookups (see
-        `bpe.encoder.PieceCache` and `WordCache`). A tokenizer with a normalizer applies it first
-        (HF normalizes each stretch between special tokens, as this is called).
-        """
-        if self._normalizer is not None:
-            text = unicodedata.normalize("NFC", text)
-        cache = self._chunk_cache
-        if len(cache) > _CACHE_LIMIT:
-            cache.clear()
-        if self._piece_cache is None:
-            return cache.ids_bytes(split_text(text, self._pattern))
-        for level in (self._piece_cache, self._word_cache):
-            if len(level) > _WORD_CACHE_LIMIT:
-                level.clear()
-        return self._piece_cache.text_ids(text)
-
-    def _chunk_values(self, chunks: list[str]) -> list[array]:
-        """The ids of each chunk, through the chunk cache (merging the chunks not seen yet)."""
-        code = "H" if self.ids_dtype == np.uint16 else "I"
-        return list(map(array, repeat(code), self._chunk_cache.values_of(chunks)))
+    def count_tokens(self, chunk_counts: Mapping[bytes, int]) -> int:
+        """The length in tokens of a corpus counted as {chunk: count} (`bpe.pretokenize`), specials
+        read as plain text (see `bpe.text_encoder.TextEncoder.count_tokens`)."""
+        return self._text.count_tokens(chunk_counts)
 
     def _special_re(self, names: frozenset) -> regex.Pattern:
         found = self._special_res.get(names)
@@ -550,7 +302,7 @@ class Tokenizer:
         elif not isinstance(text, str):
             raise TokenizerError(f"encode takes str or bytes, got {type(text).__name__}")
         return np.frombuffer(
-            self._encode_bytes(text, allowed_special, disallowed_special), dtype=self.ids_dtype
+            self.encode_raw(text, self._policy(allowed_special, disallowed_special)), dtype=self.ids_dtype
         ).tolist()
 
     def encode_for_model(
@@ -569,45 +321,63 @@ class Tokenizer:
         ids = self.encode(text, allowed_special=allowed_special, disallowed_special=disallowed_special)
         return ids if self._bos is None else [self._specials[self._bos], *ids]
 
-    def _segments(self, text: str, allowed_special, disallowed_special) -> list[str | int]:
-        """`text` cut at the special tokens the policy allows: its stretches of plain text (str,
-        possibly empty) and the special tokens' ids (int), in order. A special token the policy
-        disallows raises DisallowedSpecialError (see `encode`).
-
-        >>> Tokenizer([], special_tokens=["<|end|>"])._segments("a<|end|>b", "all", "all")
-        ['a', 256, 'b']
-        """
-        if not self._specials:
-            return [text]
-        allowed = self._special_set(allowed_special, "allowed_special") | self._text_tokens  # text: always read
+    def special_policy(
+        self, allowed_special: Iterable[str] | str = (), disallowed_special: Iterable[str] | str = "all"
+    ) -> SpecialPolicy:
+        """`encode`'s two arguments as one checked value, for encoding many texts alike (each worker
+        of `encode_file` gets one): a name that is none of the special tokens is a TokenizerError,
+        and the text tokens are always read as their token."""
+        allowed = self._special_set(allowed_special, "allowed_special") | self._text_tokens
         disallowed = (
             set(self._specials) - allowed
             if disallowed_special == "all"
             else self._special_set(disallowed_special, "disallowed_special") - self._text_tokens
         )
-        if disallowed:
-            hit = self._special_re(frozenset(disallowed)).search(text)
+        return SpecialPolicy(frozenset(allowed), frozenset(disallowed))
+
+    def _policy(self, allowed_special, disallowed_special) -> SpecialPolicy:
+        """`special_policy`, but a tokenizer without special tokens reads every text as plain text,
+        whatever the arguments name (as `encode` always has)."""
+        return self.special_policy(allowed_special, disallowed_special) if self._specials else _PLAIN
+
+    def _segments(self, text: str, policy: SpecialPolicy) -> list[str | int]:
+        """`text` cut at the special tokens the policy allows: its stretches of plain text (str,
+        possibly empty) and the special tokens' ids (int), in order. A special token the policy
+        disallows raises DisallowedSpecialError (see `encode`).
+
+        >>> tok = Tokenizer([], special_tokens=["<|end|>"])
+        >>> tok._segments("a<|end|>b", tok.special_policy("all"))
+        ['a', 256, 'b']
+        """
+        if policy.disallowed:
+            hit = self._special_re(policy.disallowed).search(text)
             if hit:
                 raise DisallowedSpecialError(hit.group())
-        if not allowed:
+        if not policy.allowed:
             return [text]
         segments: list[str | int] = []
         start = 0
-        for hit in self._special_re(frozenset(allowed)).finditer(text):
+        for hit in self._special_re(policy.allowed).finditer(text):
             segments += [text[start : hit.start()], self._specials[hit.group()]]
             start = hit.end()
         segments.append(text[start:])
         return segments
 
-    def _encode_bytes(self, text: str, allowed_special, disallowed_special) -> bytes:
-        """`encode` of a str, as raw bytes of `ids_dtype` (what file encoding writes and sends)."""
-        segments = self._segments(text, allowed_special, disallowed_special)
+    def encode_raw(self, text: str, policy: SpecialPolicy) -> bytes:
+        """`encode` of a str under a `special_policy`, as the raw bytes of an `ids_dtype` array
+        (what file encoding writes, and its workers send back)."""
+        segments = self._segments(text, policy)
         if len(segments) == 1:
-            return self._encode_ordinary(text)
+            return self._text.encode(text)
         return b"".join(
-            np.array(s, dtype=self.ids_dtype).tobytes() if isinstance(s, int) else self._encode_ordinary(s)
+            np.array(s, dtype=self.ids_dtype).tobytes() if isinstance(s, int) else self._text.encode(s)
             for s in segments
         )
+
+    def warm_up(self) -> None:
+        """Build the encoder's tables now (its pair table takes a moment for a big vocabulary):
+        once before forking worker processes, which then inherit them."""
+        self._text.chunk_cache  # noqa: B018  (built on first use)
 
     def replay(
         self,
@@ -629,25 +399,13 @@ class Tokenizer:
             text = bytes(text).decode("utf-8", errors="surrogateescape")
         elif not isinstance(text, str):
             raise TokenizerError(f"replay takes str or bytes, got {type(text).__name__}")
-        pieces: list[list[int]] = []
-        for segment in self._segments(text, allowed_special, disallowed_special):
+        pieces: list[list[int]] = []  # each chunk's ids before merging; a special token's id alone
+        for segment in self._segments(text, self._policy(allowed_special, disallowed_special)):
             if isinstance(segment, int):
                 pieces.append([segment])
-                continue
-            if self._normalizer is not None:  # as _encode_ordinary: each stretch between specials
-                segment = unicodedata.normalize("NFC", segment)
-            for chunk in split_text(segment, self._pattern):
-                try:
-                    raw = chunk.encode("utf-8", errors="surrogateescape")
-                except UnicodeEncodeError:
-                    raise TokenizerError(
-                        "text contains a lone surrogate that is not an escaped byte; it cannot be encoded as UTF-8"
-                    ) from None
-                if self._ignore_merges and len(raw) > 1 and raw in self._token_of:
-                    pieces.append([self._token_of[raw]])  # a whole token from the start, never merged
-                    continue
-                pieces.append(list(raw) if self._identity else [self._byte_ids[b] for b in raw])
-        steps, ids = replay_merges(pieces, self._pair_id, self._made, self._layout.monotone)
+            else:  # normalized and split as encoding does it, stretch by stretch between specials
+                pieces += map(self._text.start_ids, self._text.chunks(segment))
+        steps, ids = replay_merges(pieces, self._layout.pair_id, self._layout.made, self._layout.monotone)
         bounds = list(accumulate(map(len, pieces), initial=0))
         return Replay([i for piece in pieces for i in piece], list(pairwise(bounds)), steps, ids)
 
@@ -721,16 +479,6 @@ class Tokenizer:
             bos=self._specials[self._bos] if for_model and self._bos is not None else None,
         ).ids
 
-    def _special_args(self, allowed_special, disallowed_special) -> tuple[list[str], list[str] | str]:
-        """The special-token policy of encode_file, checked once and made plain for worker processes."""
-        allowed = sorted(self._special_set(allowed_special, "allowed_special"))
-        disallowed = (
-            disallowed_special
-            if disallowed_special == "all"
-            else sorted(self._special_set(disallowed_special, "disallowed_special"))
-        )
-        return allowed, disallowed
-
     # ----------------------------------------------------------------------------- files
 
     def to_tensors(self) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -744,7 +492,7 @@ class Tokenizer:
             self._pattern_name,
             self._pattern,
             self._training,
-            self._options,
+            self.options,
             listed=self.listed,
         )
 
@@ -777,6 +525,8 @@ class Tokenizer:
             self._fingerprint = hashlib.sha256(io.serialize(*self.to_tensors())).hexdigest()
         return self._fingerprint
 
+    # ------------------------------------------------------------- other libraries' files
+
     @classmethod
     def from_gpt2(
         cls, vocab_path: str | os.PathLike, merges_path: str | os.PathLike, *, pattern: str = "gpt2"
@@ -785,16 +535,28 @@ class Tokenizer:
 
         The result encodes every text to GPT-2's own ids ("hello world" -> [31373, 995]).
         """
-        parts = io.read_gpt2(vocab_path, merges_path)
-        return cls(
-            parts["merges"],
-            special_tokens=parts["special_tokens"],
-            pattern=pattern,
-            byte_order=parts["byte_order"],
-            training={"imported": "gpt2 vocabulary + merges files"},
-        )
+        return formats.from_gpt2(cls, vocab_path, merges_path, pattern=pattern)
 
-    EXPORT_FORMATS = ("gpt2", "hf", "tiktoken")
+    @classmethod
+    def from_hf(cls, path: str | os.PathLike) -> Tokenizer:
+        """Import a Hugging Face byte-level BPE tokenizer (a tokenizer.json, or a directory of one or of
+        vocab.json + merges.txt) with the library's exact ids, refusing in one line what tk cannot
+        reproduce (see `bpe.formats.from_hf`)."""
+        return formats.from_hf(cls, path)
+
+    @classmethod
+    def from_tiktoken(
+        cls, path: str | os.PathLike, pattern: str | None = None, special_tokens: Iterable[str] = ()
+    ) -> Tokenizer:
+        """Import a tiktoken rank file (base64 token bytes and rank per line; ranks become ids).
+
+        The split pattern and special tokens come from `NAME_tiktoken.json` beside `NAME.tiktoken`
+        (as `export_tiktoken` writes it) or, for a bare rank file, from `pattern` (a name, or
+        tiktoken's pat_str) and `special_tokens` (numbered after the ranks, in order).
+        """
+        return formats.from_tiktoken(cls, path, pattern, special_tokens)
+
+    EXPORT_FORMATS = formats.EXPORT_FORMATS
 
     def export(self, directory: str | os.PathLike, format: str = "gpt2", *, overwrite: bool = False) -> list[Path]:
         """Write the tokenizer into `directory` in another library's format; returns the paths.
@@ -806,64 +568,16 @@ class Tokenizer:
         directory's other files stay; files of the format already there are replaced only with
         `overwrite`.
         """
-        return io.write_files(directory, self.export_files(format), overwrite=overwrite)
+        return library_files.write_files(directory, self.export_files(format), overwrite=overwrite)
 
     def export_files(self, format: str = "gpt2") -> dict[str, bytes]:
         """The files `export` writes, name -> contents, validated (TokenizerError) and not written."""
-        if format == "gpt2":
-            if any(v not in (False, None) for v in self._options.values()):
-                what = (
-                    "ignore_merges"
-                    if self._ignore_merges
-                    else f"its {self._normalizer.upper()} normalizer"
-                    if self._normalizer
-                    else f"that a model expects {self._bos} first"
-                    if self._bos
-                    else "added tokens that are part of the text"
-                )
-                raise TokenizerError(
-                    f"vocab.json + merges.txt cannot say {what}, which changes ids; export it with --format hf"
-                )
-            if self.listed:
-                raise TokenizerError(
-                    "vocab.json + merges.txt make merge r id 256 + r, which this listed vocabulary does not; "
-                    "export it with --format hf"
-                )
-            return io.gpt2_files(self.vocab, self._merges, self._specials)
-        if format == "hf":
-            data = interop.to_hf(self.vocab, self._merges, self._specials, self._pattern, **self._options)
-            return io.hf_files(data, *interop.hf_configs(self._specials, self._bos, self._options["text_tokens"]))
-        if format == "tiktoken":
-            if self.listed:
-                raise TokenizerError(
-                    "tiktoken's ranks are its ids and merge any pair whose bytes are a token; this listed "
-                    "vocabulary's merges do not follow its ids, so export it with --format hf"
-                )
-            ranks = interop.to_tiktoken(self._merges, self._byte_order)
-            interop.check_tiktoken_specials(self._specials, "exported to tiktoken")
-            if self._bos is not None or self._text_tokens:
-                what = f"that a model expects {self._bos} before every text" if self._bos else "text's added tokens"
-                raise TokenizerError(f"tiktoken's files cannot say {what}; export it with --format hf")
-            if self._normalizer is not None:
-                raise TokenizerError(
-                    f"the tokenizer puts text in {self._normalizer.upper()} before splitting and tiktoken has no "
-                    "normalizer, so it cannot be exported to tiktoken"
-                )
-            self._check_whole_tokens(
-                _TIKTOKEN_IGNORE_MERGES if self._ignore_merges else _TIKTOKEN_WHOLE, "exported to tiktoken"
-            )
-            pat_str = interop.tiktoken_pat_str(self._pattern)
-            return io.tiktoken_files(ranks, pat_str, self._specials, self._pattern_name)
-        raise TokenizerError(f"unknown export format {format!r}; use one of {', '.join(self.EXPORT_FORMATS)}")
+        return formats.export_files(self, format)
 
     def export_gpt2(self, directory: str | os.PathLike, *, overwrite: bool = False) -> tuple[Path, Path]:
         """Write vocab.json + merges.txt (GPT-2's format) into `directory`; returns both paths."""
         vocab_file, merges_file = self.export(directory, "gpt2", overwrite=overwrite)
         return vocab_file, merges_file
-
-    @property
-    def _byte_order(self) -> list[int]:
-        return [t[0] for t in self._id_bytes[:256]]
 
     def export_hf(self, directory: str | os.PathLike, *, overwrite: bool = False) -> list[Path]:
         """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into `directory`
@@ -879,121 +593,5 @@ class Tokenizer:
         longest of them, as tk does (`interop.check_tiktoken_specials`)."""
         return self.export(directory, "tiktoken", overwrite=overwrite)
 
-    def _check_whole_tokens(self, why: str, action: str) -> None:
-        """Refuse a vocabulary where some token's bytes do not merge back into that token, saying
-        `why` that matters (a template: "{id}" is the token's id) and what cannot be done."""
-        for i in self._merged_tokens:
-            ids = self._merged_ids(self._id_bytes[i])
-            if ids != [i]:
-                raise TokenizerError(
-                    f"token {i} ({self._id_bytes[i]!r}) is not what its own bytes merge into ({ids}); "
-                    f"{why.format(id=i)}, so this vocabulary cannot be {action}"
-                )
 
-    def _merged_ids(self, raw: bytes) -> list[int]:
-        """The ids the merges alone make of `raw` (ignore_merges aside)."""
-        ids = [self._byte_ids[b] for b in raw]
-        return self._merge_long(ids) if len(ids) >= _LONG_CHUNK else self._merge_short(ids) if len(ids) > 1 else ids
-
-    @classmethod
-    def from_hf(cls, path: str | os.PathLike) -> Tokenizer:
-        """Import a Hugging Face byte-level BPE tokenizer: a tokenizer.json, or a directory holding
-        tokenizer.json or vocab.json + merges.txt (GPT-2's pair, split with GPT-2's pattern).
-
-        The result gives the library's ids, with `ignore_merges` and an NFC normalizer as the
-        file sets them; what tk cannot reproduce (other normalizers, prefix spaces, merges out of
-        id order, post-processors that add tokens, SentencePiece-style tokenizers, ...) is refused
-        in one line. For a directory, also what transformers' class for it does (a GPT2Tokenizer
-        splits with GPT-2's pattern whatever tokenizer.json says, a Qwen2Tokenizer with Qwen2's:
-        `interop.check_transformers_class`).
-        """
-        with gcpause.paused():  # a tokenizer.json makes a tuple or list per merge, and no cycles
-            return cls._from_hf(path)
-
-    @classmethod
-    def _from_hf(cls, path: str | os.PathLike) -> Tokenizer:
-        files = io.find_hf(path)
-        parts = (
-            io.read_hf(files[0])
-            if len(files) == 1
-            else {
-                "pattern": "gpt2",
-                "special_tokens": {},
-                "ignore_merges": False,
-                "normalizer": None,
-                "bos": None,
-                "text_tokens": None,
-            }  # fmt: skip
-        )
-        if Path(path).is_dir():  # transformers' configs there decide how it reads the files
-            parts = interop.check_transformers_class(*io.read_hf_configs(path), parts, str(path))
-        if len(files) == 2:
-            return cls.from_gpt2(*files)
-        try:
-            tok = cls(
-                parts["merges"],
-                special_tokens=parts["special_tokens"],
-                pattern=parts["pattern"],
-                vocab=parts["vocab"],
-                training={"imported": "Hugging Face tokenizer.json"},
-                ignore_merges=parts["ignore_merges"],
-                normalizer=parts["normalizer"],
-                bos=parts["bos"],
-                text_tokens=parts["text_tokens"],
-            )
-        except TokenizerError as err:
-            raise TokenizerError(f"{files[0]}: {err}") from None
-        if "dropped" in parts:  # tokenizer.json's ignore_merges, which transformers drops: fine if it changes nothing
-            tok._check_whole_tokens(
-                f"{files[0]} sets ignore_merges, with which HF tokenizers give {{id}} for that text",
-                f"read as transformers' {parts['dropped']} reads it (without ignore_merges)",
-            )
-        return tok
-
-    @classmethod
-    def from_tiktoken(
-        cls, path: str | os.PathLike, pattern: str | None = None, special_tokens: Iterable[str] = ()
-    ) -> Tokenizer:
-        """Import a tiktoken rank file (base64 token bytes and rank per line; ranks become ids).
-
-        The split pattern and special tokens come from `NAME_tiktoken.json` beside `NAME.tiktoken`
-        (as `export_tiktoken` writes it) or, for a bare rank file, from `pattern` (a name, or
-        tiktoken's pat_str) and `special_tokens` (numbered after the ranks, in order).
-        """
-        ranks, meta = io.read_tiktoken(path)
-        parts = interop.from_tiktoken(ranks, str(path))
-        n_tokens = 256 + len(parts["merges"])
-        specials = list(special_tokens)
-        if meta is not None:
-            meta_path = io.tiktoken_meta_path(path)
-            if pattern is not None or specials:
-                raise TokenizerError(f"{meta_path} gives the pattern and special tokens; do not give them again")
-            pattern = meta.get("pattern") or interop.pattern_of_pat_str(meta["pat_str"])
-            if meta.get("pattern") and interop.tiktoken_pat_str(resolve_pattern(pattern)) != meta["pat_str"]:
-                raise TokenizerError(
-                    f"{meta_path}: pattern {pattern[:40]!r} is not the one of its pat_str; the file was altered"
-                )
-            specials = meta["special_tokens"]
-            if sorted(specials.values()) != list(range(n_tokens, n_tokens + len(specials))):
-                raise TokenizerError(
-                    f"{meta_path}: special tokens must have consecutive ids right after the ranks ({n_tokens}...)"
-                )
-        elif pattern is None:
-            raise TokenizerError(
-                f"{path}: a .tiktoken file does not hold its split pattern; give it (--pattern gpt2|gpt4|none|REGEX)"
-            )
-        interop.check_tiktoken_specials(specials, "imported from tiktoken")
-        tok = cls(
-            parts["merges"],
-            special_tokens=specials,
-            pattern=pattern
-            if pattern in PATTERNS
-            else interop.pattern_name(pattern),  # tiktoken's gpt2 pat_str is "gpt2"
-            byte_order=parts["byte_order"],
-            training={"imported": "tiktoken rank file"},
-        )
-        tok._check_whole_tokens(_TIKTOKEN_WHOLE, "imported")
-        return tok
-
-
-__all__ = ["MERGE_COUNTS", "Tokenizer", "TrainReport", "describe_merge"]
+__all__ = ["SpecialPolicy", "Tokenizer"]

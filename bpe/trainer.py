@@ -13,8 +13,9 @@ textbook loop does — but without ever rescanning the corpus:
 - a heap of encoded (-count, pair) picks the next merge; entries go stale when counts drop and
   are re-pushed with the current count when they reach the top (lazy invalidation).
 
-The plain version is `train_merges_naive` below (minbpe's loop: recount every pair of every
-chunk before each merge); the tests hold this one to it, merge for merge, on many random corpora.
+The plain version is `train_merges_naive` below (minbpe's loop over `bpe.merge.pair_counts` and
+`merge_pair`: recount every pair of every chunk before each merge); the tests hold this one to
+it, merge for merge, on many random corpora.
 
 A merge touches only the positions of the merged pair: it fixes the counts of the pairs on
 either side and links out the right token. The work of a whole training run is proportional
@@ -37,12 +38,12 @@ from array import array
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush, heapreplace
-from itertools import pairwise
 
 import numpy as np
 from tqdm import tqdm
 
 from tokenkit.bpe.errors import TokenizerError
+from tokenkit.bpe.merge import merge_pair, pair_counts
 
 __all__ = ["TrainResult", "pack_pair", "train_merges", "train_merges_naive", "unpack_pair"]
 
@@ -139,24 +140,13 @@ def train_merges_naive(
             return TrainResult(merges, counts, "vocab_size")
         stats: dict[tuple[int, int], int] = {}
         for seq, n in words:
-            for pair in pairwise(seq):
-                stats[pair] = stats.get(pair, 0) + n
+            pair_counts(seq, stats, weight=n)
         if not stats:
             return TrainResult(merges, counts, "no_pairs")
         pair = min(stats, key=lambda p: (-stats[p], p))
         if min_frequency is not None and stats[pair] < min_frequency:
             return TrainResult(merges, counts, "min_frequency")
-        new = 256 + len(merges)
-        for k, (seq, n) in enumerate(words):
-            out, i = [], 0
-            while i < len(seq):
-                if i + 1 < len(seq) and (seq[i], seq[i + 1]) == pair:
-                    out.append(new)
-                    i += 2
-                else:
-                    out.append(seq[i])
-                    i += 1
-            words[k] = (out, n)
+        words = [(merge_pair(seq, pair, 256 + len(merges)), n) for seq, n in words]
         merges.append(pair)
         counts.append(stats[pair])
 

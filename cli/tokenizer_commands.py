@@ -16,7 +16,7 @@ from tokenkit.bpe import Tokenizer
 from tokenkit.bpe import io as bpe_io
 from tokenkit.bpe.corpus import Corpus
 from tokenkit.bpe.encode_corpus import encode_corpus, eot_id
-from tokenkit.bpe.tokenizer import describe_merge
+from tokenkit.bpe.train_corpus import describe_merge
 from tokenkit.cli.launch import end_together, mpi_world
 from tokenkit.cli.params import count
 from tokenkit.cli.specials import flags_in_errors, special_options

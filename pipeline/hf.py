@@ -50,7 +50,7 @@ import numpy as np
 
 from tokenkit import __version__
 from tokenkit.bpe import Tokenizer, TokenizerError
-from tokenkit.bpe.interop import QWEN2_PATTERN
+from tokenkit.bpe.hf_import import QWEN2_PATTERN
 from tokenkit.common import FileError, atomic, atomic_dir, jsonsafe, readfile, safetensors_file
 from tokenkit.pipeline import checkpoint, hf_llama
 from tokenkit.pipeline.errors import PipelineError

@@ -1,7 +1,7 @@
 """bpe/encoder.py, the encoder's fast path, against the plain one-chunk-at-a-time merge.
 
 `merge_batch` (all new chunks merged together, one round per lowest pair) must give exactly
-`Tokenizer._merge_short`'s ids; the piece cache (GPT-2's pattern: the pieces between single
+the ids of its plain twin, `bpe.merge.merge_chunk`; the piece cache (GPT-2's pattern: the pieces between single
 spaces looked up first) and the word cache (whole words) must give exactly the chunks' ids one
 after the other; a cold cache, a warm one and a cleared one must agree.
 """
@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from tokenkit.bpe import Tokenizer, TokenizerError
 from tokenkit.bpe.encoder import GPT2_ASCII, NO_MERGE, WHITESPACE, PairTable, merge_batch, split_words
+from tokenkit.bpe.merge import merge_chunk
 from tokenkit.bpe.pretokenize import GPT2_PATTERN, split_text
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -51,7 +52,7 @@ def test_merge_batch_equals_plain_merge(tok, chunks):
     ids, lengths = merge_batch(
         np.frombuffer(b"".join(raw), np.uint8), np.array([len(r) for r in raw]), PairTable(tok.merges)
     )
-    expected = [tok._chunk_ids(c) for c in chunks]  # the rescanning loop (a heap from 64 bytes on)
+    expected = [merge_chunk(list(r), tok.layout.pair_id) for r in raw]  # the plain loop, one chunk at a time
     assert lengths.tolist() == [len(e) for e in expected]
     assert ids.tolist() == [i for e in expected for i in e]
 
@@ -92,9 +93,9 @@ def test_many_texts_one_tokenizer_cold_warm_cleared():
     expected = [plain_ids(tok, t) for t in texts]
     assert [tok.encode(t) for t in texts] == expected
     assert [tok.encode(t) for t in texts] == expected  # now from the cache
-    tok._chunk_cache.clear()
-    tok._word_cache.clear()
-    tok._piece_cache.clear()
+    tok._text.chunk_cache.clear()
+    tok._text._word_cache.clear()
+    tok._text._piece_cache.clear()
     assert [tok.encode(t) for t in reversed(texts)] == expected[::-1]
 
 
@@ -103,9 +104,9 @@ def test_long_words_and_chunks_are_not_kept():
     text = "x" * 1000 + " " + "ab" * 300 + " b"
     assert tok.encode(text) == plain_ids(tok, text)
     assert tok.encode(text) == plain_ids(tok, text)
-    assert max(map(len, tok._word_cache._ids), default=0) <= 256
-    assert max(map(len, tok._piece_cache._ids), default=0) <= 256
-    assert max(map(len, tok._chunk_cache._ids), default=0) <= 256
+    assert max(map(len, tok._text._word_cache._ids), default=0) <= 256
+    assert max(map(len, tok._text._piece_cache._ids), default=0) <= 256
+    assert max(map(len, tok._text.chunk_cache._ids), default=0) <= 256
 
 
 def test_lone_surrogate_leaves_the_cache_clean():
@@ -113,7 +114,7 @@ def test_lone_surrogate_leaves_the_cache_clean():
     with pytest.raises(TokenizerError, match="lone surrogate"):
         tok.encode("abc \ud800 de")
     assert tok.encode("abc de") == plain_ids(tok, "abc de")
-    assert all(len(v) for v in tok._chunk_cache._ids.values())
+    assert all(len(v) for v in tok._text.chunk_cache._ids.values())
 
 
 def test_uint32_ids():
@@ -181,8 +182,8 @@ def test_pieces_equal_plain_merge(monkeypatch, text):
     tok = _piece_tokenizer()  # its cache warms over the examples
     assert Tokenizer(tok.merges).encode(text) == plain_ids(tok, text)  # cold
     assert tok.encode(text) == plain_ids(tok, text)
-    assert tok._piece_cache.text_ids(text) == np.array(plain_ids(tok, text), dtype=tok.ids_dtype).tobytes()
-    assert all(" " in key or encoder._closed(key) for key in tok._piece_cache._ids)  # no open piece kept
+    assert tok._text._piece_cache.text_ids(text) == np.array(plain_ids(tok, text), dtype=tok.ids_dtype).tobytes()
+    assert all(" " in key or encoder._closed(key) for key in tok._text._piece_cache._ids)  # no open piece kept
 
 
 def test_module_examples():

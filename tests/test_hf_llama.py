@@ -32,7 +32,7 @@ from test_reliability_interop import cli, one_line_error  # the same one-line ch
 from test_tokenizer_options import LLAMA3_PATTERN, ODD_MERGES, hf_bpe  # the same tokenizers
 
 from tokenkit.bpe import Tokenizer, TokenizerError
-from tokenkit.bpe.interop import QWEN2_PATTERN
+from tokenkit.bpe.hf_import import QWEN2_PATTERN
 from tokenkit.cli.main import main
 from tokenkit.common import safetensors_file
 from tokenkit.pipeline import PipelineError, checkpoint, hf_llama
@@ -683,7 +683,7 @@ def test_a_smollm_directory_imports_with_its_tokenizer_json_read_as_written(tran
     tokenizers = pytest.importorskip("tokenizers")
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
-    from tokenkit.bpe.interop import DIGITS_GPT2
+    from tokenkit.bpe.hf_import import DIGITS_GPT2
 
     hf_model = hf_checkpoint(transformers, tmp_path / "hf", "llama", num_key_value_heads=2)
     smol = tokenizers.Tokenizer(models.BPE())

@@ -32,8 +32,9 @@ from hypothesis import strategies as st
 
 from tokenkit.bpe import Tokenizer, TokenizerError, pretokenize
 from tokenkit.bpe import encode_corpus as encode_module
-from tokenkit.bpe.corpus import Corpus, zstd_available
+from tokenkit.bpe.corpus import Corpus
 from tokenkit.bpe.pretokenize import count_chunks, find_cut, split_text
+from tokenkit.bpe.streams import zstd_available
 from tokenkit.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,8 +18,8 @@ import regex
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tokenkit.bpe import Tokenizer, TokenizerError, interop
-from tokenkit.bpe.io import bytes_to_unicode
+from tokenkit.bpe import Tokenizer, TokenizerError, hf_import, interop
+from tokenkit.bpe.bytelevel import bytes_to_unicode
 from tokenkit.bpe.pretokenize import GPT2_PATTERN, GPT4_PATTERN, split_text
 from tokenkit.bpe.regex_dialect import from_oniguruma, to_fancy_regex, to_oniguruma
 from tokenkit.cli.main import main
@@ -455,7 +455,7 @@ def test_damaged_tokenizer_json_loads_or_fails_in_one_line(where, value):
         node[key] = value
         break
     try:
-        interop.from_hf(data)
+        hf_import.from_hf(data)
     except TokenizerError as err:
         assert "\n" not in str(err)
 

@@ -21,8 +21,10 @@ from hypothesis import strategies as st
 from test_interop import TEXTS, corpus, ids_of  # the same texts and corpus
 from test_tokenizer_options import LLAMA3_PATTERN
 
-from tokenkit.bpe import Tokenizer, TokenizerError, interop
+from tokenkit.bpe import Tokenizer, TokenizerError, hf_import, interop
+from tokenkit.bpe.bytelevel import bytes_to_unicode
 from tokenkit.bpe.layout import listed
+from tokenkit.bpe.merge import merge_chunk, merge_chunk_heap
 from tokenkit.bpe.pretokenize import split_text
 from tokenkit.bpe.replay import replay_merges, replay_merges_naive
 
@@ -85,18 +87,17 @@ def test_listed_vocabularies_encode_as_the_reference(seed, pieces, ignore_merges
     text = "".join(pieces)
     want = reference_ids(Tokenizer.from_tensors(*tok.to_tensors()), text.replace("<|e|>", ""))
     assert tok.encode(text.replace("<|e|>", "")) == want  # the batch path
-    for chunk in split_text(text.replace("<|e|>", ""), tok._pattern):  # one chunk at a time, short and long
+    layout = tok.layout
+    for chunk in split_text(text.replace("<|e|>", ""), tok.pattern_regex):  # one chunk at a time, short and long
         assert list(tok._chunk_ids(chunk)) == reference_ids(tok, chunk)
-        raw = chunk.encode()
-        if len(raw) > 1:
-            ids = [tok._byte_ids[b] for b in raw]
-            assert tok._merge_long(list(ids)) == tok._merge_short(list(ids))
+        ids = [layout.byte_ids[b] for b in chunk.encode()]
+        assert merge_chunk_heap(ids, layout.pair_id, layout.made) == merge_chunk(list(ids), layout.pair_id, layout.made)
     with_specials = tok.encode(text, allowed_special="all")
     assert tok.decode(with_specials) == text
     replayed = tok.replay(text, allowed_special="all")
     assert replayed.ids == with_specials
     chunks = [replayed.initial[a:b] for a, b in replayed.chunks]
-    args = (tok._pair_id, tok._made, tok._layout.monotone)
+    args = (layout.pair_id, layout.made, layout.monotone)
     assert replay_merges(chunks, *args) == replay_merges_naive(chunks, *args)
 
 
@@ -231,7 +232,7 @@ def test_a_smollm_style_tokenizer_json_gives_the_library_ids(smollm_style, tmp_p
     hf, path = smollm_style
     tok = Tokenizer.from_hf(path)
     assert tok.listed and tok.special_tokens == {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
-    assert tok.pattern == interop.DIGITS_GPT2
+    assert tok.pattern == hf_import.DIGITS_GPT2
     text = corpus().decode("utf-8")[:20_000] + " In 2024, 3.14 and 1,000,000 apples ٣٤ ½ x²  12\n 7"
     assert tok.encode(text) == hf.encode(text).ids
 
@@ -258,20 +259,20 @@ SETTLED = st.characters(blacklist_categories=("Cs", "Cn", "Co"), max_codepoint=0
 def test_the_digits_pattern_splits_as_hf_digits_then_byte_level(text):
     pre = pytest.importorskip("tokenizers").pre_tokenizers
     hf = pre.Sequence([pre.Digits(individual_digits=True), pre.ByteLevel(add_prefix_space=False, use_regex=True)])
-    byte_of = {c: b for b, c in interop.bytes_to_unicode().items()}
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
     theirs = [bytes(byte_of[c] for c in piece).decode("utf-8") for piece, _ in hf.pre_tokenize_str(text)]
-    assert split_text(text, interop.DIGITS_GPT2) == theirs
+    assert split_text(text, hf_import.DIGITS_GPT2) == theirs
 
 
 def test_digits_other_than_one_by_one_are_one_line(tmp_path):
     data = {
         "model": {"type": "BPE", "vocab": {c: i for b, i in zip(range(256), range(256), strict=True)
-                                           for c in [interop.bytes_to_unicode()[b]]}, "merges": []},
+                                           for c in [bytes_to_unicode()[b]]}, "merges": []},
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
             {"type": "Digits", "individual_digits": False}, {"type": "ByteLevel", "use_regex": True}]},
     }  # fmt: skip
     with pytest.raises(TokenizerError, match="individual_digits"):
-        interop.from_hf(data)
+        hf_import.from_hf(data)
 
 
 def test_the_commands_say_a_listed_vocabulary_as_it_is(smollm_style, tmp_path, capsys):
@@ -353,7 +354,7 @@ def damaged_hf(rng: random.Random, data: dict) -> None:
     rng.choice(faults)()
 
 
-HF_AT_ONCE = [(interop, "_hf_tokens_at_once"), (interop, "_hf_merges_at_once")]
+HF_AT_ONCE = [(hf_import, "_hf_tokens_at_once"), (hf_import, "_hf_merges_at_once")]
 
 
 @settings(max_examples=300, deadline=None)
@@ -363,9 +364,9 @@ def test_tokenizer_json_read_at_once_as_by_the_plain_loops(seed):
     plain loops alone."""
     rng = random.Random(seed)
     data = hf_listed(rng)
-    assert isinstance(outcome(interop.from_hf, data), dict)
+    assert isinstance(outcome(hf_import.from_hf, data), dict)
     damaged_hf(rng, data)
-    assert outcome(interop.from_hf, data) == plain_outcome(interop.from_hf, data, at_once=HF_AT_ONCE)
+    assert outcome(hf_import.from_hf, data) == plain_outcome(hf_import.from_hf, data, at_once=HF_AT_ONCE)
 
 
 def test_tokenizer_json_reading_at_once_does_read_a_sound_file():
@@ -373,10 +374,10 @@ def test_tokenizer_json_reading_at_once_does_read_a_sound_file():
     for seed in range(20):
         data = hf_listed(random.Random(seed))
         vocab, specials = data["model"]["vocab"], {t["content"]: t["id"] for t in data["added_tokens"]}
-        tokens = interop._hf_tokens_at_once(vocab, specials)
-        merges = interop._hf_merges_at_once(data["model"]["merges"], vocab, tokens)
-        assert {**interop.from_hf(data), "vocab": tokens, "merges": merges} == plain_outcome(
-            interop.from_hf, data, at_once=HF_AT_ONCE
+        tokens = hf_import._hf_tokens_at_once(vocab, specials)
+        merges = hf_import._hf_merges_at_once(data["model"]["merges"], vocab, tokens)
+        assert {**hf_import.from_hf(data), "vocab": tokens, "merges": merges} == plain_outcome(
+            hf_import.from_hf, data, at_once=HF_AT_ONCE
         )
 
 
@@ -388,8 +389,8 @@ def test_reading_a_tokenizer_json_pauses_the_collector_and_leaves_it_as_it_was(t
 
     assert doctest.testmod(gcpause).failed == 0
     sound, path = json.dumps(hf_listed(random.Random(1))), tmp_path / "tokenizer.json"
-    read, seen = interop.from_hf, []
-    with mock.patch.object(interop, "from_hf", side_effect=lambda *a: seen.append(gc.isenabled()) or read(*a)):
+    read, seen = hf_import.from_hf, []
+    with mock.patch.object(hf_import, "from_hf", side_effect=lambda *a: seen.append(gc.isenabled()) or read(*a)):
         for was_on in (True, False):
             (gc.enable if was_on else gc.disable)()
             try:

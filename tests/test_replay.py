@@ -20,7 +20,7 @@ from test_tokenizer import make_corpus  # the same mixed corpus
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.bpe.replay import replay_merges, replay_merges_naive
-from tokenkit.bpe.tokenizer import MERGE_COUNTS
+from tokenkit.bpe.train_corpus import MERGE_COUNTS
 
 GPT2 = Path(__file__).parents[1] / ".." / "shared" / "data" / "gpt2"
 HYP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -25,6 +25,7 @@ from safetensors.numpy import save_file
 from tokenkit.bpe import Tokenizer, TokenizerError, encode_corpus
 from tokenkit.bpe import io as bpe_io
 from tokenkit.bpe.corpus import find_file_cut
+from tokenkit.bpe.merge import merge_chunk, merge_chunk_heap
 from tokenkit.bpe.pretokenize import split_text
 from tokenkit.common import pool
 
@@ -134,8 +135,9 @@ def test_long_chunks_equal_naive_reference(long_tok, text):
 @FAST
 @given(ids=st.lists(st.sampled_from([97, 97, 98, 32, 99, 256, 257]), min_size=2, max_size=300))
 def test_heap_merging_equals_rescanning(long_tok, ids):
-    # the two merge loops of the encoder, called directly on the same id lists
-    assert long_tok._merge_long(list(ids)) == long_tok._merge_short(list(ids))
+    # the two merge loops of bpe/merge.py, called directly on the same id lists
+    pair_id = long_tok.layout.pair_id
+    assert merge_chunk_heap(list(ids), pair_id) == merge_chunk(list(ids), pair_id)
 
 
 @settings(max_examples=15, deadline=None)
@@ -522,23 +524,29 @@ def test_docstring_examples():
 
     import tokenkit.bpe.bytelevel
     import tokenkit.bpe.cut
+    import tokenkit.bpe.hf_import
     import tokenkit.bpe.interop
     import tokenkit.bpe.io
+    import tokenkit.bpe.merge
     import tokenkit.bpe.patterns
     import tokenkit.bpe.pretokenize
     import tokenkit.bpe.regex_dialect
     import tokenkit.bpe.tokenizer
+    import tokenkit.bpe.train_corpus
     import tokenkit.bpe.trainer
 
     for module in (
         tokenkit.bpe.bytelevel,
         tokenkit.bpe.cut,
+        tokenkit.bpe.hf_import,
         tokenkit.bpe.interop,
         tokenkit.bpe.io,
+        tokenkit.bpe.merge,
         tokenkit.bpe.patterns,
         tokenkit.bpe.pretokenize,
         tokenkit.bpe.regex_dialect,
         tokenkit.bpe.tokenizer,
+        tokenkit.bpe.train_corpus,
         tokenkit.bpe.trainer,
     ):
         result = doctest.testmod(module)

@@ -20,7 +20,7 @@ import pytest
 
 from tokenkit.bpe import Tokenizer, TokenizerError
 from tokenkit.bpe import io as bpe_io
-from tokenkit.bpe.interop import QWEN2_PATTERN
+from tokenkit.bpe.hf_import import QWEN2_PATTERN
 from tokenkit.cli.main import main
 
 # Llama 3's split, as its tokenizer.json holds it (Oniguruma; Python reads it alike)
@@ -54,7 +54,7 @@ def plain_ids(tok: Tokenizer, text: str) -> list[int]:
             continue
         ids = list(raw)
         while len(ids) > 1:
-            ranks = [tok._pair_id.get(p, 1 << 62) for p in zip(ids, ids[1:], strict=False)]
+            ranks = [tok.layout.pair_id.get(p, 1 << 62) for p in zip(ids, ids[1:], strict=False)]
             best = min(ranks)
             if best == 1 << 62:
                 break

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-import tokenkit.bpe.corpus as corpus
 import tokenkit.bpe.pretokenize as pretokenize
 import tokenkit.bpe.trainer as trainer
 from tokenkit.bpe import TokenizerError
+from tokenkit.bpe.cut import cut_pieces
 from tokenkit.bpe.pretokenize import count_chunks, resolve_pattern, split_text
 from tokenkit.bpe.trainer import train_merges, train_merges_naive
 
@@ -224,7 +224,7 @@ def test_streamed_counts_equal_whole_text(data, pattern, piece_bytes):
 @given(texts, st.integers(1, 12))
 def test_pieces_rejoin_to_the_input(data, piece_bytes):
     blocks = [data[i : i + piece_bytes] for i in range(0, len(data), piece_bytes)]
-    assert b"".join(corpus._cut(blocks, piece_bytes)) == data
+    assert b"".join(cut_pieces(blocks, piece_bytes)) == data
 
 
 @SETTINGS
