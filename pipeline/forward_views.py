@@ -30,7 +30,9 @@ from tokenkit.pipeline.run import pad_label
 from tokenkit.pipeline.token_views import REFUSE, show_token, token_entries, vocab_labels
 from tokenkit.transformer import trace
 from tokenkit.transformer.backends import as_host
-from tokenkit.transformer.explain import EXAMPLES, Explanation, explain_example, explain_model
+from tokenkit.transformer.explain import explain_model
+from tokenkit.transformer.explain_examples import EXAMPLES, explain_example
+from tokenkit.transformer.explanation import Explanation
 
 ATTENTION_NUMBERS = 1 << 20  # weights one text's two attention answers hold at most, together (< 6 MB of base64)
 THUMBNAIL_CELLS = 48  # an attention thumbnail is at most this many cells a side (block means above)

@@ -68,4 +68,8 @@ def test_every_explain_step_of_a_model_is_a_declared_name():
 def test_doctests():
     import doctest
 
-    assert doctest.testmod(trace).failed == 0
+    from tokenkit.transformer import explanation
+
+    for module in (trace, explanation):
+        result = doctest.testmod(module)
+        assert result.failed == 0 and result.attempted > 0, module.__name__
