@@ -122,7 +122,7 @@ def pack_weights(w: np.ndarray) -> dict[str, Any]:
 
 
 def unpack_weights(packed: Mapping[str, Any]) -> np.ndarray:
-    """`pack_weights`' map again, bit for bit (what cli/page/attention.js's `unpackWeights` does).
+    """`pack_weights`' map again, bit for bit (what cli/page/explain.js's `unpackWeights` does).
 
     >>> unpack_weights({"shape": [2, 2], "dtype": "float32", "triangle": True, "base64": "AACAPwAAgD4AAEA/"}).tolist()
     [[1.0, 0.0], [0.25, 0.75]]

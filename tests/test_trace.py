@@ -2,6 +2,7 @@
 `trace.shapes` declares, with those shapes, for every kind of block; the page's arithmetic and the
 explain steps name only declared entries."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,23 @@ def test_every_explain_step_of_a_model_is_a_declared_name():
         expl = explain_model(GPT(config, seed=0), np.arange(4), [str(i) for i in range(4)], layer=config.n_layers - 1)
         undeclared = [s.key for s in expl.steps if s.key != "logits" and not _declared(s.key)]
         assert not undeclared
+
+
+def _js_table(source: str, name: str) -> list[str]:
+    """The names of a `const NAME = {short: "name", ...};` table of a page script."""
+    table = re.search(rf"const {name} = \{{(.*?)\}};", source, re.DOTALL)
+    assert table, name
+    return re.findall(r'"([a-z_0-9.]+)"', table.group(1))
+
+
+def test_the_pages_arithmetic_names_only_declared_entries():
+    """attention.js's arithmetic names the explain steps it reads in three tables; each is declared here."""
+    source = (PAGE / "attention.js").read_text(encoding="utf-8")
+    block, model, norm = (_js_table(source, name) for name in ("BLOCK_KEY", "MODEL_KEY", "NORM_KEY"))
+    assert all(n in trace.BLOCK or n in trace.DERIVED for n in block), block
+    assert all(n in trace.MODEL or n in trace.DERIVED for n in model), model
+    assert all(n in trace.DERIVED for n in norm), norm
+    assert len(block) > 15 and model and norm
 
 
 def test_doctests():
