@@ -20,7 +20,8 @@ from tokenkit.cli.specials import special_options
 from tokenkit.common import atomic
 from tokenkit.pipeline import views
 from tokenkit.pipeline.checkpoint import load_model, write_bytes
-from tokenkit.transformer.explain import EXAMPLES, Explanation, explain_example
+from tokenkit.transformer.explain_examples import EXAMPLES, explain_example
+from tokenkit.transformer.explanation import Explanation
 
 _EXAMPLE_LIST = "; ".join(f"{name} ({what})" for name, (what, _) in EXAMPLES.items())
 

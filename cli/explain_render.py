@@ -19,7 +19,7 @@ import click
 import numpy as np
 
 from tokenkit.pipeline.checkpoint import atomic_path
-from tokenkit.transformer.explain import Explanation, Step
+from tokenkit.transformer.explanation import Explanation, Step
 
 CORNER = 8  # rows and columns shown of a large matrix without --full
 LABEL_WIDTH = 16  # longest column label shown before it is cut

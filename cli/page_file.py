@@ -59,7 +59,7 @@ from tokenkit.cli.serve import PAGE_DIR
 from tokenkit.pipeline import PipelineError, checkpoint, views
 from tokenkit.pipeline.live import Loaded, TrainingLog
 from tokenkit.transformer import ModelError
-from tokenkit.transformer.explain import EXAMPLES
+from tokenkit.transformer.explain_examples import EXAMPLES
 
 MAX_BYTES = 50_000_000  # a page file at most (one a teacher can send); above, tk explain refuses
 ALL_HEADS_COMBOS = 64  # layers x heads up to which the file may hold every head's arithmetic

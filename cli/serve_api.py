@@ -26,7 +26,7 @@ from tokenkit.pipeline import PipelineError, checkpoint, views
 from tokenkit.pipeline.config import Range
 from tokenkit.pipeline.live import LiveModel, Loaded, TrainingLog
 from tokenkit.pipeline.run import load_tokenizer
-from tokenkit.transformer.explain import EXAMPLES
+from tokenkit.transformer.explain_examples import EXAMPLES
 
 MAX_FIELDS = 16  # query parameters in one request; every endpoint takes fewer
 _INTEGER = re.compile(r"-?[0-9]{1,20}")

@@ -16,7 +16,9 @@ from tokenkit.cli.main import main
 from tokenkit.pipeline.checkpoint import save_model
 from tokenkit.transformer import GPT, GPTConfig, ModelError
 from tokenkit.transformer.config import llama_config
-from tokenkit.transformer.explain import EXAMPLES, explain_example, explain_model, parse_printed
+from tokenkit.transformer.explain import explain_model
+from tokenkit.transformer.explain_examples import EXAMPLES, explain_example
+from tokenkit.transformer.explanation import parse_printed
 
 TEXT = "Once upon a time, a shy fox found a red ball."
 

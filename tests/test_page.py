@@ -388,7 +388,7 @@ def test_thumbnails_of_a_long_text_pick_the_head_shown_whole(browser, wide):  # 
 
 
 def test_the_page_reads_packed_weights_as_the_server_writes_them(page):
-    # views.pack_weights -> JSON -> attention.js's unpackWeights: every number the very double, bit for bit
+    # views.pack_weights -> JSON -> explain.js's unpackWeights: every number the very double, bit for bit
     rng = np.random.default_rng(3)
     maps = []
     for seed in range(24):

@@ -111,3 +111,28 @@ def test_a_padded_vocabularys_ids_are_shown_and_not_offered_as_text(browser, run
     finally:
         p.context.close()
         running.stop()
+
+
+def test_the_mlps_width_is_the_models_own(browser, run, tmp_path):
+    """A GPT-2-style model with --mlp-hidden 48 (not 4 x d_model = 128): the arithmetic titles c_fc's
+    pre-activation with its real width, read from the explain step's shape, and its head size so too."""
+    from tokenkit.pipeline import checkpoint
+    from tokenkit.transformer import GPT, GPTConfig
+
+    tok = checkpoint.load_model(run).tokenizer
+    config = GPTConfig(vocab_size=tok.vocab_size, context_length=32, d_model=32, n_layers=1, n_heads=2, mlp_hidden=48)
+    path = tmp_path / "wide.safetensors"
+    checkpoint.save_model(path, GPT(config).params, tok, config=config.to_dict(), step=0, val_loss=None,
+                          best_val_loss=None, provenance={})  # fmt: skip
+    running = Running(serve.make_server(path, port=0))
+    address = urlencode({"view": "attention", "text": "Once upon a time", "query": 1})
+    p = open_page(browser, f"http://127.0.0.1:{running.port}/?{address}")
+    try:
+        p.wait_for_selector("#arith [data-key]", timeout=10_000)
+        arith = p.inner_text("#arith")
+        assert "pre-activation (48)" in arith and "(128)" not in arith
+        assert "√16" in arith  # q·k / √d_head
+        assert p.tk_errors == []
+    finally:
+        p.context.close()
+        running.stop()

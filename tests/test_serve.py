@@ -28,7 +28,7 @@ import pytest
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli import serve, serve_api
 from tokenkit.cli.main import main
-from tokenkit.pipeline import checkpoint, live, views
+from tokenkit.pipeline import checkpoint, forward_views, live, token_views, views
 from tokenkit.pipeline.run import load_model_and_tokenizer
 from tokenkit.transformer import GPT, GPTConfig
 from tokenkit.transformer.config import llama_config
@@ -825,7 +825,7 @@ def test_explain_json_arrays_equal_the_trace_with_masked_scores_as_null():
 def test_docstring_examples():
     from tokenkit.bpe import replay
 
-    for module in (views, replay, serve, live, serve_api):
+    for module in (views, token_views, forward_views, replay, serve, live, serve_api):
         assert doctest.testmod(module).failed == 0, module.__name__
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,7 @@ from tokenkit.transformer.config import GPTConfig, param_shapes
 from tokenkit.transformer.errors import ModelError
 from tokenkit.transformer.memory import check_memory
 from tokenkit.transformer.sampling import check_sampling, mask_from, sample_next
+from tokenkit.transformer.trace import layer_key
 
 # ----------------------------------------------------------------------------- the model
 
@@ -311,24 +313,29 @@ class GPT:
         return self.ops.rope_forward(qkv, cfg.n_heads, cfg.n_kv_heads, cfg.rope_theta, start, scaling=cfg.rope_scaling)
 
     def _unrotated(self, qkv: np.ndarray) -> dict[str, np.ndarray]:
-        """q and k before the rotation (explain's trace only): q_pre (B, H, T, hd) per query head,
-        k_pre (B, H, T, hd) as each query head sees it (its group's K/V head), like the trace's k."""
+        """q and k before the rotation, as the trace names them (transformer/trace.py): attn.q_pre
+        (B, H, T, hd) per query head, attn.k_pre (B, H, T, hd) as each query head sees it (its
+        group's K/V head), like the trace's attn.k."""
         cfg = self.config
         H, Hkv = cfg.n_heads, cfg.kv_heads
         B, T, W = qkv.shape
         x = qkv.reshape(B, T, H + 2 * Hkv, W // (H + 2 * Hkv))
         q = x[:, :, :H].transpose(0, 2, 1, 3).copy()
         k = x[:, :, H : H + Hkv].transpose(0, 2, 1, 3).repeat(H // Hkv, axis=1)
-        return {"q_pre": q, "k_pre": k}
+        return {"attn.q_pre": q, "attn.k_pre": k}
 
     def _block_forward(self, i: int, x: np.ndarray, trace: dict | None, attend, grad: bool = False):
-        """Block i: x (B, T, C) -> (B, T, C), cache. `attend(qkv)` is the attention op: full-sequence
-        for training, incremental with a KV cache for generation. `grad`: a backward will follow
-        (the activation then caches its derivative). The trace is filled here, from what the
-        block saw."""
-        x, cache, seen = self._block_kind()[0](self._layer(i), x, attend, grad, trace is not None)
-        if trace is not None:
-            trace.update({f"h.{i}.{name}": value for name, value in seen.items()})
+        """Block i: x (B, T, C) -> (B, T, C), cache. `attend(qkv, seen=None)` is the attention op:
+        full-sequence for training, incremental with a KV cache for generation; given a dict `seen`,
+        it records its entries there. `grad`: a backward will follow (the activation then caches
+        its derivative). The block's trace is filled here, the one place, from what its attention
+        and the block saw."""
+        if trace is None:
+            x, cache, _ = self._block_kind()[0](self._layer(i), x, attend, grad, False)
+            return x, cache
+        attention_seen: dict[str, np.ndarray] = {}
+        x, cache, seen = self._block_kind()[0](self._layer(i), x, partial(attend, seen=attention_seen), grad, True)
+        trace.update({layer_key(i, name): value for name, value in (attention_seen | seen).items()})
         return x, cache
 
     def _block_kind(self):
@@ -452,20 +459,19 @@ class GPT:
         """ids (B, T) -> final LayerNorm output (B, T, C), caches (None unless keep_cache)."""
         cfg = self.config
         x, embed_cache = self._embed(ids, trace)
+
+        def attend(qkv, seen: dict | None = None):
+            rotated, rope = self._rope(qkv, 0)
+            if seen is not None and rope is not None:
+                seen.update(self._unrotated(qkv))
+            op_seen = {} if seen is not None else None  # the op's names, without the block's "attn."
+            out, cache = self.ops.attention_forward(rotated, cfg.n_heads, cfg.causal, op_seen, cfg.n_kv_heads)
+            if seen is not None:
+                seen.update({"attn." + name: value for name, value in op_seen.items()})
+            return out, (rope, cache)
+
         blocks = []
         for i in range(cfg.n_layers):
-
-            def attend(qkv, i=i):
-                attn_trace = {} if trace is not None else None
-                qkv_in = qkv
-                qkv, rope = self._rope(qkv, 0)
-                if trace is not None and rope is not None:
-                    trace.update({f"h.{i}.attn.{key}": value for key, value in self._unrotated(qkv_in).items()})
-                out, cache = self.ops.attention_forward(qkv, cfg.n_heads, cfg.causal, attn_trace, cfg.n_kv_heads)
-                if trace is not None:
-                    trace.update({f"h.{i}.attn.{key}": value for key, value in attn_trace.items()})
-                return out, (rope, cache)
-
             x, cache = self._block_forward(i, x, trace, attend, grad=keep_cache)
             if keep_cache:
                 blocks.append(cache)
@@ -479,8 +485,8 @@ class GPT:
         """ids (B, T) or (T,) -> logits (B, T, V) from the tied embedding: logits = ln_f(x) W_e^T
         (or ln_f(x) lm_head^T when untied).
 
-        With `trace` (a dict) the intermediates are recorded under the contract's names; when
-        it is None nothing extra is computed or kept.
+        With `trace` (a dict) the intermediates are recorded under the names and shapes that
+        transformer/trace.py declares; when it is None nothing extra is computed or kept.
         """
         ids = self._check_ids(ids)
         wte = self._unembedding()
@@ -808,7 +814,7 @@ class GPT:
             x = x + (table[start : start + ids.shape[1]] if isinstance(start, int) else table.take(start, axis=0))
         for i in range(cfg.n_layers):
 
-            def attend(qkv, i=i):
+            def attend(qkv, i=i):  # never given `seen`: generation records no trace
                 qkv, _ = self._rope(qkv, start)
                 return self.ops.attention_forward_cached(qkv, k_cache[i], v_cache[i], start, cfg.n_heads, cfg.kv_heads)
 

@@ -1,5 +1,5 @@
 // examples.js: the worked examples of `tk explain --example`, in the attention view's visual language
-// (TK.explain's heatmap and matrices, from attention.js, loaded before this file).
+// (TK.explain's heatmap and matrices, from explain.js, loaded before this file).
 "use strict";
 (() => {
   const {el} = TK;
