@@ -10,6 +10,7 @@ Two steps, as llm.c checks its kernels:
 A failure prints the largest difference.
 """
 
+import contextlib
 import doctest
 import math
 
@@ -47,12 +48,22 @@ def assert_twins(name: str, fast: tuple, plain: tuple) -> None:
         assert_twin(f"{name}[{i}]", f, p)
 
 
-def sized(monkeypatch_context, row_block=None, tile_scores=None):
-    """Shrink tiling's sizes inside a MonkeyPatch context (None keeps the real one)."""
-    if row_block is not None:
-        monkeypatch_context.setattr(tiling, "ROW_BLOCK", row_block)
-    if tile_scores is not None:
-        monkeypatch_context.setattr(tiling, "TILE_SCORES", tile_scores)
+@contextlib.contextmanager
+def shrunk(row_block: int | None = None, tile_scores: int | None = None):
+    """tiling's sizes shrunk for the duration (None keeps the real one), so small arrays cross pieces."""
+    with pytest.MonkeyPatch.context() as mp:
+        if row_block is not None:
+            mp.setattr(tiling, "ROW_BLOCK", row_block)
+        if tile_scores is not None:
+            mp.setattr(tiling, "TILE_SCORES", tile_scores)
+        yield
+
+
+def forward_backward(forward, backward, args: tuple, dout: np.ndarray, **sizes):
+    """A fast op's output and its backward's gradients, under tiling's sizes `shrunk(**sizes)`."""
+    with shrunk(**sizes):
+        out, cache = forward(*args)
+        return out, backward(dout, cache)
 
 
 # ----------------------------------------------------------------------------- 1. the references are right
@@ -187,8 +198,7 @@ def test_layernorm_and_its_fused_pieces(N, C, bias, block, seed):
     x, dout, dskip = rng.standard_normal((N, C)) * 3 + 1, rng.standard_normal((N, C)), rng.standard_normal((N, C))
     w, b = rng.standard_normal(C), rng.standard_normal(C) if bias else None
     branch, branch_bias = rng.standard_normal((N, C)), rng.standard_normal(C) if bias else None
-    with pytest.MonkeyPatch.context() as mp:
-        sized(mp, row_block=block)
+    with shrunk(row_block=block):
         out, cache = ops.layernorm_forward(x, w, b)
         grads = ops.layernorm_backward(dout, cache)
         added = ops.layernorm_add_backward(dskip.copy(), dout, cache)
@@ -211,10 +221,7 @@ def test_rmsnorm(N, C, block, seed):
     rng = np.random.default_rng(seed)
     x, dout, w = rng.standard_normal((N, C)) * 3 + 1, rng.standard_normal((N, C)), rng.standard_normal(C)
     eps = float(rng.choice([1e-5, 1e-6, 0.1]))
-    with pytest.MonkeyPatch.context() as mp:
-        sized(mp, row_block=block)
-        out, cache = ops.rmsnorm_forward(x, w, eps)
-        grads = ops.rmsnorm_backward(dout, cache)
+    out, grads = forward_backward(ops.rmsnorm_forward, ops.rmsnorm_backward, (x, w, eps), dout, row_block=block)
     assert_twin("rmsnorm", out, ref.rmsnorm(x, w, eps))
     assert_twins("rmsnorm_backward", grads, ref.rmsnorm_backward(dout, x, w, eps))
 
@@ -230,10 +237,7 @@ def test_linear_residual_and_linear_gelu(B, T, Cin, Cout, bias, block, seed):
     assert_twin("linear", out, ref.linear(x, w, b))
     assert_twins("linear_backward", ops.linear_backward(dout, cache), ref.linear_backward(dout, x, w, b))
     assert_twin("unembed", ops.unembed(x.reshape(-1, Cin), w.T), ref.linear(x.reshape(-1, Cin), w, None))
-    with pytest.MonkeyPatch.context() as mp:
-        sized(mp, row_block=block)
-        out, cache = ops.linear_gelu_forward(x, w, b)
-        grads = ops.linear_gelu_backward(dout, cache)
+    out, grads = forward_backward(ops.linear_gelu_forward, ops.linear_gelu_backward, (x, w, b), dout, row_block=block)
     assert_twin("linear_gelu", out, ref.linear_gelu(x, w, b))
     assert_twins("linear_gelu_backward", grads, ref.linear_gelu_backward(dout, x, w, b))
     skip = out.copy()
@@ -252,10 +256,8 @@ def test_attention(B, T, H, hd, kind, causal, budget, seed):
     H, Hkv = gqa_heads(H, kind)
     rng = np.random.default_rng(seed)
     qkv, dout = rng.standard_normal((B, T, (H + 2 * Hkv) * hd)), rng.standard_normal((B, T, H * hd))
-    with pytest.MonkeyPatch.context() as mp:
-        sized(mp, tile_scores=budget)
-        out, cache = ops.attention_forward(qkv, H, causal, n_kv_heads=Hkv)
-        dqkv = ops.attention_backward(dout, cache)
+    args = (qkv, H, causal, None, Hkv)  # no trace
+    out, dqkv = forward_backward(ops.attention_forward, ops.attention_backward, args, dout, tile_scores=budget)
     assert_twin(f"attention (H {H}, Hkv {Hkv})", out, ref.attention(qkv, H, causal, Hkv))
     assert_twin(f"attention_backward (H {H}, Hkv {Hkv})", dqkv, ref.attention_backward(dout, qkv, H, causal, Hkv))
 
@@ -280,12 +282,9 @@ def test_activations(N, half, name, block, seed):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((N, 2 * half)) * 3
     x[0, 0] = 0.0  # ReLU's kink: both twins send no gradient through it
+    dout = rng.standard_normal((N, half if name == "swiglu" else 2 * half))  # SwiGLU halves the width
     forward, backward = getattr(activations, f"{name}_forward"), getattr(activations, f"{name}_backward")
-    with pytest.MonkeyPatch.context() as mp:
-        sized(mp, row_block=block)
-        out, cache = forward(x)
-        dout = rng.standard_normal(out.shape)
-        dx = backward(dout, cache)
+    out, dx = forward_backward(forward, backward, (x,), dout, row_block=block)
     assert_twin(name, out, getattr(ref, name)(x))
     assert_twin(f"{name}_backward", dx, getattr(ref, f"{name}_backward")(dout, x))
 
@@ -299,8 +298,7 @@ def test_softmax_xent(N, V, offset, shard, block, seed):
     logits = rng.standard_normal((N, V)) * 3 + offset
     targets = rng.integers(0, V, N)
     n_total = 3 * N if shard else None
-    with pytest.MonkeyPatch.context() as mp:
-        sized(mp, row_block=block)
+    with shrunk(row_block=block):
         loss, cache = ops.softmax_xent_forward(logits.copy(), targets)
         dlogits = ops.softmax_xent_backward(cache, n_total)
     assert loss == pytest.approx(ref.softmax_xent(logits, targets), rel=TWIN_TOL)
