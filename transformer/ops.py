@@ -519,10 +519,9 @@ def softmax_xent_forward(logits: np.ndarray, targets: np.ndarray):
     left to the backward, where it joins the 1/N of the mean in one pass (an eval-only loss never
     pays for it).
 
-    The rows are handled in L2-sized blocks (a few dozen rows of a large vocabulary) that go
-    through the gather, the exponential and the row sums while they are in cache: three passes
-    over the (N, V) array from memory become one. This loop is over a bounded number of row
-    blocks for cache locality, not over time: each block is a batched call over many rows.
+    The rows are handled in L2-sized blocks (`tiling.row_blocks`: a few dozen rows of a large
+    vocabulary) that go through the gather, the exponential and the row sums while they are in
+    cache: three passes over the (N, V) array from memory become one.
     Like the attention softmax, a block skips the row max (shift 0) when exp cannot overflow
     (max < 60) and no row can underflow (every target logit, hence every row max, above -40);
     otherwise its rows are shifted by their max.

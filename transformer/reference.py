@@ -4,7 +4,8 @@ and for the tests.
 `transformer/ops.py` (with attention.py and activations.py) computes the same things in
 cache-sized row blocks, query tiles, fused in-place passes and GEMV row sums; each fast op's
 docstring names its twin here. These functions loop where the math loops (over rows, positions,
-heads, keys), write the formulas as a textbook does, compute in float64 and allocate freely.
+heads, keys), write the formulas as a textbook does and allocate freely; they are meant for
+float64 inputs, as the tests give them.
 Each backward sits right below its forward, as in llm.c, and takes what its forward took (no
 caches): it recomputes whatever it needs. The tests compare every fast op with these on random
 shapes, as llm.c keeps `matmul_forward_naive` beside its fast matmul and tiktoken keeps
@@ -13,9 +14,8 @@ shapes, as llm.c keeps `matmul_forward_naive` beside its fast matmul and tiktoke
 `softmax` is the one vector softmax of tk: sampling uses it as it is, and the attention's fast
 row softmax is its tiled twin.
 
-What this module deliberately does not do: speed, in-place updates, dtypes other than float64
-(float32 inputs give float64 results), the KV cache of generation, or anything the model does
-not need.
+What this module deliberately does not do: speed, in-place updates, caches (a backward
+recomputes), the KV cache of generation, or anything the model does not need.
 """
 
 from __future__ import annotations
