@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenkit.transformer import ops
+from tokenkit.transformer import ops, tiling
 from tokenkit.transformer import reference as ref
 from tokenkit.transformer.config import RopeScaling
 
@@ -123,7 +123,7 @@ def test_layernorm_in_row_blocks(monkeypatch, bias, row_block):
     """Small blocks forced on 7 rows of 5, so that a last block is short: 10 elements give the
     forward blocks of 2 rows, 40 give the backward (a quarter of the forward's) blocks of 2 rows.
     Same values, same gradients."""
-    monkeypatch.setattr(ops, "_ROW_BLOCK", row_block)
+    monkeypatch.setattr(tiling, "ROW_BLOCK", row_block)
     rng = np.random.default_rng(12)
     x = rng.standard_normal((7, 5)) * 2 - 1
     w = rng.standard_normal(5)
@@ -182,10 +182,10 @@ def test_attention(B, T, H, hd, causal, seed):
 @pytest.mark.parametrize("tile_scores", [1000, 1])  # 2 query tiles (2 * 37^2 scores), or 8 (forced)
 def test_causal_attention_in_query_tiles(monkeypatch, tile_scores):
     """T = 37 is long enough for query tiles (cut unevenly): values, trace and gradient."""
-    monkeypatch.setattr(ops, "_TILE_SCORES", tile_scores)
+    monkeypatch.setattr(tiling, "TILE_SCORES", tile_scores)
     rng = np.random.default_rng(13)
     B, T, H, hd = 1, 37, 2, 2
-    assert len(ops._query_tiles(T, True, B * H)) == (2 if tile_scores > 1 else 8)
+    assert len(tiling.query_tiles(T, True, B * H)) == (2 if tile_scores > 1 else 8)
     qkv = rng.standard_normal((B, T, 3 * H * hd))
     trace = {}
     out, _ = ops.attention_forward(qkv, H, True, trace)
@@ -264,7 +264,7 @@ def test_grouped_query_attention(B, T, H, hd, kind, causal, seed):
 @pytest.mark.parametrize("tile_scores", [1000, 1])
 def test_grouped_query_attention_in_query_tiles(monkeypatch, n_kv_heads, tile_scores):
     """Query tiles with groups of 2 and 4 query heads per K/V head: values and gradient."""
-    monkeypatch.setattr(ops, "_TILE_SCORES", tile_scores)
+    monkeypatch.setattr(tiling, "TILE_SCORES", tile_scores)
     rng = np.random.default_rng(14)
     B, T, H, hd = 1, 37, 4, 2
     qkv = rng.standard_normal((B, T, (H + 2 * n_kv_heads) * hd))
@@ -414,7 +414,7 @@ def test_rmsnorm(B, T, C, seed):
 
 @pytest.mark.parametrize("row_block", [10, 40])
 def test_rmsnorm_in_row_blocks(monkeypatch, row_block):
-    monkeypatch.setattr(ops, "_ROW_BLOCK", row_block)
+    monkeypatch.setattr(tiling, "ROW_BLOCK", row_block)
     rng = np.random.default_rng(17)
     x = rng.standard_normal((7, 5)) * 2 - 1
     w = rng.standard_normal(5)
@@ -474,7 +474,7 @@ def test_activations(name):
 
 def test_gelu_in_row_blocks(monkeypatch):
     """Blocks of 3 rows forced on 10 rows of 4 (the last block short): same values, same gradient."""
-    monkeypatch.setattr(ops, "_ROW_BLOCK", 12)
+    monkeypatch.setattr(tiling, "ROW_BLOCK", 12)
     rng = np.random.default_rng(9)
     x = rng.standard_normal((2, 5, 4)) * 2
     out, cache = ops.gelu_forward(x)
@@ -500,7 +500,7 @@ def test_softmax_xent(N, V, seed):
 def test_softmax_xent_blocks_with_extreme_rows(monkeypatch, dtype):
     """Row blocks of 2 rows (forced), some safe to exponentiate as they are, some with logits
     that would overflow exp, some so negative that their exps underflow unless shifted."""
-    monkeypatch.setattr(ops, "_BLOCK_ELEMS", 10)
+    monkeypatch.setattr(tiling, "ROW_BLOCK", 10)
     rng = np.random.default_rng(11)
     N, V = 9, 5
     logits = rng.standard_normal((N, V)) * 2

@@ -20,7 +20,7 @@ import sys
 
 from tokenkit.transformer.config import GPTConfig
 from tokenkit.transformer.errors import ModelError
-from tokenkit.transformer.ops import _query_tiles
+from tokenkit.transformer.tiling import query_tiles as _query_tiles
 
 _F32 = 4  # bytes per parameter and per activation
 _TRANSIENT = 16  # floats per token and unit of width alive besides: residual stream, embeddings, gradients

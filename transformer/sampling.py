@@ -1,7 +1,8 @@
 """Choosing the next token from a row of logits: greedy, temperature, top-k, top-p.
 
 Small pure functions on a (V,) vector, composed by `sample_next`. They work in float64, so the
-choice does not depend on the model's dtype beyond its logits. Randomness comes only from the
+choice does not depend on the model's dtype beyond its logits; the probabilities are the plain
+`reference.softmax`, which one vector needs no faster version of. Randomness comes only from the
 `numpy.random.Generator` passed in: the same seed gives the same tokens.
 
 What this module does not do: run the model or keep the KV cache (see GPT.generate).
@@ -14,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from tokenkit.transformer.errors import ModelError
+from tokenkit.transformer.reference import softmax  # the one vector softmax: (V,) -> (V,) in float64
 
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
@@ -24,17 +26,6 @@ def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -
         raise ModelError(f"top_k must be a positive integer or None, got {top_k}")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise ModelError(f"top_p must be in (0, 1] or None, got {top_p}")
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """(V,) -> (V,) probabilities in float64; -inf logits get probability 0.
-
-    >>> softmax(np.array([0.0, np.log(3.0)])).round(3).tolist()
-    [0.25, 0.75]
-    """
-    z = np.asarray(logits, dtype=np.float64)
-    e = np.exp(z - z.max())
-    return e / e.sum()
 
 
 def greedy(logits: np.ndarray) -> int:

@@ -18,10 +18,11 @@ from operator import attrgetter
 
 import numpy as np
 
+from tokenkit.transformer.activations import GELU_A as _GELU_A
+from tokenkit.transformer.activations import GELU_C as _GELU_C
 from tokenkit.transformer.backends import attention_source as attn
 from tokenkit.transformer.backends import cuda_source as src
 from tokenkit.transformer.backends.cuda_twins import embedding_segments
-from tokenkit.transformer.ops import _GELU_A, _GELU_C
 
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _MAX_BLOCKS = 1 << 20  # grid-stride kernels: enough blocks to fill any GPU, each loops over the rest

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from tokenkit.transformer.activations import GELU_A as _GELU_A
+from tokenkit.transformer.activations import GELU_C as _GELU_C
 from tokenkit.transformer.backends import attention_twins
 from tokenkit.transformer.backends import cuda_source as src
 from tokenkit.transformer.backends.device_ops import DeviceOps
-from tokenkit.transformer.ops import _GELU_A, _GELU_C
 
 WARP = src.WARP
 _XOR = [np.arange(WARP) ^ o for o in (16, 8, 4, 2, 1)]  # the butterfly's partner lanes, step by step
