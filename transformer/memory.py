@@ -20,7 +20,7 @@ import sys
 
 from tokenkit.transformer.config import GPTConfig
 from tokenkit.transformer.errors import ModelError
-from tokenkit.transformer.tiling import query_tiles as _query_tiles
+from tokenkit.transformer.tiling import query_tiles
 
 _F32 = 4  # bytes per parameter and per activation
 _TRANSIENT = 16  # floats per token and unit of width alive besides: residual stream, embeddings, gradients
@@ -35,7 +35,7 @@ def activation_bytes(config: GPTConfig, rows: int, fused_attention: bool = False
       norms' outputs and normalised inputs, the scaled q, the fused q|k|v of width W, the
       attention output, the MLP's activation and its derivative of width F): 17 x N x C for
       GPT-2; and the attention weights, rows x H x T x T (causal attention keeps the
-      query tiles' share, `ops._query_tiles`);
+      query tiles' share, `tiling.query_tiles`);
     - 16 x N x C of residual stream, embeddings and the backward's transients, plus the gradient
       of one tile's scores;
     - the logits, N x V (one buffer: the softmax and its gradient overwrite it).
@@ -53,7 +53,7 @@ def activation_bytes(config: GPTConfig, rows: int, fused_attention: bool = False
     if fused_attention:
         floats = N * ((cached_per_token(config) - C + H) * L + _TRANSIENT * C)
         return _F32 * (floats + N * config.vocab_size) + _SCRATCH
-    tiles = [(hi - lo) * keys for lo, hi, keys in _query_tiles(T, config.causal, rows * H)]
+    tiles = [(hi - lo) * keys for lo, hi, keys in query_tiles(T, config.causal, rows * H)]
     weights = rows * H * sum(tiles)
     floats = N * (cached_per_token(config) * L + _TRANSIENT * C) + weights * L + rows * H * max(tiles)
     return _F32 * (floats + N * config.vocab_size) + _SCRATCH

@@ -18,8 +18,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from tokenkit.transformer.activations import GELU_A as _GELU_A
-from tokenkit.transformer.activations import GELU_C as _GELU_C
+from tokenkit.transformer.activations import GELU_A, GELU_C
 from tokenkit.transformer.backends import attention_source as attn
 from tokenkit.transformer.backends import cuda_source as src
 from tokenkit.transformer.backends.cuda_twins import embedding_segments
@@ -200,7 +199,7 @@ class CudaKernels:
         self._fn("gelu_forward", x.dtype)(
             _row_grid(N, C), (src.ELEMENTWISE_THREADS,),
             (x, x if b is None else b, np.int32(b is not None), out, out if deriv is None else deriv, np.int32(grad),
-             np.int64(N), np.int32(C), t(_GELU_A * _GELU_C), t(_GELU_C), t(6.0 * _GELU_A * _GELU_C), t(2.0 * _GELU_C)),
+             np.int64(N), np.int32(C), t(GELU_A * GELU_C), t(GELU_C), t(6.0 * GELU_A * GELU_C), t(2.0 * GELU_C)),
         )  # fmt: skip
         return out, deriv
 

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tokenkit.transformer.activations import GELU_A as _GELU_A
-from tokenkit.transformer.activations import GELU_C as _GELU_C
+from tokenkit.transformer.activations import GELU_A, GELU_C
 from tokenkit.transformer.backends import attention_twins
 from tokenkit.transformer.backends import cuda_source as src
 from tokenkit.transformer.backends.device_ops import DeviceOps
@@ -193,10 +192,10 @@ class TwinKernels:
         if b is not None:
             x = x + b
         x2 = x * x
-        h = np.tanh((x2 * t(_GELU_A * _GELU_C) + t(_GELU_C)) * x) * t(0.5) + t(0.5)
+        h = np.tanh((x2 * t(GELU_A * GELU_C) + t(GELU_C)) * x) * t(0.5) + t(0.5)
         deriv = None
         if grad:
-            s = (x2 * t(6.0 * _GELU_A * _GELU_C) + t(2.0 * _GELU_C)) * x
+            s = (x2 * t(6.0 * GELU_A * GELU_C) + t(2.0 * GELU_C)) * x
             deriv = (t(1) - h) * h * s + h
         return x * h, deriv
 
