@@ -39,6 +39,7 @@ from tokenkit.bpe.cut import find_cut
 from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.patterns import BUILTIN, GPT2_PATTERN, GPT4_PATTERN, PATTERNS, compile_pattern, resolve_pattern
 from tokenkit.common import pool
+from tokenkit.common.messages import one_line
 
 # The pattern names and find_cut are re-exported: callers have always found them here.
 __all__ = [
@@ -232,15 +233,11 @@ def _count_batch(batch: list[bytes]) -> None:
     except TokenizerError:
         raise
     except Exception as err:
-        raise TokenizerError(f"a counting worker failed: {_one_line(err)}; try --workers 1") from None
+        raise TokenizerError(f"a counting worker failed: {one_line(err, named=True)}; try --workers 1") from None
 
 
 def _counted() -> Counter:
     return _worker_totals
-
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(f"{type(err).__name__}: {err}".split())
 
 
 def _bar(total: int | None, quiet: bool) -> tqdm:

@@ -17,10 +17,15 @@ import click
 
 from tokenkit import __version__
 from tokenkit.bpe import TokenizerError
-from tokenkit.cli.explain_commands import COMMANDS as EXPLAIN_COMMANDS
-from tokenkit.cli.model_commands import COMMANDS as MODEL_COMMANDS
-from tokenkit.cli.serve import COMMANDS as SERVE_COMMANDS
-from tokenkit.cli.tokenizer_commands import COMMANDS as TOKENIZER_COMMANDS
+from tokenkit.cli import (
+    explain_commands,
+    hf_commands,
+    info_commands,
+    model_commands,
+    serve,
+    tokenizer_commands,
+    train_commands,
+)
 from tokenkit.common import FileError
 from tokenkit.common.launcher import launched_rank
 from tokenkit.common.processes import take_held_interrupt
@@ -52,8 +57,10 @@ def cli(ctx: click.Context) -> None:
         raise KeyboardInterrupt
 
 
-for command in MODEL_COMMANDS + TOKENIZER_COMMANDS + EXPLAIN_COMMANDS + SERVE_COMMANDS:
-    cli.add_command(command)
+# each module of commands lists its own in COMMANDS
+for module in (train_commands, model_commands, info_commands, hf_commands, tokenizer_commands, explain_commands, serve):
+    for command in module.COMMANDS:
+        cli.add_command(command)
 
 
 def run(argv: list[str] | None) -> int:

@@ -14,7 +14,7 @@ import click
 
 from tokenkit.cli import page_file
 from tokenkit.cli.explain_render import plot_attention, render, render_tokens
-from tokenkit.cli.launch import check_device, device_option
+from tokenkit.cli.options import check_device, device_option, json_option, model_option, top_k_option
 from tokenkit.cli.params import count
 from tokenkit.cli.specials import special_options
 from tokenkit.common import atomic
@@ -28,15 +28,15 @@ _EXAMPLE_LIST = "; ".join(f"{name} ({what})" for name, (what, _) in EXAMPLES.ite
 
 @click.command("explain")
 @click.argument("text", required=False)
-@click.option("-m", "--model", "model_path", type=click.Path(path_type=Path), help="run directory or model.safetensors")
+@model_option(required=False)
 @click.option("--example", "example", metavar="NAME", help=f"a worked example instead of a model: {_EXAMPLE_LIST}")
 # --layer and --head: their range is the model's, checked by explain_model in one line naming it
 @click.option("--layer", default=0, show_default=True, type=int, help="layer to explain (0 = first)")
 @click.option("--head", default=0, show_default=True, type=int, help="attention head of that layer (0 = first)")
-@click.option("--top-k", default=5, show_default=True, type=count(1), help="next-token candidates listed at the end")
+@top_k_option("next-token candidates listed at the end", default=5)
 @click.option("--full", is_flag=True, help="print every row and column of large matrices (default: an 8 x 8 corner)")
 @click.option("--precision", default=4, show_default=True, type=click.IntRange(0, 12), help="decimals printed")
-@click.option("--json", "as_json", is_flag=True, help="print the trace as JSON (arrays as nested lists) instead")
+@json_option("print the trace as JSON (arrays as nested lists) instead")
 @click.option("--query", type=count(0), default=None,
               help="with --json: the per-token steps keep only this position's row (the others null), as the"
               " page asks for one query's arithmetic")  # fmt: skip

@@ -2,8 +2,9 @@
 
 `mpi_world()` is MPI's communicator when a launcher started several processes (None for a
 plain run, which never imports mpi4py); `end_together(comm)` turns an error or an interrupt on
-any rank into one line and the end of every rank with one exit code (`common.mpi.end_together`). `device_option` is the
-`--device cpu|cuda` flag of the model commands, `check_device` its one-line check.
+any rank into one line and the end of every rank with one exit code (`common.mpi.end_together`).
+
+What it deliberately does not do: choose the device a model runs on (`cli.options`' --device).
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import click
 
 from tokenkit.bpe import TokenizerError
 from tokenkit.common import FileError, mpi
+from tokenkit.common.messages import one_line
 from tokenkit.common.processes import noted_interrupt, stopped_line, take_held_interrupt
 from tokenkit.pipeline import PipelineError
 from tokenkit.transformer import ModelError
-from tokenkit.transformer.backends import get_backend
 
 
 def mpi_world():
@@ -33,7 +34,7 @@ def mpi_world():
     return comm
 
 
-def one_line(err: BaseException) -> tuple[int, str]:
+def _ending(err: BaseException) -> tuple[int, str]:
     """The exit code and the line `err` ends an MPI rank with, as `cli.main` ends a plain run."""
     if isinstance(err, KeyboardInterrupt):  # Ctrl-C or SIGTERM, which the launcher forwards to every rank
         signum = noted_interrupt()
@@ -44,26 +45,10 @@ def one_line(err: BaseException) -> tuple[int, str]:
         return 1, f"error: {err}"
     if isinstance(err, click.ClickException):
         return 1, f"error: {err.format_message()}"
-    return 1, "error: " + " ".join(f"{type(err).__name__}: {err}".split())
+    return 1, "error: " + one_line(err, named=True)
 
 
 def end_together(comm):
     """Under MPI, an error or interrupt on any rank ends every rank with its code and one line
     (`common.mpi.end_together`); else nothing."""
-    return nullcontext() if comm is None else mpi.end_together(comm, one_line)
-
-
-def device_option(func):
-    """`--device cpu|cuda`: where a command's model math runs."""
-    return click.option(
-        "--device",
-        type=click.Choice(["cpu", "cuda"]),
-        default="cpu",
-        show_default=True,
-        help="where the model's math runs: cpu (NumPy) or cuda (CuPy on an NVIDIA GPU; pip install 'tokenkit[gpu]')",
-    )(func)
-
-
-def check_device(device: str) -> None:
-    """One line (ModelError) when `device` cannot run here: CuPy or the GPU missing."""
-    get_backend(device)
+    return nullcontext() if comm is None else mpi.end_together(comm, _ending)

@@ -41,7 +41,7 @@ import click
 
 from tokenkit.bpe import DisallowedSpecialError, TokenizerError
 from tokenkit.cli import serve_api
-from tokenkit.cli.launch import check_device, device_option
+from tokenkit.cli.options import check_device, device_option
 from tokenkit.cli.params import count
 from tokenkit.common import FileError, readfile
 from tokenkit.pipeline import PipelineError

@@ -1,7 +1,10 @@
 """`tk bpe-train`, `tk encode`, `tk decode`, `tk bpe-import`, `tk bpe-export`: thin wrappers over `bpe`.
 
 Each command parses flags, calls the `bpe` API and prints: results to stdout, progress bars to
-stderr. Mistakes arrive as TokenizerError (or click errors) and become one line in `cli.main`.
+stderr. Mistakes arrive as TokenizerError (or click errors) and become one line in `cli.commands`.
+Under mpirun, bpe-train and encode -f share the counting or encoding among the ranks (`bpe.distributed`).
+
+What it deliberately does not do: any tokenizer work itself, or train or run a model.
 """
 
 from __future__ import annotations
@@ -18,10 +21,25 @@ from tokenkit.bpe.corpus import Corpus
 from tokenkit.bpe.encode_corpus import encode_corpus, eot_id
 from tokenkit.bpe.train_corpus import describe_merge
 from tokenkit.cli.launch import end_together, mpi_world
+from tokenkit.cli.notes import warn
+from tokenkit.cli.options import (
+    TOKENIZER_OR_MODEL,
+    corpus_options,
+    eot_option,
+    file_option,
+    json_option,
+    output_option,
+    overwrite_option,
+    pattern_option,
+    quiet_option,
+    special_tokens_option,
+    tokenizer_option,
+    workers_option,
+)
 from tokenkit.cli.params import count
 from tokenkit.cli.specials import flags_in_errors, special_options
 from tokenkit.common import atomic, atomic_dir
-from tokenkit.pipeline.config import MAX_WORKERS
+from tokenkit.common.messages import short
 from tokenkit.pipeline.run import load_tokenizer
 
 _STOP_REASONS = {
@@ -31,42 +49,10 @@ _STOP_REASONS = {
 }
 
 
-def corpus_options(command):
-    """--glob, --text-field and --binary: how the corpus inputs are read (see bpe.corpus)."""
-    for option in reversed(
-        [
-            click.option(
-                "--glob",
-                metavar="PATTERN",
-                help="In directories, read only the files whose name or path below the directory matches "
-                "(e.g. '*.txt').  [default: every file not hidden]",
-            ),
-            click.option(
-                "--text-field",
-                metavar="NAME",
-                help="Read the inputs as JSON Lines: each line is a document, its text at this field "
-                "(dotted paths like meta.text reach inside).",
-            ),
-            click.option(
-                "--binary",
-                is_flag=True,
-                help="Read files as their exact bytes: no decompression, "
-                "no warning for files that do not look like text.",
-            ),
-        ]
-    ):
-        command = option(command)
-    return command
-
-
 def _corpus(inputs, glob, text_field, binary, comm) -> Corpus:
     """The corpus of the command line; under MPI only rank 0 warns."""
     quiet = comm is not None and comm.Get_rank() > 0
-    return Corpus(list(inputs), glob=glob, text_field=text_field, binary=binary, warn=None if quiet else _warn)
-
-
-def _warn(message: str) -> None:
-    click.echo(f"warning: {message}", err=True)
+    return Corpus(list(inputs), glob=glob, text_field=text_field, binary=binary, warn=None if quiet else warn)
 
 
 @click.command("bpe-train")
@@ -84,28 +70,12 @@ def _warn(message: str) -> None:
     show_default=True,
     help="Stop when the best pair occurs fewer times than this.",
 )
-@click.option(
-    "--pattern",
-    default="gpt2",
-    show_default=True,
-    help="Split pattern: gpt2, gpt4, none, or a regex. Merges never cross its chunks.",
-)
-@click.option(
-    "--special", "specials", multiple=True, metavar="TOKEN", help="A special token (repeatable); ids follow the merges."
-)
-@click.option(
-    "--workers", type=count(1, MAX_WORKERS), default=None, help="Processes for counting.  [default: all cores]"
-)
+@pattern_option("Split pattern: gpt2, gpt4, none, or a regex. Merges never cross its chunks.", default="gpt2")
+@special_tokens_option("A special token (repeatable); ids follow the merges.")
+@workers_option("Processes for counting.  [default: all cores]")
 @click.option("-v", "--verbose", is_flag=True, help="Print every merge: rank, the pair as text, its count.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
-@click.option(
-    "-o",
-    "--output",
-    type=click.Path(path_type=Path),
-    default=Path("tokenizer.safetensors"),
-    show_default=True,
-    help="Where to write the tokenizer.",
-)
+@quiet_option("No progress bars.")
+@output_option("Where to write the tokenizer.", default=Path("tokenizer.safetensors"))
 @corpus_options
 def bpe_train_command(
     corpus, vocab_size, min_frequency, pattern, specials, workers, verbose, quiet, output, glob, text_field, binary
@@ -175,38 +145,16 @@ def _bpe_train(comm, corpus, vocab_size, min_frequency, pattern, specials, worke
 
 
 @click.command("encode")
-@click.option(
-    "-t",
-    "--tokenizer",
-    "tokenizer_path",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="tokenizer.safetensors, or a model file or run directory (its tokenizer)",
-)
+@tokenizer_option(TOKENIZER_OR_MODEL, required=True)
 @click.argument("text", required=False)
-@click.option(
-    "-f",
-    "--file",
-    "file",
-    type=click.Path(path_type=Path),
-    help="Encode this corpus instead of TEXT: a file (its exact bytes), a directory, - for stdin, or a pipe.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the ids as a JSON list.")
-@click.option(
-    "-o",
-    "--output",
-    type=click.Path(path_type=Path),
-    help="Write the ids to a .npy file (uint16, or uint32 for big vocabularies).",
-)
+@file_option("Encode this corpus instead of TEXT: a file (its exact bytes), a directory, - for stdin, or a pipe.")
+@json_option("Print the ids as a JSON list.")
+@output_option("Write the ids to a .npy file (uint16, or uint32 for big vocabularies).")
 @special_options
 @click.option("--show", is_flag=True, help="Show each token's text next to its id, to see where the boundaries fall.")
-@click.option(
-    "--workers", type=count(1, MAX_WORKERS), default=None, help="Processes for -f FILE.  [default: all cores]"
-)
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-@click.option(
-    "--eot", metavar="TOKEN", help="With -f: put this special token's id between documents (files, JSONL records)."
-)
+@workers_option("Processes for -f FILE.  [default: all cores]")
+@quiet_option("No progress bar.")
+@eot_option("With -f: put this special token's id between documents (files, JSONL records).")
 @corpus_options
 def encode_command(
     tokenizer_path,
@@ -238,64 +186,47 @@ def encode_command(
         raise click.UsageError("--eot, --glob, --text-field and --binary are for -f FILE")
     comm = mpi_world()
     with end_together(comm), flags_in_errors():  # under MPI the error is said inside, by its rank
-        return _encode(
-            comm,
-            tokenizer_path,
-            text,
-            file,
-            as_json,
-            output,
-            special_policy,
-            show,
-            workers,
-            quiet,
-            eot,
-            (glob, text_field, binary),
-        )
-
-
-def _encode(comm, tokenizer_path, text, file, as_json, output, special_policy, show, workers, quiet, eot, how) -> int:
-    if comm is not None and comm.Get_rank() and file is None:  # a text is rank 0's alone
-        return 0
-    if output is not None:
-        atomic.check_output(output)  # before any encoding
-    tok = load_tokenizer(tokenizer_path)
-    if file is not None:
-        eot_id(tok, eot)  # a mistake in the flags is said before the corpus is looked at
-        file = _corpus([file], *how, comm)
-    split = None
-    if file is not None and comm is not None:  # within a rank, one process unless --workers says otherwise
-        from tokenkit.bpe import distributed
-
-        arr, split = distributed.encode_file(
-            comm,
-            tok,
-            file,
-            output,
-            workers=workers or 1,
-            quiet=quiet,
-            **special_policy,
-            eot=eot,
-        )
-        if arr is None:  # not rank 0: its ids went to rank 0, which writes and reports
+        if comm is not None and comm.Get_rank() and file is None:  # a text is rank 0's alone
             return 0
-        n_bytes = sum(split.bytes_per_rank)
-    elif file is not None:
-        encoded = encode_corpus(
-            tok,
-            file,
-            output,
-            workers=workers,
-            quiet=quiet,
-            **special_policy,
-            eot=eot,
-        )
-        arr, n_bytes = encoded.ids, encoded.n_bytes
-    else:
-        arr = np.asarray(tok.encode(text, **special_policy), dtype=tok.ids_dtype)
-        n_bytes = len(text.encode("utf-8", errors="surrogateescape"))
         if output is not None:
-            bpe_io.save_ids(output, arr)
+            atomic.check_output(output)  # before any encoding
+        tok = load_tokenizer(tokenizer_path)
+        if file is None:
+            arr, n_bytes = _encode_text(tok, text, output, special_policy)
+            split = None
+        else:
+            eot_id(tok, eot)  # a mistake in the flags is said before the corpus is looked at
+            inputs = _corpus([file], glob, text_field, binary, comm)
+            arr, n_bytes, split = _encode_corpus(comm, tok, inputs, output, workers, quiet, special_policy, eot)
+            if arr is None:  # not rank 0: its ids went to rank 0, which writes and reports
+                return 0
+        return _print_ids(tok, arr, n_bytes, split, output, show, as_json)
+
+
+def _encode_text(tok: Tokenizer, text: str, output, special_policy) -> tuple[np.ndarray, int]:
+    """TEXT's ids (written to `output` when given) and its length in bytes."""
+    arr = np.asarray(tok.encode(text, **special_policy), dtype=tok.ids_dtype)
+    if output is not None:
+        bpe_io.save_ids(output, arr)
+    return arr, len(text.encode("utf-8", errors="surrogateescape"))
+
+
+def _encode_corpus(comm, tok: Tokenizer, inputs: Corpus, output, workers, quiet, special_policy, eot):
+    """-f FILE's ids (written to `output` when given), its length in bytes and, under MPI, how
+    the ranks split it; (None, 0, split) on a rank other than 0."""
+    if comm is None:
+        encoded = encode_corpus(tok, inputs, output, workers=workers, quiet=quiet, **special_policy, eot=eot)
+        return encoded.ids, encoded.n_bytes, None
+    from tokenkit.bpe import distributed  # within a rank, one process unless --workers says otherwise
+
+    arr, split = distributed.encode_file(
+        comm, tok, inputs, output, workers=workers or 1, quiet=quiet, **special_policy, eot=eot
+    )
+    return arr, (0 if arr is None else sum(split.bytes_per_rank)), split
+
+
+def _print_ids(tok: Tokenizer, arr: np.ndarray, n_bytes: int, split, output, show: bool, as_json: bool) -> int:
+    """What was written (with -o), then the ids as --show, --json or the plain list asks."""
     if output is not None:
         click.echo(
             f"wrote {len(arr):,} tokens ({arr.dtype}) to {output}; {n_bytes / max(len(arr), 1):.2f} bytes per token"
@@ -317,18 +248,9 @@ def _encode(comm, tokenizer_path, text, file, as_json, output, special_policy, s
 
 
 @click.command("decode")
-@click.option(
-    "-t",
-    "--tokenizer",
-    "tokenizer_path",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="tokenizer.safetensors, or a model file or run directory (its tokenizer)",
-)
+@tokenizer_option(TOKENIZER_OR_MODEL, required=True)
 @click.argument("ids", nargs=-1)
-@click.option(
-    "-f", "--file", "file", type=click.Path(path_type=Path), help="Decode the ids in this .npy file instead of IDS."
-)
+@file_option("Decode the ids in this .npy file instead of IDS.")
 def decode_command(tokenizer_path, ids, file) -> int:
     """Turn token ids back into text (bytes that are not valid UTF-8 print as U+FFFD).
 
@@ -352,9 +274,8 @@ def decode_command(tokenizer_path, ids, file) -> int:
             try:  # int() itself is the test: '²' passes isdigit() and fails int()
                 values.append(int(w))
             except ValueError:
-                shown = repr(w) if len(w) <= 40 else repr(w[:30]) + "..."
                 raise click.BadParameter(
-                    f"{shown} is not a token id (ids are whole numbers)", param_hint="IDS"
+                    f"{short(w)} is not a token id (ids are whole numbers)", param_hint="IDS"
                 ) from None
     click.echo(tok.decode(values))
     return 0
@@ -362,22 +283,12 @@ def decode_command(tokenizer_path, ids, file) -> int:
 
 @click.command("bpe-import")
 @click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option(
-    "-o", "--output", required=True, type=click.Path(path_type=Path), help="Where to write the tokenizer.safetensors."
+@output_option("Where to write the tokenizer.safetensors.", required=True)
+@pattern_option(
+    "Split pattern: gpt2, gpt4, none or a regex. For GPT-2's pair (default gpt2) and a bare .tiktoken file "
+    "(required); tokenizer.json holds its own."
 )
-@click.option(
-    "--pattern",
-    default=None,
-    help="Split pattern: gpt2, gpt4, none or a regex. For GPT-2's pair (default gpt2) and a bare .tiktoken file "
-    "(required); tokenizer.json holds its own.",
-)
-@click.option(
-    "--special",
-    "specials",
-    multiple=True,
-    metavar="TOKEN",
-    help="A special token of a bare .tiktoken file (repeatable); ids follow the ranks.",
-)
+@special_tokens_option("A special token of a bare .tiktoken file (repeatable); ids follow the ranks.")
 def bpe_import_command(sources, output, pattern, specials) -> int:
     """Import a byte-level BPE tokenizer from GPT-2's, Hugging Face's or tiktoken's files.
 
@@ -419,13 +330,7 @@ def bpe_import_command(sources, output, pattern, specials) -> int:
 
 @click.command("bpe-export")
 @click.argument("tokenizer_path", type=click.Path(path_type=Path))
-@click.option(
-    "-o",
-    "--output",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="Directory for the files (created if missing).",
-)
+@output_option("Directory for the files (created if missing).", required=True)
 @click.option(
     "--format",
     "fmt",
@@ -435,7 +340,7 @@ def bpe_import_command(sources, output, pattern, specials) -> int:
     help="gpt2: vocab.json + merges.txt; hf: tokenizer.json (+ tokenizer_config.json, special_tokens_map.json); "
     "tiktoken: tokenizer.tiktoken + tokenizer_tiktoken.json.",
 )
-@click.option("--overwrite", is_flag=True, help="replace the format's files if the directory holds them already")
+@overwrite_option("replace the format's files if the directory holds them already")
 def bpe_export_command(tokenizer_path, output, fmt, overwrite) -> int:
     """Write a tokenizer in GPT-2's, Hugging Face's or tiktoken's format.
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenkit.common import FileError, jsonsafe, readfile
+from tokenkit.common.messages import short
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.transformer import GPTConfig
 from tokenkit.transformer.config import (
@@ -177,7 +178,7 @@ class TrainConfig:
         for f in dataclasses.fields(self):
             allowed, value = f.metadata["allowed"], getattr(self, f.name)
             if isinstance(allowed, Range) and (problem := allowed.problem(value)) is not None:
-                raise PipelineError(f"{_flag(f.name)} {problem}, got {_short(value)}")
+                raise PipelineError(f"{_flag(f.name)} {problem}, got {short(value)}")
         if self.min_lr > self.lr:
             raise PipelineError(f"--min-lr must be between 0 and --lr ({self.lr}), got {self.min_lr}")
         if self.lr * self.weight_decay > 1:  # each step scales the weights by 1 - lr * weight_decay
@@ -196,7 +197,7 @@ class TrainConfig:
         kind = self.rope_scaling
         choices = _field("rope_scaling").metadata["allowed"]
         if kind not in choices:
-            raise PipelineError(f"--rope-scaling must be one of {', '.join(choices)}, got {_short(kind)}")
+            raise PipelineError(f"--rope-scaling must be one of {', '.join(choices)}, got {short(kind)}")
         for name, part in ROPE_FIELDS.items():
             value = getattr(self, name)
             if part not in ROPE_SCALINGS.get(kind, ()) and value != _field(name).default:
@@ -240,7 +241,7 @@ class TrainConfig:
             given[key] = _coerce(key, types[key], value)
         if "arch" in given:
             if given["arch"] not in ARCHITECTURES:
-                raise PipelineError(f"--arch must be one of {', '.join(ARCHITECTURES)}, got {_short(given['arch'])}")
+                raise PipelineError(f"--arch must be one of {', '.join(ARCHITECTURES)}, got {short(given['arch'])}")
             merged.update(ARCHITECTURES[given["arch"]])
         merged.update(given)
         return cls(**merged)
@@ -303,16 +304,6 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _short(value: Any) -> str:
-    """A value for a one-line message, cut short (a settings file may hold a 5,000-digit number)."""
-    text = (
-        repr(value)
-        if not isinstance(value, int) or value.bit_length() < 200
-        else f"a {value.bit_length():,}-bit integer"
-    )
-    return text if len(text) <= 40 else text[:30] + "..."
-
-
 def _coerce(key: str, typ: str, value: Any) -> Any:
     ok = {
         "int": isinstance(value, int) and not isinstance(value, bool),
@@ -321,11 +312,11 @@ def _coerce(key: str, typ: str, value: Any) -> Any:
         "str": isinstance(value, str),
     }[typ]
     if not ok:
-        raise PipelineError(f"training setting {key!r} must be a {typ}, got {_short(value)}")
+        raise PipelineError(f"training setting {key!r} must be a {typ}, got {short(value)}")
     try:
         return float(value) if typ == "float" else value
     except OverflowError:  # an integer beyond any float, e.g. 10**400 in a JSON file
-        raise PipelineError(f"{_flag(key)} must be a finite number, got {_short(value)}") from None
+        raise PipelineError(f"{_flag(key)} must be a finite number, got {short(value)}") from None
 
 
 def _read_small(path: Path) -> str:

@@ -21,6 +21,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from tokenkit.common.messages import short
 from tokenkit.transformer.errors import ModelError
 
 _CHOICES = {
@@ -167,9 +168,9 @@ class GPTConfig:
                 continue
             # bool is an int subclass; `n_layers=True` is a mistake, not a 1.
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ModelError(f"config: {name} must be a positive integer, got {_short(value)}")
+                raise ModelError(f"config: {name} must be a positive integer, got {short(value)}")
             if value > _LIMITS[name]:
-                raise ModelError(f"config: {name} must be at most {_LIMITS[name]:,}, got {_short(value)}")
+                raise ModelError(f"config: {name} must be at most {_LIMITS[name]:,}, got {short(value)}")
         if self.d_model % self.n_heads:
             raise ModelError(
                 f"config: d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads});"
@@ -187,11 +188,11 @@ class GPTConfig:
         for name in ("causal", "bias", "tie_embeddings", "qkv_bias"):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (name == "qkv_bias" and value is None):
-                raise ModelError(f"config: {name} must be true or false, got {_short(value)}")
+                raise ModelError(f"config: {name} must be true or false, got {short(value)}")
         for name, high in (("norm_eps", 1.0), ("rope_theta", 1e12)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= high:
-                raise ModelError(f"config: {name} must be a number above 0 and at most {high:g}, got {_short(value)}")
+                raise ModelError(f"config: {name} must be a number above 0 and at most {high:g}, got {short(value)}")
         if self.positional == "rope" and self.head_dim % 2:
             raise ModelError(
                 f"config: rotary positions turn pairs of dimensions, so the head size d_model / n_heads must be"
@@ -218,12 +219,12 @@ class GPTConfig:
             scaling = _rope_scaling_from_dict(scaling)
             object.__setattr__(self, "rope_scaling", scaling)
         if not isinstance(scaling, RopeScaling):
-            raise ModelError(f"config: rope_scaling must be a JSON object or null, got {_short(scaling)}")
+            raise ModelError(f"config: rope_scaling must be a JSON object or null, got {short(scaling)}")
         if self.positional != "rope":
             raise ModelError(f"config: rope_scaling stretches rotary positions; positional is {self.positional!r}")
         kind = scaling.type
         if not isinstance(kind, str) or kind not in ROPE_SCALINGS:
-            raise ModelError(f"config: rope_scaling type must be one of {', '.join(ROPE_SCALINGS)}; got {_short(kind)}")
+            raise ModelError(f"config: rope_scaling type must be one of {', '.join(ROPE_SCALINGS)}; got {short(kind)}")
         for name in ("low_freq_factor", "high_freq_factor", "original_context_length"):
             if name not in ROPE_SCALINGS[kind] and getattr(scaling, name) is not None:
                 raise ModelError(f"config: rope_scaling {kind!r} does not take {name}")
@@ -233,18 +234,18 @@ class GPTConfig:
                 if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_CONTEXT_LENGTH:
                     raise ModelError(
                         f"config: rope_scaling {name} must be an integer from 1 to {MAX_CONTEXT_LENGTH:,},"
-                        f" got {_short(value)}"
+                        f" got {short(value)}"
                     )
                 continue
             wrong = isinstance(value, bool) or not isinstance(value, (int, float)) or not value <= MAX_ROPE_FACTOR
             if name == "factor" and (wrong or not value >= 1):
                 raise ModelError(
-                    f"config: rope_scaling factor must be a number from 1 to {MAX_ROPE_FACTOR:g}, got {_short(value)}"
+                    f"config: rope_scaling factor must be a number from 1 to {MAX_ROPE_FACTOR:g}, got {short(value)}"
                 )
             if wrong or not value > 0:
                 raise ModelError(
                     f"config: rope_scaling {name} must be a number above 0 and at most {MAX_ROPE_FACTOR:g},"
-                    f" got {_short(value)}"
+                    f" got {short(value)}"
                 )
         if kind == "llama3" and not scaling.high_freq_factor > scaling.low_freq_factor:
             raise ModelError(
@@ -320,25 +321,16 @@ class GPTConfig:
         return cls(**d)
 
 
-def _short(value: Any) -> str:
-    """A value for a one-line message: its repr, cut short (a config from a file may hold anything)."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int too long to print (Python refuses over 4,300 digits)
-        return f"an integer of {value.bit_length():,} bits"
-    return text if len(text) <= 40 else text[:30] + "..."
-
-
 def _rope_scaling_from_dict(d: dict) -> RopeScaling:
     """A RopeScaling from its JSON object (`RopeScaling.to_dict`): a known type and exactly its
     numbers (GPTConfig then checks their values)."""
     kind = d.get("type")
     if not isinstance(kind, str) or kind not in ROPE_SCALINGS:
-        raise ModelError(f"config: rope_scaling type must be one of {', '.join(ROPE_SCALINGS)}; got {_short(kind)}")
+        raise ModelError(f"config: rope_scaling type must be one of {', '.join(ROPE_SCALINGS)}; got {short(kind)}")
     odd = sorted(set(d) - {"type", *ROPE_SCALINGS[kind]}, key=str)
     if odd:
         raise ModelError(
-            f"config: rope_scaling {kind!r} does not take {_short(odd[0])}; it takes {', '.join(ROPE_SCALINGS[kind])}"
+            f"config: rope_scaling {kind!r} does not take {short(odd[0])}; it takes {', '.join(ROPE_SCALINGS[kind])}"
         )
     missing = [name for name in ROPE_SCALINGS[kind] if name not in d]
     if missing:

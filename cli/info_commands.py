@@ -1,0 +1,168 @@
+"""`tk info`: what a tokenizer, model or training-state file (or a run directory) holds, one
+`key: value` row a line.
+
+Which kind of file it is comes from its header's format tag; the rows come from the file's own
+metadata, as `pipeline.checkpoint` reads it. A run's corpus is shown with the flags that read it,
+so that it can be read again the same way.
+
+What it deliberately does not do: check that a model still matches its corpus, or print weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tokenkit.pipeline import PipelineError, checkpoint
+from tokenkit.pipeline.run import load_tokenizer
+from tokenkit.pipeline.sources import SPECIAL_FLAGS, CorpusSpec
+from tokenkit.transformer import GPTConfig
+
+
+@click.command("info")
+@click.argument("file", type=click.Path(path_type=Path))
+def info_command(file) -> int:
+    """What a tokenizer, model or training-state file (or a run directory) holds.
+
+    \b
+    Example:
+      tk info runs/tales/model.safetensors
+    """
+    path = checkpoint.resolve_model_path(file) if Path(file).is_dir() else Path(file)
+    meta = checkpoint.read_header(path)
+    fmt = meta.get("format")
+    if fmt == checkpoint.TOKENIZER_FORMAT:
+        _info_tokenizer(path, meta)
+    elif fmt == checkpoint.MODEL_FORMAT:
+        _info_model(path)
+    elif fmt == checkpoint.STATE_FORMAT:
+        _info_state(path)
+    else:
+        found = f"format {fmt!r}" if fmt else "no tokenkit format tag"
+        raise PipelineError(f"{path} is not a tokenkit tokenizer, model or training-state file ({found})")
+    return 0
+
+
+def _row(key: str, value: Any) -> None:
+    click.echo(f"{key + ':':<22}{value}")
+
+
+def _info_tokenizer(path: Path, meta: dict[str, str]) -> None:
+    tok = load_tokenizer(path)
+    _row("file", path)
+    _row("format", f"{meta.get('format')} v{meta.get('format_version')} (tokenizer)")
+    n_special = len(tok.special_tokens)
+    parts = (
+        f"{tok.vocab_size - n_special} tokens listed, {len(tok.merges)} merges, {n_special} special"
+        if tok.listed
+        else f"256 bytes + {len(tok.merges)} merges + {n_special} special"
+    )
+    _row("vocab size", f"{tok.vocab_size} ({parts})")
+    _row("pattern", tok.pattern)
+    _row("special tokens", json.dumps(tok.special_tokens, ensure_ascii=False) if tok.special_tokens else "none")
+    if tok.bos is not None:
+        _row("bos", f"{tok.bos} (before every text a model reads)")
+    _row("fingerprint", tok.fingerprint())
+    for key in sorted(meta):
+        if key == "training":
+            _training_rows(tok.training)
+        elif key not in ("format", "format_version", "pattern", "pattern_regex", "special_tokens"):
+            _row(key, meta[key])
+
+
+def _training_rows(training: dict[str, Any]) -> None:
+    """How the tokenizer was made, its merge counts summed up (1,024 numbers are not a row)."""
+    counts = training.pop("merge_counts", None)
+    _row("training", json.dumps(training, ensure_ascii=False, sort_keys=True))
+    if isinstance(counts, list) and counts:
+        _row("merge counts", f"recorded for the first {len(counts):,} merges ({counts[0]:,} down to {counts[-1]:,})")
+
+
+def _info_model(path: Path) -> None:
+    model, tok, meta = checkpoint.load_model(path, tokenizer_required=False)
+    n_params = sum(int(p.size) for p in model.params.values())
+    _row("file", path)
+    what = "model + embedded tokenizer" if tok is not None else "model; no tokenizer embedded"
+    _row("format", f"{meta.get('format')} v{meta.get('format_version')} ({what})")
+    _row("architecture", model.config.architecture)
+    _row("config", json.dumps(model.config.to_dict()))
+    if model.config.rope_scaling is not None:
+        _row("rope scaling", model.config.rope_scaling.describe())
+    _row("parameters", f"{n_params:,}")
+    if tok is not None:
+        padding = model.config.vocab_size - tok.vocab_size
+        padded = f", and {padding:,} padding ids" if padding > 0 else ""
+        _row(
+            "vocab size",
+            f"{model.config.vocab_size} (tokenizer {meta.get('tokenizer_fingerprint', '')[:16]}...{padded})",
+        )
+        if tok.bos is not None:
+            _row("bos", f"{tok.bos} (before every text the model reads)")
+    prov = meta.get("provenance") or {}
+    if "step" in meta and not (isinstance(prov, dict) and "imported_from" in prov):
+        _row("training step", meta.get("step"))
+    val = meta.get("val_loss")
+    if val is not None:
+        _row("validation loss", f"{val:.4f}" if isinstance(val, float) else val)
+    if isinstance(prov, dict):
+        base = prov.get("unigram_baseline")
+        if isinstance(base, float):
+            _row("unigram baseline", f"{base:.4f}")
+        if "corpus" in prov:
+            _corpus_rows(prov)
+        labels = {
+            "corpus_sha256": "corpus sha256",
+            "corpus_fingerprint": "corpus fingerprint",
+            "val_fingerprint": "val fingerprint",
+            "n_train_tokens": "train tokens",
+            "tokenkit": "written by tokenkit",
+            "imported_from": "imported from",
+            "init_from": "initialised from",
+        }
+        for key, label in labels.items():
+            if key in prov:
+                _row(label, f"{prov[key]:,}" if isinstance(prov[key], int) else prov[key])
+        if "train_config" in prov:
+            _row("training config", json.dumps(prov["train_config"]))
+
+
+def _corpus_rows(record: dict[str, Any], sizes: str = "") -> None:
+    """The corpus a run recorded: its inputs and the flags that read them, and its --val."""
+    try:
+        spec = CorpusSpec.from_record(record)
+    except PipelineError:
+        _row("corpus", record.get("corpus"))
+        return
+    flags = [
+        f"--glob {spec.glob!r}" if spec.glob is not None else "",
+        f"--text-field {spec.text_field}" if spec.text_field else "",
+        "--binary" if spec.binary else "",
+        f"--eot {spec.eot!r}" if spec.eot is not None else "",
+        SPECIAL_FLAGS[spec.specials] if spec.specials != "refuse" else "",
+    ]
+    flags = [f for f in flags if f]
+    _row("corpus", spec.describe() + (f" ({', '.join(flags)})" if flags else "") + sizes)
+    if spec.val:
+        _row("val corpus", spec.describe(val=True))
+
+
+def _info_state(path: Path) -> None:
+    state = checkpoint.load_train_state(path)
+    _row("file", path)
+    _row("format", f"{checkpoint.STATE_FORMAT} v{checkpoint.FORMAT_VERSION} (state for --resume)")
+    _row("training step", f"{state.step} of {state.train_config.get('steps')}")
+    best = f"{state.best_val_loss:.4f} at step {state.best_step}" if state.best_val_loss is not None else "none yet"
+    _row("best val loss", best)
+    _row("config", json.dumps(state.model_config))
+    scaling = GPTConfig.from_dict(state.model_config).rope_scaling
+    if scaling is not None:
+        _row("rope scaling", scaling.describe())
+    _row("parameters", f"{sum(int(p.size) for p in state.params.values()):,}")
+    _corpus_rows(state.data, f" ({state.data.get('n_train')} train / {state.data.get('n_val')} val tokens)")
+    _row("training config", json.dumps(state.train_config))
+
+
+COMMANDS = (info_command,)
