@@ -56,6 +56,7 @@ from tokenkit import __version__
 from tokenkit.bpe import DisallowedSpecialError, TokenizerError
 from tokenkit.cli import serve_api
 from tokenkit.cli.serve import PAGE_DIR
+from tokenkit.common.messages import one_line
 from tokenkit.pipeline import PipelineError, checkpoint, views
 from tokenkit.pipeline.live import Loaded, TrainingLog
 from tokenkit.transformer import ModelError
@@ -129,9 +130,9 @@ class Page:
         try:
             self.answers[key] = serve_api.answer(held, path, key.partition("?")[2])
         except DisallowedSpecialError as err:
-            self.errors[key] = _one_line(err.advise("--allow-special", "--specials-as-text"))
+            self.errors[key] = one_line(err.advise("--allow-special", "--specials-as-text"))
         except _ERRORS as err:
-            self.errors[key] = _one_line(err)
+            self.errors[key] = one_line(err)
         return self.answers.get(key)
 
 
@@ -280,10 +281,6 @@ def _info(page: Page, held, shown: list[str]) -> None:
 def _examples(page: Page, held) -> None:
     for example in EXAMPLES:
         page.ask(held, "/api/example", {"name": example})
-
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split()) or type(err).__name__
 
 
 # ----------------------------------------------------------------------------- the answers' JSON

@@ -44,6 +44,7 @@ from tokenkit.cli import serve_api
 from tokenkit.cli.options import check_device, device_option
 from tokenkit.cli.params import count
 from tokenkit.common import FileError, readfile
+from tokenkit.common.messages import one_line
 from tokenkit.pipeline import PipelineError
 from tokenkit.transformer import ModelError
 
@@ -225,10 +226,6 @@ def _json(doc) -> bytes:
     return (json.dumps(doc, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
 
 
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split()) or type(err).__name__
-
-
 class Server(ThreadingHTTPServer):
     """The HTTP server over `held` (serve_api.Holdings): `serve_forever()` in any thread,
     `shutdown()` from another, `server_close()` at the end (or use it in a `with`)."""
@@ -261,15 +258,15 @@ class Server(ThreadingHTTPServer):
                 doc = serve_api.answer(self.held, path, query)
             return HTTPStatus.OK, _json(doc)  # outside the lock: a big answer takes a moment to write
         except serve_api.Refused as err:
-            return err.status, _json({"error": _one_line(err)})
+            return err.status, _json({"error": one_line(err)})
         except DisallowedSpecialError as err:
-            return HTTPStatus.BAD_REQUEST, _json({"error": _one_line(err.advise("specials=allow", "specials=text"))})
+            return HTTPStatus.BAD_REQUEST, _json({"error": one_line(err.advise("specials=allow", "specials=text"))})
         except USER_ERRORS as err:
-            return HTTPStatus.BAD_REQUEST, _json({"error": _one_line(err)})
+            return HTTPStatus.BAD_REQUEST, _json({"error": one_line(err)})
         except MemoryError:
             return HTTPStatus.INTERNAL_SERVER_ERROR, _json({"error": "out of memory; use a shorter text"})
         except Exception as err:  # a bug: said in one line, here and to the page; the server goes on
-            line = f"internal error in {path}: {type(err).__name__}: {_one_line(err)}"[:500]
+            line = f"internal error in {path}: {type(err).__name__}: {one_line(err)}"[:500]
             self.note(f"error: {line}")
             return HTTPStatus.INTERNAL_SERVER_ERROR, _json({"error": line})
 
@@ -278,7 +275,7 @@ class Server(ThreadingHTTPServer):
         line unless quiet, never socketserver's traceback."""
         err = sys.exc_info()[1]
         if not self.quiet and not isinstance(err, (BrokenPipeError, ConnectionResetError, TimeoutError)):
-            self.note(f"connection from {client_address[0]}: {type(err).__name__}: {_one_line(err)}"[:300])
+            self.note(f"connection from {client_address[0]}: {type(err).__name__}: {one_line(err)}"[:300])
 
     def note(self, line: str) -> None:
         try:
@@ -319,7 +316,7 @@ def _bind_error(err: OSError, host: str, port: int) -> str:
         return f"port {port} on {host} is in use (another tk serve?); pick another with --port (0: any free one)"
     if err.errno == errno.EACCES:
         return f"cannot listen on port {port} ({err.strerror}); pick a port above 1023 with --port"
-    why = err.strerror or _one_line(err)
+    why = err.strerror or one_line(err)
     return f"cannot listen on {host} ({why}); give an address of this machine with --host (default {DEFAULT_HOST})"
 
 

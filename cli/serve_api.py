@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from tokenkit.bpe import Tokenizer
+from tokenkit.common.messages import short
 from tokenkit.pipeline import PipelineError, checkpoint, views
 from tokenkit.pipeline.config import Range
 from tokenkit.pipeline.live import LiveModel, Loaded, TrainingLog
@@ -132,7 +133,7 @@ class Query:
         for key, value in pairs:
             if key not in allowed:
                 takes = ", ".join(allowed) or "no parameters"
-                raise Refused(f"unknown parameter {_shown(key)}; this endpoint takes {takes}")
+                raise Refused(f"unknown parameter {short(key, quoted=False)!r}; this endpoint takes {takes}")
             if key in self._values:
                 raise Refused(f"parameter {key} is given twice")
             self._values[key] = value
@@ -150,7 +151,7 @@ class Query:
         if value is None:
             return default
         if not _INTEGER.fullmatch(value):
-            raise Refused(f"{name} must be a whole number, got {_shown(value)}")
+            raise Refused(f"{name} must be a whole number, got {short(value, quoted=False)!r}")
         return _checked(name, int(value), allowed)
 
     def real(self, name: str, allowed: Range, default: float | None) -> float | None:
@@ -158,13 +159,13 @@ class Query:
         if value is None:
             return default
         if not _REAL.fullmatch(value):
-            raise Refused(f"{name} must be a number, got {_shown(value)}")
+            raise Refused(f"{name} must be a number, got {short(value, quoted=False)!r}")
         return _checked(name, float(value), allowed)
 
     def choice(self, name: str, options, default: str) -> str:
         value = self._values.get(name, default)
         if value not in options:
-            raise Refused(f"{name} must be one of {', '.join(options)}, got {_shown(value)}")
+            raise Refused(f"{name} must be one of {', '.join(options)}, got {short(value, quoted=False)!r}")
         return value
 
     def policy(self) -> dict[str, Any]:
@@ -177,10 +178,6 @@ def _checked(name: str, number, allowed: Range):
     if problem is not None or (isinstance(number, float) and not math.isfinite(number)):
         raise Refused(f"{name} {problem or 'must be a finite number'}, got {number}")
     return number
-
-
-def _shown(value: str) -> str:
-    return repr(value if len(value) <= 40 else value[:30] + "...")
 
 
 # ----------------------------------------------------------------------------- the endpoints
