@@ -1,5 +1,6 @@
 """GPT: parameters in one flat dict with GPT-2's names, a forward pass that can record its
-intermediates, the whole-model backward, and generation with a KV cache.
+intermediates, the whole-model backward, and the forward of new positions against a KV cache
+that generation steps through (`generate`, `generate_batch`; the loop is transformer/generation.py).
 
 The forward reads as the architecture does: embed, add positions, N blocks of attention and
 MLP with residuals and LayerNorm (pre- or post-norm), a final LayerNorm, and logits from the
@@ -28,21 +29,20 @@ other.
 
 What this module does not do: the math of each layer (ops.py, each op with its plain twin in
 reference.py; on a GPU backends/device_ops.py), the choice of the next token (sampling.py),
-splitting batches over processes (parallel.py), CPU settings (runtime.py), files (io.py), the
-optimizer (optim.py).
+generation's windows, caches and captured steps (generation.py), splitting batches over
+processes (parallel.py), CPU settings (runtime.py), files (io.py), the optimizer (optim.py).
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from tokenkit.transformer import io
+from tokenkit.transformer import generation, io
 from tokenkit.transformer.backends import Backend, as_host, get_backend
 from tokenkit.transformer.config import GPTConfig, param_shapes
 from tokenkit.transformer.errors import ModelError
@@ -110,34 +110,6 @@ class _Prefixed:
 
     def __setitem__(self, name: str, value) -> None:
         self.grads[self.prefix + name] = value
-
-
-class _CapturedDecode:
-    """A generation step of one position per row, captured by the backend (a CUDA graph) over
-    inputs that live on the device: the ids (B, 1) and the position (1,), rewritten before each
-    replay. The caches are the coroutine's, so prefills (eager) and replays share them."""
-
-    def __init__(self, model: GPT, rows: int, k_cache: list, v_cache: list):
-        self._model = model
-        self._caches = k_cache, v_cache
-        self._ids = model.xp.zeros((rows, 1), dtype=np.int64)
-        self._position = model.xp.zeros(1, dtype=np.int32)
-        self._replay = None  # captured at the first call, when the inputs hold a real step
-
-    def _forward(self):
-        return self._model._cached_forward(self._ids, self._position, *self._caches)
-
-    def __call__(self, new: np.ndarray, position: int):
-        self._ids[...] = self._model.backend.to_device(new.astype(np.int64))
-        self._position[...] = position
-        if self._replay is None:
-            self._replay = self._model.backend.capture(self._forward)
-        return self._replay()
-
-    def close(self) -> None:
-        if self._replay is not None:
-            self._replay.close()
-            self._replay = None
 
 
 class GPT:
@@ -686,8 +658,12 @@ class GPT:
             choose = host if n_tokens is None else mask_from(host, n_tokens)
             return sample_next(choose, rng, temperature=temperature, top_k=top_k, top_p=top_p, observe=seen)
 
-        steps = self._steps_cached(1) if use_cache and self.config.causal else self._steps_uncached()
-        return self._generate(list(prompt.tolist()), int(max_new_tokens), pick, stop_token, steps)
+        steps = (
+            generation.steps_cached(self, 1) if use_cache and self.config.causal else generation.steps_uncached(self)
+        )
+        return generation.run(
+            list(prompt.tolist()), int(max_new_tokens), self.config.context_length, pick, stop_token, steps
+        )
 
     def generate_batch(
         self, ids, max_new_tokens: int, *, use_cache: bool = True, n_tokens: int | None = None
@@ -713,9 +689,11 @@ class GPT:
             return self.backend.to_host(self.xp.argmax(logits, axis=-1))
 
         rows = prompts.shape[0]
-        steps = self._steps_cached(rows) if use_cache and self.config.causal else self._steps_uncached()
-        columns = list(prompts.T.astype(np.intp))  # one (B,) column per position: `_window`'s form
-        return self._generate(columns, int(max_new_tokens), pick, None, steps)
+        steps = (
+            generation.steps_cached(self, rows) if use_cache and self.config.causal else generation.steps_uncached(self)
+        )
+        columns = list(prompts.T.astype(np.intp))  # one (B,) column per position: `generation.window`'s form
+        return generation.run(columns, int(max_new_tokens), self.config.context_length, pick, None, steps)
 
     def _check_generation(self, prompts: np.ndarray, max_new_tokens, n_tokens: int | None) -> None:
         """Raise ModelError (one line) for prompts (B, T) or counts that generation cannot take."""
@@ -725,88 +703,21 @@ class GPT:
         if n_tokens is not None and not 0 < n_tokens <= self.config.vocab_size:
             raise ModelError(f"n_tokens must be in [1, {self.config.vocab_size}], got {n_tokens}")
 
-    def _generate(self, tokens: list, max_new_tokens: int, pick, stop_token, steps) -> Iterator:
-        """Drive `steps` and `pick` over the windows of `tokens`: a list of ints (one row), or of
-        (B,) columns (B rows), to which each picked token (or column) is appended."""
-        T_max = self.config.context_length
-        start = max(0, len(tokens) - T_max)  # index in `tokens` of the window's first token
-        warned = False
-        next(steps)  # start the step coroutine
-        for _ in range(max_new_tokens):
-            if len(tokens) - start > T_max:  # the window is full: shift it (see `generate`)
-                start = len(tokens) - max(1, T_max // 2)
-            if start and not warned:
-                warnings.warn(
-                    f"context of {len(tokens)} tokens is longer than context_length {T_max};"
-                    f" keeping the last {T_max}, then the last {max(1, T_max // 2)} whenever the window fills",
-                    stacklevel=3,
-                )
-                warned = True
-            logits = steps.send((tokens, start))
-            token = pick(logits)
-            yield token
-            if stop_token is not None and token == stop_token:
-                return
-            tokens.append(token)
-
-    @staticmethod
-    def _window(tokens: list, lo: int) -> np.ndarray:
-        """tokens[lo:] as (B, n) intp ids: a list of ints is one row, a list of (B,) columns B rows.
-
-        >>> GPT._window([5, 6, 7], 1).tolist(), GPT._window([np.array([1, 2]), np.array([3, 4])], 0).tolist()
-        ([[6, 7]], [[1, 3], [2, 4]])
-        """
-        new = np.asarray(tokens[lo:], dtype=np.intp)  # (n,) or (n, B)
-        return np.ascontiguousarray(new.reshape(new.shape[0], -1).T)
+    def next_logits(self, ids) -> np.ndarray:
+        """ids (B, T) -> the next token's logits (B, V) after each row's last position: the whole
+        window computed, only its last position unembedded (generation without a KV cache)."""
+        xf, _ = self._forward(ids, None, keep_cache=False)
+        return self._last_logits(xf[:, -1])
 
     def _last_logits(self, xf_last: np.ndarray) -> np.ndarray:
         """xf_last (B, C) final-normed last positions -> logits (B, V)."""
         return self.ops.unembed(xf_last, self._unembedding())
 
-    def _steps_uncached(self):
-        """Coroutine: receives (tokens, window start) as `_generate` holds them, returns the
-        next-token logits (B, V) by rerunning the whole window tokens[start:]."""
-        logits = None
-        while True:
-            tokens, start = yield logits
-            xf, _ = self._forward(self._window(tokens, start), None, keep_cache=False)
-            logits = self._last_logits(xf[:, -1])
-
-    def _steps_cached(self, rows: int):
-        """Coroutine like `_steps_uncached` for `rows` rows, with per-layer K/V caches (rows, Hkv,
-        T_max, hd), one slot per K/V head (n_kv_heads): only the positions not yet cached are
-        computed. When the window shifts, every position changes, so the caches are refilled
-        from the new window. One-position steps replay as a graph where `_captured_step` can."""
-        cfg = self.config
-        dtype = self.params["wte.weight"].dtype
-        shape = (rows, cfg.kv_heads, cfg.context_length, cfg.head_dim)
-        k_cache = [self.xp.empty(shape, dtype=dtype) for _ in range(cfg.n_layers)]
-        v_cache = [self.xp.empty(shape, dtype=dtype) for _ in range(cfg.n_layers)]
-        cached = 0  # positions held in the caches
-        window_start = 0  # index in the token list of cached position 0
-        step = None  # the one-position step, captured at its first use
-        logits = None
-        try:
-            while True:
-                tokens, start = yield logits
-                if start != window_start:
-                    window_start, cached = start, 0
-                new = self._window(tokens, window_start + cached)  # (B, n)
-                if new.shape[1] == 1 and step is None:
-                    step = self._captured_step(rows, k_cache, v_cache) or False
-                if new.shape[1] == 1 and step:
-                    logits = step(new, cached)
-                else:
-                    logits = self._cached_forward(self.backend.to_device(new), cached, k_cache, v_cache)
-                cached += new.shape[1]
-        finally:
-            if step:
-                step.close()
-
-    def _cached_forward(self, ids, start, k_cache: list, v_cache: list):
+    def forward_cached(self, ids, start, k_cache: list, v_cache: list):
         """ids (B, n) on the device, of positions start..start+n-1 -> next-token logits (B, V),
-        their keys and values written into the per-layer caches. `start` is an int, or for one
-        position an int32 device array (1,) where the ops read it there (a captured step)."""
+        their keys and values written into the per-layer caches (B, Hkv, T_max, hd) (generation
+        with a KV cache). `start` is an int, or for one position an int32 device array (1,)
+        where the ops read it there (a captured step, transformer/generation.py)."""
         cfg = self.config
         x = self.params["wte.weight"][ids]  # (B, n, C)
         if cfg.positional != "rope":
@@ -821,22 +732,6 @@ class GPT:
             x, _ = self._block_forward(i, x, None, attend)
         xf, _ = self._norm(x[:, -1], self.params["ln_f.weight"], self.params.get("ln_f.bias"))
         return self._last_logits(xf)
-
-    def _captured_step(self, rows: int, k_cache: list, v_cache: list):
-        """The one-position step of `_cached_forward` recorded once as a graph, or None where the
-        backend has none (the CPU), graphs are off, or an op would need the position on the host
-        (rotary positions, an attention without the fused decode kernel). -> step(new (B, 1) host
-        ids, position int) -> logits (B, V), the same device array at every step; `step.close()`."""
-        from tokenkit.transformer.backends import cuda_graphs_enabled
-
-        capture = self.backend.capture
-        on_device = getattr(self.ops, "decode_position_on_device", None)
-        dtype = self.params["wte.weight"].dtype
-        if capture is None or not cuda_graphs_enabled() or self.config.positional == "rope":
-            return None
-        if on_device is None or not on_device(dtype, self.config.head_dim):
-            return None
-        return _CapturedDecode(self, rows, k_cache, v_cache)
 
     # ------------------------------------------------------------------------- files
 
