@@ -22,8 +22,10 @@ from tokenkit.cli.specials import policy_name, special_options
 from tokenkit.cli.tokenizer_commands import corpus_options
 from tokenkit.common import atomic, atomic_dir
 from tokenkit.pipeline import PipelineError, checkpoint, hf, views
-from tokenkit.pipeline.config import Range, load_config_file
+from tokenkit.pipeline.config import DEFAULT_VOCAB_SIZE, Range, TrainConfig, load_config_file
+from tokenkit.pipeline.join import follow
 from tokenkit.pipeline.ranks import Ranks
+from tokenkit.pipeline.resume import resume_training
 from tokenkit.pipeline.run import (
     MAX_NEW_TOKENS,
     generate,
@@ -34,15 +36,9 @@ from tokenkit.pipeline.run import (
     token_text,
 )
 from tokenkit.pipeline.sources import SPECIAL_FLAGS, SPECIALS, CorpusSpec
-from tokenkit.pipeline.train import (
-    DEFAULT_VOCAB_SIZE,
-    StartFrom,
-    TrainConfig,
-    TrainResult,
-    follow,
-    resume_training,
-    train_model,
-)
+from tokenkit.pipeline.start import train_model
+from tokenkit.pipeline.start_from import StartFrom
+from tokenkit.pipeline.train import TrainResult
 from tokenkit.transformer import GPTConfig
 from tokenkit.transformer.backends import use_gpu
 from tokenkit.transformer.config import MAX_VOCAB_SIZE
@@ -807,10 +803,7 @@ def import_hf_command(directory, out, overwrite, context, tokenizer_json) -> int
 
 def _shape(cfg) -> str:
     """A model's sizes in a few words (K/V heads and an untied head where a Llama-style model has them)."""
-    heads = f"{cfg.n_heads} heads" + (f" ({cfg.kv_heads} K/V)" if cfg.kv_heads != cfg.n_heads else "")
-    untied = "" if cfg.tie_embeddings else ", untied head"
-    sizes = f"width {cfg.d_model}, context {cfg.context_length}, vocab {cfg.vocab_size}"
-    return f"{cfg.n_layers} layers, {heads}, {sizes}{untied}"
+    return cfg.describe() + ("" if cfg.tie_embeddings else ", untied head")
 
 
 COMMANDS = (

@@ -128,7 +128,7 @@ class TrainConfig:
         for f in dataclasses.fields(self):
             allowed, value = f.metadata["allowed"], getattr(self, f.name)
             if isinstance(allowed, Range) and (problem := allowed.problem(value)) is not None:
-                raise PipelineError(f"{_flag(f.name)} {problem}, got {_short(value)}")
+                raise PipelineError(f"{flag_of(f.name)} {problem}, got {_short(value)}")
         if self.min_lr > self.lr:
             raise PipelineError(f"--min-lr must be between 0 and --lr ({self.lr}), got {self.min_lr}")
         if self.lr * self.weight_decay > 1:  # each step scales the weights by 1 - lr * weight_decay
@@ -152,7 +152,7 @@ class TrainConfig:
             value = getattr(self, name)
             if part not in ROPE_SCALINGS.get(kind, ()) and value != _field(name).default:
                 takers = " or ".join(k for k, parts in ROPE_SCALINGS.items() if part in parts)
-                raise PipelineError(f"{_flag(name)} {value:g} needs --rope-scaling {takers} (it is {kind})")
+                raise PipelineError(f"{flag_of(name)} {value:g} needs --rope-scaling {takers} (it is {kind})")
         if kind == "none":
             return
         if self.positional != "rope":
@@ -188,7 +188,7 @@ class TrainConfig:
             key = str(raw_key).replace("-", "_")
             if key not in types:
                 raise PipelineError(f"unknown training setting {raw_key!r}; known: {', '.join(types)}")
-            given[key] = _coerce(key, types[key], value)
+            given[key] = coerce_setting(key, types[key], value)
         if "arch" in given:
             if given["arch"] not in ARCHITECTURES:
                 raise PipelineError(f"--arch must be one of {', '.join(ARCHITECTURES)}, got {_short(given['arch'])}")
@@ -257,7 +257,8 @@ def _field(name: str) -> dataclasses.Field:
     return TrainConfig.__dataclass_fields__[name]
 
 
-def _flag(name: str) -> str:
+def flag_of(name: str) -> str:
+    """The flag of setting `name`, as messages name it: "n_kv_heads" -> "--n-kv-heads"."""
     return "--" + name.replace("_", "-")
 
 
@@ -271,7 +272,9 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:30] + "..."
 
 
-def _coerce(key: str, typ: str, value: Any) -> Any:
+def coerce_setting(key: str, typ: str, value: Any) -> Any:
+    """`value` of setting `key` as its type `typ` ("int", "float", "bool", "str") holds it; one
+    line when it is of another type (an int is a float too)."""
     ok = {
         "int": isinstance(value, int) and not isinstance(value, bool),
         "float": isinstance(value, (int, float)) and not isinstance(value, bool),
@@ -283,7 +286,7 @@ def _coerce(key: str, typ: str, value: Any) -> Any:
     try:
         return float(value) if typ == "float" else value
     except OverflowError:  # an integer beyond any float, e.g. 10**400 in a JSON file
-        raise PipelineError(f"{_flag(key)} must be a finite number, got {_short(value)}") from None
+        raise PipelineError(f"{flag_of(key)} must be a finite number, got {_short(value)}") from None
 
 
 def _read_small(path: Path) -> str:

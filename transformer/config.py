@@ -331,6 +331,17 @@ class GPTConfig:
         """Whether the q, k, v projection (attn.c_attn) has a bias."""
         return self.bias if self.qkv_bias is None else self.qkv_bias
 
+    def describe(self) -> str:
+        """The model's sizes in a few words, as the commands' summaries show them (K/V heads where
+        fewer than the query heads).
+
+        >>> GPTConfig(n_kv_heads=4).describe()
+        '12 layers, 12 heads (4 K/V), width 768, context 1024, vocab 50257'
+        """
+        heads = f"{self.n_heads} heads" + (f" ({self.kv_heads} K/V)" if self.kv_heads != self.n_heads else "")
+        sizes = f"width {self.d_model}, context {self.context_length}, vocab {self.vocab_size}"
+        return f"{self.n_layers} layers, {heads}, {sizes}"
+
     def n_params(self) -> int:
         """Number of parameters (float32 each: 4 bytes).
 
