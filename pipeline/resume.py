@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tokenkit.pipeline import checkpoint, data, rundir, sources
+from tokenkit.pipeline import checkpoint, data, rundir, sources, trainlog
 from tokenkit.pipeline.config import TrainConfig, coerce_setting, flag_of
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.join import describe_split, train_joined
@@ -115,7 +115,7 @@ def resume_training(
         if ranks is not None:
             say(describe_split(run))
         # records past the checkpoint we continue from go, and so does damage (said in one line)
-        note = checkpoint.truncate_log(run_dir / checkpoint.LOG_FILE, state.step)
+        note = trainlog.truncate_log(run_dir / checkpoint.LOG_FILE, state.step)
         if note is not None:
             say(note)
         return train_joined(run)

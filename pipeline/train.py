@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from tokenkit import __version__
 from tokenkit.common.processes import note_interrupt
-from tokenkit.pipeline import checkpoint, data, rundir
+from tokenkit.pipeline import checkpoint, data, rundir, trainlog
 from tokenkit.pipeline.config import TrainConfig
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.ranks import Ranks
@@ -266,7 +266,7 @@ class TrainingRun:
         """Train from this step to the last (on MPI ranks, once pipeline/join.py has joined them)."""
         cfg = self.config
         log_path = self.files.dir / checkpoint.LOG_FILE
-        log = checkpoint.JsonlLog(log_path) if self.leader else _NoLog()
+        log = trainlog.JsonlLog(log_path) if self.leader else _NoLog()
         # wall-clock times live here, never in the weight files (identical runs, identical files)
         session = {
             "type": "session",
@@ -381,7 +381,7 @@ class TrainingRun:
         except (PipelineError, ValueError):
             return None
 
-    def checkpoint(self, log: checkpoint.JsonlLog) -> None:
+    def checkpoint(self, log: trainlog.JsonlLog) -> None:
         """Evaluate, then save the full state, and the model when it is the best so far."""
         val = self.evaluate()
         self.last_val_loss, self.last_val_step = val, self.step
@@ -396,7 +396,7 @@ class TrainingRun:
         self.save_state()
         self.files.commit()  # a run replacing another's: its first checkpoint takes the directory
 
-    def save_on_interrupt(self, log: checkpoint.JsonlLog) -> None:
+    def save_on_interrupt(self, log: trainlog.JsonlLog) -> None:
         """Ctrl-C: save the state at this step boundary; give the run a model file if it has none.
 
         The interrupt-time evaluation is not counted as a "best" in the training state, so the
