@@ -2,8 +2,11 @@
 
 Every field has a flag in `tk train-model` (cli/model_commands.py) and may come from a JSON or
 TOML file (`load_config_file`); values are type-checked and range-checked here, before any work.
+The model's settings are GPTConfig's fields (`model_setting`): their help and ranges are declared
+there once, and only their defaults, a laptop-sized model's, are set here.
 
-What it deliberately does not do: run anything (pipeline/train.py does).
+What it deliberately does not do: declare the model's ranges (transformer/config.py does), or
+run anything (pipeline/start.py and pipeline/train.py do).
 """
 
 from __future__ import annotations
