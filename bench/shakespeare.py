@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from tokenkit.bpe import Tokenizer
     from tokenkit.pipeline import checkpoint, data
-    from tokenkit.pipeline.train import TrainConfig, train_model
+    from tokenkit.pipeline.config import TrainConfig
+    from tokenkit.pipeline.start import train_model
 
     tokenizer = Tokenizer([], pattern="none")  # byte-level: ids 0-255 are the bytes, no merges
     config = TrainConfig(

@@ -89,11 +89,8 @@ def import_hf_command(directory, out, overwrite, context, tokenizer_json) -> int
 
 
 def _shape(cfg) -> str:
-    """A model's sizes in a few words (K/V heads and an untied head where a Llama-style model has them)."""
-    heads = f"{cfg.n_heads} heads" + (f" ({cfg.kv_heads} K/V)" if cfg.kv_heads != cfg.n_heads else "")
-    untied = "" if cfg.tie_embeddings else ", untied head"
-    sizes = f"width {cfg.d_model}, context {cfg.context_length}, vocab {cfg.vocab_size}"
-    return f"{cfg.n_layers} layers, {heads}, {sizes}{untied}"
+    """A model's sizes in a few words (`GPTConfig.describe`), and an untied head where it has one."""
+    return cfg.describe() + ("" if cfg.tie_embeddings else ", untied head")
 
 
 COMMANDS = (export_hf_command, import_hf_command)

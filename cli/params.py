@@ -1,5 +1,5 @@
 """Numeric flags: every one parsed by `Number`, which refuses NaN, infinities and values out of
-its `pipeline.config.Range` before the command does any work, in the words `TrainConfig` uses
+its `transformer.config.Range` before the command does any work, in the words `TrainConfig` uses
 for a settings file ("--lr must be a finite number, got inf").
 
 What it deliberately does not do: know what a flag means; the ranges come from TrainConfig's
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from tokenkit.pipeline.config import Range
+from tokenkit.transformer.config import Range
 
 
 class Number(click.ParamType):

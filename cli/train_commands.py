@@ -36,19 +36,15 @@ from tokenkit.cli.options import (
 from tokenkit.cli.params import Number, count
 from tokenkit.cli.specials import policy_name, special_options
 from tokenkit.pipeline import checkpoint
-from tokenkit.pipeline.config import Range, load_config_file
+from tokenkit.pipeline.config import DEFAULT_VOCAB_SIZE, Range, TrainConfig, load_config_file
+from tokenkit.pipeline.join import follow
 from tokenkit.pipeline.ranks import Ranks
+from tokenkit.pipeline.resume import resume_training
 from tokenkit.pipeline.run import generate, load_tokenizer, predict_next, run_pipeline, token_text
 from tokenkit.pipeline.sources import SPECIALS, CorpusSpec
-from tokenkit.pipeline.train import (
-    DEFAULT_VOCAB_SIZE,
-    StartFrom,
-    TrainConfig,
-    TrainResult,
-    follow,
-    resume_training,
-    train_model,
-)
+from tokenkit.pipeline.start import train_model
+from tokenkit.pipeline.start_from import StartFrom
+from tokenkit.pipeline.train import TrainResult
 from tokenkit.transformer.backends import use_gpu
 from tokenkit.transformer.config import MAX_VOCAB_SIZE
 

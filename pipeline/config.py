@@ -2,14 +2,16 @@
 
 Every field has a flag in `tk train-model` (cli/model_commands.py) and may come from a JSON or
 TOML file (`load_config_file`); values are type-checked and range-checked here, before any work.
+The model's settings are GPTConfig's fields (`model_setting`): their help and ranges are declared
+there once, and only their defaults, a laptop-sized model's, are set here.
 
-What it deliberately does not do: run anything (pipeline/train.py does).
+What it deliberately does not do: declare the model's ranges (transformer/config.py does), or
+run anything (pipeline/start.py and pipeline/train.py do).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,15 +22,7 @@ from tokenkit.common import FileError, jsonsafe, readfile
 from tokenkit.common.messages import short
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.transformer import GPTConfig
-from tokenkit.transformer.config import (
-    ARCHITECTURES,
-    MAX_CONTEXT_LENGTH,
-    MAX_D_MODEL,
-    MAX_LAYERS,
-    MAX_MLP_HIDDEN,
-    MAX_ROPE_FACTOR,
-    ROPE_SCALINGS,
-)
+from tokenkit.transformer.config import ARCHITECTURES, ROPE_SCALINGS, Range, RopeScaling, setting
 
 try:  # Python >= 3.11
     import tomllib
@@ -39,55 +33,27 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
         tomllib = None  # type: ignore[assignment]
 
 DEFAULT_VOCAB_SIZE = 1024  # tokenizer trained when none is given: laptop-sized, like the model defaults
-MODEL_FIELDS = (
-    "n_layers", "n_heads", "d_model", "context_length", "positional", "activation", "norm", "bias", "norm_type",
-    "norm_eps", "rope_theta", "mlp_hidden", "n_kv_heads", "tie_embeddings", "qkv_bias",
-)  # fmt: skip
-# The settings of a RoPE scaling (`--rope-scaling TYPE`) -> the RopeScaling field each one is; a
-# type takes those its ROPE_SCALINGS entry names, and the others keep their defaults.
-ROPE_FIELDS = {
-    "rope_factor": "factor",
-    "rope_low_freq_factor": "low_freq_factor",
-    "rope_high_freq_factor": "high_freq_factor",
-    "rope_original_context_length": "original_context_length",
-}
 MAX_STEPS = 10**12  # a million steps an hour for a century; also bounds --eval-interval and --warmup-steps
 MAX_BATCH = 1 << 20  # windows per step; the memory check refuses much less on most machines
 MAX_EVAL_BATCHES = 100_000  # validation batches per evaluation, each a forward pass
 MAX_WORKERS = 1024  # processes per command (each holds its own gradients or text pieces)
 
 
-@dataclass(frozen=True)
-class Range:
-    """The values a numeric setting may take: a finite number from `low` to `high` (None: no
-    bound; `low_open`/`high_open` exclude that end). `problem` says what is wrong with a value.
+def model_setting(name: str, default: Any, of: type = GPTConfig) -> Any:
+    """A TrainConfig field that sets the model's field `name` (GPTConfig's, or RopeScaling's for
+    the rope_* settings), with that field's help and range and this run's `default`. Where the
+    model's field may be None (its `unset` meaning), a flag says None as 0, off or none.
 
-    >>> Range(0, 1, low_open=True).problem(float("inf")), Range(1, 8).problem(9), Range(0).problem(0)
-    ('must be a finite number', 'must be at most 8', None)
+    >>> model_setting("mlp_hidden", 0).metadata["help"]
+    'MLP width (0: 4 x --d-model; with swiglu about 8/3 x)'
     """
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-
-    def problem(self, value: float) -> str | None:
-        """What is wrong with `value` ("must be at least 1"), or None when it is in range."""
-        if isinstance(value, float) and not math.isfinite(value):
-            return "must be a finite number"
-        low, high = self.low, self.high
-        if low is not None and (value < low or (self.low_open and value == low)):
-            if low == 0:
-                return "must be positive" if self.low_open else "must not be negative"
-            return f"must be above {low:,}" if self.low_open else f"must be at least {low:,}"
-        if high is not None and (value > high or (self.high_open and value == high)):
-            return f"must be below {high:,}" if self.high_open else f"must be at most {high:,}"
-        return None
-
-
-def _setting(default: Any, help: str, allowed: Range | tuple[str, ...] | None = None) -> Any:
-    """A TrainConfig field: its default, its flag's help, and the numbers (a Range) or names it may take."""
-    return field(default=default, metadata={"help": help, "allowed": allowed})
+    model_field = of.__dataclass_fields__[name]
+    help, allowed, unset = (model_field.metadata[k] for k in ("help", "allowed", "unset"))
+    if unset and isinstance(allowed, Range):
+        help, allowed = f"{help} (0: {unset})", dataclasses.replace(allowed, low=0)
+    elif unset and isinstance(allowed, tuple):
+        allowed = ("none", *allowed)
+    return field(default=default, metadata={"help": help, "allowed": allowed, "model": (of, name)})
 
 
 @dataclass
@@ -98,72 +64,60 @@ class TrainConfig:
     visibly learned model in about a minute on 2 cores: it learns to carry a story's hero's name
     (an induction head), steadily across seeds (the measurements behind them: BENCHMARKS.md).
     Each field's metadata holds its flag's help and its range, checked for a flag, a settings
-    file and a recorded run alike; `tk train-model` derives its flags from them.
+    file and a recorded run alike; `tk train-model` derives its flags from them. The model's
+    settings take theirs from GPTConfig's fields (`model_setting`) and differ only in their
+    defaults, a laptop-sized model's.
     """
 
     # model (the vocabulary size comes from the tokenizer)
-    arch: str = _setting(
+    arch: str = setting(
         "gpt2",
         "architecture: sets the variant settings not given (gpt2: learned positions, GELU, LayerNorm, biases, "
         "tied embeddings; llama: rotary positions, SwiGLU, RMSNorm, no biases, untied embeddings)",
         tuple(ARCHITECTURES),
     )
-    n_layers: int = _setting(2, "transformer blocks", Range(1, MAX_LAYERS))
-    n_heads: int = _setting(4, "attention heads (must divide --d-model)", Range(1, MAX_D_MODEL))
-    d_model: int = _setting(128, "width of the residual stream", Range(1, MAX_D_MODEL))
-    context_length: int = _setting(64, "tokens of context (T)", Range(1, MAX_CONTEXT_LENGTH))
-    positional: str = _setting("learned", "positional encoding", ("learned", "sinusoidal", "rope"))
-    activation: str = _setting("gelu", "MLP activation (swiglu: a gated MLP)", ("gelu", "relu", "swiglu"))
-    norm: str = _setting("pre", "normalisation placement", ("pre", "post"))
-    bias: bool = _setting(True, "biases in linear layers and LayerNorms")
-    norm_type: str = _setting("layernorm", "normalisation", ("layernorm", "rmsnorm"))
-    norm_eps: float = _setting(1e-5, "epsilon of the normalisation", Range(0, 1, low_open=True))
-    rope_theta: float = _setting(10000.0, "base of the rotary positions' wavelengths", Range(0, 1e12, low_open=True))
-    mlp_hidden: int = _setting(0, "MLP width (0: 4 x --d-model; with swiglu about 8/3 x)", Range(0, MAX_MLP_HIDDEN))
-    n_kv_heads: int = _setting(
-        0, "K/V heads, each shared by a group of query heads (must divide --n-heads; 0: one per head)",
-        Range(0, MAX_D_MODEL),
-    )  # fmt: skip
-    tie_embeddings: bool = _setting(True, "logits from the token embedding (off: a separate lm_head)")
-    qkv_bias: bool = _setting(False, "biases on q, k, v even without --bias (as Qwen2)")
-    rope_scaling: str = _setting(
-        "none",
-        "stretch the rotary frequencies for a longer context (linear: every one divided by --rope-factor; "
-        "llama3: Llama 3.1's, by wavelength)",
-        ("none", *ROPE_SCALINGS),
-    )
-    rope_factor: float = _setting(1.0, "RoPE scaling: how far the frequencies are divided", Range(1, MAX_ROPE_FACTOR))
-    rope_low_freq_factor: float = _setting(
-        1.0, "llama3 scaling: wavelengths over --rope-original-context-length / this are divided",
-        Range(0, MAX_ROPE_FACTOR, low_open=True),
-    )  # fmt: skip
-    rope_high_freq_factor: float = _setting(
-        4.0, "llama3 scaling: wavelengths under --rope-original-context-length / this are kept, those between blended",
-        Range(0, MAX_ROPE_FACTOR, low_open=True),
-    )  # fmt: skip
-    rope_original_context_length: int = _setting(
-        8192, "llama3 scaling: the context the model was first trained on", Range(1, MAX_CONTEXT_LENGTH)
-    )
+    n_layers: int = model_setting("n_layers", 2)
+    n_heads: int = model_setting("n_heads", 4)
+    d_model: int = model_setting("d_model", 128)
+    context_length: int = model_setting("context_length", 64)
+    positional: str = model_setting("positional", "learned")
+    activation: str = model_setting("activation", "gelu")
+    norm: str = model_setting("norm", "pre")
+    bias: bool = model_setting("bias", True)
+    norm_type: str = model_setting("norm_type", "layernorm")
+    norm_eps: float = model_setting("norm_eps", 1e-5)
+    rope_theta: float = model_setting("rope_theta", 10000.0)
+    mlp_hidden: int = model_setting("mlp_hidden", 0)
+    n_kv_heads: int = model_setting("n_kv_heads", 0)
+    tie_embeddings: bool = model_setting("tie_embeddings", True)
+    qkv_bias: bool = model_setting("qkv_bias", False)
+    # RoPE scaling, a RopeScaling's fields one by one: a type takes those its ROPE_SCALINGS entry
+    # names, and the others keep their defaults (Llama 3.1's)
+    rope_scaling: str = model_setting("type", "none", RopeScaling)
+    rope_factor: float = model_setting("factor", 1.0, RopeScaling)
+    rope_low_freq_factor: float = model_setting("low_freq_factor", 1.0, RopeScaling)
+    rope_high_freq_factor: float = model_setting("high_freq_factor", 4.0, RopeScaling)
+    rope_original_context_length: int = model_setting("original_context_length", 8192, RopeScaling)
     # optimisation
-    batch_size: int = _setting(16, "windows per step (B)", Range(1, MAX_BATCH))
-    steps: int = _setting(2000, "optimizer steps in total", Range(1, MAX_STEPS))
-    lr: float = _setting(4e-3, "peak learning rate", Range(0, 1, low_open=True))
-    min_lr: float = _setting(4e-4, "learning rate at the end of the cosine decay", Range(0, 1))
-    warmup_steps: int = _setting(50, "linear warmup steps", Range(0, MAX_STEPS))
-    weight_decay: float = _setting(0.1, "AdamW decoupled weight decay (2-D weights only)", Range(0, 1e4))
-    beta1: float = _setting(0.9, "AdamW beta1", Range(0, 1, high_open=True))
-    beta2: float = _setting(0.99, "AdamW beta2", Range(0, 1, high_open=True))
-    grad_clip: float = _setting(1.0, "global gradient-norm clip (0: off)", Range(0))
+    batch_size: int = setting(16, "windows per step (B)", Range(1, MAX_BATCH))
+    steps: int = setting(2000, "optimizer steps in total", Range(1, MAX_STEPS))
+    lr: float = setting(4e-3, "peak learning rate", Range(0, 1, low_open=True))
+    min_lr: float = setting(4e-4, "learning rate at the end of the cosine decay", Range(0, 1))
+    warmup_steps: int = setting(50, "linear warmup steps", Range(0, MAX_STEPS))
+    weight_decay: float = setting(0.1, "AdamW decoupled weight decay (2-D weights only)", Range(0, 1e4))
+    beta1: float = setting(0.9, "AdamW beta1", Range(0, 1, high_open=True))
+    beta2: float = setting(0.99, "AdamW beta2", Range(0, 1, high_open=True))
+    grad_clip: float = setting(1.0, "global gradient-norm clip (0: off)", Range(0))
     # evaluation and data
-    eval_interval: int = _setting(100, "evaluate + checkpoint every N steps", Range(1, MAX_STEPS))
-    eval_batches: int = _setting(10, "validation batches per evaluation", Range(1, MAX_EVAL_BATCHES))
-    val_fraction: float = _setting(
+    eval_interval: int = setting(100, "evaluate + checkpoint every N steps", Range(1, MAX_STEPS))
+    eval_batches: int = setting(10, "validation batches per evaluation", Range(1, MAX_EVAL_BATCHES))
+    val_fraction: float = setting(
         0.1, "last fraction of the corpus held out for validation", Range(0, 1, low_open=True, high_open=True)
     )
-    seed: int = _setting(0, "seed for initialisation and batches", Range(0, 2**64 - 1))
+    seed: int = setting(0, "seed for initialisation and batches", Range(0, 2**64 - 1))
     # the machine: processes computing each step's batch shards, 0 = one per core. Results are
     # bit-identical for the same seed and the same count, so giving it reproduces a run elsewhere.
-    workers: int = _setting(
+    workers: int = setting(
         0,
         "processes computing each step's batch shards (0: one per core; "
         "the same count gives bit-identical runs on any machine)",
@@ -178,7 +132,7 @@ class TrainConfig:
         for f in dataclasses.fields(self):
             allowed, value = f.metadata["allowed"], getattr(self, f.name)
             if isinstance(allowed, Range) and (problem := allowed.problem(value)) is not None:
-                raise PipelineError(f"{_flag(f.name)} {problem}, got {short(value)}")
+                raise PipelineError(f"{flag_of(f.name)} {problem}, got {short(value)}")
         if self.min_lr > self.lr:
             raise PipelineError(f"--min-lr must be between 0 and --lr ({self.lr}), got {self.min_lr}")
         if self.lr * self.weight_decay > 1:  # each step scales the weights by 1 - lr * weight_decay
@@ -202,7 +156,7 @@ class TrainConfig:
             value = getattr(self, name)
             if part not in ROPE_SCALINGS.get(kind, ()) and value != _field(name).default:
                 takers = " or ".join(k for k, parts in ROPE_SCALINGS.items() if part in parts)
-                raise PipelineError(f"{_flag(name)} {value:g} needs --rope-scaling {takers} (it is {kind})")
+                raise PipelineError(f"{flag_of(name)} {value:g} needs --rope-scaling {takers} (it is {kind})")
         if kind == "none":
             return
         if self.positional != "rope":
@@ -238,7 +192,7 @@ class TrainConfig:
             key = str(raw_key).replace("-", "_")
             if key not in types:
                 raise PipelineError(f"unknown training setting {raw_key!r}; known: {', '.join(types)}")
-            given[key] = _coerce(key, types[key], value)
+            given[key] = coerce_setting(key, types[key], value)
         if "arch" in given:
             if given["arch"] not in ARCHITECTURES:
                 raise PipelineError(f"--arch must be one of {', '.join(ARCHITECTURES)}, got {short(given['arch'])}")
@@ -252,11 +206,10 @@ class TrainConfig:
         return cls.from_dict(load_config_file(path), base)
 
     def model_config(self, vocab_size: int) -> dict[str, Any]:
-        """The GPTConfig fields for this run (dropout-free, causal); 0 and off say "the default" here
-        where GPTConfig says None (`model_settings` is the way back)."""
+        """The GPTConfig fields for this run (causal); 0 and off say here what GPTConfig's None says
+        (`model_setting`; `model_settings` is the way back)."""
         cfg = {name: getattr(self, name) for name in MODEL_FIELDS}
-        cfg.update(mlp_hidden=self.mlp_hidden or None, n_kv_heads=self.n_kv_heads or None)
-        cfg["qkv_bias"] = self.qkv_bias or None
+        cfg.update({name: cfg[name] or None for name in _NONE_AS_ZERO})
         cfg["rope_scaling"] = self.rope_scaling_dict()
         cfg["vocab_size"] = vocab_size
         return cfg
@@ -274,6 +227,14 @@ class TrainConfig:
         return {"type": self.rope_scaling, **{p: getattr(self, n) for n, p in ROPE_FIELDS.items() if p in parts}}
 
 
+# TrainConfig's settings of the model (`model_setting`): GPTConfig's fields of the same names, and
+# the RoPE scaling's fields (rope_scaling is its type, rope_* the RopeScaling field named)
+_MODEL_PARTS = {f.name: f.metadata["model"] for f in dataclasses.fields(TrainConfig) if "model" in f.metadata}
+MODEL_FIELDS = tuple(name for name, (of, _) in _MODEL_PARTS.items() if of is GPTConfig)
+ROPE_FIELDS = {name: part for name, (of, part) in _MODEL_PARTS.items() if of is RopeScaling and part != "type"}
+_NONE_AS_ZERO = tuple(name for name in MODEL_FIELDS if GPTConfig.__dataclass_fields__[name].metadata["unset"])
+
+
 def model_settings(config: GPTConfig) -> dict[str, Any]:
     """The TrainConfig settings of a model's shape (`MODEL_FIELDS`, and `arch` when the model is
     of one of the families): `TrainConfig.model_config`'s inverse.
@@ -284,12 +245,12 @@ def model_settings(config: GPTConfig) -> dict[str, Any]:
     ('llama', 4, 0, False)
     """
     values = {name: getattr(config, name) for name in MODEL_FIELDS}
-    values.update(mlp_hidden=config.mlp_hidden or 0, n_kv_heads=config.n_kv_heads or 0, qkv_bias=bool(config.qkv_bias))
     scaling = config.rope_scaling
-    values["rope_scaling"] = "none" if scaling is None else scaling.type
-    for name, part in ROPE_FIELDS.items():  # the numbers a type does not take keep their defaults
-        number = None if scaling is None else getattr(scaling, part)
-        values[name] = _field(name).default if number is None else number
+    values["rope_scaling"] = None if scaling is None else scaling.type
+    values.update({name: None if scaling is None else getattr(scaling, part) for name, part in ROPE_FIELDS.items()})
+    # None (the usual value, or a number the scaling does not take) is the setting's default:
+    # 0, off, none, or Llama 3.1's numbers
+    values = {name: _field(name).default if value is None else value for name, value in values.items()}
     if config.architecture in ARCHITECTURES:
         values["arch"] = config.architecture
     return values
@@ -300,11 +261,14 @@ def _field(name: str) -> dataclasses.Field:
     return TrainConfig.__dataclass_fields__[name]
 
 
-def _flag(name: str) -> str:
+def flag_of(name: str) -> str:
+    """The flag of setting `name`, as messages name it: "n_kv_heads" -> "--n-kv-heads"."""
     return "--" + name.replace("_", "-")
 
 
-def _coerce(key: str, typ: str, value: Any) -> Any:
+def coerce_setting(key: str, typ: str, value: Any) -> Any:
+    """`value` of setting `key` as its type `typ` ("int", "float", "bool", "str") holds it; one
+    line when it is of another type (an int is a float too)."""
     ok = {
         "int": isinstance(value, int) and not isinstance(value, bool),
         "float": isinstance(value, (int, float)) and not isinstance(value, bool),
@@ -316,7 +280,7 @@ def _coerce(key: str, typ: str, value: Any) -> Any:
     try:
         return float(value) if typ == "float" else value
     except OverflowError:  # an integer beyond any float, e.g. 10**400 in a JSON file
-        raise PipelineError(f"{_flag(key)} must be a finite number, got {short(value)}") from None
+        raise PipelineError(f"{flag_of(key)} must be a finite number, got {short(value)}") from None
 
 
 def _read_small(path: Path) -> str:

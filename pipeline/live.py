@@ -4,7 +4,7 @@ training log it appends to.
 `LiveModel` loads a model file again when it changed (another inode, size or modification time:
 tk writes every file atomically, so a changed file is a whole new one); when the new one does not
 load, the previous model stays. `TrainingLog` reads `log.jsonl` once, then only the lines
-appended since (`checkpoint.read_log_from`), keeping each record's few numbers in flat arrays
+appended since (`trainlog.read_log_from`), keeping each record's few numbers in flat arrays
 (a long run's log is hundreds of thousands of lines).
 
 What it deliberately does not do: decide what a view shows (pipeline/views.py), watch in the
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenkit.pipeline import checkpoint
+from tokenkit.pipeline import checkpoint, trainlog
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.run import load_tokenizer
 
@@ -122,7 +122,7 @@ class TrainingLog:
             return self
         if signature == self._signature:
             return self
-        tail = checkpoint.read_log_from(self.path, self._offset, self._file_id)
+        tail = trainlog.read_log_from(self.path, self._offset, self._file_id)
         if tail.restarted:
             self._reset()
         self._offset, self._file_id, self._signature = tail.offset, tail.file_id, signature

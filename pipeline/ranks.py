@@ -13,8 +13,9 @@ Every step the ranks agree on whether to stop (`any`, one tiny Allreduce): Ctrl-
 alone saves. When rank 0 finishes without training (a finished run, an up-to-date pipeline)
 it says so (`finish`), and the followers exit quietly.
 
-What it deliberately does not do: any math (`transformer.parallel.MPIDataParallel` computes
-and sums the shards), or import mpi4py itself except to count the ranks on one node.
+What it deliberately does not do: decide what a run's announcement holds or build the
+followers' run from it (pipeline/join.py), any math (`transformer.parallel.MPIDataParallel`
+computes and sums the shards), or import mpi4py itself except to count the ranks on one node.
 """
 
 from __future__ import annotations

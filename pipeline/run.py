@@ -30,19 +30,13 @@ import numpy as np
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.pipeline import checkpoint, data, rundir, sources
+from tokenkit.pipeline.config import DEFAULT_VOCAB_SIZE, TrainConfig
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.ranks import Ranks
-from tokenkit.pipeline.train import (
-    DEFAULT_VOCAB_SIZE,
-    TrainConfig,
-    TrainResult,
-    check_training_memory,
-    encode_note,
-    fit_tokenizer,
-    refuse_streams_under_mpi,
-    resume_training,
-    train_model,
-)
+from tokenkit.pipeline.resume import resume_training
+from tokenkit.pipeline.start import encode_note, fit_tokenizer, refuse_streams_under_mpi, train_model
+from tokenkit.pipeline.train import TrainResult
+from tokenkit.pipeline.train_memory import check_training_memory
 from tokenkit.transformer.backends import as_host
 
 MAX_NEW_TOKENS = 1_000_000  # tokens one generation may ask for: each is a forward pass and a list entry
@@ -354,7 +348,7 @@ def run_pipeline(
     only once training is known to start. Returns where things are and a prompt from the validation
     text for stage 4 (`predict_next` and `generate` on `checkpoint.load_model(run_dir)`), which the
     caller runs so it can stream. `ranks`: this is rank 0 of an MPI job; the other ranks join the
-    training stage (`pipeline.train.follow`), the others are rank 0's alone.
+    training stage (`pipeline.join.follow`), the others are rank 0's alone.
     """
     corpus = sources.open_corpus(corpus, warn=lambda msg: say(f"warning: {msg}"))
     refuse_streams_under_mpi(corpus.spec, ranks)

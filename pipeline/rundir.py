@@ -31,7 +31,7 @@ import os
 from pathlib import Path
 
 from tokenkit.common import FileError, atomic, readfile, staging
-from tokenkit.pipeline import checkpoint
+from tokenkit.pipeline import checkpoint, trainlog
 from tokenkit.pipeline.errors import PipelineError
 
 try:
@@ -192,7 +192,7 @@ class RunDir:
         if self.present(CHECKPOINT_FILES) or not self.present(_RUN_MARKS):
             return None
         try:
-            records = checkpoint.read_log(self.path / checkpoint.LOG_FILE)
+            records = trainlog.read_log(self.path / checkpoint.LOG_FILE)
         except (OSError, UnicodeDecodeError):
             records = []
         steps = [r["step"] for r in records if isinstance(r, dict) and type(r.get("step")) is int]

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from tokenkit.cli.main import main
-from tokenkit.pipeline import checkpoint
+from tokenkit.pipeline import checkpoint, trainlog
 from tokenkit.pipeline.checkpoint import load_model, load_train_state
 
 REPO = Path(__file__).resolve().parents[1]
@@ -311,7 +311,7 @@ def _tensors(path: Path) -> dict[str, np.ndarray]:
 def _losses(run_dir: Path) -> list[tuple]:
     return [
         (r["type"], r["step"], r.get("loss"), r.get("val_loss"))
-        for r in checkpoint.read_log(run_dir / "log.jsonl")
+        for r in trainlog.read_log(run_dir / "log.jsonl")
         if r["type"] in ("step", "eval")
     ]
 
@@ -417,7 +417,7 @@ def test_nan_loss_stops_with_the_last_good_checkpoint(corpus, run, tmp_path, mon
     model, _, meta = load_model(run_dir)
     assert meta["step"] == 5 and all(np.isfinite(p).all() for p in model.params.values())
     assert load_train_state(run_dir / "train_state.safetensors").step == 5
-    assert checkpoint.read_log(run_dir / "log.jsonl")[-1]["type"] == "stop"
+    assert trainlog.read_log(run_dir / "log.jsonl")[-1]["type"] == "stop"
 
 
 # --- the pipeline command --------------------------------------------------------------------

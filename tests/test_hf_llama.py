@@ -35,7 +35,7 @@ from tokenkit.bpe import Tokenizer, TokenizerError
 from tokenkit.bpe.hf_import import QWEN2_PATTERN
 from tokenkit.cli.main import main
 from tokenkit.common import safetensors_file
-from tokenkit.pipeline import PipelineError, checkpoint, hf_llama
+from tokenkit.pipeline import PipelineError, checkpoint, hf_llama, trainlog
 from tokenkit.transformer import GPT, GPTConfig
 from tokenkit.transformer.config import llama_config
 
@@ -303,7 +303,7 @@ def test_rope_scalings_are_written_as_transformers_writes_them_and_read_back(sca
 
 def losses(run_dir: Path) -> list[tuple]:
     """A run's logged training and validation losses, step by step."""
-    records = checkpoint.read_log(run_dir / checkpoint.LOG_FILE)
+    records = trainlog.read_log(run_dir / checkpoint.LOG_FILE)
     return [(r["type"], r["step"], r.get("loss"), r.get("val_loss")) for r in records if r["type"] in ("step", "eval")]
 
 

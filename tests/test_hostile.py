@@ -495,7 +495,8 @@ def run_fuzz(kind: str, source: Path, seed: int, n: int, timeout: float = 60) ->
 def files(tmp_path_factory) -> dict[str, Path]:
     """A tokenizer file, a model file (tiny model trained through the pipeline), an ids file."""
     from tokenkit.pipeline import checkpoint
-    from tokenkit.pipeline.train import TrainConfig, train_model
+    from tokenkit.pipeline.config import TrainConfig
+    from tokenkit.pipeline.start import train_model
 
     root = tmp_path_factory.mktemp("hostile")
     corpus = root / "corpus.txt"

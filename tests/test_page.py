@@ -30,7 +30,7 @@ from test_serve import EOT, Running, cli_json, train_files
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli import serve
 from tokenkit.cli.main import main
-from tokenkit.pipeline import checkpoint, views
+from tokenkit.pipeline import checkpoint, trainlog, views
 from tokenkit.pipeline.run import load_model_and_tokenizer
 from tokenkit.transformer import GPT, GPTConfig
 
@@ -528,7 +528,7 @@ def chart_points(p, kind: str) -> list[tuple[int, float]]:
 
 def test_training_chart_is_the_log(page, files):
     p = page(view="training")
-    records = checkpoint.read_log(files["run"] / "log.jsonl")
+    records = trainlog.read_log(files["run"] / "log.jsonl")
     logged = {r["step"]: r["loss"] for r in records if r["type"] == "step"}
     train = chart_points(p, "train")
     assert train and all(logged[s] == x for s, x in train)  # a thinned curve's points are the log's
@@ -545,8 +545,8 @@ def test_training_follows_a_growing_log_without_reloading(browser, files, tmp_pa
     run = tmp_path / "run"
     shutil.copytree(files["run"], run)
     log_path = run / checkpoint.LOG_FILE
-    records = checkpoint.read_log(log_path)
-    checkpoint.truncate_log(log_path, 5)  # a run at step 5 of 20
+    records = trainlog.read_log(log_path)
+    trainlog.truncate_log(log_path, 5)  # a run at step 5 of 20
     live = Running(serve.make_server(run, port=0))
     base = f"http://127.0.0.1:{live.port}/"
     try:
@@ -554,7 +554,7 @@ def test_training_follows_a_growing_log_without_reloading(browser, files, tmp_pa
         assert [s for s, _ in chart_points(p, "train")] == [1, 2, 3, 4, 5]
         assert attrs(p, "#training-stats", "finished") == [("0",)]
         p.evaluate("() => { window.tkNotReloaded = true; }")
-        log = checkpoint.JsonlLog(log_path)  # training goes on, written as tk writes it
+        log = trainlog.JsonlLog(log_path)  # training goes on, written as tk writes it
         try:
             for r in records:
                 if r["type"] != "session" and 5 < r["step"] <= 12:

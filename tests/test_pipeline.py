@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenkit.common import safetensors_file
-from tokenkit.pipeline import PipelineError, checkpoint, data, sources
+from tokenkit.pipeline import PipelineError, checkpoint, data, sources, trainlog
 from tokenkit.pipeline.config import TrainConfig, load_config_file, model_settings
 from tokenkit.transformer import GPTConfig, ModelError
 
@@ -68,14 +68,14 @@ def test_remove_stale_temps_removes_only_our_temps_of_dead_writers(tmp_path):
 
 def test_truncate_log_drops_records_past_step_and_torn_lines(tmp_path):
     path = tmp_path / "log.jsonl"
-    log = checkpoint.JsonlLog(path)
+    log = trainlog.JsonlLog(path)
     for s in range(1, 6):
         log.write({"type": "step", "step": s, "loss": 1.0 / s})
     log.close()
     with open(path, "a", encoding="utf-8") as f:
         f.write('{"type": "step", "st')  # a kill mid-line
-    checkpoint.truncate_log(path, 3)
-    assert [r["step"] for r in checkpoint.read_log(path)] == [1, 2, 3]
+    trainlog.truncate_log(path, 3)
+    assert [r["step"] for r in trainlog.read_log(path)] == [1, 2, 3]
 
 
 def test_read_header_errors_are_one_line(tmp_path):

@@ -33,7 +33,7 @@ from test_run_dir import write_words  # the same corpus
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli.main import main
 from tokenkit.common import FileError, atomic, atomic_dir, safetensors_file
-from tokenkit.pipeline import checkpoint
+from tokenkit.pipeline import checkpoint, trainlog
 from tokenkit.pipeline.checkpoint import STAGED_DIR, load_model, load_train_state
 from tokenkit.pipeline.rundir import RUN_FILES, RunDir
 from tokenkit.transformer import GPT, GPTConfig, memory
@@ -572,7 +572,7 @@ def assert_new_run(d: Path, first_checkpoint: int) -> None:
     )
     tokens = json.loads((d / "tokens.json").read_text(encoding="utf-8"))["tokens.npy"]
     assert tokens["tokenizer_fingerprint"] == tok.fingerprint()
-    sessions = [r for r in checkpoint.read_log(d / "log.jsonl") if r["type"] == "session"]
+    sessions = [r for r in trainlog.read_log(d / "log.jsonl") if r["type"] == "session"]
     assert sessions[0]["step"] == 0
     assert not (d / STAGED_DIR).exists()
 

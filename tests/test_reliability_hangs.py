@@ -37,7 +37,7 @@ import pytest
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli.main import main
 from tokenkit.common import atomic, readfile, safetensors_file
-from tokenkit.pipeline import checkpoint
+from tokenkit.pipeline import checkpoint, trainlog
 from tokenkit.pipeline.config import MAX_WORKERS
 
 CALL_SECONDS = 20
@@ -452,7 +452,7 @@ LOG_DAMAGE = {  # what replaces line 3 of log.jsonl -> the reason the note gives
     "a string step": (b'{"step": "2", "type": "step"}\n', "its step is not a whole number"),
     "a NaN step": (b'{"step": NaN, "type": "step"}\n', "its step is not a whole number"),
     "deep nesting": (b"[" * 100_000 + b"]" * 100_000 + b"\n", "not JSON"),
-    "a huge line": (b"x" * (checkpoint.MAX_LOG_LINE + 10) + b"\n", "longer than"),
+    "a huge line": (b"x" * (trainlog.MAX_LOG_LINE + 10) + b"\n", "longer than"),
 }
 
 
@@ -480,7 +480,7 @@ def test_resume_over_a_damaged_log_drops_the_damaged_line_with_one_note(base, tm
         else:
             assert len(notes) == 1 and str(run / checkpoint.LOG_FILE) in notes[0], f"{name}: {err}"
             assert "line 3" in notes[0] and why in notes[0], notes[0]
-        records = checkpoint.read_log(run / checkpoint.LOG_FILE)
+        records = trainlog.read_log(run / checkpoint.LOG_FILE)
         assert len(records) == len((run / checkpoint.LOG_FILE).read_bytes().splitlines())  # nothing damaged kept
         assert max(r["step"] for r in records) == 8  # and the resumed run logged its steps
 
@@ -745,13 +745,13 @@ def test_a_full_disk_names_the_file_and_the_free_space(base, tmp_path, capsys, m
 
 
 def test_a_full_disk_while_logging_names_the_log(base, tmp_path, capsys, monkeypatch):
-    real = checkpoint.JsonlLog.__init__
+    real = trainlog.JsonlLog.__init__
 
     def init(self, path):
         real(self, path)
         self._f = _FullDisk(self._f)
 
-    monkeypatch.setattr(checkpoint.JsonlLog, "__init__", init)
+    monkeypatch.setattr(trainlog.JsonlLog, "__init__", init)
     run = tmp_path / "run"
     shutil.copytree(base["run"], run)
     line = one_line(cli(capsys, "train-model", "--resume", run, "-q"), "disk is full")

@@ -28,7 +28,7 @@ import pytest
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli import serve, serve_api
 from tokenkit.cli.main import main
-from tokenkit.pipeline import checkpoint, forward_views, live, token_views, views
+from tokenkit.pipeline import checkpoint, forward_views, live, token_views, trainlog, views
 from tokenkit.pipeline.run import load_model_and_tokenizer
 from tokenkit.transformer import GPT, GPTConfig
 from tokenkit.transformer.config import llama_config
@@ -443,7 +443,7 @@ def test_attention_of_a_text_too_long_for_every_heads_whole_weights(files, tmp_p
 
 def test_training_is_the_log(srv, files):
     doc = srv.ok("/api/training")
-    records = checkpoint.read_log(files["run"] / "log.jsonl")
+    records = trainlog.read_log(files["run"] / "log.jsonl")
     steps = [r for r in records if r["type"] == "step"]
     assert [p["step"] for p in doc["train"]] == [r["step"] for r in steps]
     assert [p["loss"] for p in doc["train"]] == [r["loss"] for r in steps]
@@ -715,7 +715,7 @@ def test_the_training_log_is_read_incrementally_and_decimated(tmp_path):
         f.write('loss": 2.5}\n{"type": "interrupt", "step": 5000}\n')
     doc = views.training_view(tmp_path, name="r", log=log)
     assert doc["val"] == [{"step": 5000, "val_loss": 2.5}] and doc["status"] == "interrupted"
-    checkpoint.truncate_log(path, 10)  # a resume cuts the log back: a new file, read from its start
+    trainlog.truncate_log(path, 10)  # a resume cuts the log back: a new file, read from its start
     doc = views.training_view(tmp_path, name="r", log=log)
     assert doc["last_step"] == 10 and not doc["decimated"] and doc["damaged_lines"] == 0
     path.unlink()

@@ -20,7 +20,7 @@ import pytest
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli.main import main
-from tokenkit.pipeline import checkpoint, data
+from tokenkit.pipeline import checkpoint, data, trainlog
 from tokenkit.pipeline.checkpoint import load_model, load_train_state
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,7 +110,7 @@ def same_training(a: Path, b: Path) -> None:
     steps = [
         [
             (r["step"], r.get("loss"), r.get("val_loss"))
-            for r in checkpoint.read_log(d / "log.jsonl")
+            for r in trainlog.read_log(d / "log.jsonl")
             if r["type"] in ("step", "eval")
         ]
         for d in (a, b)

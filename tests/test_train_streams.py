@@ -29,7 +29,7 @@ from test_inputs import tk
 from test_train_inputs import EOT, REPO, TINY, cli, one_line_error
 
 from tokenkit.bpe import Tokenizer
-from tokenkit.pipeline import checkpoint
+from tokenkit.pipeline import checkpoint, trainlog
 from tokenkit.pipeline.checkpoint import load_train_state
 
 STREAM = checkpoint.CORPUS_STREAM_FILE
@@ -102,7 +102,7 @@ def same_run(a: Path, b: Path) -> None:
     steps = [
         [
             (r["step"], r.get("loss"), r.get("val_loss"))
-            for r in checkpoint.read_log(d / "log.jsonl")
+            for r in trainlog.read_log(d / "log.jsonl")
             if r["type"] in ("step", "eval")
         ]
         for d in (a, b)

@@ -9,6 +9,8 @@ with `rope_theta`, and `rope_scaling`: Llama 3.1's or linear), RMSNorm (`norm_ty
 (`bias=False, qkv_bias=True`, as Qwen2).
 `llama_config(...)` fills those in. A config validates itself on construction, so a bad value is
 reported once, in one line, before any array is allocated. It holds no weights and does no I/O.
+Each field declares its range and a line of help once (`setting`); the training settings and
+their flags are derived from them.
 
 Files: `to_dict` leaves out the fields added for Llama's family while they hold their defaults,
 so a GPT-2-style config is written exactly as before (and older tk versions read it), and a
@@ -18,18 +20,12 @@ file without them reads as GPT-2's choices.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from tokenkit.common.messages import short
 from tokenkit.transformer.errors import ModelError
 
-_CHOICES = {
-    "positional": ("learned", "sinusoidal", "rope"),
-    "activation": ("gelu", "relu", "swiglu"),
-    "norm": ("pre", "post"),
-    "norm_type": ("layernorm", "rmsnorm"),
-}
 # The fields that came with Llama's family (issue 22); written to files only when not at their
 # default, so GPT-2-style configs keep their old JSON.
 LATER_FIELDS = ("norm_type", "norm_eps", "rope_theta", "mlp_hidden", "n_kv_heads", "tie_embeddings", "qkv_bias",
@@ -57,15 +53,6 @@ MAX_VOCAB_SIZE = 1 << 24
 MAX_D_MODEL = 1 << 16
 MAX_LAYERS = 1 << 10
 MAX_MLP_HIDDEN = 1 << 18  # Llama 3 405B's MLP: 53,248
-_LIMITS = {
-    "vocab_size": MAX_VOCAB_SIZE,
-    "context_length": MAX_CONTEXT_LENGTH,
-    "d_model": MAX_D_MODEL,
-    "n_layers": MAX_LAYERS,
-    "n_heads": MAX_D_MODEL,  # n_heads divides d_model, so this only bounds the message's number
-    "n_kv_heads": MAX_D_MODEL,  # divides n_heads
-    "mlp_hidden": MAX_MLP_HIDDEN,
-}
 
 
 # What each RoPE scaling takes besides its type (`RopeScaling`); the factor's bound is far beyond
@@ -75,6 +62,42 @@ ROPE_SCALINGS = {
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_context_length"),
 }
 MAX_ROPE_FACTOR = 1e6
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric setting may take: a finite number from `low` to `high` (None: no
+    bound; `low_open`/`high_open` exclude that end). `problem` says what is wrong with a value.
+
+    >>> Range(0, 1, low_open=True).problem(float("inf")), Range(1, 8).problem(9), Range(0).problem(0)
+    ('must be a finite number', 'must be at most 8', None)
+    """
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def problem(self, value: float) -> str | None:
+        """What is wrong with `value` ("must be at least 1"), or None when it is in range."""
+        if isinstance(value, float) and not math.isfinite(value):
+            return "must be a finite number"
+        low, high = self.low, self.high
+        if low is not None and (value < low or (self.low_open and value == low)):
+            if low == 0:
+                return "must be positive" if self.low_open else "must not be negative"
+            return f"must be above {low:,}" if self.low_open else f"must be at least {low:,}"
+        if high is not None and (value > high or (self.high_open and value == high)):
+            return f"must be below {high:,}" if self.high_open else f"must be at most {high:,}"
+        return None
+
+
+def setting(default: Any, help: str, allowed: Range | tuple[str, ...] | None = None, *, unset: str = "") -> Any:
+    """A settings field: its default (MISSING: none), its help (the line `tk train-model --help`
+    shows for its flag), and the numbers (a Range) or names it may take. `unset` says what None
+    means for a field that may be None; train-model's flags spell that None 0, off or none
+    (`pipeline.config.model_setting`)."""
+    return field(default=default, metadata={"help": help, "allowed": allowed, "unset": unset})
 
 
 @dataclass(frozen=True)
@@ -93,11 +116,25 @@ class RopeScaling:
     'linear scaling: frequencies divided by 4'
     """
 
-    type: str
-    factor: float
-    low_freq_factor: float | None = None
-    high_freq_factor: float | None = None
-    original_context_length: int | None = None
+    type: str = setting(
+        MISSING,
+        "stretch the rotary frequencies for a longer context (linear: every one divided by --rope-factor; "
+        "llama3: Llama 3.1's, by wavelength)",
+        tuple(ROPE_SCALINGS),
+        unset="not stretched",
+    )
+    factor: float = setting(MISSING, "RoPE scaling: how far the frequencies are divided", Range(1, MAX_ROPE_FACTOR))
+    low_freq_factor: float | None = setting(
+        None, "llama3 scaling: wavelengths over --rope-original-context-length / this are divided",
+        Range(0, MAX_ROPE_FACTOR, low_open=True),
+    )  # fmt: skip
+    high_freq_factor: float | None = setting(
+        None, "llama3 scaling: wavelengths under --rope-original-context-length / this are kept, those between blended",
+        Range(0, MAX_ROPE_FACTOR, low_open=True),
+    )  # fmt: skip
+    original_context_length: int | None = setting(
+        None, "llama3 scaling: the context the model was first trained on", Range(1, MAX_CONTEXT_LENGTH)
+    )
 
     def to_dict(self) -> dict[str, Any]:
         """The type and the numbers it takes (JSON-ready; `GPTConfig.to_dict` writes it)."""
@@ -138,27 +175,36 @@ class GPTConfig:
     n_heads, mlp_hidden equal to `default_hidden`, qkv_bias equal to bias become None), so two
     configs of the same model are equal, and a GPT-2-style config keeps GPT-2's JSON.
 
+    Each field is a `setting`: its range or names, checked here, and its help, which train-model's
+    flags show (pipeline/config.py's TrainConfig takes both from here).
+
     >>> GPTConfig(vocab_size=256, context_length=64, d_model=128, n_layers=4, n_heads=4).head_dim
     32
     """
 
-    vocab_size: int = 50257
-    context_length: int = 1024
-    d_model: int = 768
-    n_layers: int = 12
-    n_heads: int = 12
-    positional: str = "learned"
-    activation: str = "gelu"
-    norm: str = "pre"
-    causal: bool = True
-    bias: bool = True
-    norm_type: str = "layernorm"
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    mlp_hidden: int | None = None
-    n_kv_heads: int | None = None
-    tie_embeddings: bool = True
-    qkv_bias: bool | None = None
+    vocab_size: int = setting(50257, "tokens in the vocabulary", Range(1, MAX_VOCAB_SIZE))
+    context_length: int = setting(1024, "tokens of context (T)", Range(1, MAX_CONTEXT_LENGTH))
+    d_model: int = setting(768, "width of the residual stream", Range(1, MAX_D_MODEL))
+    n_layers: int = setting(12, "transformer blocks", Range(1, MAX_LAYERS))
+    # n_heads divides d_model, so its bound only caps the message's number
+    n_heads: int = setting(12, "attention heads (must divide --d-model)", Range(1, MAX_D_MODEL))
+    positional: str = setting("learned", "positional encoding", ("learned", "sinusoidal", "rope"))
+    activation: str = setting("gelu", "MLP activation (swiglu: a gated MLP)", ("gelu", "relu", "swiglu"))
+    norm: str = setting("pre", "normalisation placement", ("pre", "post"))
+    causal: bool = setting(True, "each position attends to those before it (off: a bidirectional encoder)")
+    bias: bool = setting(True, "biases in linear layers and LayerNorms")
+    norm_type: str = setting("layernorm", "normalisation", ("layernorm", "rmsnorm"))
+    norm_eps: float = setting(1e-5, "epsilon of the normalisation", Range(0, 1, low_open=True))
+    rope_theta: float = setting(10000.0, "base of the rotary positions' wavelengths", Range(0, 1e12, low_open=True))
+    mlp_hidden: int | None = setting(
+        None, "MLP width", Range(1, MAX_MLP_HIDDEN), unset="4 x --d-model; with swiglu about 8/3 x"
+    )
+    n_kv_heads: int | None = setting(
+        None, "K/V heads, each shared by a group of query heads; must divide --n-heads", Range(1, MAX_D_MODEL),
+        unset="one per head",
+    )  # fmt: skip
+    tie_embeddings: bool = setting(True, "logits from the token embedding (off: a separate lm_head)")
+    qkv_bias: bool | None = setting(None, "biases on q, k, v even without --bias (as Qwen2)", unset="as --bias")
     rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
@@ -169,8 +215,9 @@ class GPTConfig:
             # bool is an int subclass; `n_layers=True` is a mistake, not a 1.
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ModelError(f"config: {name} must be a positive integer, got {short(value)}")
-            if value > _LIMITS[name]:
-                raise ModelError(f"config: {name} must be at most {_LIMITS[name]:,}, got {short(value)}")
+            high = _allowed(name).high
+            if value > high:
+                raise ModelError(f"config: {name} must be at most {high:,}, got {short(value)}")
         if self.d_model % self.n_heads:
             raise ModelError(
                 f"config: d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads});"
@@ -181,16 +228,16 @@ class GPTConfig:
                 f"config: n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads}):"
                 " each K/V head serves a group of query heads of the same size"
             )
-        for name, allowed in _CHOICES.items():
-            value = getattr(self, name)
+        for name in ("positional", "activation", "norm", "norm_type"):
+            value, allowed = getattr(self, name), _allowed(name)
             if value not in allowed:
                 raise ModelError(f"config: {name} must be one of {', '.join(allowed)}; got {value!r}")
         for name in ("causal", "bias", "tie_embeddings", "qkv_bias"):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (name == "qkv_bias" and value is None):
                 raise ModelError(f"config: {name} must be true or false, got {short(value)}")
-        for name, high in (("norm_eps", 1.0), ("rope_theta", 1e12)):
-            value = getattr(self, name)
+        for name in ("norm_eps", "rope_theta"):
+            value, high = getattr(self, name), _allowed(name).high
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= high:
                 raise ModelError(f"config: {name} must be a number above 0 and at most {high:g}, got {short(value)}")
         if self.positional == "rope" and self.head_dim % 2:
@@ -285,6 +332,17 @@ class GPTConfig:
         """Whether the q, k, v projection (attn.c_attn) has a bias."""
         return self.bias if self.qkv_bias is None else self.qkv_bias
 
+    def describe(self) -> str:
+        """The model's sizes in a few words, as the commands' summaries show them (K/V heads where
+        fewer than the query heads).
+
+        >>> GPTConfig(n_kv_heads=4).describe()
+        '12 layers, 12 heads (4 K/V), width 768, context 1024, vocab 50257'
+        """
+        heads = f"{self.n_heads} heads" + (f" ({self.kv_heads} K/V)" if self.kv_heads != self.n_heads else "")
+        sizes = f"width {self.d_model}, context {self.context_length}, vocab {self.vocab_size}"
+        return f"{self.n_layers} layers, {heads}, {sizes}"
+
     def n_params(self) -> int:
         """Number of parameters (float32 each: 4 bytes).
 
@@ -319,6 +377,11 @@ class GPTConfig:
                 f"config: unknown field(s) {', '.join(map(str, unknown))}; known: {', '.join(sorted(known))}"
             )
         return cls(**d)
+
+
+def _allowed(name: str) -> Any:
+    """The Range or names GPTConfig's field `name` may take (its `setting`'s)."""
+    return GPTConfig.__dataclass_fields__[name].metadata["allowed"]
 
 
 def _rope_scaling_from_dict(d: dict) -> RopeScaling:
