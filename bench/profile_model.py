@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tokenkit.transformer import GPT, AdamW, GPTConfig, ops  # noqa: E402
-from tokenkit.transformer import model as model_module  # noqa: E402
+from tokenkit.transformer.backends import cpu  # noqa: E402
 
 CONFIGS = {  # name: (vocab, context, d_model, layers, heads, batch), as bench/model.py
     "S": (256, 64, 128, 4, 4, 12),
@@ -63,29 +63,20 @@ def best_ms(fn, reps: int, setup=None) -> float:
 
 
 class OpTimer:
-    """Wraps the ops the model calls (module attributes, looked up at call time) with timers."""
+    """Wraps the ops the model calls with timers: the CPU backend's op module's attributes
+    (transformer/backends/cpu.py), which the model looks up at call time as `self.ops.<op>`; an
+    op that calls another inside ops.py is timed once, as itself. The linear layers are timed by
+    their weight's shape."""
 
-    NAMES = (
-        "embedding_forward",
-        "embedding_backward",
-        "positional_forward",
-        "positional_backward",
-        "layernorm_forward",
-        "layernorm_backward",
-        "attention_forward",
-        "attention_backward",
-        "gelu_forward",
-        "gelu_backward",
-        "relu_forward",
-        "relu_backward",
-        "softmax_xent_forward",
-        "softmax_xent_backward",
-    )
+    NAMES = tuple(name for name in cpu.OPS if name not in ("sinusoidal_table", "adamw_update"))
+    BY_SHAPE = {
+        "linear_forward": lambda a: "linear_forward {}x{}".format(*a[1].shape),
+        "linear_backward": lambda a: "linear_backward {}x{}".format(*a[1][1].shape),
+    }
 
     def __init__(self):
         self.total: dict[str, float] = defaultdict(float)
-        self.saved = {name: getattr(ops, name) for name in self.NAMES + ("linear_forward", "linear_backward")}
-        self.saved_acts = dict(model_module._ACTIVATIONS)
+        self.saved = {name: getattr(cpu, name) for name in self.NAMES}
 
     def wrap(self, fn, label):
         def timed(*args, **kwargs):
@@ -99,22 +90,12 @@ class OpTimer:
 
     def __enter__(self):
         for name in self.NAMES:
-            setattr(ops, name, self.wrap(self.saved[name], name))
-        ops.linear_forward = self.wrap(
-            self.saved["linear_forward"], lambda a: "linear_forward {}x{}".format(*a[1].shape)
-        )
-        ops.linear_backward = self.wrap(
-            self.saved["linear_backward"], lambda a: "linear_backward {}x{}".format(*a[1][1].shape)
-        )
-        model_module._ACTIVATIONS.update(
-            {k: (getattr(ops, f"{k}_forward"), getattr(ops, f"{k}_backward")) for k in self.saved_acts}
-        )
+            setattr(cpu, name, self.wrap(self.saved[name], self.BY_SHAPE.get(name, name)))
         return self
 
     def __exit__(self, *exc):
         for name, fn in self.saved.items():
-            setattr(ops, name, fn)
-        model_module._ACTIVATIONS.update(self.saved_acts)
+            setattr(cpu, name, fn)
 
 
 def profile_step(name: str, steps: int) -> None:
