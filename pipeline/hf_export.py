@@ -27,10 +27,10 @@ import numpy as np
 from tokenkit import __version__
 from tokenkit.bpe import Tokenizer, TokenizerError
 from tokenkit.bpe.hf_import import QWEN2_PATTERN
-from tokenkit.common import FileError, atomic, atomic_dir, jsonsafe, readfile, safetensors_file
+from tokenkit.common import FileError, atomic, atomic_dir, safetensors_file
 from tokenkit.pipeline import checkpoint, hf_llama
 from tokenkit.pipeline.errors import PipelineError
-from tokenkit.pipeline.hf_files import CONFIG_FILE, MAX_JSON_BYTES, PREFIX, WEIGHTS_FILE
+from tokenkit.pipeline.hf_files import CONFIG_FILE, PREFIX, WEIGHTS_FILE, read_json
 from tokenkit.pipeline.run import eos_id, load_model_and_tokenizer
 from tokenkit.transformer import GPTConfig
 from tokenkit.transformer.config import param_shapes
@@ -196,9 +196,8 @@ def _is_tk_model(path: Path) -> bool:
 
 def _is_earlier_export(directory: Path) -> bool:
     try:
-        path = directory / CONFIG_FILE
-        config = jsonsafe.loads(readfile.read_bytes(path, MAX_JSON_BYTES, "a config.json"), str(path))
-    except FileError:
+        config = read_json(directory / CONFIG_FILE, "config.json")
+    except PipelineError:
         return False
     return isinstance(config, dict) and MARKER in config
 

@@ -38,10 +38,10 @@ import numpy as np
 
 from tokenkit import __version__
 from tokenkit.bpe import Tokenizer, TokenizerError
-from tokenkit.common import FileError, jsonsafe, readfile, safetensors_file
+from tokenkit.common import FileError, readfile, safetensors_file
 from tokenkit.pipeline import checkpoint, hf_llama
 from tokenkit.pipeline.errors import PipelineError
-from tokenkit.pipeline.hf_files import CONFIG_FILE, MAX_JSON_BYTES, PREFIX, WEIGHTS_FILE
+from tokenkit.pipeline.hf_files import CONFIG_FILE, PREFIX, WEIGHTS_FILE, read_json
 from tokenkit.transformer import GPTConfig, ModelError
 from tokenkit.transformer.config import param_shapes
 from tokenkit.transformer.ops import LN_EPS
@@ -63,13 +63,6 @@ class ImportResult:
     dtypes: list[str] = field(default_factory=list)  # the checkpoint's float types
     shards: int = 1
     architecture: str = "GPT2LMHeadModel"  # the checkpoint's transformers class
-
-
-def _read_json(path: Path, what: str) -> Any:
-    try:
-        return jsonsafe.loads(readfile.read_bytes(path, MAX_JSON_BYTES, f"a {what}"), str(path))
-    except FileError as err:
-        raise PipelineError(str(err)) from None
 
 
 def gpt_config(path: Path, hf: Any) -> GPTConfig:
@@ -133,7 +126,7 @@ def _headers(directory: Path) -> tuple[dict[str, _Source], int]:
     if os.path.lexists(single):
         files = [single]
     elif os.path.lexists(index):
-        table = _read_json(index, "safetensors index")
+        table = read_json(index, "safetensors index")
         weight_map = table.get("weight_map") if isinstance(table, dict) else None
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise PipelineError(f"{index} has no weight_map of tensor name -> file; is it damaged?")
@@ -355,7 +348,7 @@ def import_hf(
         raise PipelineError(f"{out} exists; choose another name, or pass --overwrite to replace it")
     if not os.path.lexists(directory / CONFIG_FILE):
         raise PipelineError(f"{directory} has no {CONFIG_FILE}; is it a transformers model directory?")
-    hf = _read_json(directory / CONFIG_FILE, "model config")
+    hf = read_json(directory / CONFIG_FILE, "model config")
     llama = isinstance(hf, dict) and isinstance(hf.get("model_type"), str) and hf["model_type"] in hf_llama.MODEL_TYPES
     if context_length is not None and not llama:
         raise PipelineError(
