@@ -1,7 +1,8 @@
 """`tk export-hf` and `tk import-hf`: a model to and from a Hugging Face transformers directory.
 
-Thin wrappers over `pipeline.hf`, which maps the names and shapes (GPT-2's and the Llama
-family's); these check the output path, call it and print what was written in a line or two.
+Thin wrappers over `pipeline.hf_export` and `pipeline.hf_import`, which map the names and shapes
+(GPT-2's and the Llama family's); these check the output path, call them and print what was
+written in a line or two.
 
 What it deliberately does not do: convert anything itself, or load transformers (the files are
 written and read as safetensors and JSON).
@@ -15,7 +16,7 @@ import click
 
 from tokenkit.cli.options import out_option, overwrite_option, tokenizer_option
 from tokenkit.common import atomic, atomic_dir
-from tokenkit.pipeline import hf
+from tokenkit.pipeline import hf_export, hf_import
 
 
 @click.command("export-hf")
@@ -36,7 +37,7 @@ def export_hf_command(model_path, directory, tokenizer_path, overwrite) -> int:
       tk export-hf runs/demo -o demo-hf
     """
     atomic_dir.check_output_dir(directory)
-    result = hf.export_hf(model_path, directory, tokenizer_path=tokenizer_path, overwrite=overwrite)
+    result = hf_export.export_hf(model_path, directory, tokenizer_path=tokenizer_path, overwrite=overwrite)
     shape = _shape(result.config)
     click.echo(f"wrote {result.directory}: {result.architecture}, {result.n_params:,} parameters ({shape})")
     click.echo(f"files: {', '.join(sorted(p.name for p in result.files))}")
@@ -78,7 +79,9 @@ def import_hf_command(directory, out, overwrite, context, tokenizer_json) -> int
       tk import-hf gpt2-hf -o gpt2.safetensors
     """
     atomic.check_output(out)  # a device, FIFO or socket at -o is refused, with or without --overwrite
-    result = hf.import_hf(directory, out, overwrite=overwrite, context_length=context, tokenizer_json=tokenizer_json)
+    result = hf_import.import_hf(
+        directory, out, overwrite=overwrite, context_length=context, tokenizer_json=tokenizer_json
+    )
     shards = f" in {result.shards} shards" if result.shards > 1 else ""
     source = "" if result.architecture == "GPT2LMHeadModel" else f" of {result.architecture}"
     click.echo(

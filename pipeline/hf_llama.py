@@ -3,7 +3,7 @@
 tk's GPT with rotary positions, RMSNorm and a SwiGLU MLP (`llama_config`) computes what these
 three compute; they differ in their configs (Qwen2: biases on q, k and v; Mistral: a sliding
 window) and name their tensors alike. This module translates, and reads or writes no file
-(pipeline/hf.py does, one tensor at a time):
+(pipeline/hf_export.py and pipeline/hf_import.py do, one tensor at a time):
 
     gpt_config(path, hf)   config.json -> (GPTConfig, the checkpoint's tensor names), or one
                            line naming what tk's GPT does not compute (a RoPE scaling other than
@@ -121,7 +121,7 @@ def hf_names(config: GPTConfig, *, qkv_bias: bool, o_bias: bool, mlp_bias: bool,
 class Imported:
     """What a transformers config.json says in tk's terms."""
 
-    config: GPTConfig  # tied as config.json says; the checkpoint may untie it (see pipeline/hf.py)
+    config: GPTConfig  # tied as config.json says; the checkpoint may untie it (see pipeline/hf_import.py)
     hf_names: set[str]  # the tensors the checkpoint must hold (lm_head.weight only when untied)
     architecture: str  # LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM
 

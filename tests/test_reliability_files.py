@@ -283,13 +283,13 @@ def test_export_hf_interrupted_at_each_file_leaves_the_old_export_whole(
 
 KILLED_EXPORTER = """
 import sys
-from tokenkit.pipeline import hf
+from tokenkit.pipeline import hf_export
 d, models = sys.argv[1], sys.argv[2:]
-hf.export_hf(models[0], d)
+hf_export.export_hf(models[0], d)
 print("exporting", flush=True)
 while True:
     for model in models[::-1] + models:
-        hf.export_hf(model, d)
+        hf_export.export_hf(model, d)
 """
 
 
