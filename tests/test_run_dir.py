@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import TINY_MODEL  # the tiny model of runs that only start, stop or repeat
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli.main import main
@@ -29,16 +30,7 @@ from tokenkit.transformer.parallel import DataParallel
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 TINY = [
-    "--n-layers",
-    "1",
-    "--n-heads",
-    "2",
-    "--d-model",
-    "32",
-    "--context-length",
-    "16",
-    "--batch-size",
-    "8",
+    *TINY_MODEL,
     "--warmup-steps",
     "2",
     "--eval-batches",
