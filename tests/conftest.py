@@ -1,4 +1,35 @@
 """Fixtures more than one test module uses, registered once here (a session fixture imported into
-two modules would start twice)."""
+two modules would start twice), and the constants several modules share: a module imports those
+with `from conftest import NAME`. What a module sizes on purpose stays in that module."""
 
 from browser import browser  # noqa: F401 -- the system Chromium, for test_page*.py
+
+# A one-layer model of width 32 over windows of 16, 8 at a time: `train-model` and `pipeline`
+# flags for runs that must only start, stop or repeat (test_children, test_reliability_runs,
+# test_reliability_signals, test_run_dir).
+TINY_MODEL = ["--n-layers", "1", "--n-heads", "2", "--d-model", "32", "--context-length", "16", "--batch-size", "8"]
+
+# Twelve short words: a corpus drawn from them is one a tiny model learns in a few steps
+# (test_run_dir's `write_words`, test_reliability_hangs's `base`).
+HILL_WORDS = ["the", "fox", "ran", "up", "a", "hill", "and", "down", "again", "to", "see", "sun"]
+
+
+def random_model(path, tok, seed: int = 0, d_model: int = 32, **variant):
+    """A random GPT-2-style model over `tok` (2 layers of 4 heads, windows of 32) whose every weight
+    matters: biases and LayerNorm gains far from their init; saved as a tk checkpoint at `path`
+    (test_hf, test_reliability_files, test_reliability_interop). tokenkit is imported here, not
+    above, so that a conftest.py every test loads imports no more than the browser's."""
+    import numpy as np
+
+    from tokenkit.pipeline import checkpoint
+    from tokenkit.transformer import GPT, GPTConfig
+
+    config = GPTConfig(vocab_size=tok.vocab_size, context_length=32, d_model=d_model, n_layers=2, n_heads=4, **variant)
+    model = GPT(config, seed=seed)
+    rng = np.random.default_rng(seed)
+    for value in model.params.values():
+        value[...] = rng.normal(0.0, 0.3, value.shape)
+    checkpoint.save_model(
+        path, model.params, tok, config=config.to_dict(), step=0, val_loss=None, best_val_loss=None, provenance={}
+    )
+    return model

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import TINY_MODEL  # the tiny model of runs that only start, stop or repeat
 
 from tokenkit.cli.main import main
 
@@ -28,7 +29,6 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 
 REPO = Path(__file__).resolve().parents[1]
 GONE_WITHIN_S = 3.0
-TINY_MODEL = ["--n-layers", "1", "--n-heads", "2", "--d-model", "32", "--context-length", "16", "--batch-size", "8"]
 
 
 def _random_words_text(n_words: int, seed: int) -> str:

@@ -17,13 +17,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import random_model as make_model  # the random model test_reliability_* build too
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli.main import main
 from tokenkit.common import safetensors_file
 from tokenkit.pipeline import checkpoint
 from tokenkit.pipeline.run import predict_next
-from tokenkit.transformer import GPT, GPTConfig
+from tokenkit.transformer import GPT
 
 TEXT = "Once upon a time, there was a brave fox named Max. He lived in a cave near the pond. " * 20
 PROMPT = "Once upon a time, there was a"
@@ -32,19 +33,6 @@ PROMPT = "Once upon a time, there was a"
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
     return Tokenizer.train([TEXT.encode()], vocab_size=300, special_tokens=["<|endoftext|>"])
-
-
-def make_model(path: Path, tok: Tokenizer, seed: int = 0, **variant) -> GPT:
-    """A random model whose every weight matters: biases and LayerNorm gains far from their init."""
-    config = GPTConfig(vocab_size=tok.vocab_size, context_length=32, d_model=32, n_layers=2, n_heads=4, **variant)
-    model = GPT(config, seed=seed)
-    rng = np.random.default_rng(seed)
-    for value in model.params.values():
-        value[...] = rng.normal(0.0, 0.3, value.shape)
-    checkpoint.save_model(
-        path, model.params, tok, config=config.to_dict(), step=0, val_loss=None, best_val_loss=None, provenance={}
-    )
-    return model
 
 
 def cli(capsys, *argv) -> tuple[int, str, str]:

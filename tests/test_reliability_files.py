@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import random_model as tiny_model  # test_hf's random model, of other widths here
 from test_hf import _write_checkpoint as write_checkpoint  # one hand-made safetensors writer
 from test_run_dir import TINY as RUN_TINY
 from test_run_dir import write_words  # the same corpus
@@ -60,18 +61,6 @@ def one_line_error(code: int, err: str, *fragments: str) -> str:
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
     return Tokenizer.train([TEXT.encode()], vocab_size=300, special_tokens=["<|endoftext|>"])
-
-
-def tiny_model(path: Path, tok: Tokenizer, seed: int = 0, d_model: int = 32) -> GPT:
-    config = GPTConfig(vocab_size=tok.vocab_size, context_length=32, d_model=d_model, n_layers=2, n_heads=4)
-    model = GPT(config, seed=seed)
-    rng = np.random.default_rng(seed)
-    for value in model.params.values():
-        value[...] = rng.normal(0.0, 0.3, value.shape)
-    checkpoint.save_model(
-        path, model.params, tok, config=config.to_dict(), step=0, val_loss=None, best_val_loss=None, provenance={}
-    )
-    return model
 
 
 # --- 3. silent wrong imports -------------------------------------------------------------------

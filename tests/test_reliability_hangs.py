@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import HILL_WORDS  # the twelve words of test_run_dir's corpus
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli.main import main
@@ -117,9 +118,8 @@ def base(tmp_path_factory) -> dict[str, Path]:
     transformers directory, all tiny; tests copy what they damage."""
     root = tmp_path_factory.mktemp("base")
     rng = np.random.default_rng(3)
-    words = ["the", "fox", "ran", "up", "a", "hill", "and", "down", "again", "to", "see", "sun"]
     corpus = root / "corpus.txt"
-    corpus.write_text("\n".join(" ".join(rng.choice(words, size=10)) for _ in range(400)) + "\n", encoding="utf-8")
+    corpus.write_text("\n".join(" ".join(rng.choice(HILL_WORDS, size=10)) for _ in range(400)) + "\n", encoding="utf-8")
     tok = root / "tok.safetensors"
     Tokenizer.train([corpus.read_bytes()], vocab_size=300, special_tokens=["<|endoftext|>"]).save(tok)
     run, pipe = root / "run", root / "pipe"

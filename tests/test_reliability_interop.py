@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import random_model  # test_hf's random model
 
 from tokenkit.bpe import DisallowedSpecialError, Tokenizer, TokenizerError
 from tokenkit.cli.main import main
@@ -431,16 +432,8 @@ PROMPT = f"The end.{EOT}Once upon"
 def model_file(tmp_path_factory) -> tuple[Path, GPT, Tokenizer]:
     """A small random model with a tokenizer holding <|endoftext|>, every weight far from its init."""
     tok = Tokenizer.train([corpus()], vocab_size=300, special_tokens=[EOT], quiet=True, workers=1)
-    config = GPTConfig(vocab_size=tok.vocab_size, context_length=32, d_model=32, n_layers=2, n_heads=4)
-    model = GPT(config, seed=0)
-    rng = np.random.default_rng(0)
-    for value in model.params.values():
-        value[...] = rng.normal(0.0, 0.3, value.shape)
     path = tmp_path_factory.mktemp("model") / "m.safetensors"
-    checkpoint.save_model(
-        path, model.params, tok, config=config.to_dict(), step=0, val_loss=None, best_val_loss=None, provenance={}
-    )
-    return path, model, tok
+    return path, random_model(path, tok, seed=0), tok
 
 
 def next_probs(model: GPT, ids: list[int]) -> np.ndarray:

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import TINY_MODEL as SMALL  # the tiny model of runs that only start, stop or repeat
 
 REPO = Path(__file__).resolve().parents[1]
 TK = [sys.executable, "-m", "tokenkit.cli.main"]
-SMALL = ["--n-layers", "1", "--n-heads", "2", "--d-model", "32", "--context-length", "16", "--batch-size", "8"]
 SAME = ["--workers", "1", "--seed", "5"]
 DIVERGES = ["--lr", "1", "--grad-clip", "0", "--beta2", "0"]  # sign steps of size 1: inf by step 9
 RUN_FILES = ("model.safetensors", "train_state.safetensors", "tokenizer.safetensors", "tokens.npy", "tokens.json")

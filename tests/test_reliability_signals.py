@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import TINY_MODEL  # the tiny model of runs that only start, stop or repeat
 from test_children import _random_words_text  # the same corpus maker
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; process groups")
@@ -44,7 +45,6 @@ TK = [sys.executable, "-m", "tokenkit.cli.main"]
 TK_SCRIPT = Path(sys.executable).parent / "tk"
 START_S = 0.25  # the interpreter's start lies well within this, even on a loaded machine
 GONE_WITHIN_S = 3.0
-TINY_MODEL = ["--n-layers", "1", "--n-heads", "2", "--d-model", "32", "--context-length", "16", "--batch-size", "8"]
 FORBIDDEN = (
     "Traceback",
     "Process ForkProcess",

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import HILL_WORDS, TINY_MODEL  # the tiny model and the twelve words other modules share
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli.main import main
@@ -29,16 +30,7 @@ from tokenkit.transformer.parallel import DataParallel
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 TINY = [
-    "--n-layers",
-    "1",
-    "--n-heads",
-    "2",
-    "--d-model",
-    "32",
-    "--context-length",
-    "16",
-    "--batch-size",
-    "8",
+    *TINY_MODEL,
     "--warmup-steps",
     "2",
     "--eval-batches",
@@ -55,8 +47,7 @@ def corpus(tmp_path_factory) -> Path:
 def write_words(path: Path) -> Path:
     """1,500 lines of 12 words drawn from 12 (seed 7): a corpus a tiny model learns in a few steps."""
     rng = np.random.default_rng(7)
-    words = ["the", "fox", "ran", "up", "a", "hill", "and", "down", "again", "to", "see", "sun"]
-    path.write_text("\n".join(" ".join(rng.choice(words, size=12)) for _ in range(1500)) + "\n", encoding="utf-8")
+    path.write_text("\n".join(" ".join(rng.choice(HILL_WORDS, size=12)) for _ in range(1500)) + "\n", encoding="utf-8")
     return path
 
 
