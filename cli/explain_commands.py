@@ -72,11 +72,11 @@ def explain_command(
 
     \b
     Examples:
-      tk explain -m runs/tales "Once upon a time" --layer 1 --head 2
-      tk explain -m runs/tales "The cat sat" --json > trace.json
-      tk explain -m runs/tales "The cat sat" --plot attention.png
-      tk explain -m runs/tales "The cat sat" --html cat.html --view next
-      tk explain -m runs/tales "The end.<|endoftext|>Once" --allow-special
+      tk explain -m runs/demo "Once upon a time" --layer 1 --head 2
+      tk explain -m runs/demo "The cat sat" --json > trace.json
+      tk explain -m runs/demo "The cat sat" --plot attention.png
+      tk explain -m runs/demo "The cat sat" --html cat.html --view next
+      tk explain -m runs/demo "The end.<|endoftext|>Once" --allow-special
       tk explain --example chai --precision 3
       tk explain --example chai --html chai.html
     \b

@@ -29,7 +29,7 @@ def info_command(file) -> int:
 
     \b
     Example:
-      tk info runs/tales/model.safetensors
+      tk info runs/demo/model.safetensors
     """
     path = checkpoint.resolve_model_path(file) if Path(file).is_dir() else Path(file)
     meta = checkpoint.read_header(path)

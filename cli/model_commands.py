@@ -42,9 +42,9 @@ def predict_next_command(model_path, tokenizer_path, text, top_k, as_json, speci
 
     \b
     Example:
-      tk predict-next -m runs/tales "Once upon a time, there was a"
-      tk predict-next -m runs/tales "Once upon a time" --top-k 3 --json
-      tk predict-next -m runs/tales "The end.<|endoftext|>" --allow-special
+      tk predict-next -m runs/demo "Once upon a time, there was a"
+      tk predict-next -m runs/demo "Once upon a time" --top-k 3 --json
+      tk predict-next -m runs/demo "The end.<|endoftext|>" --allow-special
     """
     check_device(device)
     model, tok = load_model_and_tokenizer(model_path, tokenizer_path, device=device)
@@ -82,8 +82,8 @@ def generate_command(
 
     \b
     Example:
-      tk generate -m runs/tales "Once upon a time" -n 60 --temperature 0.8 --seed 1
-      tk generate -m runs/tales "The end.<|endoftext|>" --allow-special -n 60
+      tk generate -m runs/demo "Once upon a time" -n 60 --temperature 0.8 --seed 1
+      tk generate -m runs/demo "The end.<|endoftext|>" --allow-special -n 60
     """
     check_device(device)
     model, tok = load_model_and_tokenizer(model_path, tokenizer_path, device=device)
