@@ -11,6 +11,7 @@ import pytest
 import safetensors.numpy
 
 from tokenkit.transformer import GPT, AdamW, GPTConfig, ModelError
+from tokenkit.transformer.block import GPT2Block, PreNormBlock
 from tokenkit.transformer.config import llama_config, param_shapes
 from tokenkit.transformer.io import read_metadata
 from tokenkit.transformer.model import SINUSOIDAL_WTE_STD
@@ -154,12 +155,12 @@ TRACE_BLOCK_KEYS = [
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("variant", ["gpt2", "sinusoidal", "bidirectional", "no-bias", "rope"])
 def test_gpt2_block_computes_the_plain_pre_norm_block_s_bits(variant, dtype, monkeypatch):
-    """Pre-norm LayerNorm + GELU blocks run as `_gpt2_block`, over the ops a GPU fuses; on the CPU
-    those are today's ops in a row, so loss, gradients, trace and tokens are `_pre_norm_block`'s bits."""
+    """Pre-norm LayerNorm + GELU blocks run as `GPT2Block`, over the ops a GPU fuses; on the CPU
+    those are today's ops in a row, so loss, gradients, trace and tokens are `PreNormBlock`'s bits."""
     config = GPTConfig(**{**TINY, **VARIANTS.get(variant, dict(positional="rope"))})
     model = float64_model(config, seed=2)
     model.params = {k: v.astype(dtype) for k, v in model.params.items()}
-    assert model._block_kind()[0] == model._gpt2_block
+    assert type(model._block()) is GPT2Block
     rng = np.random.default_rng(3)
     ids, targets = rng.integers(0, 7, (2, 6)), rng.integers(0, 7, (2, 6))
 
@@ -169,7 +170,7 @@ def test_gpt2_block_computes_the_plain_pre_norm_block_s_bits(variant, dtype, mon
         return model.loss_and_grads(ids, targets), trace, list(model.generate([1, 2], 5, temperature=0))
 
     (loss, grads), trace, tokens = results()
-    monkeypatch.setattr(GPT, "_block_kind", lambda self: (self._pre_norm_block, self._pre_norm_block_backward))
+    monkeypatch.setattr(GPT, "_block", lambda self: PreNormBlock(self.ops, self.config))
     (plain_loss, plain_grads), plain_trace, plain_tokens = results()
     assert loss == plain_loss and tokens == plain_tokens
     assert all(np.array_equal(grads[k], plain_grads[k]) for k in plain_grads) and grads.keys() == plain_grads.keys()

@@ -27,10 +27,11 @@ device="cuda")`, `GPT.load(path, device=...)` and `model.to(device)` choose it. 
 sampling stay on the host (`host_params`, `save`), so a model trained on one device runs on the
 other.
 
-What this module does not do: the math of each layer (ops.py, each op with its plain twin in
-reference.py; on a GPU backends/device_ops.py), the choice of the next token (sampling.py),
-generation's windows, caches and captured steps (generation.py), splitting batches over
-processes (parallel.py), CPU settings (runtime.py), files (io.py), the optimizer (optim.py).
+What this module does not do: the blocks' forward/backward pairs (block.py), the math of each
+layer (ops.py, each op with its plain twin in reference.py; on a GPU backends/device_ops.py),
+the choice of the next token (sampling.py), generation's windows, caches and captured steps
+(generation.py), splitting batches over processes (parallel.py), CPU settings (runtime.py),
+files (io.py), the optimizer (optim.py).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import numpy as np
 
 from tokenkit.transformer import generation, io
 from tokenkit.transformer.backends import Backend, as_host, get_backend
+from tokenkit.transformer.block import Block, block_kind, norm_backward, norm_forward
 from tokenkit.transformer.config import GPTConfig, param_shapes
 from tokenkit.transformer.errors import ModelError
 from tokenkit.transformer.memory import check_memory
@@ -78,11 +80,6 @@ def init_params(config: GPTConfig, seed: int = 0) -> dict[str, np.ndarray]:
                 std = SINUSOIDAL_WTE_STD
             params[name] = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
     return params
-
-
-def _with_bias(h, bias):
-    """h + bias (a new array), or h without a bias: a projection's output as the trace shows it."""
-    return h if bias is None else h + bias
 
 
 class _CopyInto(dict):
@@ -262,16 +259,10 @@ class GPT:
         return {name: (p[h + name + ".weight"], p.get(h + name + ".bias")) for name in names}
 
     def _norm(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None):
-        """The config's normalisation of x (..., C): LayerNorm (with its bias, if any) or RMSNorm."""
-        if self.config.norm_type == "rmsnorm":
-            return self.ops.rmsnorm_forward(x, weight, self.config.norm_eps)
-        return self.ops.layernorm_forward(x, weight, bias, self.config.norm_eps)
+        return norm_forward(self.ops, self.config, x, weight, bias)
 
     def _norm_backward(self, dout: np.ndarray, cache):
-        """-> dx, dweight, dbias (None for RMSNorm, or LayerNorm without a bias)."""
-        if self.config.norm_type == "rmsnorm":
-            return (*self.ops.rmsnorm_backward(dout, cache), None)
-        return self.ops.layernorm_backward(dout, cache)
+        return norm_backward(self.ops, self.config, dout, cache)
 
     def _unembedding(self) -> np.ndarray:
         """(V, C): the logits' weights, wte itself when tied (GPT-2), else lm_head.weight."""
@@ -302,116 +293,18 @@ class GPT:
         it records its entries there. `grad`: a backward will follow (the activation then caches
         its derivative). The block's trace is filled here, the one place, from what its attention
         and the block saw."""
+        block = self._block()
         if trace is None:
-            x, cache, _ = self._block_kind()[0](self._layer(i), x, attend, grad, False)
+            x, cache, _ = block.forward(self._layer(i), x, attend, grad, False)
             return x, cache
         attention_seen: dict[str, np.ndarray] = {}
-        x, cache, seen = self._block_kind()[0](self._layer(i), x, partial(attend, seen=attention_seen), grad, True)
+        x, cache, seen = block.forward(self._layer(i), x, partial(attend, seen=attention_seen), grad, True)
         trace.update({layer_key(i, name): value for name, value in (attention_seen | seen).items()})
         return x, cache
 
-    def _block_kind(self):
-        """The blocks' (forward, backward): post-norm, GPT-2's (pre-norm with LayerNorm and GELU, over
-        the fused ops) or any other pre-norm block."""
-        cfg = self.config
-        if cfg.norm == "post":
-            return self._post_norm_block, self._post_norm_block_backward
-        if cfg.norm_type == "layernorm" and cfg.activation == "gelu":
-            return self._gpt2_block, self._gpt2_block_backward
-        return self._pre_norm_block, self._pre_norm_block_backward
-
-    def _gpt2_block(self, p, x, attend, grad: bool, record: bool):
-        """`_pre_norm_block` with LayerNorm and GELU (GPT-2's), over the ops that fuse its elementwise
-        passes: c_fc with its GELU; each c_proj's GEMM without its bias, which is added with the
-        residual; the attention's residual with ln_2. The same math in the same order: the CPU's
-        numbers are `_pre_norm_block`'s bits. x is updated in place."""
-        eps = self.config.norm_eps
-        (w_attn, b_attn), (w_mlp, b_mlp) = p["attn.c_proj"], p["mlp.c_proj"]
-        a, ln_1 = self.ops.layernorm_forward(x, *p["ln_1"], eps)
-        y, qkv_caches = self._qkv_attention(p, a, attend)
-        h, c_proj = self.ops.linear_forward(y, w_attn, None)  # its bias joins the residual
-        ao = _with_bias(h, b_attn) if record else None
-        m, ln_2 = self.ops.residual_layernorm_forward(x, h, b_attn, *p["ln_2"], eps)  # x += h + b; m = ln_2(x)
-        resid_1 = x.copy() if record else None
-        mlp_trace = {} if record else None
-        act, c_fc = self.ops.linear_gelu_forward(m, *p["mlp.c_fc"], grad, mlp_trace)
-        h, mlp_proj = self.ops.linear_forward(act, w_mlp, None)
-        mo = _with_bias(h, b_mlp) if record else None
-        x, resid_2 = self.ops.bias_residual_forward(x, h, b_mlp)
-        seen = {
-            "ln_1": a,
-            "attn.out": ao,
-            "resid_1": resid_1,
-            "ln_2": m,
-            "mlp.pre": mlp_trace["pre"] if record else None,
-            "mlp.act": act,
-            "mlp.out": mo,
-            "resid_2": x.copy() if record else None,
-        }
-        return x, (ln_1, *qkv_caches, c_proj, ln_2, c_fc, mlp_proj, resid_2), seen
-
-    def _pre_norm_block(self, p, x, attend, grad: bool, record: bool):
-        """GPT-2: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)). The residuals add in place (x is in
-        no cache), so a recorded residual stream is a copy."""
-        a, ln_1 = self._norm(x, *p["ln_1"])
-        ao, attn = self._attention_half(p, a, attend)
-        x, _ = self.ops.residual_forward(x, ao, inplace=True)
-        resid_1 = x.copy() if record else None
-        m, ln_2 = self._norm(x, *p["ln_2"])
-        mo, mlp, (pre, act) = self._mlp_half(p, m, grad)
-        x, _ = self.ops.residual_forward(x, mo, inplace=True)
-        seen = {
-            "ln_1": a,
-            "attn.out": ao,
-            "resid_1": resid_1,
-            "ln_2": m,
-            "mlp.pre": pre,
-            "mlp.act": act,
-            "mlp.out": mo,
-            "resid_2": x.copy() if record else None,
-        }
-        return x, (ln_1, *attn, ln_2, *mlp), seen
-
-    def _post_norm_block(self, p, x, attend, grad: bool, record: bool):
-        """The original encoder (seed 001): x = ln_1(x + attn(x)); x = ln_2(x + mlp(x))."""
-        ao, attn = self._attention_half(p, x, attend)
-        r1, _ = self.ops.residual_forward(x, ao)  # not in place: x is in c_attn's cache
-        x1, ln_1 = self._norm(r1, *p["ln_1"])
-        mo, mlp, (pre, act) = self._mlp_half(p, x1, grad)
-        r2, _ = self.ops.residual_forward(x1, mo)
-        x2, ln_2 = self._norm(r2, *p["ln_2"])
-        seen = {
-            "attn.out": ao,
-            "resid_1": r1,
-            "ln_1": x1,
-            "mlp.pre": pre,
-            "mlp.act": act,
-            "mlp.out": mo,
-            "resid_2": r2,
-            "ln_2": x2,
-        }
-        return x2, (ln_1, *attn, ln_2, *mlp), seen
-
-    def _attention_half(self, p, a: np.ndarray, attend):
-        """a (B, T, C) -> c_proj(attention(c_attn(a))) (B, T, C), caches (c_attn, attention, c_proj).
-        `attend` rotates q and k first when the positions are rotary."""
-        y, qkv_caches = self._qkv_attention(p, a, attend)
-        out, c_proj = self.ops.linear_forward(y, *p["attn.c_proj"])
-        return out, (*qkv_caches, c_proj)
-
-    def _qkv_attention(self, p, a: np.ndarray, attend):
-        """a (B, T, C) -> attention(c_attn(a)) (B, T, H hd), caches (c_attn, attention)."""
-        qkv, c_attn = self.ops.linear_forward(a, *p["attn.c_attn"])  # (B, T, (H + 2 Hkv) hd)
-        y, attn = attend(qkv)
-        return y, (c_attn, attn)
-
-    def _mlp_half(self, p, m: np.ndarray, grad: bool):
-        """m (B, T, C) -> c_proj(act(c_fc(m))) (B, T, C), caches (c_fc, act, c_proj), (pre, act).
-        SwiGLU's act takes c_fc's [gate | up] (B, T, 2F) to (B, T, F)."""
-        pre, c_fc = self.ops.linear_forward(m, *p["mlp.c_fc"])  # (B, T, F), or (B, T, 2F) with SwiGLU
-        act, act_cache = getattr(self.ops, f"{self.config.activation}_forward")(pre, grad=grad)
-        out, c_proj = self.ops.linear_forward(act, *p["mlp.c_proj"])
-        return out, (c_fc, act_cache, c_proj), (pre, act)
+    def _block(self) -> Block:
+        """The config's kind of block (transformer/block.py) over this model's ops."""
+        return block_kind(self.config)(self.ops, self.config)
 
     def _embed(self, ids: np.ndarray, trace: dict | None):
         """ids (B, T) -> x0 (B, T, C) = token embedding + positional encoding, cache. Rotary
@@ -540,65 +433,7 @@ class GPT:
 
     def _block_backward(self, i: int, dx: np.ndarray, cache, grads: dict) -> np.ndarray:
         """d(block i's output) (B, T, C) -> d(its input) (B, T, C); its grads go into `grads`."""
-        return self._block_kind()[1](dx, cache, _Prefixed(grads, f"h.{i}."))
-
-    def _gpt2_block_backward(self, dx: np.ndarray, cache, g) -> np.ndarray:
-        """`_gpt2_block` read backwards: the MLP's residual, c_proj, c_fc with GELU, then ln_2 with
-        the attention's residual, c_proj, attention and c_attn, ln_1 with the skip (dx in place)."""
-        ln_1, c_attn, attn, c_proj, ln_2, c_fc, mlp_proj, resid_2 = cache
-        dx, dbranch, g["mlp.c_proj.bias"] = self.ops.bias_residual_backward(dx, resid_2)
-        dact, g["mlp.c_proj.weight"], _ = self.ops.linear_backward(dbranch, mlp_proj)
-        dm, g["mlp.c_fc.weight"], g["mlp.c_fc.bias"] = self.ops.linear_gelu_backward(dact, c_fc)
-        dx, g["ln_2.weight"], g["ln_2.bias"], g["attn.c_proj.bias"] = self.ops.residual_layernorm_backward(dx, dm, ln_2)
-        dy, g["attn.c_proj.weight"], _ = self.ops.linear_backward(dx, c_proj)
-        da = self._qkv_attention_backward(dy, (c_attn, attn), g)
-        dx, g["ln_1.weight"], g["ln_1.bias"] = self.ops.layernorm_add_backward(dx, da, ln_1)
-        return dx
-
-    def _pre_norm_block_backward(self, dx: np.ndarray, cache, g) -> np.ndarray:
-        """`_pre_norm_block` read backwards: MLP half (x2 = x1 + mlp(ln_2(x1))), then attention half."""
-        ln_1, c_attn, attn, c_proj, ln_2, c_fc, act_cache, mlp_proj = cache
-        dx, dbranch = self.ops.residual_backward(dx, None)
-        dm = self._mlp_half_backward(dbranch, (c_fc, act_cache, mlp_proj), g)
-        dm, g["ln_2.weight"], g["ln_2.bias"] = self._norm_backward(dm, ln_2)
-        dx += dm  # x1 reaches x2 both through the skip and through the MLP
-        dx, dbranch = self.ops.residual_backward(dx, None)
-        da = self._attention_half_backward(dbranch, (c_attn, attn, c_proj), g)
-        da, g["ln_1.weight"], g["ln_1.bias"] = self._norm_backward(da, ln_1)
-        dx += da
-        return dx
-
-    def _post_norm_block_backward(self, dx: np.ndarray, cache, g) -> np.ndarray:
-        """`_post_norm_block` read backwards: x2 = ln_2(x1 + mlp(x1)), then x1 = ln_1(x0 + attn(x0))."""
-        ln_1, c_attn, attn, c_proj, ln_2, c_fc, act_cache, mlp_proj = cache
-        dx, g["ln_2.weight"], g["ln_2.bias"] = self._norm_backward(dx, ln_2)
-        dx, dbranch = self.ops.residual_backward(dx, None)
-        dx += self._mlp_half_backward(dbranch, (c_fc, act_cache, mlp_proj), g)
-        dx, g["ln_1.weight"], g["ln_1.bias"] = self._norm_backward(dx, ln_1)
-        dx, dbranch = self.ops.residual_backward(dx, None)
-        dx += self._attention_half_backward(dbranch, (c_attn, attn, c_proj), g)
-        return dx
-
-    def _attention_half_backward(self, dout: np.ndarray, cache, g) -> np.ndarray:
-        c_attn, attn, c_proj = cache
-        dy, g["attn.c_proj.weight"], g["attn.c_proj.bias"] = self.ops.linear_backward(dout, c_proj)
-        return self._qkv_attention_backward(dy, (c_attn, attn), g)
-
-    def _qkv_attention_backward(self, dy: np.ndarray, cache, g) -> np.ndarray:
-        """d(attention's output) -> d(c_attn's input): `_qkv_attention` read backwards."""
-        c_attn, (rope, attn) = cache
-        dqkv = self.ops.attention_backward(dy, attn)
-        if rope is not None:
-            dqkv = self.ops.rope_backward(dqkv, rope)
-        da, g["attn.c_attn.weight"], g["attn.c_attn.bias"] = self.ops.linear_backward(dqkv, c_attn)
-        return da
-
-    def _mlp_half_backward(self, dout: np.ndarray, cache, g) -> np.ndarray:
-        c_fc, act_cache, c_proj = cache
-        dact, g["mlp.c_proj.weight"], g["mlp.c_proj.bias"] = self.ops.linear_backward(dout, c_proj)
-        dpre = getattr(self.ops, f"{self.config.activation}_backward")(dact, act_cache)
-        dm, g["mlp.c_fc.weight"], g["mlp.c_fc.bias"] = self.ops.linear_backward(dpre, c_fc)
-        return dm
+        return self._block().backward(dx, cache, _Prefixed(grads, f"h.{i}."))
 
     # ------------------------------------------------------------------------- generation
 

@@ -18,7 +18,7 @@ How it differs from the CPU ops, and why:
   normalises and writes the weights in place (float64, TF32 off, explain's trace, generation).
 - Column sums (LayerNorm's dweight and dbias, linear's dbias, the positions' gradient) come
   from a chunked kernel that adds rows in a fixed order: deterministic, unlike atomics.
-- GPT-2's block (the model's `_gpt2_block`) calls ops that fuse its elementwise passes, so that
+- GPT-2's block (block.py's `GPT2Block`) calls ops that fuse its elementwise passes, so that
   fewer bytes cross memory: c_fc's bias goes into the GELU kernel (`linear_gelu_*`, whose
   backward writes dpre and sums its columns in one pass), each c_proj's bias into its residual's
   kernel (`bias_residual_*`, `residual_layernorm_*`, the latter with ln_2's LayerNorm), and a
