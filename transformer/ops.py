@@ -276,6 +276,11 @@ def layernorm_backward(dout: np.ndarray, cache):
     Plain twin: `transformer.reference.layernorm_backward`.
     """
     xhat, rstd, weight, has_bias = cache
+    return _norm_backward(dout, xhat, rstd, weight, has_bias, centred=True)
+
+
+def _norm_backward(dout, xhat, rstd, weight, has_bias: bool, centred: bool):
+    """LayerNorm's backward (centred) or RMSNorm's (not: no mean(g) term), over L2-sized row blocks."""
     C = xhat.shape[-1]
     d2 = dout.reshape(-1, C)
     N = d2.shape[0]
@@ -295,10 +300,11 @@ def layernorm_backward(dout: np.ndarray, cache):
         dweight += o @ t
         if has_bias:
             dbias += o @ d
-        mean_g = d @ w_over_c
+        mean_g = d @ w_over_c if centred else None
         mean_gx = t @ w_over_c
         np.multiply(d, weight, out=g)
-        g -= mean_g[:, None]
+        if centred:
+            g -= mean_g[:, None]
         np.multiply(xh, mean_gx[:, None], out=t)
         g -= t
         g *= rstd[lo : lo + rows.step]
@@ -341,26 +347,8 @@ def rmsnorm_backward(dout: np.ndarray, cache):
     Plain twin: `transformer.reference.rmsnorm_backward`.
     """
     xhat, rstd, weight = cache
-    C = xhat.shape[-1]
-    d2 = dout.reshape(-1, C)
-    N = d2.shape[0]
-    dx = np.empty_like(d2)
-    dweight = np.zeros(C, dtype=d2.dtype)
-    w_over_c = weight / C
-    rows = row_blocks(N, C, share=4)  # four (rows, C) streams, as in layernorm_backward
-    scratch = np.empty((min(rows.step, N), C), dtype=d2.dtype)
-    ones = np.ones(scratch.shape[0], dtype=d2.dtype)
-    for lo in rows:
-        d, xh, g = d2[lo : lo + rows.step], xhat[lo : lo + rows.step], dx[lo : lo + rows.step]
-        t, o = scratch[: d.shape[0]], ones[: d.shape[0]]
-        np.multiply(d, xh, out=t)  # dout * xhat
-        dweight += o @ t
-        mean_gx = t @ w_over_c
-        np.multiply(d, weight, out=g)
-        np.multiply(xh, mean_gx[:, None], out=t)
-        g -= t
-        g *= rstd[lo : lo + rows.step]
-    return dx.reshape(dout.shape), dweight
+    dx, dweight, _ = _norm_backward(dout, xhat, rstd, weight, has_bias=False, centred=False)
+    return dx, dweight
 
 
 # ----------------------------------------------------------------------------- linear
