@@ -242,6 +242,13 @@ def layernorm_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None
     passes run over L2-sized row blocks (`tiling.row_blocks`), as GELU's do.
     Plain twin: `transformer.reference.layernorm`.
     """
+    xhat, rstd, out = _norm_forward(x, weight, bias, eps, centred=True)
+    return out, (xhat, rstd, weight, bias is not None)
+
+
+def _norm_forward(x, weight, bias, eps: float, centred: bool):
+    """-> xhat (N, C), rstd (N, 1), out (..., C): LayerNorm (centred) or RMSNorm (not), over
+    L2-sized row blocks."""
     C = x.shape[-1]
     x2 = x.reshape(-1, C)
     N = x2.shape[0]
@@ -252,18 +259,20 @@ def layernorm_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None
     rows = row_blocks(N, C)
     for lo in rows:
         xb, xh, r = x2[lo : lo + rows.step], xhat[lo : lo + rows.step], rstd[lo : lo + rows.step]
-        np.subtract(xb, (xb @ inv_c)[:, None], out=xh)  # centred
-        np.vecdot(xh, xh, out=r)  # per-row sums of squares: one read, no squared temporary
-        r *= 1.0 / C  # variance
+        if centred:
+            np.subtract(xb, (xb @ inv_c)[:, None], out=xh)
+        src = xh if centred else xb
+        np.vecdot(src, src, out=r)  # per-row sums of squares: one read, no squared temporary
+        r *= 1.0 / C  # the variance, or the mean square
         r += eps
         np.sqrt(r, out=r)
         np.divide(1.0, r, out=r)
-        xh *= r[:, None]
+        np.multiply(src, r[:, None], out=xh)
         ob = out[lo : lo + rows.step]
         np.multiply(xh, weight, out=ob)
         if bias is not None:
             ob += bias
-    return out.reshape(x.shape), (xhat, rstd[:, None], weight, bias is not None)
+    return xhat, rstd[:, None], out.reshape(x.shape)
 
 
 def layernorm_backward(dout: np.ndarray, cache):
@@ -319,23 +328,8 @@ def rmsnorm_forward(x: np.ndarray, weight: np.ndarray, eps: float = LN_EPS):
     same L2-sized row blocks.
     Plain twin: `transformer.reference.rmsnorm`.
     """
-    C = x.shape[-1]
-    x2 = x.reshape(-1, C)
-    N = x2.shape[0]
-    xhat = np.empty_like(x2)
-    out = np.empty_like(x2)
-    rstd = np.empty(N, dtype=x.dtype)
-    rows = row_blocks(N, C)
-    for lo in rows:
-        xb, xh, r = x2[lo : lo + rows.step], xhat[lo : lo + rows.step], rstd[lo : lo + rows.step]
-        np.vecdot(xb, xb, out=r)  # per-row sums of squares
-        r *= 1.0 / C
-        r += eps
-        np.sqrt(r, out=r)
-        np.divide(1.0, r, out=r)
-        np.multiply(xb, r[:, None], out=xh)
-        np.multiply(xh, weight, out=out[lo : lo + rows.step])
-    return out.reshape(x.shape), (xhat, rstd[:, None], weight)
+    xhat, rstd, out = _norm_forward(x, weight, None, eps, centred=False)
+    return out, (xhat, rstd, weight)
 
 
 def rmsnorm_backward(dout: np.ndarray, cache):
