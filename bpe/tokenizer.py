@@ -43,6 +43,7 @@ from tokenkit.bpe.errors import DisallowedSpecialError, TokenizerError
 from tokenkit.bpe.layout import Layout, canonical, listed
 from tokenkit.bpe.patterns import resolve_pattern
 from tokenkit.bpe.replay import Replay, replay_merges
+from tokenkit.bpe.show import token_str
 from tokenkit.bpe.text_encoder import TextEncoder
 from tokenkit.bpe.train_corpus import TrainReport
 
@@ -435,7 +436,7 @@ class Tokenizer:
 
     def token_pieces(self, ids: Iterable[int]) -> list[str]:
         """Each id's text on its own (partial UTF-8 shown as \\x escapes), for showing boundaries."""
-        return [self._id_bytes[i].decode("utf-8", errors="backslashreplace") for i in self._ids_list(ids)]
+        return [token_str(self._id_bytes[i]) for i in self._ids_list(ids)]
 
     @property
     def ids_dtype(self) -> type:

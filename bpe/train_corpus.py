@@ -24,6 +24,7 @@ from tokenkit.bpe.corpus import Corpus, Source, as_corpus
 from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.patterns import resolve_pattern
 from tokenkit.bpe.pretokenize import count_chunks
+from tokenkit.bpe.show import token_repr
 from tokenkit.bpe.trainer import train_merges
 
 __all__ = ["MERGE_COUNTS", "TrainReport", "describe_merge", "train"]
@@ -68,8 +69,7 @@ def describe_merge(vocab: Sequence[bytes], rank: int, pair: tuple[int, int], cou
     "merge 0: 't' + 'h' -> 'th'  (id 256, count 1234)"
     """
     a, b = pair
-    show = lambda bs: repr(bs.decode("utf-8", errors="backslashreplace"))  # noqa: E731
-    merged = f"{show(vocab[a])} + {show(vocab[b])} -> {show(vocab[a] + vocab[b])}"
+    merged = f"{token_repr(vocab[a])} + {token_repr(vocab[b])} -> {token_repr(vocab[a] + vocab[b])}"
     return f"merge {rank}: {merged}  (id {256 + rank}, count {count})"
 
 

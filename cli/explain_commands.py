@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from tokenkit.bpe.show import token_repr
 from tokenkit.cli import page_file
 from tokenkit.cli.explain_render import plot_attention, render, render_tokens
 from tokenkit.cli.options import check_device, device_option, json_option, model_option, top_k_option
@@ -110,7 +111,7 @@ def explain_command(
         model, tok, _ = load_model(model_path, device=device)
         expl, ids, raw = views.explain_run(model, tok, text, layer=layer, head=head, top_k=top_k, policy=special_policy)
         doc = views.model_doc(expl, ids, raw, tok, text, str(model_path), query)
-        header = render_tokens(ids, [views.show_token(b) for b in raw], raw) + "\n"
+        header = render_tokens(ids, [token_repr(b) for b in raw], raw) + "\n"
         if html_path is not None:
             policy = next(name for name, p in views.SPECIALS.items() if p == special_policy)
             page = page_file.model_page(

@@ -25,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from tokenkit.bpe.show import token_repr, token_str
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.run import pad_label
-from tokenkit.pipeline.token_views import REFUSE, show_token, token_entries, vocab_labels
+from tokenkit.pipeline.token_views import REFUSE, token_entries, vocab_labels
 from tokenkit.transformer import trace
 from tokenkit.transformer.backends import as_host
 from tokenkit.transformer.explain import explain_model
@@ -222,7 +223,7 @@ def explain_run(
     raw = [tokenizer.decode_bytes([i]) for i in ids]
     labels = vocab_labels(tokenizer, model.config.vocab_size)
     expl = explain_model(
-        model, ids, [show_token(b) for b in raw], layer=layer, head=head, top_k=top_k, label=labels.__getitem__,
+        model, ids, [token_repr(b) for b in raw], layer=layer, head=head, top_k=top_k, label=labels.__getitem__,
     )  # fmt: skip
     return expl, ids, raw
 
@@ -244,15 +245,13 @@ def model_doc(
         "text": text,
         **expl.to_dict(query),
         "tokens": [
-            {"position": t, "id": i, "text": b.decode("utf-8", errors="replace"), "bytes": b.hex()}
+            {"position": t, "id": i, "text": token_str(b), "bytes": b.hex()}
             for t, (i, b) in enumerate(zip(ids, raw, strict=True))
         ],
     }
     for candidate in doc["top"]:  # plain text in JSON, like "tokens" (the tables show it quoted)
         i = candidate["id"]
-        candidate["token"] = (
-            tokenizer.decode_bytes([i]).decode("utf-8", errors="replace") if i < tokenizer.vocab_size else pad_label(i)
-        )
+        candidate["token"] = token_str(tokenizer.decode_bytes([i])) if i < tokenizer.vocab_size else pad_label(i)
     return doc
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from tokenkit.bpe import Tokenizer
+from tokenkit.bpe.show import token_repr
 from tokenkit.pipeline import checkpoint, data, rundir, sources
 from tokenkit.pipeline.config import DEFAULT_VOCAB_SIZE, TrainConfig
 from tokenkit.pipeline.errors import PipelineError
@@ -95,15 +96,11 @@ def pad_label(token_id: int) -> str:
 
 
 def token_text(tokenizer, token_id: int) -> str:
-    """A token shown unambiguously: its text quoted, or its raw bytes when they are not UTF-8
-    alone; an id with no token, `pad_label`."""
+    """A model id as tables and reports show it: its token quoted (bpe/show.py's `token_repr`,
+    part of a character as \\xNN), or `pad_label` for an id with no token."""
     if token_id >= tokenizer.vocab_size:
         return pad_label(token_id)
-    raw = tokenizer.decode_bytes([int(token_id)])
-    try:
-        return repr(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        return repr(raw)  # part of a multi-byte character, e.g. b'\xc3'
+    return token_repr(tokenizer.decode_bytes([int(token_id)]))
 
 
 def encode_prompt(

@@ -2,10 +2,9 @@
 
 - `tokens_view`, `compare_view`: a text cut into tokens, by one tokenizer or two side by side.
 - `bpe_view`: the text from bytes to tokens, merge by merge (`Tokenizer.replay`).
-- How a token is shown: `show_token` (quoted, for tables: `tk explain`'s rows and columns),
-  `piece` (the page's chips: hex, text, and whether the bytes are part of a character),
-  `token_pieces` (the page's next-token lists), `token_label` and `vocab_labels` (any id of a
-  model's vocabulary, padding included). Part of a UTF-8 character is written as \\xNN by each.
+- How the page shows a token, in bpe/show.py's one spelling: `piece` (the page's chips: hex,
+  text, and whether the bytes are part of a character), `token_pieces` (the page's next-token
+  lists), `vocab_labels` (every id of a model's vocabulary quoted, padding included).
 
 Each view returns plain JSON-ready dicts, as pipeline/views.py describes. What it deliberately
 does not do: run a model (pipeline/forward_views.py and views.py do), read request parameters or
@@ -18,8 +17,9 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tokenkit.bpe.show import token_str
 from tokenkit.pipeline import sources
-from tokenkit.pipeline.run import pad_label
+from tokenkit.pipeline.run import pad_label, token_text
 
 FIRST_MERGES = 50  # merges listed by bpe_view
 
@@ -31,18 +31,6 @@ REFUSE = SPECIALS["refuse"]
 # ----------------------------------------------------------------------------- how a token is shown
 
 
-def show_token(raw: bytes) -> str:
-    """A token's bytes, quoted, as text when they are valid UTF-8, else as escaped bytes.
-
-    >>> show_token(b" the"), show_token(b"\\r"), show_token(b"\\xc3")
-    ("' the'", "'\\\\r'", "'\\\\xc3'")
-    """
-    try:
-        return repr(raw.decode("utf-8"))
-    except UnicodeDecodeError:  # part of a multi-byte character: show the bytes themselves
-        return repr(raw)[1:]
-
-
 def piece(raw: bytes) -> dict[str, Any]:
     """A token's bytes as the page shows them: hex, text, and whether they are part of a
     character (`partial`: not UTF-8 alone; the text then writes those bytes as \\xNN).
@@ -50,10 +38,8 @@ def piece(raw: bytes) -> dict[str, Any]:
     >>> piece(b"\\xc3"), piece(b"hi")
     ({'bytes': 'c3', 'text': '\\\\xc3', 'partial': True}, {'bytes': '6869', 'text': 'hi', 'partial': False})
     """
-    try:
-        return {"bytes": raw.hex(), "text": raw.decode("utf-8"), "partial": False}
-    except UnicodeDecodeError:
-        return {"bytes": raw.hex(), "text": raw.decode("utf-8", errors="backslashreplace"), "partial": True}
+    text = token_str(raw)
+    return {"bytes": raw.hex(), "text": text, "partial": text.encode("utf-8") != raw}
 
 
 def token_pieces(tokenizer, ids: Sequence[int]) -> list[str]:
@@ -66,19 +52,12 @@ _LABELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer ->
 
 
 def vocab_labels(tokenizer, n: int) -> list[str]:
-    """`token_label` of ids 0..n-1, made once per tokenizer: explain's logits step labels every id
+    """`run.token_text` of ids 0..n-1, made once per tokenizer: explain's logits step labels every id
     of the vocabulary, 47 ms of each explain of GPT-2's (a server answers many)."""
     labels = _LABELS.get(tokenizer)
     if labels is None or len(labels) != n:
-        labels = _LABELS[tokenizer] = [token_label(tokenizer, i) for i in range(n)]
+        labels = _LABELS[tokenizer] = [token_text(tokenizer, i) for i in range(n)]
     return labels
-
-
-def token_label(tokenizer, token_id: int) -> str:
-    """A model id as tables show it: `show_token` of its bytes, or `pad_label` for an id with no token."""
-    if token_id >= tokenizer.vocab_size:
-        return pad_label(token_id)
-    return show_token(tokenizer.decode_bytes([token_id]))
 
 
 def token_entries(tokenizer, ids: Sequence[int]) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ lists, dicts, strings, ints and finite floats (a value JSON cannot hold, such as
 The views live in three modules by what they show, and this one names them all for the server
 and the commands:
 - pipeline/token_views.py, a tokenizer's: `tokens_view`, `compare_view` (a text cut into tokens),
-  `bpe_view` (merge by merge), and how one token is shown (`show_token`, `piece`, ...);
+  `bpe_view` (merge by merge), and how the page shows one token (`piece`, ...);
 - pipeline/forward_views.py, one forward pass's: `attention_view`, `thumbnails_view`,
   `explain_doc`, `example_doc` (transformer/explain.py), the attention maps' packing;
 - here, the rest: `next_view`, `generate_view` (the next-token distribution; generation step by
@@ -59,7 +59,6 @@ from tokenkit.pipeline.token_views import (
     bpe_view,
     compare_view,
     merge_counts,
-    show_token,
     token_pieces,
     tokens_view,
     vocab_labels,
@@ -85,7 +84,6 @@ __all__ = [
     "model_ids",
     "pack_weights",
     "pool",
-    "show_token",
     "thumbnails_view",
     "tokens_view",
     "unpack_weights",
