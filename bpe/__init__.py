@@ -22,8 +22,16 @@ tokenizer.py (the codec and its special-token policy) and text_encoder.py (its c
 'aaabdaaabac'
 """
 
-from tokenkit.bpe.corpus import Corpus
-from tokenkit.bpe.errors import DisallowedSpecialError, TokenizerError
-from tokenkit.bpe.tokenizer import Tokenizer
+from tokenkit.common.lazy import lazy_names
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; type checkers read the block
+if TYPE_CHECKING:
+    from tokenkit.bpe.corpus import Corpus
+    from tokenkit.bpe.errors import DisallowedSpecialError, TokenizerError
+    from tokenkit.bpe.tokenizer import Tokenizer
 
 __all__ = ["Corpus", "DisallowedSpecialError", "Tokenizer", "TokenizerError"]
+
+# imported on first use (common/lazy.py): `tk --help` must not wait for NumPy
+_HOMES = {"Corpus": "corpus", "DisallowedSpecialError": "errors", "Tokenizer": "tokenizer", "TokenizerError": "errors"}
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)

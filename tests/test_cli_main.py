@@ -41,3 +41,70 @@ def test_a_reader_that_stops_early_gets_no_error_line(tmp_path):
     writer.stdout.close()  # the reader stops
     err = writer.stderr.read().decode()
     assert writer.wait(60) == 1 and first.strip().startswith(b"108") and err == "", err
+
+
+def test_the_lazy_table_names_each_command_in_its_module_with_its_own_help():
+    """`tk --help` lists the commands from cli/commands.py's table without importing them: each
+    entry must be the command its module defines, with the first sentence of its own help."""
+    import importlib
+
+    import click
+
+    from tokenkit.cli.commands import COMMANDS, cli
+
+    defined = {}
+    for module in {module for module, _ in COMMANDS.values()}:
+        for command in importlib.import_module(f"tokenkit.cli.{module}").COMMANDS:
+            defined[command.name] = (module, command)
+    assert defined.keys() == COMMANDS.keys()
+    ctx = click.Context(cli)
+    for name, (module, sentence) in COMMANDS.items():
+        assert defined[name][0] == module
+        command = cli.get_command(ctx, name)
+        assert command is defined[name][1]
+        for limit in (30, 45, 60, 300):
+            listed = click.Command(name, help=sentence).get_short_help_str(limit)
+            assert listed == command.get_short_help_str(limit), name
+
+
+def _modules_after(args: list[str], env: dict | None = None) -> tuple[str, set[str]]:
+    """(stdout, the modules loaded) of `python -m tokenkit ARGS` in a fresh process."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, runpy\n"
+        "sys.argv = ['tk', *sys.argv[1:]]\n"
+        "try:\n    runpy.run_module('tokenkit', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "sys.stdout.flush()\n"
+        "sys.stderr.write('MODULES ' + ' '.join(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[1],
+        env={**os.environ, **(env or {})},
+        timeout=60,
+    )
+    modules = done.stderr.rsplit("MODULES ", 1)[1].split()
+    return done.stdout, set(modules)
+
+
+COMMAND_MODULES = {
+    "numpy",
+    *(f"tokenkit.cli.{m}" for m in ("tokenizer_commands", "train_commands", "model_commands", "serve")),
+    *(f"tokenkit.cli.{m}" for m in ("info_commands", "hf_commands", "explain_commands")),
+}
+
+
+def test_version_help_and_completion_load_no_command_and_no_numpy():
+    out, modules = _modules_after(["--version"])
+    assert out.startswith("tokenkit, version") and not modules & COMMAND_MODULES, modules & COMMAND_MODULES
+    out, modules = _modules_after(["--help"])
+    assert "train-model" in out and not modules & COMMAND_MODULES, modules & COMMAND_MODULES
+    out, modules = _modules_after([], env={"_TK_COMPLETE": "bash_complete", "COMP_WORDS": "tk en", "COMP_CWORD": "1"})
+    assert "encode" in out and not modules & COMMAND_MODULES, modules & COMMAND_MODULES
