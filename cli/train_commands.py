@@ -148,8 +148,11 @@ def _summary(result: TrainResult) -> None:
         if result.last_val_loss is not None
         else "no evaluation this session"
     )
+    best = f"best {best}"
+    if result.best_val_loss is None and result.last_val_loss is not None:  # Ctrl-C before the first evaluation
+        best = "measured at the interrupt, before any evaluation was due"
     click.echo(
-        f"step {result.step}/{result.steps}: {last} (best {best}; unigram baseline {result.unigram_baseline:.4f}); "
+        f"step {result.step}/{result.steps}: {last} ({best}; unigram baseline {result.unigram_baseline:.4f}); "
         f"{result.seconds:.1f} s, {result.tokens_per_s:,.0f} tokens/s"
     )
     if (result.run_dir / checkpoint.MODEL_FILE).exists():

@@ -316,6 +316,32 @@ def _losses(run_dir: Path) -> list[tuple]:
     ]
 
 
+def test_ctrl_c_before_the_first_evaluation_says_what_the_saved_loss_is(corpus, run, tmp_path, monkeypatch, capsys):
+    """The model saved at the interrupt is evaluated there: the summary names that loss as what it
+    is, and claims no best (none was due), agreeing with the model file's own val loss."""
+    from tokenkit.transformer.parallel import DataParallel
+
+    real = DataParallel.loss_and_grads
+    calls = {"n": 0}
+
+    def ctrl_c_at_step_3(self, x, y, **kw):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self, x, y, **kw)
+
+    monkeypatch.setattr(DataParallel, "loss_and_grads", ctrl_c_at_step_3)
+    tok = ["-t", str(run / "tokenizer.safetensors")]
+    code, out, _ = cli(capsys, "train-model", str(corpus), "-o", str(tmp_path / "r"), *tok, *RESUME_FLAGS)
+    assert code == 130
+    summary = next(line for line in out.splitlines() if line.startswith("step 3/24"))
+    assert "none yet" not in summary and "measured at the interrupt" in summary, summary
+    monkeypatch.setattr(DataParallel, "loss_and_grads", real)
+    code, info, _ = cli(capsys, "info", str(tmp_path / "r" / "model.safetensors"))
+    val = summary.split("val loss ")[1].split()[0]
+    assert code == 0 and val in info
+
+
 def test_ctrl_c_then_resume_equals_uninterrupted(corpus, run, tmp_path, monkeypatch, capsys):
     tok = ["-t", str(run / "tokenizer.safetensors")]
     whole, split = tmp_path / "whole", tmp_path / "split"
