@@ -29,3 +29,16 @@ def warn(message: str) -> None:
 def notes(quiet: bool) -> Callable[[str], None]:
     """`note`, or nothing with --quiet."""
     return (lambda line: None) if quiet else note
+
+
+def once(say: Callable[[str], None]) -> Callable[[str], None]:
+    """`say`, each distinct line said once: for commands whose steps read the same input (the
+    pipeline's sample predicts, then generates, from one prompt)."""
+    said: set[str] = set()
+
+    def say_once(line: str) -> None:
+        if line not in said:
+            said.add(line)
+            say(line)
+
+    return say_once

@@ -21,7 +21,7 @@ import click
 
 from tokenkit.cli.launch import end_together, mpi_world
 from tokenkit.cli.model_commands import stream_text
-from tokenkit.cli.notes import note, notes, warn
+from tokenkit.cli.notes import note, notes, once, warn
 from tokenkit.cli.options import (
     check_device,
     corpus_options,
@@ -403,7 +403,8 @@ def pipeline_command(
     text = prompt if prompt is not None else result.prompt
     if prompt is None:  # decoded from the validation ids: a special token in it (--eot) was one there
         special_policy = {"allowed_special": "all", "disallowed_special": "all"}
-    pred = predict_next(model, tok, text, top_k=5, say=note, **special_policy)
+    say = once(note)  # predict and generate read the same prompt: a long one is warned of once
+    pred = predict_next(model, tok, text, top_k=5, say=say, **special_policy)
     click.echo(f"\npredict-next {text!r}:")
     for token_id, p in pred.top:
         click.echo(f"  {p:7.4f}  {token_text(tok, token_id)}")
@@ -413,7 +414,7 @@ def pipeline_command(
     click.echo(f"\ngenerate (greedy, {max_new_tokens} tokens):")
     stream_text(
         text,
-        generate(model, tok, text, max_new_tokens=max_new_tokens, temperature=0.0, say=note, **special_policy),
+        generate(model, tok, text, max_new_tokens=max_new_tokens, temperature=0.0, say=say, **special_policy),
     )
     return 0
 

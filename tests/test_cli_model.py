@@ -472,9 +472,11 @@ def test_pipeline_runs_stages_and_skips_what_is_up_to_date(corpus, tmp_path, cap
     assert "predict-next" in out and "generate (greedy, 8 tokens)" in out
     first_model = _tensors(run_dir / "model.safetensors")
 
-    code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *flags)
+    long = " ".join(["up 1 2 3 4 5 6 7 8 9 10"] * 10)  # longer than the context: warned of once
+    code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *flags, "--prompt", long)
     assert code == 0
     assert "tokenizer: up to date" in err and "encode: up to date" in err and "train: up to date" in err
+    assert err.count("warning: the prompt is") == 1, err
 
     (run_dir / "tokens.npy").unlink()  # redo one stage alone
     code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *flags)
