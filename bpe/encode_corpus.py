@@ -125,7 +125,9 @@ def encode_corpus(
     sep = eot_id(tok, eot)
     lead = np.array([] if bos is None else [bos], dtype=tok.ids_dtype)
     between = np.array([i for i in (sep, bos) if i is not None], dtype=tok.ids_dtype).tobytes()
-    workers = max(1, workers or os.cpu_count() or 1)
+    workers = pool.default_workers() if workers is None else workers
+    if (wrong := pool.bad_worker_count(workers)) is not None:  # before any work: a task list 2x workers long
+        raise TokenizerError(wrong)
     done = {"bytes": 0, "documents": 0}
     with tqdm(
         total=corpus.size, unit="B", unit_scale=True, desc="encoding", disable=quiet or not sys.stderr.isatty()

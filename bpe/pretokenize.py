@@ -27,7 +27,6 @@ read files other than through `bpe.corpus`.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections import Counter, deque
 from collections.abc import Iterator
@@ -138,9 +137,9 @@ def count_chunks(
     size = corpus.size  # None: not known before reading (streams, compressed files, JSONL)
     if size == 0:
         raise TokenizerError("the corpus is empty; give at least one file or text with some content")
-    workers = _default_workers() if workers is None else workers
-    if workers < 1:
-        raise TokenizerError(f"workers must be at least 1, got {workers}")
+    workers = pool.default_workers() if workers is None else workers
+    if (wrong := pool.bad_worker_count(workers)) is not None:
+        raise TokenizerError(wrong)
     piece_bytes = _PIECE_BYTES if pattern in BUILTIN else None
     if pattern is None:  # nothing to split: a worker would only copy each document twice
         workers = 1
@@ -249,13 +248,6 @@ def _chain(first, second, rest: Iterator) -> Iterator:
         if piece is not None:
             yield piece
     yield from rest
-
-
-def _default_workers() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _count_into(totals: Counter, piece: bytes, pattern: str | None) -> None:

@@ -441,6 +441,19 @@ def test_encode_file_equals_encode(tok, tmp_path, small_pieces):
         tok.encode_file(path, workers=2, quiet=True)
 
 
+@pytest.mark.parametrize("workers", [0, -1, 10**9, 2.0, True, "2"])
+def test_encode_file_and_training_refuse_a_bad_worker_count_before_any_work(tok, tmp_path, workers):
+    """workers is bounded (1 to common.pool.MAX_WORKERS): 10**9 would have listed 2 * 10**9 tasks
+    (the corpus in memory) before starting any; the output file is never created."""
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"hello world " * 100)
+    with pytest.raises(TokenizerError, match="workers must be an integer from 1 to 1024"):
+        tok.encode_file(path, tmp_path / "ids.npy", workers=workers, quiet=True)
+    assert not (tmp_path / "ids.npy").exists()
+    with pytest.raises(TokenizerError, match="workers must be an integer from 1 to 1024"):
+        Tokenizer.train([path], vocab_size=260, workers=workers, quiet=True)
+
+
 def test_encode_file_in_spawned_workers(tok, tmp_path, small_pieces, monkeypatch):
     """Where workers cannot inherit the tokenizer (spawn: macOS, Windows), each rebuilds it with
     its class's from_tensors, which bpe.encode_corpus is handed rather than imports (common/pool.py
