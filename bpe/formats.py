@@ -24,12 +24,12 @@ from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.hf_import import check_transformers_class
 from tokenkit.bpe.layout import Layout
 from tokenkit.bpe.merge import merge_ids
+from tokenkit.bpe.names import EXPORT_FORMATS
 from tokenkit.bpe.patterns import PATTERNS, resolve_pattern
 from tokenkit.common import gcpause
 
 __all__ = ["EXPORT_FORMATS", "check_whole_tokens", "export_files", "from_gpt2", "from_hf", "from_tiktoken"]
 
-EXPORT_FORMATS = ("gpt2", "hf", "tiktoken")
 _TIKTOKEN_WHOLE = "tiktoken looks whole chunks up before merging and would give {id} for that text"
 # with ignore_merges tk gives the token for its bytes too, but not inside a longer chunk
 _TIKTOKEN_IGNORE_MERGES = (

@@ -9,28 +9,28 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from tokenkit.bpe.show import token_repr
-from tokenkit.cli import page_file
-from tokenkit.cli.explain_render import plot_attention, render, render_tokens
 from tokenkit.cli.options import check_device, device_option, json_option, model_option, top_k_option
 from tokenkit.cli.params import count
 from tokenkit.cli.specials import special_options
 from tokenkit.common import atomic
-from tokenkit.pipeline import views
-from tokenkit.pipeline.checkpoint import load_model, write_bytes
-from tokenkit.transformer.explain_examples import EXAMPLES, explain_example
-from tokenkit.transformer.explanation import Explanation
+from tokenkit.pipeline.names import VIEWS
 
-_EXAMPLE_LIST = "; ".join(f"{name} ({what})" for name, (what, _) in EXAMPLES.items())
+if TYPE_CHECKING:
+    from tokenkit.cli.page_file import Page
+    from tokenkit.transformer.explanation import Explanation
+
+# The model, NumPy and the page are imported by the functions that use them, so that `tk explain
+# --help` does not wait for them (tests/test_cli_main.py).
 
 
 @click.command("explain")
 @click.argument("text", required=False)
 @model_option(required=False)
-@click.option("--example", "example", metavar="NAME", help=f"a worked example instead of a model: {_EXAMPLE_LIST}")
+@click.option("--example", "example", metavar="NAME", help="a worked example instead of a model (listed below)")
 # --layer and --head: their range is the model's, checked by explain_model in one line naming it
 @click.option("--layer", default=0, show_default=True, type=int, help="layer to explain (0 = first)")
 @click.option("--head", default=0, show_default=True, type=int, help="attention head of that layer (0 = first)")
@@ -47,7 +47,7 @@ _EXAMPLE_LIST = "; ".join(f"{name} ({what})" for name, (what, _) in EXAMPLES.ite
 @click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path),
               help="also write tk serve's page for this text (or the worked examples) to this HTML file: one"
               " self-contained file, no server or network needed")  # fmt: skip
-@click.option("--view", type=click.Choice(views.VIEWS), help="the view the --html page opens in"
+@click.option("--view", type=click.Choice(VIEWS), help="the view the --html page opens in"
               "  [default: attention; examples with --example]")  # fmt: skip
 @special_options
 @device_option
@@ -87,6 +87,13 @@ def explain_command(
       chai               one encoder layer on "The chai is hot"
       one-layer          a one-layer toy with d_head = 2 and W_O
     """
+    from tokenkit.bpe.show import token_repr
+    from tokenkit.cli import page_file
+    from tokenkit.cli.explain_render import render, render_tokens
+    from tokenkit.pipeline import views
+    from tokenkit.pipeline.checkpoint import load_model, write_bytes
+    from tokenkit.transformer.explain_examples import explain_example
+
     check_device(device)  # first, as in every command: a missing CuPy or GPU is the one line
     _check_view(view, html_path, example, model_path)
     for written in (html_path, plot_path):  # a device, FIFO or socket there is refused before the model loads
@@ -137,6 +144,8 @@ def explain_command(
 
 def _check_view(view: str | None, html_path: Path | None, example: str | None, model_path: Path | None) -> None:
     """--view: only with --html, and a view the page will hold."""
+    from tokenkit.cli import page_file
+
     if view is None:
         return
     if html_path is None:
@@ -147,7 +156,9 @@ def _check_view(view: str | None, html_path: Path | None, example: str | None, m
         raise click.UsageError(f"the {view} view needs a run directory with its log.jsonl; {model_path} is not one")
 
 
-def _page_bytes(page: page_file.Page) -> bytes:
+def _page_bytes(page: Page) -> bytes:
+    from tokenkit.cli import page_file
+
     html = page_file.page_html(page)
     if len(html) > page_file.MAX_BYTES:
         raise click.ClickException(
@@ -158,6 +169,8 @@ def _page_bytes(page: page_file.Page) -> bytes:
 
 
 def _plot(expl: Explanation, path: Path, title: str) -> None:
+    from tokenkit.cli.explain_render import plot_attention
+
     weights = next(s for s in expl.steps if s.key.endswith("weights"))  # its labels: queries, keys
     plot_attention(expl.attention, weights.rows, weights.cols, path, title)
 

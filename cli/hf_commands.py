@@ -16,7 +16,6 @@ import click
 
 from tokenkit.cli.options import out_option, overwrite_option, tokenizer_option
 from tokenkit.common import atomic, atomic_dir
-from tokenkit.pipeline import hf_export, hf_import
 
 
 @click.command("export-hf")
@@ -36,6 +35,8 @@ def export_hf_command(model_path, directory, tokenizer_path, overwrite) -> int:
     Example:
       tk export-hf runs/demo -o demo-hf
     """
+    from tokenkit.pipeline import hf_export
+
     atomic_dir.check_output_dir(directory)
     result = hf_export.export_hf(model_path, directory, tokenizer_path=tokenizer_path, overwrite=overwrite)
     shape = _shape(result.config)
@@ -78,6 +79,8 @@ def import_hf_command(directory, out, overwrite, context, tokenizer_json) -> int
     Example:
       tk import-hf gpt2-hf -o gpt2.safetensors
     """
+    from tokenkit.pipeline import hf_import
+
     atomic.check_output(out)  # a device, FIFO or socket at -o is refused, with or without --overwrite
     result = hf_import.import_hf(
         directory, out, overwrite=overwrite, context_length=context, tokenizer_json=tokenizer_json

@@ -16,9 +16,10 @@ from typing import Any
 
 import click
 
-from tokenkit.pipeline import PipelineError, checkpoint
-from tokenkit.pipeline.run import load_tokenizer
-from tokenkit.pipeline.sources import SPECIAL_FLAGS, CorpusSpec
+# the pipeline's heavy modules (NumPy, the codec) are imported by each function that reads a file,
+# so that `tk info --help` does not wait for them (tests/test_cli_main.py)
+from tokenkit.pipeline.errors import PipelineError
+from tokenkit.pipeline.names import SPECIAL_FLAGS
 from tokenkit.transformer import GPTConfig
 
 
@@ -31,6 +32,8 @@ def info_command(file) -> int:
     Example:
       tk info runs/demo/model.safetensors
     """
+    from tokenkit.pipeline import checkpoint
+
     path = checkpoint.resolve_model_path(file) if Path(file).is_dir() else Path(file)
     meta = checkpoint.read_header(path)
     fmt = meta.get("format")
@@ -51,6 +54,8 @@ def _row(key: str, value: Any) -> None:
 
 
 def _info_tokenizer(path: Path, meta: dict[str, str]) -> None:
+    from tokenkit.pipeline.run import load_tokenizer
+
     tok = load_tokenizer(path)
     _row("file", path)
     _row("format", f"{meta.get('format')} v{meta.get('format_version')} (tokenizer)")
@@ -82,6 +87,8 @@ def _training_rows(training: dict[str, Any]) -> None:
 
 
 def _info_model(path: Path) -> None:
+    from tokenkit.pipeline import checkpoint
+
     model, tok, meta = checkpoint.load_model(path, tokenizer_required=False)
     n_params = sum(int(p.size) for p in model.params.values())
     _row("file", path)
@@ -131,6 +138,8 @@ def _info_model(path: Path) -> None:
 
 def _corpus_rows(record: dict[str, Any], sizes: str = "") -> None:
     """The corpus a run recorded: its inputs and the flags that read them, and its --val."""
+    from tokenkit.pipeline.sources import CorpusSpec
+
     try:
         spec = CorpusSpec.from_record(record)
     except PipelineError:
@@ -150,6 +159,8 @@ def _corpus_rows(record: dict[str, Any], sizes: str = "") -> None:
 
 
 def _info_state(path: Path) -> None:
+    from tokenkit.pipeline import checkpoint
+
     state = checkpoint.load_train_state(path)
     _row("file", path)
     _row("format", f"{checkpoint.STATE_FORMAT} v{checkpoint.FORMAT_VERSION} (state for --resume)")

@@ -13,20 +13,23 @@ from contextlib import nullcontext
 
 import click
 
-from tokenkit.bpe import TokenizerError
-from tokenkit.common import FileError, mpi
+from tokenkit.bpe.errors import TokenizerError
+from tokenkit.common.errors import FileError
+from tokenkit.common.launcher import launched_rank
 from tokenkit.common.messages import one_line
 from tokenkit.common.processes import noted_interrupt, stopped_line, take_held_interrupt
-from tokenkit.pipeline import PipelineError
-from tokenkit.transformer import ModelError
+from tokenkit.pipeline.errors import PipelineError
+from tokenkit.transformer.errors import ModelError
 
 
 def mpi_world():
     """MPI's communicator when `mpirun`/`srun` started several processes, else None (mpi4py unimported)."""
+    from tokenkit.common import mpi  # NumPy: when a command runs, not for its --help
+
     try:
         comm = mpi.world()
     except ImportError as err:  # said once, by the first process; the others exit quietly
-        if mpi.launched_rank():
+        if launched_rank():
             raise click.exceptions.Exit(1) from None
         raise click.ClickException(str(err)) from None
     if comm is None and take_held_interrupt() is not None:  # no ranks to join after all: stop now
@@ -51,4 +54,8 @@ def _ending(err: BaseException) -> tuple[int, str]:
 def end_together(comm):
     """Under MPI, an error or interrupt on any rank ends every rank with its code and one line
     (`common.mpi.end_together`); else nothing."""
-    return nullcontext() if comm is None else mpi.end_together(comm, _ending)
+    if comm is None:
+        return nullcontext()
+    from tokenkit.common import mpi
+
+    return mpi.end_together(comm, _ending)

@@ -25,8 +25,6 @@ from tokenkit.cli.options import (
 )
 from tokenkit.cli.params import count, real
 from tokenkit.cli.specials import special_options
-from tokenkit.pipeline import views
-from tokenkit.pipeline.run import generate, load_model_and_tokenizer, predict_next, token_text
 
 
 @click.command("predict-next")
@@ -46,6 +44,9 @@ def predict_next_command(model_path, tokenizer_path, text, top_k, as_json, speci
       tk predict-next -m runs/demo "Once upon a time" --top-k 3 --json
       tk predict-next -m runs/demo "The end.<|endoftext|>" --allow-special
     """
+    from tokenkit.pipeline import views
+    from tokenkit.pipeline.run import load_model_and_tokenizer, predict_next, token_text
+
     check_device(device)
     model, tok = load_model_and_tokenizer(model_path, tokenizer_path, device=device)
     if as_json:  # tk serve's /api/next; a token that is part of a character shows its bytes escaped, e.g. "\\xc3"
@@ -85,6 +86,8 @@ def generate_command(
       tk generate -m runs/demo "Once upon a time" -n 60 --temperature 0.8 --seed 1
       tk generate -m runs/demo "The end.<|endoftext|>" --allow-special -n 60
     """
+    from tokenkit.pipeline.run import generate, load_model_and_tokenizer
+
     check_device(device)
     model, tok = load_model_and_tokenizer(model_path, tokenizer_path, device=device)
     pieces = generate(

@@ -20,8 +20,7 @@ import click
 
 from tokenkit.cli.params import count
 from tokenkit.pipeline.config import MAX_WORKERS
-from tokenkit.pipeline.run import MAX_NEW_TOKENS
-from tokenkit.transformer.backends import get_backend
+from tokenkit.pipeline.names import MAX_NEW_TOKENS
 
 # -t's help in the commands that run a trained model, and in those that only need its tokenizer
 TOKENIZER_FOR_MODEL = "tokenizer.safetensors, for a model file without one embedded (GPT.save's)"
@@ -155,6 +154,8 @@ def device_option(func):
 
 def check_device(device: str) -> None:
     """One line (ModelError) when `device` cannot run here: CuPy or the GPU missing."""
+    from tokenkit.transformer.backends import get_backend  # NumPy, CuPy: when a command runs, not for --help
+
     get_backend(device)
 
 

@@ -7,7 +7,7 @@ reads it as the special token, the second as plain text. A command decorated wit
 `special_options` gets the policy as `special_policy`, the keyword arguments of `Tokenizer.encode`
 (and of `predict_next` / `generate`), and its errors about such text name these flags, which it
 has, instead of the Python API's arguments. `policy_name` gives the policy's name in
-`pipeline.sources.SPECIALS` (a run's corpus records it).
+`pipeline.names.SPECIALS` (a run's corpus records it).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 
 import click
 
-from tokenkit.bpe import DisallowedSpecialError
-from tokenkit.pipeline.sources import SPECIALS
+from tokenkit.bpe.errors import DisallowedSpecialError
+from tokenkit.pipeline.names import SPECIALS
 
 ALLOW = "--allow-special"
 AS_TEXT = "--specials-as-text"

@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import numpy as np
 
-from tokenkit.bpe import Tokenizer
-from tokenkit.bpe import io as bpe_io
-from tokenkit.bpe.corpus import Corpus
-from tokenkit.bpe.encode_corpus import encode_corpus, eot_id
-from tokenkit.bpe.train_corpus import describe_merge
+from tokenkit.bpe.names import EXPORT_FORMATS
 from tokenkit.cli.launch import end_together, mpi_world
 from tokenkit.cli.notes import warn
 from tokenkit.cli.options import (
@@ -40,7 +36,14 @@ from tokenkit.cli.params import count
 from tokenkit.cli.specials import flags_in_errors, special_options
 from tokenkit.common import atomic, atomic_dir
 from tokenkit.common.messages import short
-from tokenkit.pipeline.run import load_tokenizer
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from tokenkit.bpe import Corpus, Tokenizer
+
+# The codec, NumPy and the pipeline are imported by each command when it runs, so that `tk encode
+# --help` does not wait for them (tests/test_cli_main.py).
 
 _STOP_REASONS = {
     "vocab_size": "the vocabulary reached --vocab-size",
@@ -51,6 +54,8 @@ _STOP_REASONS = {
 
 def _corpus(inputs, glob, text_field, binary, comm) -> Corpus:
     """The corpus of the command line; under MPI only rank 0 warns."""
+    from tokenkit.bpe import Corpus
+
     quiet = comm is not None and comm.Get_rank() > 0
     return Corpus(list(inputs), glob=glob, text_field=text_field, binary=binary, warn=None if quiet else warn)
 
@@ -101,6 +106,9 @@ def bpe_train_command(
 
 
 def _bpe_train(comm, corpus, vocab_size, min_frequency, pattern, specials, workers, verbose, quiet, output) -> int:
+    from tokenkit.bpe import Tokenizer
+    from tokenkit.bpe.train_corpus import describe_merge
+
     atomic.check_output(output)  # a device, FIFO or socket at -o is refused before the counting
     on_merge = None
     if verbose:
@@ -180,6 +188,9 @@ def encode_command(
       tk encode -t tok.safetensors -f corpus.txt -o ids.npy
       tk encode -t tok.safetensors -f docs.jsonl.gz --text-field text --eot '<|endoftext|>' -o ids.npy
     """
+    from tokenkit.bpe.encode_corpus import eot_id
+    from tokenkit.pipeline.run import load_tokenizer
+
     if (text is None) == (file is None):
         raise click.UsageError("give either TEXT or -f FILE (exactly one)")
     if file is None and (eot is not None or glob is not None or text_field is not None or binary):
@@ -205,6 +216,10 @@ def encode_command(
 
 def _encode_text(tok: Tokenizer, text: str, output, special_policy) -> tuple[np.ndarray, int]:
     """TEXT's ids (written to `output` when given) and its length in bytes."""
+    import numpy as np
+
+    from tokenkit.bpe import io as bpe_io
+
     arr = np.asarray(tok.encode(text, **special_policy), dtype=tok.ids_dtype)
     if output is not None:
         bpe_io.save_ids(output, arr)
@@ -214,6 +229,8 @@ def _encode_text(tok: Tokenizer, text: str, output, special_policy) -> tuple[np.
 def _encode_corpus(comm, tok: Tokenizer, inputs: Corpus, output, workers, quiet, special_policy, eot):
     """-f FILE's ids (written to `output` when given), its length in bytes and, under MPI, how
     the ranks split it; (None, 0, split) on a rank other than 0."""
+    from tokenkit.bpe.encode_corpus import encode_corpus
+
     if comm is None:
         encoded = encode_corpus(tok, inputs, output, workers=workers, quiet=quiet, **special_policy, eot=eot)
         return encoded.ids, encoded.n_bytes, None
@@ -262,6 +279,9 @@ def decode_command(tokenizer_path, ids, file) -> int:
       tk decode -t gpt2.safetensors "[31373, 995]"
       tk decode -t tok.safetensors -f ids.npy
     """
+    from tokenkit.bpe import io as bpe_io
+    from tokenkit.pipeline.run import load_tokenizer
+
     if bool(ids) == (file is not None):
         raise click.UsageError("give either IDS or -f FILE (exactly one)")
     tok = load_tokenizer(tokenizer_path)
@@ -303,6 +323,8 @@ def bpe_import_command(sources, output, pattern, specials) -> int:
       tk bpe-import hf_dir/tokenizer.json -o tok.safetensors
       tk bpe-import gpt2.tiktoken --pattern gpt2 --special '<|endoftext|>' -o gpt2.safetensors
     """
+    from tokenkit.bpe import Tokenizer
+
     atomic.check_output(output)
     if len(sources) > 2:
         raise click.UsageError("give one file (tokenizer.json, a .tiktoken file, a directory) or GPT-2's two files")
@@ -334,7 +356,7 @@ def bpe_import_command(sources, output, pattern, specials) -> int:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(Tokenizer.EXPORT_FORMATS),
+    type=click.Choice(EXPORT_FORMATS),
     default="gpt2",
     show_default=True,
     help="gpt2: vocab.json + merges.txt; hf: tokenizer.json (+ tokenizer_config.json, special_tokens_map.json); "
@@ -354,6 +376,8 @@ def bpe_export_command(tokenizer_path, output, fmt, overwrite) -> int:
       tk bpe-export tok.safetensors --format hf -o tok_hf/
       tk bpe-export tok.safetensors --format tiktoken -o tok_tiktoken/
     """
+    from tokenkit.pipeline.run import load_tokenizer
+
     atomic_dir.check_output_dir(output)
     tok = load_tokenizer(tokenizer_path)
     paths = tok.export(output, fmt, overwrite=overwrite)

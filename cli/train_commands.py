@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -35,18 +35,17 @@ from tokenkit.cli.options import (
 )
 from tokenkit.cli.params import Number, count
 from tokenkit.cli.specials import policy_name, special_options
-from tokenkit.pipeline import checkpoint
 from tokenkit.pipeline.config import DEFAULT_VOCAB_SIZE, Range, TrainConfig, load_config_file
-from tokenkit.pipeline.join import follow
-from tokenkit.pipeline.ranks import Ranks
-from tokenkit.pipeline.resume import resume_training
-from tokenkit.pipeline.run import generate, load_tokenizer, predict_next, run_pipeline, token_text
-from tokenkit.pipeline.sources import SPECIALS, CorpusSpec
-from tokenkit.pipeline.start import train_model
-from tokenkit.pipeline.start_from import StartFrom
-from tokenkit.pipeline.train import TrainResult
-from tokenkit.transformer.backends import use_gpu
+from tokenkit.pipeline.names import SPECIALS
 from tokenkit.transformer.config import MAX_VOCAB_SIZE
+
+if TYPE_CHECKING:
+    from tokenkit.pipeline.ranks import Ranks
+    from tokenkit.pipeline.sources import CorpusSpec
+    from tokenkit.pipeline.train import TrainResult
+
+# The pipeline's modules (NumPy, the model, the codec) are imported by each function that uses
+# them, so that `tk train-model --help` does not wait for them (tests/test_cli_main.py).
 
 _DEFAULTS = TrainConfig()
 # every TrainConfig field is a flag: its name, help and range come from the field (pipeline/config.py)
@@ -112,6 +111,8 @@ def _run_corpus_options(func):
 
 
 def _corpus_spec(corpus, val, eot, glob, text_field, binary, special_policy) -> CorpusSpec:
+    from tokenkit.pipeline.sources import CorpusSpec
+
     return CorpusSpec(
         tuple(str(p) for p in corpus),
         glob=glob,
@@ -138,6 +139,8 @@ def _check_workers_on(device: str, given: dict[str, Any], ranks: Ranks | None) -
 
 
 def _summary(result: TrainResult) -> None:
+    from tokenkit.pipeline import checkpoint
+
     best = f"{result.best_val_loss:.4f} at step {result.best_step}" if result.best_val_loss is not None else "none yet"
     if result.steps_run == 0:
         click.echo(f"step {result.step}/{result.steps}: nothing left to train (best val loss {best})")
@@ -164,6 +167,10 @@ def _on_ranks(command):
     following its training (they print nothing and exit with its code)."""
 
     def run(*args, **kwargs) -> int:
+        from tokenkit.pipeline.join import follow
+        from tokenkit.pipeline.ranks import Ranks
+        from tokenkit.transformer.backends import use_gpu
+
         comm = mpi_world()
         if comm is None:
             return command(None, *args, **kwargs)
@@ -263,6 +270,11 @@ def train_model_command(
       tk train-model data/ --glob '*.jsonl.gz' --text-field text --eot '<|endoftext|>' --val val.jsonl -o runs/docs
       python make_corpus.py | tk train-model - -t tok.safetensors -o runs/made --steps 500
     """
+    from tokenkit.pipeline.resume import resume_training
+    from tokenkit.pipeline.run import load_tokenizer
+    from tokenkit.pipeline.start import train_model
+    from tokenkit.pipeline.start_from import StartFrom
+
     say = notes(quiet)
     check_device(device)
     given = _given(kwargs, fresh=resume is None, ranks=ranks)
@@ -377,6 +389,9 @@ def pipeline_command(
     Example:
       tk pipeline corpora/tiny_tales.txt -o runs/demo
     """
+    from tokenkit.pipeline import checkpoint
+    from tokenkit.pipeline.run import generate, predict_next, run_pipeline, token_text
+
     say = notes(quiet)
     check_device(device)
     given = _given(kwargs, ranks=ranks)

@@ -20,8 +20,6 @@ import re
 from itertools import accumulate
 from typing import Any
 
-import numpy as np
-
 from tokenkit.common.errors import FileError
 
 MAX_DEPTH = 64
@@ -67,6 +65,8 @@ def _depth_at_once(raw: bytes) -> int | None:
     unescaped quotes open and close strings in turns, and a bracket is outside strings when an
     even number of them comes before it.
     """
+    import numpy as np  # here: pipeline/config.py reads JSON with this module, and `tk CMD --help` imports it
+
     b = np.frombuffer(raw, dtype=np.uint8)
     is_quote = b == ord('"')
     is_bracket = (b == ord("[")) | (b == ord("{")) | (b == ord("]")) | (b == ord("}"))

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tokenkit.pipeline import checkpoint, data, rundir, sources, trainlog
+from tokenkit.pipeline import checkpoint, data, names, rundir, sources, trainlog
 from tokenkit.pipeline.config import TrainConfig, coerce_setting, flag_of
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.join import describe_split, train_joined
@@ -151,7 +151,7 @@ def _resumed_corpus(run_dir: Path, state: checkpoint.TrainState, corpus, overrid
         rc = spec.open(warn=lambda msg: say(f"warning: {msg}"))
     # the run's tokens keep the policy they were encoded with (or serve any: data.same_ids)
     if not data.same_ids({"specials": key["specials"]}, {"specials": rc.spec.specials}):
-        flags = sources.SPECIAL_FLAGS
+        flags = names.SPECIAL_FLAGS
         raise PipelineError(
             f"{flags[rc.spec.specials]} contradicts the checkpoint in {run_dir} (its corpus was encoded with "
             f"{flags.get(key['specials'], repr(key['specials']))}); drop the flag to resume"

@@ -33,14 +33,13 @@ from tokenkit.bpe.show import token_repr
 from tokenkit.pipeline import checkpoint, data, rundir, sources
 from tokenkit.pipeline.config import DEFAULT_VOCAB_SIZE, TrainConfig
 from tokenkit.pipeline.errors import PipelineError
+from tokenkit.pipeline.names import MAX_NEW_TOKENS
 from tokenkit.pipeline.ranks import Ranks
 from tokenkit.pipeline.resume import resume_training
 from tokenkit.pipeline.start import encode_note, fit_tokenizer, refuse_streams_under_mpi, train_model
 from tokenkit.pipeline.train import TrainResult
 from tokenkit.pipeline.train_memory import check_training_memory
 from tokenkit.transformer.backends import as_host
-
-MAX_NEW_TOKENS = 1_000_000  # tokens one generation may ask for: each is a forward pass and a list entry
 
 
 def load_tokenizer(path: str | Path):

@@ -37,20 +37,7 @@ from tokenkit.bpe.encode_corpus import eot_id
 from tokenkit.common import atomic
 from tokenkit.pipeline import checkpoint
 from tokenkit.pipeline.errors import PipelineError
-
-# The special-token policies by name: keyword arguments of `Tokenizer.encode`, as cli/specials.py's
-# flags give them. A corpus's policy is part of what its token files were made from.
-SPECIALS = {
-    "refuse": {"allowed_special": (), "disallowed_special": "all"},  # the default: such text is an error
-    "allow": {"allowed_special": "all", "disallowed_special": "all"},  # --allow-special
-    "text": {"allowed_special": (), "disallowed_special": ()},  # --specials-as-text
-}
-# How each policy is asked for on the command line, for messages.
-SPECIAL_FLAGS = {
-    "refuse": "neither --allow-special nor --specials-as-text",
-    "allow": "--allow-special",
-    "text": "--specials-as-text",
-}
+from tokenkit.pipeline.names import SPECIALS
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tokenkit.bpe.show import token_str
-from tokenkit.pipeline import sources
+from tokenkit.pipeline import names
 from tokenkit.pipeline.run import pad_label, token_text
 
 FIRST_MERGES = 50  # merges listed by bpe_view
 
 # The special-token policies by name (docs/serve.md's `specials`), as a run's corpus has them
-# (`sources.SPECIALS`: keyword arguments of `Tokenizer.encode`, as cli/specials.py's flags give them).
-SPECIALS: dict[str, dict[str, Any]] = sources.SPECIALS
+# (`names.SPECIALS`: keyword arguments of `Tokenizer.encode`, as cli/specials.py's flags give them).
+SPECIALS: dict[str, dict[str, Any]] = names.SPECIALS
 REFUSE = SPECIALS["refuse"]
 
 # ----------------------------------------------------------------------------- how a token is shown

@@ -51,6 +51,7 @@ from tokenkit.pipeline.forward_views import (
     unpack_weights,
 )
 from tokenkit.pipeline.live import TrainingLog
+from tokenkit.pipeline.names import VIEWS
 from tokenkit.pipeline.run import generate_ids, predict_next
 from tokenkit.pipeline.token_views import (
     FIRST_MERGES,
@@ -96,9 +97,6 @@ TOP_K_MAX = 100  # next tokens listed (top_k, and show per generated token)
 NEW_TOKENS_MAX = 200  # tokens one /api/generate makes: each is a forward pass under the server's one lock
 TEMPERATURE_MAX = 10.0
 SEED_MAX = 2**32 - 1
-
-# The page's views (docs/serve.md), and which of them show each block of a model at work.
-VIEWS = ("tokens", "bpe", "attention", "next", "training", "model", "examples")
 
 
 # ----------------------------------------------------------------------------- next tokens
