@@ -217,14 +217,17 @@ def chart_points(values: np.ndarray, most: int = TRAIN_POINTS, recent: int = REC
     width = 1 << max(0, math.ceil(math.log2(head / buckets)))
     while -(-head // width) > buckets:  # log2's rounding
         width *= 2
-    padded = np.full(-(-head // width) * width, np.nan)
-    padded[:head] = values[:head]
-    rows = padded.reshape(-1, width)
-    starts = np.arange(len(rows)) * width
-    low = np.argmin(np.where(np.isnan(rows), np.inf, rows), axis=1) + starts
-    high = np.argmax(np.where(np.isnan(rows), -np.inf, rows), axis=1) + starts
-    picked = np.concatenate([[0], low, high, np.arange(head, n)])
-    return np.unique(picked[picked < n])
+    older = values[:head]
+    missing = np.isnan(older)
+    lows, highs = (np.where(missing, fill, older) if missing.any() else older for fill in (np.inf, -np.inf))
+    picked = [np.zeros(1, dtype=np.int64), np.arange(head, n)]
+    full = head // width * width
+    for start, stop, size in ((0, full, width), (full, head, head - full)):  # the full buckets, then the last
+        if stop > start:
+            starts = np.arange(start, stop, size)
+            picked.append(lows[start:stop].reshape(-1, size).argmin(axis=1) + starts)
+            picked.append(highs[start:stop].reshape(-1, size).argmax(axis=1) + starts)
+    return np.unique(np.concatenate(picked))
 
 
 def training_view(run_dir: Path, *, name: str, log: TrainingLog | None = None) -> dict[str, Any]:
