@@ -1,7 +1,8 @@
 """How fast `tk serve`'s page answers: server time per request, page update time in a real
 browser, and a GPT-2-124M-shaped model explained, side by side with transformers.
 
-    python bench/page.py [--run runs/demo] [--repeats 15] [--no-gpt2]
+    python bench/page.py [--run runs/demo] [--repeats 15] [--no-gpt2] [--no-log]
+    python bench/page.py --log-only [--log-steps 1000000]
 
 1. Server: `tk serve RUN` in a child process; each endpoint asked `--repeats` times for a
    64-token text from the run's corpus (the wall time of one HTTP request from this process,
@@ -18,6 +19,12 @@ browser, and a GPT-2-124M-shaped model explained, side by side with transformers
    HEADS_VISITED heads (each click's time to redrawn, and the JS heap after them, garbage
    collected); and, where transformers and torch are installed, the same checkpoint's forward
    with output_attentions=True (what bertviz draws from) on the same ids. Bar: explain within 2 s.
+4. A long training log (issue 36): a `log.jsonl` of `--log-steps` step records (1M by default,
+   an evaluation every 1,000, written as tk writes them) read whole by `pipeline.live.TrainingLog`,
+   then 1,000 new lines read incrementally, then /api/training's JSON made from it (the view and
+   the server's json.dumps), and the process's peak memory after. The server reads the log under
+   a lock of its own, so these times delay /api/training alone. Once each: the first read is
+   what it is; the machine's noise is small beside it.
 
 Medians; the machine is noisy. Nothing is downloaded.
 """
@@ -300,13 +307,73 @@ def gpt2_times(repeats: int) -> dict[str, float] | None:
     return out
 
 
+def write_log(path: Path, steps: int, start: int = 1) -> None:
+    """`steps` step records from step `start` on, an evaluation every 1,000, as pipeline/train.py
+    writes them (a session record first when `start` is 1); losses fall with noise."""
+    import math
+    import random
+
+    rng = random.Random(start)
+    config = {"steps": 2 * steps, "batch_size": 16, "context_length": 128, "lr": 3e-4, "eval_interval": 1000}
+    with open(path, "a", encoding="utf-8") as f:
+        if start == 1:
+            session = {"type": "session", "step": 0, "utc": "2026-01-01T00:00:00Z", "workers": 2, "tokenkit": "0"}
+            f.write(json.dumps(session | {"train_config": config, "unigram_baseline": 4.54}, sort_keys=True) + "\n")
+        for step in range(start, start + steps):
+            loss = 1.5 + 5 * math.exp(-step / 50_000) + rng.gauss(0, 0.05)
+            record = {"type": "step", "step": step, "loss": loss, "lr": 3e-4 * min(1.0, step / 2000)}
+            record |= {"grad_norm": abs(rng.gauss(0.8, 0.2)), "dt": rng.uniform(0.03, 0.05)}
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+            if step % 1000 == 0:
+                evaluation = {"type": "eval", "step": step, "val_loss": loss + 0.1, "best_val_loss": loss}
+                f.write(json.dumps(evaluation, sort_keys=True) + "\n")
+
+
+def log_times(steps: int) -> dict[str, float | int]:
+    """Section 4: seconds of each read of a `steps`-step log, and the view's JSON."""
+    import resource
+
+    from tokenkit.cli import serve
+    from tokenkit.pipeline import live, views
+
+    out: dict[str, float | int] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp)
+        path = run / "log.jsonl"
+        write_log(path, steps)
+        out["log MB"] = path.stat().st_size / 1e6
+        log = live.TrainingLog(path)
+        start = time.perf_counter()
+        log.read()
+        out["read whole (s)"] = time.perf_counter() - start
+        out["steps read"] = len(log.steps)
+        write_log(path, 1000, start=steps + 1)
+        start = time.perf_counter()
+        log.read()
+        out["read 1k new lines (ms)"] = 1000 * (time.perf_counter() - start)
+        start = time.perf_counter()
+        doc = views.training_view(run, name="run", log=log)
+        body = serve._json(doc)
+        out["view JSON (ms)"] = 1000 * (time.perf_counter() - start)
+        out["view JSON bytes"] = len(body)
+        out["train points sent"] = len(doc["train"])
+        out["peak memory (MB)"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", default="runs/demo", help="a run directory (the Quick start's, by default)")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--no-gpt2", action="store_true", help="skip the GPT-2-shaped part")
     parser.add_argument("--no-browser", action="store_true", help="skip the page part")
+    parser.add_argument("--no-log", action="store_true", help="skip the long training log")
+    parser.add_argument("--log-only", action="store_true", help="only the long training log (no run needed)")
+    parser.add_argument("--log-steps", type=int, default=1_000_000, help="steps of the long training log")
     args = parser.parse_args()
+    if args.log_only:
+        print_log_times(args.log_steps)
+        return
     run = Path(args.run)
     if not (run / "model.safetensors").is_file():
         raise SystemExit(
@@ -336,6 +403,14 @@ def main() -> None:
                     times["attention (64 tokens, head 5.7)"] + times["thumbnails (64 tokens, 12 x 12, after that head)"]
                 )
                 print(f"attention: tk serve (request + JSON) / transformers forward alone = {ours / peer:.2f}x")
+    if not args.no_log:
+        print_log_times(args.log_steps)
+
+
+def print_log_times(steps: int) -> None:
+    print(f"\n## a {steps:,}-step training log (/api/training; once each)")
+    for name, value in log_times(steps).items():
+        print(f"{name:<28} {value:12,}" if isinstance(value, int) else f"{name:<28} {value:12,.2f}")
 
 
 if __name__ == "__main__":

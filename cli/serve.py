@@ -12,7 +12,8 @@ It runs beside the user's browser, so it trusts nothing a request says:
   failure 500, each a one-line JSON `{"error": ...}`, and the server goes on;
 - every answer forbids sources other than itself (Content-Security-Policy), sniffing and framing.
 
-Model and tokenizer work runs under one lock (NumPy uses the cores already); the model file is
+Model and tokenizer work runs under one lock (NumPy uses the cores already), the training log's
+reading under another, so that a long log never stalls the other views; the model file is
 loaded again when training replaces it (`pipeline.live.LiveModel`). Ctrl-C or SIGTERM stop it
 through cli/main.py's handlers, with one line and exit code 130 or 143, as every command.
 
@@ -237,6 +238,7 @@ class Server(ThreadingHTTPServer):
         self.quiet = quiet
         self.files = page_files() if files is None else files
         self.lock = threading.Lock()
+        self.log_lock = threading.Lock()  # the training log's own: a long log's first read stalls no other view
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.host = host
         super().__init__((host, port), Handler)
@@ -254,7 +256,7 @@ class Server(ThreadingHTTPServer):
     def api(self, path: str, query: str) -> tuple[int, bytes]:
         """(status, JSON body) of an endpoint; never raises."""
         try:
-            with self.lock:
+            with self.log_lock if path == "/api/training" else self.lock:
                 doc = serve_api.answer(self.held, path, query)
             return HTTPStatus.OK, _json(doc)  # outside the lock: a big answer takes a moment to write
         except serve_api.Refused as err:

@@ -9,9 +9,18 @@ midway leaves a note (`.NAME.tk-PID-RANDOM.swap`) beside the directory, and the 
 `replace_files` for it puts back what had been moved and removes the rest
 (`recover_replacements`).
 
+A directory that cannot be renamed (a mount point: an empty tmpfs, a Docker volume, whose
+rename is EBUSY and across whose edge nothing moves, EXDEV; or one in a parent tk may not write)
+has its contents replaced instead: the new set is written into a hidden staging subdirectory
+(`.tk-replace-PID-RANDOM`), which `common.staging` then moves into place file by file after a
+note of the moves (its `.commit`). A crash or a full disk still leaves the whole old set or,
+once the note is written, the whole new one after the next call; but a reader during those
+renames (milliseconds) may find some files of each, and can tell by the staging subdirectory
+holding its note.
+
 What it deliberately does not do: write one file (`atomic`, whose temps, fsyncs and one-line
-errors it uses), commit files into a directory that cannot be swapped (a locked run directory:
-`staging`), or lock a run directory (that lock is `pipeline.rundir`'s; `replace_files` only
+errors it uses), move staged files in (`staging` does, for a locked run directory too), or lock
+a run directory (that lock is `pipeline.rundir`'s; `replace_files` only
 serialises writers of one parent directory while it swaps).
 """
 
@@ -34,11 +43,15 @@ try:
 except ModuleNotFoundError:  # pragma: no cover - not POSIX: writers of one parent are not serialised
     fcntl = None  # type: ignore[assignment]
 
-from tokenkit.common import atomic, readfile
+from tokenkit.common import atomic, readfile, staging
 from tokenkit.common.errors import FileError
 
 # replace_files' temp directory (.tmp), the old directory set aside (.old) and the note (.swap)
 _SWAP = re.compile(r"^\.(.+)\.tk-(\d+)-([0-9a-f]{8})\.(tmp|old|swap)$")
+# the staging subdirectory of a directory replaced in place (a mount point)
+_IN_PLACE = re.compile(r"^\.tk-replace-(\d+)-[0-9a-f]{8}$")
+_MOUNTINFO = "/proc/self/mountinfo"
+_MOUNTINFO_LIMIT = 64 * readfile.MIB  # ~150 bytes a mount
 
 
 def replace_files(
@@ -56,6 +69,10 @@ def replace_files(
     which is then deleted. The directory keeps its permissions; a new one gets the umask's. A
     symlink to a directory keeps pointing at the replaced directory.
 
+    A directory that cannot be renamed (`_swappable`) gets its files replaced in place instead
+    (`_replace_in_place`): the same end, all old or all new after a crash, but a reader during
+    the moves may find some of each.
+
     Returns the names of `remove` that were there. A failure is a one-line FileError, the
     directory as it was; a killed writer's leftovers are cleared by the next call for the same
     directory (`recover_replacements`).
@@ -70,7 +87,14 @@ def replace_files(
     try:
         with _serialised(directory.parent):
             recover_replacements(directory)
-            return _Swap(directory, names).run(files, remove)
+            if directory.is_dir() and not _swappable(directory):
+                return _replace_in_place(directory, names, files, remove)
+            try:
+                return _Swap(directory, names).run(files, remove)
+            except OSError as err:  # undone: a mount point the mount table did not name, say
+                if err.errno not in (errno.EBUSY, errno.EXDEV) or not directory.is_dir():
+                    raise
+            return _replace_in_place(directory, names, files, remove)
     except OSError as err:
         raise atomic.write_error(directory, err) from None
     finally:
@@ -82,7 +106,9 @@ def replace_files(
 
 def check_output_dir(directory: str | os.PathLike) -> None:
     """One-line FileError unless `directory` is a place for `replace_files` to write: a directory
-    (or a link to one) or a new name. Commands call it before any work."""
+    (or a link to one) or a new name. Commands call it before any work; it also clears what a
+    killed replacement in place left inside the directory (its staging subdirectory: `.tk-...`),
+    so that the command finds the directory as that replacement's all-old or all-new end."""
     given = Path(directory)
     if os.path.islink(given) and not given.exists():  # realpath would make its missing target, silently
         raise FileError(f"{readfile.describe_missing(given)}; remove the link or give another directory")
@@ -92,6 +118,9 @@ def check_output_dir(directory: str | os.PathLike) -> None:
         return
     if not stat.S_ISDIR(mode):
         raise FileError(f"{given}: is {readfile.kind_of(mode)}, not a directory; give a directory")
+    real = Path(os.path.realpath(given))
+    with _serialised(real.parent):
+        _recover_in_place(real)
 
 
 class _Swap:
@@ -106,10 +135,7 @@ class _Swap:
     def run(self, files: Mapping[str, atomic.Data], remove: Iterable[str]) -> list[str]:
         d = self.directory
         existing = _entries(d) if d.is_dir() else None
-        for name in sorted(self.names & set(existing or ())):
-            if existing[name]:
-                raise FileError(f"{d / name} is a directory where a file goes; move it away or write elsewhere")
-            atomic.check_output(d / name)  # a device, FIFO or socket of the set is refused, never replaced
+        _check_set(d, self.names, existing or {})
         try:
             self._write_new(files, None if existing is None else stat.S_IMODE(os.stat(d).st_mode))
             if existing is None:
@@ -138,12 +164,7 @@ class _Swap:
         os.mkdir(self.tmp)
         if mode is not None:
             os.chmod(self.tmp, mode)  # the directory's own permissions, as the user set them
-        for name, data in files.items():
-            with atomic.create_temp(self.tmp / name) as f:
-                atomic.write_into(f, data)
-                f.flush()
-                os.fsync(f.fileno())
-        atomic.fsync_dir(self.tmp)
+        _write_files(self.tmp, files)
 
     def _write_note(self) -> None:
         """The set's names, beside the directory, before any entry moves: the recovery's guide. A
@@ -163,6 +184,70 @@ class _Swap:
         except BaseException:
             os.rename(self.old, self.directory)
             raise
+
+
+def _check_set(directory: Path, names: set[str], existing: Mapping[str, bool]) -> None:
+    """One-line FileError, before anything is written, where a name of the set is a directory or
+    a device, FIFO or socket (refused, never replaced)."""
+    for name in sorted(names & set(existing)):
+        if existing[name]:
+            raise FileError(f"{directory / name} is a directory where a file goes; move it away or write elsewhere")
+        atomic.check_output(directory / name)
+
+
+def _write_files(folder: Path, files: Mapping[str, atomic.Data]) -> None:
+    """Write `files` into the new, empty `folder`, each and the folder made durable."""
+    for name, data in files.items():
+        with atomic.create_temp(folder / name) as f:
+            atomic.write_into(f, data)
+            f.flush()
+            os.fsync(f.fileno())
+    atomic.fsync_dir(folder)
+
+
+def _swappable(directory: Path) -> bool:
+    """Whether the existing `directory` can be replaced by renames in its parent: not a mount
+    point (rename(2) refuses to move one, EBUSY, and moves nothing across its edge, EXDEV; a
+    bind mount of the same file system, as Docker's volumes, is named only by the mount table)
+    and in a parent this process may write."""
+    if os.path.ismount(directory) or os.fsencode(directory) in _mount_points():
+        return False
+    return os.access(directory.parent, os.W_OK | os.X_OK)
+
+
+def _mount_points() -> set[bytes]:
+    """The mount points of this process's mount table (Linux's /proc/self/mountinfo, its fifth
+    field, octal escapes undone); empty elsewhere."""
+    try:
+        with open(_MOUNTINFO, "rb") as f:
+            table = f.read(_MOUNTINFO_LIMIT)
+    except OSError:
+        return set()
+    unescape = functools.partial(re.compile(rb"\\([0-7]{3})").sub, lambda m: bytes([int(m.group(1), 8) & 0xFF]))
+    return {unescape(fields[4]) for fields in map(bytes.split, table.splitlines()) if len(fields) > 4}
+
+
+def _replace_in_place(
+    directory: Path, names: set[str], files: Mapping[str, atomic.Data], remove: Iterable[str]
+) -> list[str]:
+    """`replace_files` for a directory that cannot be renamed: the new set is written into a
+    staging subdirectory (`.tk-replace-PID-RANDOM`), then `staging.commit_staged` notes the moves
+    and makes them (the names in `remove` deleted, the new files renamed over the old). A failure
+    before the note leaves the directory as it was and no staging folder; after it, the moves
+    are finished (now, or by the next call's `recover_replacements`). The directory's other
+    entries are never touched."""
+    existing = _entries(directory)
+    _check_set(directory, names, existing)
+    staged = directory / f".tk-replace-{os.getpid()}-{secrets.token_hex(4)}"
+    os.mkdir(staged)
+    try:
+        _write_files(staged, files)
+        staging.commit_staged(directory, staged, remove=[name for name in remove if name not in files])
+    except BaseException:
+        with contextlib.suppress(OSError):  # no note: the staged files go; a note: the moves are finished
+            staging.recover_staged(directory, staged)
+        raise
+    return [name for name in remove if name in existing]
 
 
 def _entries(directory: Path) -> dict[str, bool]:
@@ -187,8 +272,11 @@ def _drain(leftover: Path, directory: Path, names: set[str] | None) -> None:
 def recover_replacements(directory: str | os.PathLike) -> None:
     """Finish what `replace_files` calls for `directory` left when their process died: the old
     directory is put back where the new one never arrived, entries moved across go back, and
-    the temp directories and notes go. Entries of live writers are left alone."""
+    the temp directories and notes go; in a directory replaced in place, a staging subdirectory
+    with its note is moved in, one without is removed (`staging.recover_staged`). Entries of
+    live writers are left alone."""
     directory = Path(os.path.realpath(directory))
+    _recover_in_place(directory)
     parent = directory.parent
     stale: set[str] = set()  # .NAME.tk-PID-RANDOM of dead writers
     with contextlib.suppress(OSError):
@@ -211,6 +299,18 @@ def recover_replacements(directory: str | os.PathLike) -> None:
                     _drain(leftover, directory, names)
             if not tmp.exists() and not old.exists():
                 note.unlink(missing_ok=True)
+
+
+def _recover_in_place(directory: Path) -> None:
+    """Finish or undo (`staging.recover_staged`) the staging subdirectories that dead writers of
+    `_replace_in_place` left in `directory`."""
+    with contextlib.suppress(OSError):
+        for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+            match = _IN_PLACE.match(entry.name)
+            if match and entry.is_dir(follow_symlinks=False):
+                pid = int(match.group(1))
+                if pid != os.getpid() and not atomic.alive(pid):
+                    staging.recover_staged(directory, directory / entry.name)
 
 
 def _make_parents(path: Path) -> list[Path]:

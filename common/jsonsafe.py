@@ -1,8 +1,10 @@
 """JSON from files, parsed without risk: one-line FileError instead of a traceback.
 
 `json.loads` recurses once per nesting level; a file nested 100,000 deep would end in a
-RecursionError, so nesting beyond MAX_DEPTH is refused before parsing. Sizes are the caller's
-to bound (a file's length bounds its text).
+RecursionError, so nesting beyond MAX_DEPTH is refused before parsing. A text with no more than
+MAX_DEPTH opening brackets anywhere cannot nest deeper, so it skips the count (a training log's
+line has one; `depth` costs tens of microseconds a call in NumPy's setup alone). Sizes are the
+caller's to bound (a file's length bounds its text).
 
 >>> loads('{"a": [1, 2]}')
 {'a': [1, 2]}
@@ -92,6 +94,18 @@ def _depth_at_once(raw: bytes) -> int | None:
     return int(np.cumsum(steps).max()) if len(steps) else 0
 
 
+def _may_nest_deeper(text: str | bytes | bytearray) -> bool:
+    """Whether `text` holds more than MAX_DEPTH opening brackets, in strings or not: a nesting
+    level needs one, so a text with fewer cannot nest deeper (two C scans, far below `depth`).
+
+    >>> _may_nest_deeper('{"a": [1]}'), _may_nest_deeper("[" * 65), _may_nest_deeper(b'"' + b"{" * 65 + b'"')
+    (False, True, True)
+    """
+    if isinstance(text, str):
+        return text.count("[") + text.count("{") > MAX_DEPTH
+    return text.count(b"[") + text.count(b"{") > MAX_DEPTH
+
+
 def loads(text: str | bytes, what: str = "JSON text") -> Any:
     """Parse JSON, refusing invalid text and nesting deeper than MAX_DEPTH (FileError naming `what`)."""
     raw = text  # `depth` reads bytes as they are, without encoding the text a second time
@@ -100,7 +114,7 @@ def loads(text: str | bytes, what: str = "JSON text") -> Any:
             text = text.decode("utf-8")
         except UnicodeDecodeError:
             raise FileError(f"{what} is not UTF-8 text") from None
-    if depth(raw) > MAX_DEPTH:
+    if _may_nest_deeper(raw) and depth(raw) > MAX_DEPTH:
         raise FileError(
             f"{what} is nested deeper than {MAX_DEPTH} levels "
             "(tokenkit never nests that deep; the file is damaged or hostile)"

@@ -7,9 +7,12 @@ fills: `commit_staged` writes a note of the moves before making them (`finish_st
 `recover_staged` finishes a noted commit or drops staged files that were never committed
 (`discard_staged`).
 
+It also serves `atomic_dir` for a directory that cannot be swapped (a mount point), in a
+staging subdirectory of that call's own.
+
 What it deliberately does not do: write one file (`atomic`), replace a directory's set of files
 by swapping the directory (`atomic_dir`), or take the directory's lock (that is
-`pipeline.rundir`'s: callers hold it).
+`pipeline.rundir`'s, or `atomic_dir`'s: callers hold it).
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ def commit_staged(directory: str | os.PathLike, staged: str | os.PathLike, *, re
     directory's lock, filled) into `directory` and delete the names in `remove` there, as one
     step that a kill cannot leave half done: a note of the moves is written first, and
     `recover_staged` finishes them after a crash. Until the note exists the staged files are not
-    part of `directory`, and a crash leaves it as it was."""
+    part of `directory`, and a crash leaves it as it was; once it does, the moves are the
+    caller's to finish after an interruption (`recover_staged`). A reader of `directory` during
+    the moves may find some files old and some new."""
     directory, staged = Path(directory), Path(staged)
     with os.scandir(staged) as it:
         names = sorted(

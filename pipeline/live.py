@@ -8,7 +8,8 @@ appended since (`trainlog.read_log_from`), keeping each record's few numbers in 
 (a long run's log is hundreds of thousands of lines).
 
 What it deliberately does not do: decide what a view shows (pipeline/views.py), watch in the
-background (a caller asks before each use), or hold a lock (the server does).
+background (a caller asks before each use), or hold a lock (the server does; one reader at a
+time).
 """
 
 from __future__ import annotations
@@ -84,56 +85,29 @@ class LiveModel:
 
 def _number(value: Any) -> float:
     """A log field as a float; NaN when it is missing or not a number (a damaged record is data)."""
-    return float(value) if type(value) in (int, float) else math.nan
+    if type(value) not in (int, float):
+        return math.nan
+    try:
+        return float(value)
+    except OverflowError:  # an integer past float's range
+        return math.nan
 
 
-class TrainingLog:
-    """`log.jsonl` of a run, read incrementally: `read()` takes in what was appended since.
+class _Records:
+    """What a stretch of log records adds, kept as `TrainingLog` keeps it; `status`, `config` and
+    `unigram_baseline` are None where no record of the stretch set them."""
 
-    Kept per record type: step records as flat arrays (step, loss, lr, dt, grad_norm), evaluations
-    as (step, val_loss), the last session's `train_config` and `unigram_baseline` (written by
-    tk since issue 21), and the run's status: "waiting" (no record yet), "training" (a session
-    began), "interrupted" or "diverged" (its last record says so).
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self._offset = 0
-        self._file_id: tuple[int, int] | None = None
-        self._signature: tuple[int, int, int, int] | None = None
-        self._reset()
-
-    def _reset(self) -> None:
+    def __init__(self) -> None:
         self.steps = array("q")
         self.loss, self.lr, self.dt, self.grad_norm = array("d"), array("d"), array("d"), array("d")
         self.evals: list[tuple[int, float]] = []
         self.config: dict[str, Any] | None = None
         self.unigram_baseline: float | None = None
-        self.status = "waiting"
-        self.damaged = 0
+        self.status: str | None = None
 
-    def read(self) -> TrainingLog:
-        """Take in the lines appended since the last call (all of them when the file was replaced
-        or cut back); a log that is not there (yet) is an empty one."""
-        signature = file_signature(self.path)
-        if signature is None:
-            self._offset, self._file_id, self._signature = 0, None, None
-            self._reset()
-            return self
-        if signature == self._signature:
-            return self
-        tail = trainlog.read_log_from(self.path, self._offset, self._file_id)
-        if tail.restarted:
-            self._reset()
-        self._offset, self._file_id, self._signature = tail.offset, tail.file_id, signature
-        self.damaged += tail.damaged
-        for record in tail.records:
-            self._take(record)
-        return self
-
-    def _take(self, record: dict[str, Any]) -> None:
+    def take(self, record: dict[str, Any]) -> None:
         kind = record.get("type")
-        step = record.get("step", 0)
+        step = record.get("step", 0)  # a whole number in int64's range (`trainlog.read_log_from`)
         if kind == "step":
             self.steps.append(step)
             self.loss.append(_number(record.get("loss")))
@@ -153,3 +127,60 @@ class TrainingLog:
             self.status = "interrupted"
         elif kind == "stop":
             self.status = "diverged"
+
+
+class TrainingLog:
+    """`log.jsonl` of a run, read incrementally: `read()` takes in what was appended since.
+
+    Kept per record type: step records as flat arrays (step, loss, lr, dt, grad_norm), evaluations
+    as (step, val_loss), the last session's `train_config` and `unigram_baseline` (written by
+    tk since issue 21), and the run's status: "waiting" (no record yet), "training" (a session
+    began), "interrupted" or "diverged" (its last record says so). A read that fails leaves what
+    was kept as it was.
+
+    Not thread-safe: one reader at a time (`tk serve` reads it under a lock of its own, apart
+    from the lock of the model's views, so that a long first read stalls no other view).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._offset = 0
+        self._file_id: tuple[int, int] | None = None
+        self._signature: tuple[int, int, int, int] | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        kept = _Records()
+        self.steps, self.loss, self.lr, self.dt = kept.steps, kept.loss, kept.lr, kept.dt
+        self.grad_norm, self.evals = kept.grad_norm, kept.evals
+        self.config: dict[str, Any] | None = None
+        self.unigram_baseline: float | None = None
+        self.status = "waiting"
+        self.damaged = 0
+
+    def read(self) -> TrainingLog:
+        """Take in the lines appended since the last call (all of them when the file was replaced
+        or cut back); a log that is not there (yet) is an empty one."""
+        signature = file_signature(self.path)
+        if signature is None:
+            self._offset, self._file_id, self._signature = 0, None, None
+            self._reset()
+            return self
+        if signature == self._signature:
+            return self
+        new = _Records()
+        tail = trainlog.read_log_from(self.path, self._offset, self._file_id, take=new.take)
+        if tail.restarted:
+            self._reset()
+        self._offset, self._file_id, self._signature = tail.offset, tail.file_id, signature
+        self.damaged += tail.damaged
+        for name in ("steps", "loss", "lr", "dt", "grad_norm"):
+            getattr(self, name).extend(getattr(new, name))
+        self.evals.extend(new.evals)
+        if new.config is not None:
+            self.config = new.config
+        if new.unigram_baseline is not None:
+            self.unigram_baseline = new.unigram_baseline
+        if new.status is not None:
+            self.status = new.status
+        return self

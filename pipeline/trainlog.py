@@ -15,7 +15,7 @@ import contextlib
 import itertools
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,12 +54,13 @@ class JsonlLog:
 
 
 MAX_LOG_LINE = 1 << 20  # a record is ~150 bytes; a longer line is damage
+MAX_STEP = 2**63 - 1  # steps are int64 wherever they are kept; a larger one is damage
 LOG_ADVICE = "move it away: tk keeps a run's training log (log.jsonl) there"
 
 
 def truncate_log(path: str | os.PathLike, step: int) -> str | None:
     """Keep only the log records of steps <= `step`. A damaged line (not UTF-8, not a JSON object,
-    a step that is not a whole number, over MAX_LOG_LINE bytes) is dropped too, and said in the
+    a step that is not a whole number below 2**63, over MAX_LOG_LINE bytes) is dropped too, and said in the
     one-line note returned (None when there was none); a torn last line (a kill mid-write) is
     dropped silently. The log is diagnostics: the checkpoint, not the log, decides where a run
     resumes, so damage there never stops a resume. A log that is not a regular file is refused."""
@@ -131,12 +132,19 @@ class LogTail:
     restarted: bool
 
 
-def read_log_from(path: str | os.PathLike, offset: int = 0, file_id: tuple[int, int] | None = None) -> LogTail:
+def read_log_from(
+    path: str | os.PathLike,
+    offset: int = 0,
+    file_id: tuple[int, int] | None = None,
+    take: Callable[[dict[str, Any]], None] | None = None,
+) -> LogTail:
     """The records of a `log.jsonl` from byte `offset` on, when the file is still `file_id` and
     not shorter than `offset`; from its start otherwise (a resume cuts the log back by writing a
     new file, a new run replaces it). A last line without its newline is being written: it is
     left for the next read. Damaged lines are dropped and counted, as `read_log` drops them, so
-    whoever follows a training log reads only what was appended since the last call."""
+    whoever follows a training log reads only what was appended since the last call. With
+    `take`, each record goes to it as it is read and `records` stays empty (a million-line log
+    as dicts would hold a gigabyte)."""
     try:
         with readfile.open_regular(path, readfile.LOG_LIMIT, "a training log", LOG_ADVICE) as (f, size):
             st = os.fstat(f.fileno())
@@ -145,6 +153,7 @@ def read_log_from(path: str | os.PathLike, offset: int = 0, file_id: tuple[int, 
             start = 0 if restarted else offset
             f.seek(start)
             records: list[dict[str, Any]] = []
+            take = take or records.append
             damaged = 0
             end = start
             for line, record, why in _records(f):
@@ -152,7 +161,7 @@ def read_log_from(path: str | os.PathLike, offset: int = 0, file_id: tuple[int, 
                     break  # being written: read it whole next time
                 end = f.tell()
                 if record is not None:
-                    records.append(record)
+                    take(record)
                 elif why:
                     damaged += 1
             return LogTail(records, end, found, damaged, restarted)
@@ -161,7 +170,8 @@ def read_log_from(path: str | os.PathLike, offset: int = 0, file_id: tuple[int, 
 
 
 def _log_record(line: bytes) -> tuple[dict[str, Any] | None, str]:
-    """A log line's record, or None and what is wrong with it.
+    """A log line's record, or None and what is wrong with it (the JSON nesting is checked only
+    on lines with enough brackets to nest too deep: `jsonsafe.loads`).
 
     >>> _log_record(b'{"step": 3, "loss": NaN}\\n')
     ({'step': 3, 'loss': nan}, '')
@@ -177,4 +187,6 @@ def _log_record(line: bytes) -> tuple[dict[str, Any] | None, str]:
     step = record.get("step", 0)
     if type(step) is not int or step < 0:
         return None, "its step is not a whole number"
+    if step > MAX_STEP:
+        return None, "its step is out of range"
     return record, ""

@@ -92,7 +92,8 @@ __all__ = [
 ]
 
 TEXT_CHARS = 20_000  # the longest text a view takes: a tokenization of it is a few hundred KB of JSON
-TRAIN_POINTS = 2000  # training-curve points sent at most; a longer log is decimated, its last step kept
+TRAIN_POINTS = 2000  # training-curve points sent at most; a longer log is thinned (`chart_points`)
+RECENT_POINTS = 250  # the latest points always sent as they are (the page's tokens/s is a median of the last 50)
 TOP_K_MAX = 100  # next tokens listed (top_k, and show per generated token)
 NEW_TOKENS_MAX = 200  # tokens one /api/generate makes: each is a forward pass under the server's one lock
 TEMPERATURE_MAX = 10.0
@@ -193,21 +194,49 @@ def _run_settings(run_dir: Path) -> tuple[dict[str, Any] | None, float | None]:
     return None, None
 
 
-def _decimate(n: int, most: int) -> np.ndarray:
-    """Indices of at most `most` of n points, evenly spaced, the last one always kept."""
+def chart_points(values: np.ndarray, most: int = TRAIN_POINTS, recent: int = RECENT_POINTS) -> np.ndarray:
+    """Indices (ascending) of at most `most` of the points of a curve of `values` (float64, NaN
+    for a missing value) that draw it honestly: all of them when there are no more than `most`;
+    else the first point, the last `recent` points as they are, and, for the points before those,
+    the lowest and highest value of each bucket of consecutive points. So the curve's minimum and
+    maximum, first and last points and its latest stretch are always sent, and a spike inside a
+    bucket is never averaged away. Buckets are a power of two points wide and start at multiples
+    of their width, so a full bucket's two points stay the same while a log grows, until the
+    width doubles. A bucket of NaN alone gives its first point. `most` must exceed `recent` + 2.
+
+    >>> chart_points(np.array([5.0, 1.0, 4.0, 3.0, 9.0, 2.0, 8.0, 7.0]), most=7, recent=2).tolist()
+    [0, 1, 4, 5, 6, 7]
+    """
+    n = len(values)
     if n <= most:
         return np.arange(n)
-    stride = -(-n // (most - 1))
-    return np.append(np.arange(0, n - 1, stride), n - 1)
+    head = n - recent  # the points before the recent ones, cut into buckets
+    buckets = (most - recent - 1) // 2  # two points each, plus the first point
+    width = 1 << max(0, math.ceil(math.log2(head / buckets)))
+    while -(-head // width) > buckets:  # log2's rounding
+        width *= 2
+    older = values[:head]
+    missing = np.isnan(older)
+    lows, highs = (np.where(missing, fill, older) if missing.any() else older for fill in (np.inf, -np.inf))
+    picked = [np.zeros(1, dtype=np.int64), np.arange(head, n)]
+    full = head // width * width
+    for start, stop, size in ((0, full, width), (full, head, head - full)):  # the full buckets, then the last
+        if stop > start:
+            starts = np.arange(start, stop, size)
+            picked.append(lows[start:stop].reshape(-1, size).argmin(axis=1) + starts)
+            picked.append(highs[start:stop].reshape(-1, size).argmax(axis=1) + starts)
+    return np.unique(np.concatenate(picked))
 
 
 def training_view(run_dir: Path, *, name: str, log: TrainingLog | None = None) -> dict[str, Any]:
     """/api/training: the run's log as curves (`log`: a `TrainingLog` kept between calls, so that
     only new lines are read; a fresh one otherwise). tokens_per_s = batch_size x context_length /
-    the step's seconds. At most TRAIN_POINTS train points (`decimated` says when some were left
-    out; the last step stays). `status`: "waiting" (no record yet), "training", "done" (the last
-    step reached the configured steps), "interrupted" or "diverged"; `finished` unless waiting or
-    training. Damaged log lines are skipped and counted (`damaged_lines`)."""
+    the step's seconds. At most TRAIN_POINTS train points and as many evaluations, chosen by
+    `chart_points` on their losses (`decimated` says when some were left out: the first and last
+    points, the lowest and highest loss and the latest RECENT_POINTS steps stay). `status`:
+    "waiting" (no record yet), "training", "done" (the last step reached the configured steps),
+    "interrupted" or "diverged"; `finished` unless waiting or training. Damaged log lines are
+    skipped and counted (`damaged_lines`)."""
     run_dir = Path(run_dir)
     log = (log or TrainingLog(run_dir / checkpoint.LOG_FILE)).read()
     config, baseline = log.config, log.unigram_baseline
@@ -216,7 +245,7 @@ def training_view(run_dir: Path, *, name: str, log: TrainingLog | None = None) -
         config = config if config is not None else found_config
         baseline = baseline if baseline is not None else found_baseline
     n = len(log.steps)
-    keep = _decimate(n, TRAIN_POINTS)
+    keep = chart_points(np.frombuffer(log.loss, dtype=np.float64)) if n else np.arange(0)
     steps = np.frombuffer(log.steps, dtype=np.int64)[keep].tolist() if n else []
     loss, lr, dt, norm = (
         np.frombuffer(getattr(log, key), dtype=np.float64)[keep].tolist() if n else []
@@ -232,7 +261,7 @@ def training_view(run_dir: Path, *, name: str, log: TrainingLog | None = None) -
     ]
     evals = log.evals
     if len(evals) > TRAIN_POINTS:
-        evals = [evals[i] for i in _decimate(len(evals), TRAIN_POINTS).tolist()]
+        evals = [evals[i] for i in chart_points(np.array([v for _, v in evals], dtype=np.float64)).tolist()]
     last_step = int(log.steps[-1]) if n else None
     status = log.status
     total = config.get("steps") if isinstance(config, dict) else None
