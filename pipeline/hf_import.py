@@ -42,7 +42,7 @@ from tokenkit.bpe import Tokenizer, TokenizerError
 from tokenkit.common import FileError, readfile, safetensors_file
 from tokenkit.pipeline import checkpoint, hf_llama
 from tokenkit.pipeline.errors import PipelineError
-from tokenkit.pipeline.hf_files import CONFIG_FILE, PREFIX, WEIGHTS_FILE, read_json
+from tokenkit.pipeline.hf_files import CONFIG_FILE, INDEX_LIMIT, PREFIX, WEIGHTS_FILE, read_json
 from tokenkit.transformer import GPTConfig, ModelError
 from tokenkit.transformer.config import param_shapes
 from tokenkit.transformer.memory import check_memory
@@ -128,7 +128,7 @@ def _headers(directory: Path) -> tuple[dict[str, _Source], int]:
     if os.path.lexists(single):
         files = [single]
     elif os.path.lexists(index):
-        table = read_json(index, "safetensors index")
+        table = read_json(index, "safetensors index", INDEX_LIMIT)
         weight_map = table.get("weight_map") if isinstance(table, dict) else None
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise PipelineError(f"{index} has no weight_map of tensor name -> file; is it damaged?")
