@@ -22,8 +22,11 @@ leaves either the old file or the new one, never half of one, and a SIGKILL leav
 name that the next run removes once it holds the directory's lock (`pipeline.rundir`). The model
 file is `transformer.io`'s one model format, with the tokenizer embedded; identical runs write
 byte-identical model, state and tokenizer files (sorted metadata, no timestamps: those live in
-log.jsonl, which pipeline/trainlog.py appends and reads). This module does not decide *when* to
-save; `pipeline.train` does.
+log.jsonl, which pipeline/trainlog.py appends and reads). A model file is read for what is asked
+of it, from one open file: `describe_model` its header and embedded tokenizer (`tk info`, `-t
+MODEL`), `load_model` the weights too, mapped rather than copied, once the header's config is
+known to fit the memory available. This module does not decide *when* to save; `pipeline.train`
+does.
 """
 
 from __future__ import annotations
@@ -283,7 +286,7 @@ def _param_keys(
     shapes = {}
     for key, entry in entries.items():
         if key.startswith(prefix) and not key.startswith(TOKENIZER_PREFIX):
-            if entry["dtype"] != "F32":  # params_from would convert silently; a tokenkit file is float32
+            if entry["dtype"] != "F32":  # float_params would convert silently; a tokenkit file is float32
                 dtype = safetensors_file.DTYPES[entry["dtype"]]
                 raise PipelineError(
                     f"{path}: parameter {key[len(prefix) :]!r} is {dtype}, expected float32; the file is corrupt"
@@ -355,7 +358,13 @@ def _describe(path: Path, st: safetensors_file.Opened, tokenizer_required: bool)
     if meta.get("format") == TOKENIZER_FORMAT:
         raise PipelineError(f"{path} is a tokenizer file, not a model; give a run directory or its model.safetensors")
     _check_format(path, meta, MODEL_FORMAT, "give a run directory or a model.safetensors written by `tk train-model`")
-    tok_tensors = _read(st, [name for name in st.entries if name.startswith(TOKENIZER_PREFIX)])
+    tok_names = [name for name in st.entries if name.startswith(TOKENIZER_PREFIX)]
+    if st.nbytes(tok_names) > readfile.TOKENIZER_LIMIT:  # the bound of a tokenizer file, before reading
+        raise PipelineError(
+            f"{path}: its embedded tokenizer's tensors hold {st.nbytes(tok_names):,} bytes, more than a tokenizer "
+            f"can ({readfile.TOKENIZER_LIMIT >> 30} GiB at most); the file is damaged"
+        )
+    tok_tensors = _read(st, tok_names)
     tokenizer = _tokenizer_from(path, tok_tensors, meta, required=False)
     if tokenizer is None and tokenizer_required:
         raise PipelineError(

@@ -150,15 +150,6 @@ def all_finite(a: np.ndarray, block: int = 1 << 22) -> bool:
     return all(np.isfinite(flat[i : i + block]).all() for i in range(0, flat.size, block))
 
 
-def params_from(
-    path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str]
-) -> tuple[GPTConfig, dict[str, np.ndarray]]:
-    """(config, float32 params keyed by GPT-2 names) from a file's tensors and metadata
-    (`param_keys`, then `float_params`: finite float32 values)."""
-    config, keys = param_keys(path, {key: tuple(t.shape) for key, t in tensors.items()}, metadata)
-    return config, float_params(path, {name: tensors[key] for name, key in keys.items()})
-
-
 def check_fits(path: str | os.PathLike, config: GPTConfig, device: str = "cpu") -> None:
     """One ModelError line naming `path` when a model of `config` cannot be held and run in the
     memory available now (`check_memory`): called on the header, before a weight is read."""
