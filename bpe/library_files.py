@@ -29,6 +29,10 @@ from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.io import check_readable, read_limited
 from tokenkit.common import FileError, atomic_dir, jsonsafe, readfile
 
+# the values a tokenizer.json or vocab.json may make when parsed (`jsonsafe.items`; ~70 bytes of memory
+# each): the largest published tokenizer.json, Gemma 3's, makes ~2 million (262k tokens, 514k merges)
+TOKENIZER_JSON_ITEMS = 8_000_000
+
 __all__ = [
     "find_hf",
     "gpt2_files",
@@ -56,9 +60,9 @@ def read_gpt2(vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> 
     a special token (GPT-2: <|endoftext|> = 50256).
     """
     vocab_path, merges_path = check_readable(Path(vocab_path)), check_readable(Path(merges_path))
-    vocab = read_limited(vocab_path, readfile.TOKENIZER_LIMIT, "GPT-2's encoder.json or vocab.json")
+    vocab = read_limited(vocab_path, readfile.TOKENIZER_JSON_LIMIT, "GPT-2's encoder.json or vocab.json")
     try:
-        encoder = jsonsafe.loads(vocab, str(vocab_path))
+        encoder = jsonsafe.loads(vocab, str(vocab_path), max_items=TOKENIZER_JSON_ITEMS)
     except FileError as err:  # invalid, not UTF-8, or nested absurdly deep
         raise TokenizerError(f"{err}; give GPT-2's encoder.json or vocab.json") from None
     if not isinstance(encoder, dict) or not all(type(v) is int for v in encoder.values()):
@@ -146,11 +150,13 @@ def _json_bytes(value) -> bytes:
     return (json.dumps(value, ensure_ascii=False, indent=2) + "\n").encode("utf-8")
 
 
-def _read_json(path: Path, hint: str, what: str):
+def _read_json(path: Path, hint: str, what: str, limit: int = readfile.HF_CONFIG_LIMIT, max_items: int | None = None):
+    """A JSON file of at most `limit` bytes (refused before it is read) and `max_items` values
+    (refused before the parse: `jsonsafe.items`)."""
     path = check_readable(path)
-    data = read_limited(path, readfile.TOKENIZER_LIMIT, what)
+    data = read_limited(path, limit, what)
     try:
-        return jsonsafe.loads(data, str(path))
+        return jsonsafe.loads(data, str(path), max_items=max_items)
     except FileError as err:
         raise TokenizerError(f"{err}; {hint}") from None
 
@@ -187,7 +193,13 @@ def find_hf(path: str | os.PathLike) -> tuple[Path, ...]:
 def read_hf(path: str | os.PathLike) -> dict:
     """Parts of a byte-level BPE tokenizer from a Hugging Face tokenizer.json (see `bpe.hf_import.from_hf`)."""
     path = Path(path)
-    data = _read_json(path, "give a Hugging Face tokenizer.json", "a Hugging Face tokenizer.json")
+    data = _read_json(
+        path,
+        "give a Hugging Face tokenizer.json",
+        "a Hugging Face tokenizer.json",
+        readfile.TOKENIZER_JSON_LIMIT,
+        TOKENIZER_JSON_ITEMS,
+    )
     return hf_import.from_hf(data, str(path))
 
 

@@ -89,22 +89,22 @@ def _training_rows(training: dict[str, Any]) -> None:
 def _info_model(path: Path) -> None:
     from tokenkit.pipeline import checkpoint
 
-    model, tok, meta = checkpoint.load_model(path, tokenizer_required=False)
-    n_params = sum(int(p.size) for p in model.params.values())
+    described = checkpoint.describe_model(path, tokenizer_required=False)  # the header: no weight is read
+    config, tok, meta = described.config, described.tokenizer, described.metadata
     _row("file", path)
     what = "model + embedded tokenizer" if tok is not None else "model; no tokenizer embedded"
     _row("format", f"{meta.get('format')} v{meta.get('format_version')} ({what})")
-    _row("architecture", model.config.architecture)
-    _row("config", json.dumps(model.config.to_dict()))
-    if model.config.rope_scaling is not None:
-        _row("rope scaling", model.config.rope_scaling.describe())
-    _row("parameters", f"{n_params:,}")
+    _row("architecture", config.architecture)
+    _row("config", json.dumps(config.to_dict()))
+    if config.rope_scaling is not None:
+        _row("rope scaling", config.rope_scaling.describe())
+    _row("parameters", f"{described.n_params:,}")
     if tok is not None:
-        padding = model.config.vocab_size - tok.vocab_size
+        padding = config.vocab_size - tok.vocab_size
         padded = f", and {padding:,} padding ids" if padding > 0 else ""
         _row(
             "vocab size",
-            f"{model.config.vocab_size} (tokenizer {meta.get('tokenizer_fingerprint', '')[:16]}...{padded})",
+            f"{config.vocab_size} (tokenizer {meta.get('tokenizer_fingerprint', '')[:16]}...{padded})",
         )
         if tok.bos is not None:
             _row("bos", f"{tok.bos} (before every text the model reads)")

@@ -4,7 +4,10 @@
 RecursionError, so nesting beyond MAX_DEPTH is refused before parsing. A text with no more than
 MAX_DEPTH opening brackets anywhere cannot nest deeper, so it skips the count (a training log's
 line has one; `depth` costs tens of microseconds a call in NumPy's setup alone). Sizes are the
-caller's to bound (a file's length bounds its text).
+caller's to bound (a file's length bounds its text), and so is what the parse makes of them: a
+value costs 50 to 70 bytes as a Python object, so `[[],[],...]` takes 20 times its length, and a
+caller that reads a large file gives `max_items`, which `items` checks before parsing. Text
+that does not begin as JSON does (a file of zeros) is refused before it is decoded.
 
 >>> loads('{"a": [1, 2]}')
 {'a': [1, 2]}
@@ -13,6 +16,11 @@ caller's to bound (a file's length bounds its text).
 ... except FileError as err:
 ...     print(err)
 config is nested deeper than 64 levels (tokenkit never nests that deep; the file is damaged or hostile)
+>>> try:
+...     loads("[[], [], [], [], []]", "vocab.json", max_items=4)
+... except FileError as err:
+...     print(err)
+vocab.json holds 5 JSON values or more, more than the 4 such a file holds (the file is damaged or hostile)
 """
 
 from __future__ import annotations
@@ -26,8 +34,11 @@ from tokenkit.common.errors import FileError
 
 MAX_DEPTH = 64
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_STRING_BYTES = re.compile(_STRING.pattern.encode("ascii"), re.DOTALL)  # UTF-8: no character holds `"` or `\`
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+_BLANK = re.compile(rb"[ \t\r\n]*")
+_STARTS = b'[{"-0123456789tfn'  # the bytes a JSON value begins with
 _AT_ONCE_BYTES = 64 << 20  # longer texts take the regex: `_depth_at_once` holds a few bytes per byte of text
 _AT_ONCE_MARKS = 8 << 20  # and 8 bytes per quote and bracket, in a few arrays
 
@@ -106,9 +117,41 @@ def _may_nest_deeper(text: str | bytes | bytearray) -> bool:
     return text.count(b"[") + text.count(b"{") > MAX_DEPTH
 
 
-def loads(text: str | bytes, what: str = "JSON text") -> Any:
-    """Parse JSON, refusing invalid text and nesting deeper than MAX_DEPTH (FileError naming `what`)."""
+def items(text: str | bytes, at_most: int | None = None) -> int:
+    """How many values a parse of `text` makes, at least: the commas outside strings, plus one
+    (a key and its value count once; nesting, bounded by MAX_DEPTH, adds at most that many per
+    comma). Counted in the text as it is while that is `at_most` or fewer (a comma in a string
+    is rare), outside strings otherwise.
+
+    >>> items('{"a": [1, 2], "b,c": 3}'), items('{"a": [1, 2], "b,c": 3}', at_most=10)
+    (3, 4)
+    >>> items(b"[[], [], [], []]")
+    4
+    """
+    comma = "," if isinstance(text, str) else b","
+    n = text.count(comma) + 1
+    if at_most is not None and n <= at_most:
+        return n
+    strings = _STRING if isinstance(text, str) else _STRING_BYTES
+    return strings.sub(comma[:0], text).count(comma) + 1
+
+
+def loads(text: str | bytes, what: str = "JSON text", *, max_items: int | None = None) -> Any:
+    """Parse JSON, refusing invalid text, nesting deeper than MAX_DEPTH and more than `max_items`
+    values (`items`), each before the parse (FileError naming `what`)."""
     raw = text  # `depth` reads bytes as they are, without encoding the text a second time
+    if isinstance(text, (bytes, bytearray)):
+        first = _BLANK.match(text).end()
+        if first < len(text) and text[first] < 0x80 and text[first] not in _STARTS:
+            # a file of zeros, or of another kind: json.loads' message for its first bytes, before decoding the rest
+            _parse(bytes(text[: first + 1]).decode("ascii"), what)
+    if max_items is not None:  # on the bytes, before they are decoded
+        n = items(text, max_items)
+        if n > max_items:
+            raise FileError(
+                f"{what} holds {n:,} JSON values or more, more than the {max_items:,} such a file holds "
+                "(the file is damaged or hostile)"
+            )
     if isinstance(text, (bytes, bytearray)):
         try:
             text = text.decode("utf-8")
@@ -119,6 +162,10 @@ def loads(text: str | bytes, what: str = "JSON text") -> Any:
             f"{what} is nested deeper than {MAX_DEPTH} levels "
             "(tokenkit never nests that deep; the file is damaged or hostile)"
         )
+    return _parse(text, what)
+
+
+def _parse(text: str, what: str) -> Any:
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as err:

@@ -36,8 +36,15 @@ from tokenkit.common.errors import FileError
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 # Per-kind limits, each far above any real file of the kind and far below what would hurt to hold:
 SETTINGS_LIMIT = 1 * MIB  # a settings file (--config) holds a few hundred bytes
-JSON_LIMIT = 16 * MIB  # config.json, an index of shards, tokens.json, pipeline.json: a few KB
-TOKENIZER_LIMIT = 1 * GIB  # tokenizer.json, vocab.json, merges.txt, .tiktoken, tokenizer.safetensors: ~1-20 MB
+JSON_LIMIT = 16 * MIB  # an index of shards: ~100 bytes a tensor, under 1 MB for thousands of tensors
+# transformers' small JSON files (config.json, generation_config.json, tokenizer_config.json,
+# special_tokens_map.json) hold a model's settings and its special tokens: 1-60 KB (Llama 3's
+# tokenizer_config.json, 256 added tokens and a chat template, is 50 KB), so 4 MiB is 80 times that
+HF_CONFIG_LIMIT = 4 * MIB
+# tokenizer.json and vocab.json are parsed whole into Python objects (~10 times their size): the
+# largest published tokenizer.json, Gemma 3's (262k tokens, 514k merges), is 33 MB
+TOKENIZER_JSON_LIMIT = 128 * MIB
+TOKENIZER_LIMIT = 1 * GIB  # merges.txt, .tiktoken, tokenizer.safetensors: ~1-20 MB, read as bytes
 LOG_LIMIT = 4 * GIB  # log.jsonl: ~150 bytes a step, so ten million steps of a run
 NO_LIMIT = None  # model weights, states and token ids: memory-mapped or read a tensor at a time
 

@@ -11,20 +11,26 @@ file object of `common.atomic.write_atomic`, so saving never holds a second copy
 
 Reading opens the file once through `common.readfile` (a regular file, or one line saying what it
 is) and checks the header against it before anything is allocated (`read_header`): its length,
-its nesting, every dtype, shape and offset, and that the offsets tile the data exactly; `read`
-then reads each tensor straight into an array of its checked size.
+its nesting, every dtype, shape and offset, and that the offsets tile the data exactly. `opened`
+keeps that one open file and reads from it only the tensors asked for (a model file's tokenizer
+without its weights), each straight into an array of its checked size, or, `mapped`, as a view
+of one copy-on-write map of the file: the weights stay in the page cache, never copied, and a
+write into such an array changes memory, never the file. `read` reads every tensor.
 
 What it deliberately does not do: interpret names or metadata (bpe/io.py and transformer/io.py do).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
+import mmap
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -181,22 +187,74 @@ def _layout(f: BinaryIO, size: int, what: str, bfloat16: bool) -> tuple[dict[str
     return entries, metadata, 8 + n
 
 
+@dataclass
+class Opened:
+    """A safetensors file opened once, its header checked (`entries`: name -> {"dtype", "shape",
+    "data_offsets"}, `metadata`), from which `read` takes only the tensors asked for."""
+
+    f: BinaryIO
+    what: str
+    entries: dict[str, dict[str, Any]]
+    metadata: dict[str, str]
+    start: int  # where the tensors' data begins; their offsets count from there
+    _map: mmap.mmap | None = field(default=None, repr=False)
+
+    def nbytes(self, names: Iterable[str]) -> int:
+        """How many bytes these tensors hold, from the header alone."""
+        return sum(self.entries[n]["data_offsets"][1] - self.entries[n]["data_offsets"][0] for n in names)
+
+    def read(self, names: Iterable[str], *, mapped: bool = False) -> dict[str, np.ndarray]:
+        """These tensors (native byte order), by name; the others are never read. `mapped`: a
+        tensor stored aligned in the host's byte order is a view of the file mapped copy-on-write
+        (`mmap.ACCESS_COPY`): no copy is made, and the pages are the kernel's cache, given back under
+        pressure; the rest are read. A file replaced by a rename while mapped keeps the old data;
+        one truncated in place (`cp` onto it) would fault: tk writes by renaming."""
+        out = {}
+        for name in sorted(names):
+            entry = self.entries[name]
+            dtype = DTYPES[entry["dtype"]]
+            offset = self.start + entry["data_offsets"][0]
+            view = self._view(offset, dtype, entry["shape"]) if mapped else None
+            if view is None:
+                view = np.empty(entry["shape"], dtype=dtype)
+                read_into(self.f, offset, view, self.what)
+                view = view.astype(dtype.newbyteorder("="), copy=False)
+            out[name] = view
+        return out
+
+    def _view(self, offset: int, dtype: np.dtype, shape: list[int]) -> np.ndarray | None:
+        """The tensor as a view of the mapped file, or None where NumPy cannot map it (another byte
+        order, an unaligned offset, no room for the map in the address space)."""
+        if not dtype.isnative or offset % dtype.alignment:
+            return None
+        if self._map is None:
+            try:
+                self._map = mmap.mmap(self.f.fileno(), 0, access=mmap.ACCESS_COPY)
+            except (OSError, ValueError, OverflowError):  # a 32-bit address space, a file system that cannot map
+                return None
+        count = math.prod(shape)
+        if offset + count * dtype.itemsize > len(self._map):
+            raise FileError(f"{self.what}: the file ends inside a tensor; it was truncated while being read")
+        return np.frombuffer(self._map, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+
+@contextlib.contextmanager
+def opened(path: str | os.PathLike, what: str | None = None, *, what_file: str = WHAT) -> Iterator[Opened]:
+    """The file opened once and its header checked (`Opened`); tensors are read only when asked for.
+    Mapped tensors stay valid after the block; read ones are copies."""
+    what = what or str(path)
+    with readfile.open_regular(path, readfile.NO_LIMIT, what_file) as (f, size):
+        entries, metadata, start = _layout(f, size, what, False)
+        yield Opened(f, what, entries, metadata, start)
+
+
 def read(
     path: str | os.PathLike, what: str | None = None, *, what_file: str = WHAT
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """All tensors (native byte order) and the metadata of a safetensors file, sizes checked first:
     each tensor is read straight into an array of its checked size, from the one open file."""
-    what = what or str(path)
-    with readfile.open_regular(path, readfile.NO_LIMIT, what_file) as (f, size):
-        entries, metadata, start = _layout(f, size, what, False)
-        tensors = {}
-        for name in sorted(entries):
-            entry = entries[name]
-            dtype = DTYPES[entry["dtype"]]
-            arr = np.empty(entry["shape"], dtype=dtype)
-            read_into(f, start + entry["data_offsets"][0], arr, what)
-            tensors[name] = arr.astype(dtype.newbyteorder("="), copy=False)
-    return tensors, metadata
+    with opened(path, what, what_file=what_file) as st:
+        return st.read(st.entries), st.metadata
 
 
 def read_into(f: BinaryIO, offset: int, arr: np.ndarray, what: str) -> None:

@@ -22,8 +22,11 @@ leaves either the old file or the new one, never half of one, and a SIGKILL leav
 name that the next run removes once it holds the directory's lock (`pipeline.rundir`). The model
 file is `transformer.io`'s one model format, with the tokenizer embedded; identical runs write
 byte-identical model, state and tokenizer files (sorted metadata, no timestamps: those live in
-log.jsonl, which pipeline/trainlog.py appends and reads). This module does not decide *when* to
-save; `pipeline.train` does.
+log.jsonl, which pipeline/trainlog.py appends and reads). A model file is read for what is asked
+of it, from one open file: `describe_model` its header and embedded tokenizer (`tk info`, `-t
+MODEL`), `load_model` the weights too, mapped rather than copied, once the header's config is
+known to fit the memory available. This module does not decide *when* to save; `pipeline.train`
+does.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import numpy as np
 from tokenkit.bpe import Tokenizer, TokenizerError
 from tokenkit.common import FileError, atomic, jsonsafe, readfile, safetensors_file
 from tokenkit.pipeline.errors import PipelineError
-from tokenkit.transformer import GPT, ModelError
+from tokenkit.transformer import GPT, GPTConfig, ModelError
 from tokenkit.transformer import io as model_io
 
 MODEL_FORMAT = model_io.FORMAT
@@ -141,22 +144,38 @@ _WHAT_FILE = {  # read_header's `what` -> what a path that is not a regular file
 }
 
 
-def read_header(path: str | os.PathLike, what: str = "file") -> dict[str, str]:
-    """The string metadata of a safetensors file; one-line PipelineError when it is not one."""
-    path = Path(path)
+def _check_path(path: Path, what: str) -> None:
     if not os.path.lexists(path):
         raise PipelineError(f"{what} not found: {path}")
     if path.is_dir():
         raise PipelineError(f"{what} {path} is a directory; give a .safetensors file")
+
+
+def read_header(path: str | os.PathLike, what: str = "file") -> dict[str, str]:
+    """The string metadata of a safetensors file; one-line PipelineError when it is not one."""
+    path = Path(path)
+    _check_path(path, what)
     try:
         return safetensors_file.read_header(path, what_file=_WHAT_FILE.get(what, safetensors_file.WHAT))[1]
     except FileError as err:
         raise PipelineError(str(err)) from None
 
 
-def _load_tensors(path: Path) -> dict[str, np.ndarray]:
+@contextlib.contextmanager
+def _opened(path: Path, what: str) -> Iterator[safetensors_file.Opened]:
+    """The file opened once, its header checked (`read_header`'s errors); read from it with `_read`."""
+    _check_path(path, what)
     try:
-        return safetensors_file.read(path)[0]
+        with safetensors_file.opened(path, what_file=_WHAT_FILE.get(what, safetensors_file.WHAT)) as st:
+            yield st
+    except FileError as err:
+        raise PipelineError(str(err)) from None
+
+
+def _read(st: safetensors_file.Opened, names, *, mapped: bool = False) -> dict[str, np.ndarray]:
+    """Only these tensors of the open file (`mapped`: float32 weights mapped, not copied)."""
+    try:
+        return st.read(names, mapped=mapped)
     except FileError as err:
         raise PipelineError(f"{err}; delete it or restore a good copy") from None
 
@@ -253,20 +272,39 @@ def _tokenizer_from(path: Path, tensors: dict[str, np.ndarray], meta: Mapping[st
     return tok
 
 
-def _params_from(path: Path, meta: Mapping[str, str], tensors: dict[str, np.ndarray], prefix: str = ""):
-    """(GPTConfig, params) of a file, every name, shape and dtype checked against its config."""
+def _model_error(path: Path, err: ModelError) -> PipelineError:
+    return PipelineError(str(err) if str(path) in str(err) else f"{path}: {err}")
+
+
+def _param_keys(
+    path: Path, meta: Mapping[str, str], entries: Mapping[str, Mapping[str, Any]], prefix: str = ""
+) -> tuple[GPTConfig, dict[str, str]]:
+    """(GPTConfig, {parameter: its key in the file}) from the header alone: every name, shape and
+    dtype checked against the file's config before a weight is read."""
     if "config" not in meta:
         raise PipelineError(f"{path} has no model config in its metadata; it is not a tokenkit model")
-    params = {
-        k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix) and not k.startswith(TOKENIZER_PREFIX)
-    }
-    for name, arr in params.items():
-        if arr.dtype != np.float32:  # params_from would convert silently; a tokenkit file is float32
-            raise PipelineError(f"{path}: parameter {name!r} is {arr.dtype}, expected float32; the file is corrupt")
+    shapes = {}
+    for key, entry in entries.items():
+        if key.startswith(prefix) and not key.startswith(TOKENIZER_PREFIX):
+            if entry["dtype"] != "F32":  # float_params would convert silently; a tokenkit file is float32
+                dtype = safetensors_file.DTYPES[entry["dtype"]]
+                raise PipelineError(
+                    f"{path}: parameter {key[len(prefix) :]!r} is {dtype}, expected float32; the file is corrupt"
+                )
+            shapes[key[len(prefix) :]] = tuple(entry["shape"])
     try:
-        return model_io.params_from(path, params, {"config": meta["config"]})
+        config, keys = model_io.param_keys(path, shapes, {"config": meta["config"]})
     except ModelError as err:
-        raise PipelineError(str(err) if str(path) in str(err) else f"{path}: {err}") from None
+        raise _model_error(path, err) from None
+    return config, {name: prefix + key for name, key in keys.items()}
+
+
+def _float_params(path: Path, tensors: Mapping[str, np.ndarray], keys: Mapping[str, str]) -> dict[str, np.ndarray]:
+    """The parameters read, their values checked (finite: `model_io.float_params`)."""
+    try:
+        return model_io.float_params(path, {name: tensors[key] for name, key in keys.items()})
+    except ModelError as err:
+        raise _model_error(path, err) from None
 
 
 @dataclass
@@ -299,6 +337,55 @@ def decode_metadata(meta: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
+@dataclass
+class ModelFile:
+    """A model file as its header and its embedded tokenizer describe it, no weight read: what
+    `tk info` shows, `-t MODEL` uses, and `load_model` checks before it reads the weights."""
+
+    path: Path
+    config: GPTConfig
+    tokenizer: Any  # None for a file GPT.save wrote without one
+    metadata: dict[str, Any]  # decode_metadata's
+    keys: dict[str, str]  # parameter name -> its key in the file
+
+    @property
+    def n_params(self) -> int:
+        return self.config.n_params()
+
+
+def _describe(path: Path, st: safetensors_file.Opened, tokenizer_required: bool) -> ModelFile:
+    meta = st.metadata
+    if meta.get("format") == TOKENIZER_FORMAT:
+        raise PipelineError(f"{path} is a tokenizer file, not a model; give a run directory or its model.safetensors")
+    _check_format(path, meta, MODEL_FORMAT, "give a run directory or a model.safetensors written by `tk train-model`")
+    tok_names = [name for name in st.entries if name.startswith(TOKENIZER_PREFIX)]
+    if st.nbytes(tok_names) > readfile.TOKENIZER_LIMIT:  # the bound of a tokenizer file, before reading
+        raise PipelineError(
+            f"{path}: its embedded tokenizer's tensors hold {st.nbytes(tok_names):,} bytes, more than a tokenizer "
+            f"can ({readfile.TOKENIZER_LIMIT >> 30} GiB at most); the file is damaged"
+        )
+    tok_tensors = _read(st, tok_names)
+    tokenizer = _tokenizer_from(path, tok_tensors, meta, required=False)
+    if tokenizer is None and tokenizer_required:
+        raise PipelineError(
+            f"{path} has no embedded tokenizer (saved by GPT.save without one); give the tokenizer with -t"
+        )
+    config, keys = _param_keys(path, meta, st.entries)
+    if tokenizer is not None and config.vocab_size < tokenizer.vocab_size:
+        raise PipelineError(
+            f"{path} is inconsistent: model vocab {config.vocab_size} < tokenizer vocab {tokenizer.vocab_size}"
+        )
+    return ModelFile(path, config, tokenizer, decode_metadata(meta), keys)
+
+
+def describe_model(path_or_run_dir: str | os.PathLike, *, tokenizer_required: bool = True) -> ModelFile:
+    """A model file (or a run dir's) checked as `load_model` checks it, reading its header and its
+    tokenizer's tensors only: the weights' names, shapes and dtypes are checked, their values not."""
+    path = resolve_model_path(path_or_run_dir)
+    with _opened(path, "model file") as st:
+        return _describe(path, st, tokenizer_required)
+
+
 def load_model(
     path_or_run_dir: str | os.PathLike, *, tokenizer_required: bool = True, device: str = "cpu"
 ) -> LoadedModel:
@@ -307,29 +394,24 @@ def load_model(
     Reads every file in the model format: the pipeline's (tokenizer embedded) and `GPT.save`'s
     (tokenizer None when `tokenizer_required` is False, else a one-line error). A missing,
     foreign (e.g. a tokenizer file), truncated or corrupt file is a one-line PipelineError
-    saying which and what to do.
+    saying which and what to do, and so is a model that does not fit `device`'s memory, said
+    from its header before a weight is read (`model_io.check_fits`). The weights are mapped
+    from the file, not copied (`safetensors_file.Opened.read`), and their values checked.
     """
     path = resolve_model_path(path_or_run_dir)
-    meta = read_header(path, "model file")
-    if meta.get("format") == TOKENIZER_FORMAT:
-        raise PipelineError(f"{path} is a tokenizer file, not a model; give a run directory or its model.safetensors")
-    _check_format(path, meta, MODEL_FORMAT, "give a run directory or a model.safetensors written by `tk train-model`")
-    tensors = _load_tensors(path)
-    tokenizer = _tokenizer_from(path, tensors, meta, required=False)
-    if tokenizer is None and tokenizer_required:
-        raise PipelineError(
-            f"{path} has no embedded tokenizer (saved by GPT.save without one); give the tokenizer with -t"
-        )
-    config, params = _params_from(path, meta, tensors)
-    if tokenizer is not None and config.vocab_size < tokenizer.vocab_size:
-        raise PipelineError(
-            f"{path} is inconsistent: model vocab {config.vocab_size} < tokenizer vocab {tokenizer.vocab_size}"
-        )
+    with _opened(path, "model file") as st:
+        described = _describe(path, st, tokenizer_required)
+        try:
+            model_io.check_fits(path, described.config, device)
+        except ModelError as err:
+            raise PipelineError(str(err)) from None
+        tensors = _read(st, described.keys.values(), mapped=True)
+    params = _float_params(path, tensors, described.keys)
     try:
-        model = GPT.from_params(config, params, device=device)
+        model = GPT.from_params(described.config, params, device=device)
     except ModelError as err:
         raise PipelineError(f"{path}: {err}") from None
-    return LoadedModel(model, tokenizer, decode_metadata(meta))
+    return LoadedModel(model, described.tokenizer, described.metadata)
 
 
 def hf_architecture(metadata: Mapping[str, Any]) -> str | None:
@@ -408,11 +490,13 @@ def save_train_state(path: str | os.PathLike, state: TrainState) -> None:
 def load_train_state(path: str | os.PathLike) -> TrainState:
     """Read and validate a train_state.safetensors (one-line PipelineError when it is not usable)."""
     path = Path(path)
-    meta = read_header(path, "training state")
-    _check_format(path, meta, STATE_FORMAT, "resume needs the train_state.safetensors of a tokenkit run")
-    tensors = _load_tensors(path)
+    with _opened(path, "training state") as st:
+        meta = st.metadata
+        _check_format(path, meta, STATE_FORMAT, "resume needs the train_state.safetensors of a tokenkit run")
+        entries, tensors = st.entries, _read(st, st.entries)
     tokenizer = _tokenizer_from(path, tensors, meta)
-    _, params = _params_from(path, meta, tensors, prefix="params.")
+    _, keys = _param_keys(path, meta, entries, prefix="params.")
+    params = _float_params(path, tensors, keys)
     if "rng.train" not in tensors:
         raise PipelineError(f"{path} is incomplete: no data generator state")
     try:
@@ -449,7 +533,7 @@ def _check_state_values(path: Path, state: TrainState) -> None:
             "it is corrupt"
         )
     named = [("optimizer." + k, v) for k, v in state.optimizer.items() if k not in ("step", "betas")]
-    for name, arr in named:  # the weights' own values were checked with their shapes (_params_from)
+    for name, arr in named:  # the weights' own values were checked with their shapes (_float_params)
         if arr.dtype != np.float32:
             raise PipelineError(f"{path}: {name} is {arr.dtype}, expected float32; the file is corrupt")
         if not np.isfinite(arr).all():

@@ -1,7 +1,7 @@
 """What writing and reading a Hugging Face transformers checkpoint directory share
 (pipeline/hf_export.py writes one, pipeline/hf_import.py reads one): the names of its files, the
 `transformer.` prefix of GPT2LMHeadModel's tensor names, and `read_json`, which reads its JSON
-files (config.json, the shards' index) with a size limit, failing in one PipelineError line.
+files (config.json, the shards' index) with a size limit each, failing in one PipelineError line.
 
 tk's model *is* GPT-2's architecture when it is pre-norm, causal, with learned positions: the
 same parameter names (`transformer.` prefixed in a `GPT2LMHeadModel` checkpoint), the same
@@ -25,13 +25,14 @@ from tokenkit.pipeline.errors import PipelineError
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 PREFIX = "transformer."
-MAX_JSON_BYTES = 16 << 20  # config.json is ~1 KB; an index of a huge sharded model is under 1 MB
+CONFIG_LIMIT = readfile.HF_CONFIG_LIMIT  # config.json is ~1 KB (common/readfile.py says why 4 MiB)
+INDEX_LIMIT = readfile.JSON_LIMIT  # an index of a huge sharded model is under 1 MB
 
 
-def read_json(path: Path, what: str) -> Any:
+def read_json(path: Path, what: str, limit: int = CONFIG_LIMIT) -> Any:
     """The JSON value of `path` (a `what`, as errors name it), or one PipelineError line when it
-    cannot be read, is over MAX_JSON_BYTES or is not JSON."""
+    cannot be read, is over `limit` bytes (refused before it is read) or is not JSON."""
     try:
-        return jsonsafe.loads(readfile.read_bytes(path, MAX_JSON_BYTES, f"a {what}"), str(path))
+        return jsonsafe.loads(readfile.read_bytes(path, limit, f"a {what}"), str(path))
     except FileError as err:
         raise PipelineError(str(err)) from None

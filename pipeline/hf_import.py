@@ -12,8 +12,9 @@ NaN or infinity is refused by name, and so is an `lm_head.weight` that differs f
 transformers then predicts with that head, untied even under `tie_word_embeddings`, and tk's
 GPT-2 cannot (a Llama-family model is imported untied then, as transformers predicts). Each
 weight is read, transposed or placed in its columns one at a time, so the import holds the
-model and one tensor more. Everything is checked before the first file is written; every
-failure is one PipelineError line.
+model and one tensor more; a model whose float32 weights do not fit the memory free is refused
+from its config and headers before a weight is read (`transformer.memory.check_memory`).
+Everything is checked before the first file is written; every failure is one PipelineError line.
 
 A checkpoint's vocab_size may exceed its tokenizer's size (Qwen2 pads 151,665 tokens to 151,936
 rows; others to a multiple of 64): every row is kept, so the probabilities are transformers'
@@ -41,9 +42,10 @@ from tokenkit.bpe import Tokenizer, TokenizerError
 from tokenkit.common import FileError, readfile, safetensors_file
 from tokenkit.pipeline import checkpoint, hf_llama
 from tokenkit.pipeline.errors import PipelineError
-from tokenkit.pipeline.hf_files import CONFIG_FILE, PREFIX, WEIGHTS_FILE, read_json
+from tokenkit.pipeline.hf_files import CONFIG_FILE, INDEX_LIMIT, PREFIX, WEIGHTS_FILE, read_json
 from tokenkit.transformer import GPTConfig, ModelError
 from tokenkit.transformer.config import param_shapes
+from tokenkit.transformer.memory import check_memory
 from tokenkit.transformer.ops import LN_EPS
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -126,7 +128,7 @@ def _headers(directory: Path) -> tuple[dict[str, _Source], int]:
     if os.path.lexists(single):
         files = [single]
     elif os.path.lexists(index):
-        table = read_json(index, "safetensors index")
+        table = read_json(index, "safetensors index", INDEX_LIMIT)
         weight_map = table.get("weight_map") if isinstance(table, dict) else None
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise PipelineError(f"{index} has no weight_map of tensor name -> file; is it damaged?")
@@ -358,6 +360,10 @@ def import_hf(
     imported = hf_llama.gpt_config(directory / CONFIG_FILE, hf, context_length) if llama else None
     config = imported.config if imported else gpt_config(directory / CONFIG_FILE, hf)
     sources, shards = _headers(directory)
+    try:  # the float32 weights the import holds, against the memory free, before one is read
+        check_memory(config, run=False)
+    except ModelError as err:
+        raise PipelineError(f"{directory}: {err}") from None
     tokenizer = read_tokenizer(directory, as_written=tokenizer_json)
     if tokenizer.vocab_size > config.vocab_size:  # more rows than tokens is padding (Qwen2's 151,936 for 151,665)
         raise PipelineError(

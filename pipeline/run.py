@@ -49,7 +49,7 @@ def load_tokenizer(path: str | Path):
     if path.is_dir() or (
         os.path.lexists(path) and checkpoint.read_header(path, "tokenizer").get("format") == checkpoint.MODEL_FORMAT
     ):
-        return checkpoint.load_model(path).tokenizer
+        return checkpoint.describe_model(path).tokenizer  # its header and tokenizer only, never the weights
     if not os.path.lexists(path):
         raise PipelineError(
             f"tokenizer file not found: {path}; give a tokenizer.safetensors (`tk bpe-train` makes one), "

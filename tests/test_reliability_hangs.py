@@ -578,8 +578,7 @@ def test_a_model_with_nan_or_infinite_weights_is_one_line(base, tmp_path, value)
     model = tmp_path / "m.safetensors"
     with open(model, "wb") as f:
         safetensors_file.write(f, tensors, meta)
-    calls = [
-        ["info", model],
+    calls = [  # every command that reads the weights (`tk info` reads the header alone: test_reliability_sizes.py)
         ["predict-next", "-m", model, "the fox"],
         ["generate", "-m", model, "the fox", "-n", "2"],
         ["explain", "-m", model, "the fox"],

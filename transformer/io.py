@@ -10,7 +10,10 @@ bytes; no timestamps).
 Reading accepts GPT-2's published state dicts too: keys with or without a `transformer.` prefix,
 and without a "config" the config is inferred from the shapes (GPT-2's head size of 64). Tensors
 that are not model parameters (`tokenizer.*`, GPT-2's `attn.bias` mask buffers, `lm_head.weight`)
-are ignored. Every size is checked against the file before anything is allocated; never pickle.
+are never read. Every size is checked against the file before anything is allocated, and the
+config's against the memory available (`transformer.memory.check_memory`) before a weight is
+read; float32 weights are mapped from the file, not copied (`safetensors_file.Opened.read`).
+Never pickle.
 
 Every failure a user can cause is a one-line ModelError.
 """
@@ -26,6 +29,7 @@ import numpy as np
 from tokenkit.common import FileError, atomic, jsonsafe, safetensors_file
 from tokenkit.transformer.config import GPTConfig, param_shapes
 from tokenkit.transformer.errors import ModelError
+from tokenkit.transformer.memory import check_memory
 
 FORMAT = "tokenkit.model"
 FORMAT_VERSION = "1"
@@ -59,17 +63,6 @@ def save_model(
     tensors.update(extra)
     try:
         atomic.write_atomic(path, lambda f: safetensors_file.write(f, tensors, meta))
-    except FileError as err:
-        raise ModelError(str(err)) from None
-
-
-def read_file(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """All tensors and the metadata of a safetensors file, every size checked first (ModelError)."""
-    path = Path(path)
-    if not os.path.lexists(path):
-        raise ModelError(f"{path}: no such model file; check the path")
-    try:
-        return safetensors_file.read(path, what_file=MODEL_FILE)
     except FileError as err:
         raise ModelError(str(err)) from None
 
@@ -115,38 +108,70 @@ def _infer_gpt2_config(path: Path, shapes: dict[str, tuple[int, ...]]) -> GPTCon
     )
 
 
-def params_from(
-    path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str]
-) -> tuple[GPTConfig, dict[str, np.ndarray]]:
-    """(config, float32 params keyed by GPT-2 names) from a file's tensors and metadata.
-
-    Every parameter the config needs must be present with its exact shape (the config alone
-    never decides an allocation) and hold finite float32 values.
-    """
+def param_keys(
+    path: str | os.PathLike, shapes: dict[str, tuple[int, ...]], metadata: dict[str, str]
+) -> tuple[GPTConfig, dict[str, str]]:
+    """(config, {parameter name: its key in the file}) from a file's tensor shapes (key -> shape)
+    and metadata, before any weight is read: every parameter the config needs must be present
+    with its exact shape (the config alone never decides an allocation)."""
     path = Path(path)
     names: dict[str, str] = {}  # our name -> key in the file
-    for key in tensors:
+    for key in shapes:
         names.setdefault(key[len(_PREFIX) :] if key.startswith(_PREFIX) else key, key)
-    shapes = {name: tuple(tensors[key].shape) for name, key in names.items()}
-    config = parse_config(path, metadata) or _infer_gpt2_config(path, shapes)
+    ours = {name: tuple(shapes[key]) for name, key in names.items()}
+    config = parse_config(path, metadata) or _infer_gpt2_config(path, ours)
     expected = param_shapes(config)
     missing = [name for name in expected if name not in names]
     if missing:
         raise ModelError(f"{path}: lacks {len(missing)} parameter(s) of its config, e.g. {missing[0]}")
-    params = {}
     for name, shape in expected.items():
-        if shapes[name] != shape:
-            raise ModelError(f"{path}: {name} has shape {shapes[name]}, the config needs {shape}")
-        tensor = tensors[names[name]]
+        if ours[name] != shape:
+            raise ModelError(f"{path}: {name} has shape {ours[name]}, the config needs {shape}")
+    return config, {name: names[name] for name in expected}
+
+
+def float_params(path: str | os.PathLike, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The parameters (name -> array, as read) as contiguous float32 (no copy of float32 ones,
+    mapped ones included), refused when one is not a float type or holds NaN or infinity."""
+    params = {}
+    for name, tensor in tensors.items():
         if not np.issubdtype(tensor.dtype, np.floating):
             raise ModelError(f"{path}: {name} has dtype {tensor.dtype}, expected a float type")
         params[name] = np.ascontiguousarray(tensor, dtype=np.float32)
-        if not np.isfinite(params[name]).all():  # no model is saved so: predicting with it gives NaN
+        if not all_finite(params[name]):  # no model is saved so: predicting with it gives NaN
             raise ModelError(f"{path}: {name} holds NaN or infinite values; the file is damaged")
-    return config, params
+    return params
 
 
-def load_model(path: str | os.PathLike) -> tuple[GPTConfig, dict[str, np.ndarray]]:
-    """-> (config, params as float32 arrays keyed by GPT-2 names, unprefixed)."""
-    tensors, metadata = read_file(path)
-    return params_from(path, tensors, metadata)
+def all_finite(a: np.ndarray, block: int = 1 << 22) -> bool:
+    """Whether every value is finite, looked at `block` values at a time: a mapped weight of
+    gigabytes is checked without a mask of its size."""
+    flat = a.reshape(-1)
+    return all(np.isfinite(flat[i : i + block]).all() for i in range(0, flat.size, block))
+
+
+def check_fits(path: str | os.PathLike, config: GPTConfig, device: str = "cpu") -> None:
+    """One ModelError line naming `path` when a model of `config` cannot be held and run in the
+    memory available now (`check_memory`): called on the header, before a weight is read."""
+    try:
+        check_memory(config, device=device)
+    except ModelError as err:
+        raise ModelError(f"{path}: {err}") from None
+
+
+def load_model(path: str | os.PathLike, device: str = "cpu") -> tuple[GPTConfig, dict[str, np.ndarray]]:
+    """-> (config, params as float32 arrays keyed by GPT-2 names, unprefixed): only the
+    parameters are read, once the header's config is known to fit `device`'s memory; float32
+    ones are mapped from the file (`safetensors_file.Opened.read`)."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        raise ModelError(f"{path}: no such model file; check the path")
+    try:
+        with safetensors_file.opened(path, what_file=MODEL_FILE) as st:
+            shapes = {key: tuple(entry["shape"]) for key, entry in st.entries.items()}
+            config, keys = param_keys(path, shapes, st.metadata)
+            check_fits(path, config, device)
+            tensors = st.read(keys.values(), mapped=True)
+    except FileError as err:
+        raise ModelError(str(err)) from None
+    return config, float_params(path, {name: tensors[key] for name, key in keys.items()})

@@ -82,8 +82,10 @@ def estimate_bytes(
     workers: int | None = 1,
     batch_rows: int = 0,
     fused_attention: bool = False,
+    run: bool = True,
 ) -> int:
-    """Bytes a model of `config` needs.
+    """Bytes a model of `config` needs (`run` False: its float32 weights alone, as a conversion
+    holds them, `tk import-hf`'s: no table or caches).
 
     Inference: parameters + sinusoid table (sinusoidal positions; rotary ones' cos and sin) +
     K/V caches for generation (2 x n_layers x context_length x n_kv_heads x head size: d_model
@@ -102,6 +104,8 @@ def estimate_bytes(
     12.442436608
     """
     params = _F32 * config.n_params()
+    if not run:
+        return params
     table = _F32 * config.context_length * config.d_model if config.positional == "sinusoidal" else 0
     if config.positional == "rope":  # cos and sin, (T, hd / 2) each, T rounded up to a power of two
         table = _F32 * (1 << (config.context_length - 1).bit_length()) * config.head_dim
@@ -200,20 +204,26 @@ def check_memory(
     loaded: bool = False,
     batch_rows: int = 0,
     device: str = "cpu",
+    run: bool = True,
 ) -> int:
     """Raise a one-line ModelError when a model of `config` would not fit in the memory available
     now; returns the estimate in bytes. `loaded`: its parameters are already in memory (read from
     a file), so only what comes on top of them is checked. `batch_rows`: training steps over
-    that many rows of context_length tokens (their activations count).
+    that many rows of context_length tokens (their activations count). `run` False: the weights
+    are only held, to be converted (`tk import-hf`), never run.
 
     Call it before allocating: GPT does for inference (construction and from_params); training
-    calls it with training=True and its batch before anything else. `device` "cuda": the GPU's
-    memory, one process (the weights a model file brought to the host still go to the GPU).
+    calls it with training=True and its batch before anything else; a model file's reader
+    (transformer/io.py's `check_fits`, `tk import-hf`) with its header's config before it reads
+    a weight. `device` "cuda": the GPU's memory, one process (the weights a model file brought
+    to the host still go to the GPU).
     """
     gpu = device != "cpu"
     workers = 1 if gpu else workers
     fused = gpu and _fused_attention(config, device)
-    need = estimate_bytes(config, training=training, workers=workers, batch_rows=batch_rows, fused_attention=fused)
+    need = estimate_bytes(
+        config, training=training, workers=workers, batch_rows=batch_rows, fused_attention=fused, run=run
+    )
     if loaded and not gpu:
         need -= _F32 * config.n_params()
     avail = _device_free_bytes() if gpu else available_bytes()
@@ -228,6 +238,8 @@ def check_memory(
                     f"; the activations of a batch of {batch_rows:,} x {config.context_length:,} tokens: "
                     f"{(need - state) / 1e9:,.1f} GB"
                 )
+        elif not run:
+            what = f"{config.n_params():,} float32 parameters"
         else:
             what = f"{config.n_params():,} parameters and the caches of a context of {config.context_length:,}"
         smaller = "a smaller batch, context_length or model" if training else "a smaller model"

@@ -580,5 +580,5 @@ class GPT:
         """Read a model saved by `save`, or a GPT-2 state dict (keys optionally `transformer.`
         prefixed), onto `device`; tensors that are not model parameters are ignored."""
         get_backend(device)  # a missing GPU is one line before the file is read
-        config, params = io.load_model(path)
+        config, params = io.load_model(path, device)
         return cls.from_params(config, params, device)
