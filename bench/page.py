@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from tokenkit.pipeline.run import load_tokenizer  # noqa: E402
+from tokenkit.pipeline.checkpoint import load_tokenizer  # noqa: E402
 
 GPT2 = REPO.parent / "shared" / "data" / "gpt2"
 HEADS_VISITED = 30  # more than the page keeps answers for (core.js CACHE_SIZE)

@@ -33,7 +33,7 @@ from tokenkit.bpe import io
 from tokenkit.bpe.corpus import Corpus, file_ranges, read_range
 from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.patterns import BUILTIN
-from tokenkit.common import pool
+from tokenkit.common import pool, processes
 
 __all__ = ["Encoded", "Encodes", "Part", "encode_corpus", "encoded_tasks", "eot_id", "file_tasks", "tasks_of"]
 
@@ -125,8 +125,8 @@ def encode_corpus(
     sep = eot_id(tok, eot)
     lead = np.array([] if bos is None else [bos], dtype=tok.ids_dtype)
     between = np.array([i for i in (sep, bos) if i is not None], dtype=tok.ids_dtype).tobytes()
-    workers = pool.default_workers() if workers is None else workers
-    if (wrong := pool.bad_worker_count(workers)) is not None:  # before any work: a task list 2x workers long
+    workers = processes.default_workers() if workers is None else workers
+    if (wrong := processes.bad_worker_count(workers)) is not None:  # before any work: a task list 2x workers long
         raise TokenizerError(wrong)
     done = {"bytes": 0, "documents": 0}
     with tqdm(

@@ -37,7 +37,7 @@ from tokenkit.bpe.corpus import as_corpus
 from tokenkit.bpe.cut import find_cut
 from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.patterns import BUILTIN, GPT2_PATTERN, GPT4_PATTERN, PATTERNS, compile_pattern, resolve_pattern
-from tokenkit.common import pool
+from tokenkit.common import pool, processes
 from tokenkit.common.messages import one_line
 
 # The pattern names and find_cut are re-exported: callers have always found them here.
@@ -137,8 +137,8 @@ def count_chunks(
     size = corpus.size  # None: not known before reading (streams, compressed files, JSONL)
     if size == 0:
         raise TokenizerError("the corpus is empty; give at least one file or text with some content")
-    workers = pool.default_workers() if workers is None else workers
-    if (wrong := pool.bad_worker_count(workers)) is not None:
+    workers = processes.default_workers() if workers is None else workers
+    if (wrong := processes.bad_worker_count(workers)) is not None:
         raise TokenizerError(wrong)
     piece_bytes = _PIECE_BYTES if pattern in BUILTIN else None
     if pattern is None:  # nothing to split: a worker would only copy each document twice

@@ -54,7 +54,7 @@ def _row(key: str, value: Any) -> None:
 
 
 def _info_tokenizer(path: Path, meta: dict[str, str]) -> None:
-    from tokenkit.pipeline.run import load_tokenizer
+    from tokenkit.pipeline.checkpoint import load_tokenizer
 
     tok = load_tokenizer(path)
     _row("file", path)

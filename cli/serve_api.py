@@ -24,9 +24,9 @@ from urllib.parse import parse_qsl
 from tokenkit.bpe import Tokenizer
 from tokenkit.common.messages import short
 from tokenkit.pipeline import PipelineError, checkpoint, views
+from tokenkit.pipeline.checkpoint import load_tokenizer
 from tokenkit.pipeline.config import Range
 from tokenkit.pipeline.live import LiveModel, Loaded, TrainingLog
-from tokenkit.pipeline.run import load_tokenizer
 from tokenkit.transformer.explain_examples import EXAMPLES
 
 MAX_FIELDS = 16  # query parameters in one request; every endpoint takes fewer

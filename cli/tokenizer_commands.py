@@ -188,8 +188,7 @@ def encode_command(
       tk encode -t tok.safetensors -f corpus.txt -o ids.npy
       tk encode -t tok.safetensors -f docs.jsonl.gz --text-field text --eot '<|endoftext|>' -o ids.npy
     """
-    from tokenkit.bpe.encode_corpus import eot_id
-    from tokenkit.pipeline.run import load_tokenizer
+    from tokenkit.pipeline.checkpoint import load_tokenizer
 
     if (text is None) == (file is None):
         raise click.UsageError("give either TEXT or -f FILE (exactly one)")
@@ -206,6 +205,8 @@ def encode_command(
             arr, n_bytes = _encode_text(tok, text, output, special_policy)
             split = None
         else:
+            from tokenkit.bpe.encode_corpus import eot_id  # the workers' module: for -f only
+
             eot_id(tok, eot)  # a mistake in the flags is said before the corpus is looked at
             inputs = _corpus([file], glob, text_field, binary, comm)
             arr, n_bytes, split = _encode_corpus(comm, tok, inputs, output, workers, quiet, special_policy, eot)
@@ -280,7 +281,7 @@ def decode_command(tokenizer_path, ids, file) -> int:
       tk decode -t tok.safetensors -f ids.npy
     """
     from tokenkit.bpe import io as bpe_io
-    from tokenkit.pipeline.run import load_tokenizer
+    from tokenkit.pipeline.checkpoint import load_tokenizer
 
     if bool(ids) == (file is not None):
         raise click.UsageError("give either IDS or -f FILE (exactly one)")
@@ -376,7 +377,7 @@ def bpe_export_command(tokenizer_path, output, fmt, overwrite) -> int:
       tk bpe-export tok.safetensors --format hf -o tok_hf/
       tk bpe-export tok.safetensors --format tiktoken -o tok_tiktoken/
     """
-    from tokenkit.pipeline.run import load_tokenizer
+    from tokenkit.pipeline.checkpoint import load_tokenizer
 
     atomic_dir.check_output_dir(output)
     tok = load_tokenizer(tokenizer_path)

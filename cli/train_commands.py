@@ -270,8 +270,8 @@ def train_model_command(
       tk train-model data/ --glob '*.jsonl.gz' --text-field text --eot '<|endoftext|>' --val val.jsonl -o runs/docs
       python make_corpus.py | tk train-model - -t tok.safetensors -o runs/made --steps 500
     """
+    from tokenkit.pipeline.checkpoint import load_tokenizer
     from tokenkit.pipeline.resume import resume_training
-    from tokenkit.pipeline.run import load_tokenizer
     from tokenkit.pipeline.start import train_model
     from tokenkit.pipeline.start_from import StartFrom
 

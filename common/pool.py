@@ -39,28 +39,11 @@ from typing import Any
 
 from tokenkit.common.processes import die_with_parent, signals_held
 
-__all__ = ["MAX_WORKERS", "PoolError", "TaskPool", "bad_worker_count", "default_workers", "kill_and_reap"]
+__all__ = ["PoolError", "TaskPool", "kill_and_reap"]
 
-MAX_WORKERS = 1024  # processes one command may start (each holds its own text pieces or gradients)
 
 _TASK, _DONE = 0, 1  # what this process asks a worker
 _OK, _RAISED = 0, 1  # what a worker answers
-
-
-def default_workers() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def bad_worker_count(workers) -> str | None:
-    """What is wrong with `workers` as a number of processes (an int in [1, MAX_WORKERS]), or None:
-    the caller raises its own error with it."""
-    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
-        return f"workers must be an integer from 1 to {MAX_WORKERS}, got {workers!r}"
-    return None
 
 
 class PoolError(Exception):

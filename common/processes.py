@@ -18,6 +18,9 @@ in words. `hold_interrupts` asks the command line's handler to only note a signa
 MPI rank must not stop before it has joined the others (`common.mpi.end_together` takes the held
 one then).
 
+`MAX_WORKERS` bounds how many workers one command may start, and `bad_worker_count` says what is
+wrong with a requested number, before any work (`default_workers`: the cores this process has).
+
 What this module deliberately does not do: install signal handlers in the parent (cli/main.py
 and pipeline/train.py do, each for its own scope), or kill or reap anyone.
 """
@@ -161,3 +164,22 @@ def stopped_line() -> str:
     `terminated (SIGTERM)`."""
     signum = _noted
     return "interrupted" if signum in (None, signal.SIGINT) else f"terminated ({signal.Signals(signum).name})"
+
+
+MAX_WORKERS = 1024  # processes one command may start (each holds its own text pieces or gradients)
+
+
+def default_workers() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def bad_worker_count(workers) -> str | None:
+    """What is wrong with `workers` as a number of processes (an int in [1, MAX_WORKERS]), or None:
+    the caller raises its own error with it."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+        return f"workers must be an integer from 1 to {MAX_WORKERS}, got {workers!r}"
+    return None

@@ -45,7 +45,7 @@ import numpy as np
 from tokenkit.bpe import Tokenizer, TokenizerError
 from tokenkit.common import FileError, atomic, jsonsafe, readfile, safetensors_file
 from tokenkit.pipeline.errors import PipelineError
-from tokenkit.transformer import GPT, GPTConfig, ModelError
+from tokenkit.transformer import GPTConfig, ModelError
 from tokenkit.transformer import io as model_io
 
 MODEL_FORMAT = model_io.FORMAT
@@ -386,6 +386,20 @@ def describe_model(path_or_run_dir: str | os.PathLike, *, tokenizer_required: bo
         return _describe(path, st, tokenizer_required)
 
 
+def load_tokenizer(path: str | Path):
+    """A tokenizer from a tokenizer.safetensors, or the one embedded in a model file / run dir."""
+
+    path = Path(path)
+    if path.is_dir() or (os.path.lexists(path) and read_header(path, "tokenizer").get("format") == MODEL_FORMAT):
+        return describe_model(path).tokenizer  # its header and tokenizer only, never the weights
+    if not os.path.lexists(path):
+        raise PipelineError(
+            f"tokenizer file not found: {path}; give a tokenizer.safetensors (`tk bpe-train` makes one), "
+            "a model file or a run directory"
+        )
+    return Tokenizer.load(path)
+
+
 def load_model(
     path_or_run_dir: str | os.PathLike, *, tokenizer_required: bool = True, device: str = "cpu"
 ) -> LoadedModel:
@@ -408,6 +422,8 @@ def load_model(
         tensors = _read(st, described.keys.values(), mapped=True)
     params = _float_params(path, tensors, described.keys)
     try:
+        from tokenkit.transformer.model import GPT  # here: reading a tokenizer or a header needs no model code
+
         model = GPT.from_params(described.config, params, device=device)
     except ModelError as err:
         raise PipelineError(f"{path}: {err}") from None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenkit.common import FileError, jsonsafe, pool, readfile
+from tokenkit.common import FileError, jsonsafe, processes, readfile
 from tokenkit.common.messages import short
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.transformer import GPTConfig
@@ -36,7 +36,7 @@ DEFAULT_VOCAB_SIZE = 1024  # tokenizer trained when none is given: laptop-sized,
 MAX_STEPS = 10**12  # a million steps an hour for a century; also bounds --eval-interval and --warmup-steps
 MAX_BATCH = 1 << 20  # windows per step; the memory check refuses much less on most machines
 MAX_EVAL_BATCHES = 100_000  # validation batches per evaluation, each a forward pass
-MAX_WORKERS = pool.MAX_WORKERS
+MAX_WORKERS = processes.MAX_WORKERS
 
 
 def model_setting(name: str, default: Any, of: type = GPTConfig) -> Any:

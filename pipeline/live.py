@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from tokenkit.pipeline import checkpoint, trainlog
+from tokenkit.pipeline.checkpoint import load_tokenizer
 from tokenkit.pipeline.errors import PipelineError
-from tokenkit.pipeline.run import load_tokenizer
 
 __all__ = ["LiveModel", "Loaded", "TrainingLog", "file_signature"]
 

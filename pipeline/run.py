@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
-import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -42,22 +41,6 @@ from tokenkit.pipeline.train_memory import check_training_memory
 from tokenkit.transformer.backends import as_host
 
 
-def load_tokenizer(path: str | Path):
-    """A tokenizer from a tokenizer.safetensors, or the one embedded in a model file / run dir."""
-
-    path = Path(path)
-    if path.is_dir() or (
-        os.path.lexists(path) and checkpoint.read_header(path, "tokenizer").get("format") == checkpoint.MODEL_FORMAT
-    ):
-        return checkpoint.describe_model(path).tokenizer  # its header and tokenizer only, never the weights
-    if not os.path.lexists(path):
-        raise PipelineError(
-            f"tokenizer file not found: {path}; give a tokenizer.safetensors (`tk bpe-train` makes one), "
-            "a model file or a run directory"
-        )
-    return Tokenizer.load(path)
-
-
 def load_model_and_tokenizer(model_path: str | Path, tokenizer_path: str | Path | None = None, device: str = "cpu"):
     """(GPT, Tokenizer) for inference: the model file's own tokenizer, or the one given.
 
@@ -66,7 +49,7 @@ def load_model_and_tokenizer(model_path: str | Path, tokenizer_path: str | Path 
     model's vocabulary may be padded beyond them).
     """
     loaded = checkpoint.load_model(model_path, tokenizer_required=tokenizer_path is None, device=device)
-    given = None if tokenizer_path is None else load_tokenizer(tokenizer_path)
+    given = None if tokenizer_path is None else checkpoint.load_tokenizer(tokenizer_path)
     return loaded.model, checkpoint.paired_tokenizer(loaded, given, model_path)
 
 

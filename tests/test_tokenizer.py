@@ -443,7 +443,7 @@ def test_encode_file_equals_encode(tok, tmp_path, small_pieces):
 
 @pytest.mark.parametrize("workers", [0, -1, 10**9, 2.0, True, "2"])
 def test_encode_file_and_training_refuse_a_bad_worker_count_before_any_work(tok, tmp_path, workers):
-    """workers is bounded (1 to common.pool.MAX_WORKERS): 10**9 would have listed 2 * 10**9 tasks
+    """workers is bounded (1 to common.processes.MAX_WORKERS): 10**9 would have listed 2 * 10**9 tasks
     (the corpus in memory) before starting any; the output file is never created."""
     path = tmp_path / "in.txt"
     path.write_bytes(b"hello world " * 100)
