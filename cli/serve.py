@@ -5,11 +5,13 @@ It runs beside the user's browser, so it trusts nothing a request says:
 - it listens on 127.0.0.1 unless --host says otherwise (then it warns: the page has no login);
 - it answers only requests whose Host header names the address it serves: a page of another site
   whose name was made to resolve to 127.0.0.1 ("DNS rebinding") gets 403;
-- GET and HEAD only (405); a request line over 64 KiB is refused by http.server (414);
+- a request line is checked before http.server reads it: over 64 KiB is 414, one that is not
+  `METHOD /PATH HTTP/1.x` 400, another HTTP version 505, a method besides GET and HEAD 405;
 - no request reaches the file system: the page's files are read once at the start into a table
   keyed by their exact names (`page_files`: cli/page's regular files), and any other path is 404;
 - every query is bounded before any work (cli/serve_api.py); a bad one is 400, an unexpected
-  failure 500, each a one-line JSON `{"error": ...}`, and the server goes on;
+  failure 500; every refusal is a one-line JSON `{"error": ...}` with the headers below, the
+  connection is closed after it, and the server goes on;
 - every answer forbids sources other than itself (Content-Security-Policy), sniffing and framing.
 
 Model and tokenizer work runs under one lock (NumPy uses the cores already); the model file is
@@ -65,6 +67,13 @@ CONTENT_TYPES = {
     ".woff2": "font/woff2",
 }
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # no dot files, no spaces, no escapes
+_METHOD = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,40}")  # an HTTP token (RFC 9110's tchar), bounded
+_VERSION = re.compile(r"HTTP/([0-9]{1,3})\.([0-9]{1,3})")
+_SHAPE = "a request line is METHOD /PATH HTTP/1.1"
+_REFUSED = {  # http.server's own refusals, said as ours
+    HTTPStatus.REQUEST_URI_TOO_LONG: "the request line is over 64 KiB; send a shorter text",
+    HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE: "a header line over 64 KiB, or over 100 headers",
+}
 CSP = (
     "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; object-src 'none'; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -139,6 +148,29 @@ def host_allowed(header: str, host: str, port: int) -> bool:
     return given_port == str(port)
 
 
+def request_line_refusal(line: str) -> tuple[int, str] | None:
+    """(status, one line) refusing a request line (without its CRLF), or None where http.server
+    may read it: three words, a method that is a token, HTTP/1.x. Never echoes the line (it may be
+    64 KiB of the user's text). The method is judged later (405), the target by its lookup (404).
+
+    >>> request_line_refusal("GET /api/info HTTP/1.1"), int(request_line_refusal("GET / HTTP/2.0")[0])
+    (None, 505)
+    """
+    words = line.split()
+    if len(words) != 3:
+        return HTTPStatus.BAD_REQUEST, f"a malformed request line ({len(words)} words); {_SHAPE}"
+    method, _, version = words
+    if not _METHOD.fullmatch(method):
+        return HTTPStatus.BAD_REQUEST, f"a malformed method (not an HTTP token); {_SHAPE}"
+    found = _VERSION.fullmatch(version)
+    if found is None:
+        return HTTPStatus.BAD_REQUEST, f"a malformed HTTP version; {_SHAPE}"
+    if found[1].lstrip("0") != "1":
+        shown = f"HTTP/{int(found[1])}.{int(found[2])}"
+        return HTTPStatus.HTTP_VERSION_NOT_SUPPORTED, f"{shown} is not supported; tk serve speaks HTTP/1.0 and 1.1"
+    return None
+
+
 class Handler(BaseHTTPRequestHandler):
     """One connection: GET and HEAD of the page's files and the JSON endpoints; anything else is
     answered with one line of JSON."""
@@ -148,6 +180,18 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "tk-serve"
     sys_version = ""
     timeout = REQUEST_TIMEOUT_S
+    default_request_version = "HTTP/1.1"  # a refusal is answered with its status line, never as HTTP/0.9
+    path = ""  # until a request line is read: what the log line and the refusals read
+
+    def parse_request(self) -> bool:
+        """The request line checked (`request_line_refusal`) before http.server reads it and the
+        headers; a refusal is answered here and the request goes no further (False)."""
+        refusal = request_line_refusal(self.raw_requestline.decode("latin-1").rstrip("\r\n"))
+        if refusal is None:
+            return super().parse_request()
+        self.command, self.request_version, self.requestline = None, self.default_request_version, ""
+        self.send_error(*refusal)
+        return False
 
     def version_string(self) -> str:
         return self.server_version
@@ -189,8 +233,9 @@ class Handler(BaseHTTPRequestHandler):
             self._send_json(HTTPStatus.NOT_FOUND, {"error": "not found"})
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """http.server's own refusals (a request line too long, malformed headers), as JSON."""
-        self._send_json(code, {"error": message or HTTPStatus(code).phrase})
+        """The refusals of the request line and http.server's own (a line too long, malformed
+        headers), as JSON."""
+        self._send_json(code, {"error": _REFUSED.get(code) or message or HTTPStatus(code).phrase})
 
     def _send_json(self, status: int, doc: dict, headers: dict[str, str] | None = None) -> None:
         self._send(status, _json(doc), "application/json; charset=utf-8", "no-store", headers)
@@ -214,7 +259,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_request(self, code="-", size="-") -> None:
         if not self.server.quiet:  # the path only: a query holds the user's text
-            path = (self.path or "").partition("?")[0][:200]
+            path = (self.path or "-").partition("?")[0][:200]  # "-": a request line refused unread
             self.server.note(f"{self.command or '-'} {path} {int(code) if str(code).isdigit() else code}")
 
     def log_message(self, format: str, *args) -> None:
