@@ -7,6 +7,9 @@ It runs beside the user's browser, so it trusts nothing a request says:
   whose name was made to resolve to 127.0.0.1 ("DNS rebinding") gets 403;
 - a request line is checked before http.server reads it: over 64 KiB is 414, one that is not
   `METHOD /PATH HTTP/1.x` 400, another HTTP version 505, a method besides GET and HEAD 405;
+- the API answers the page itself and clients that send no Origin (curl, scripts), never another
+  site's page: a request with `Sec-Fetch-Site` other than same-origin or none, or an Origin not
+  of this server, is 403 (`cross_site`), so that a page the user visits cannot make it compute;
 - no request reaches the file system: the page's files are read once at the start into a table
   keyed by their exact names (`page_files`: cli/page's regular files), and any other path is 404;
 - every query is bounded before any work (cli/serve_api.py); a bad one is 400, an unexpected
@@ -171,6 +174,35 @@ def request_line_refusal(line: str) -> tuple[int, str] | None:
     return None
 
 
+def origin_allowed(origin: str, host: str, port: int) -> bool:
+    """Whether a request's Origin header is this server's own: http:// and a name `host_allowed`
+    accepts (so "null", another scheme, port or name is not).
+
+    >>> origin_allowed("http://localhost:8765", "127.0.0.1", 8765), origin_allowed("null", "127.0.0.1", 8765)
+    (True, False)
+    """
+    return origin.startswith("http://") and host_allowed(origin.removeprefix("http://"), host, port)
+
+
+def cross_site(sites: list[str], origins: list[str], host: str, port: int) -> str | None:
+    """Why a request to the API comes from another site's page (the Sec-Fetch-Site and Origin
+    headers it carries, each list empty when absent), or None. A browser says `same-origin` for
+    the page's own requests and `none` for an address typed in; anything else (cross-site,
+    same-site: another origin) is refused, as is an Origin that is not this server's.
+
+    >>> cross_site([], [], "127.0.0.1", 8765), cross_site(["cross-site"], [], "127.0.0.1", 8765)
+    (None, "Sec-Fetch-Site is 'cross-site'")
+    """
+    for site in sites:
+        if site.strip().lower() not in ("same-origin", "none"):
+            return f"Sec-Fetch-Site is {one_line(site)[:40]!r}"
+    if len(origins) > 1:
+        return "it carries more than one Origin header"
+    if origins and not origin_allowed(origins[0].strip(), host, port):
+        return f"its Origin is {one_line(origins[0])[:100]!r}"
+    return None
+
+
 class Handler(BaseHTTPRequestHandler):
     """One connection: GET and HEAD of the page's files and the JSON endpoints; anything else is
     answered with one line of JSON."""
@@ -223,6 +255,10 @@ class Handler(BaseHTTPRequestHandler):
             )
             return
         path, _, query = self.path.partition("?")
+        why = path.startswith("/api/") and self._cross_site()
+        if why:
+            self._send_json(HTTPStatus.FORBIDDEN, {"error": why})
+            return
         page = self.server.files.get(path)
         if page is not None:
             self._send(HTTPStatus.OK, page[0], page[1], "no-cache")
@@ -231,6 +267,17 @@ class Handler(BaseHTTPRequestHandler):
             self._send(status, body, "application/json; charset=utf-8", "no-store")
         else:
             self._send_json(HTTPStatus.NOT_FOUND, {"error": "not found"})
+
+    def _cross_site(self) -> str | None:
+        """The one line refusing a request from another site's page (`cross_site`), or None."""
+        sites, origins = self.headers.get_all("Sec-Fetch-Site") or [], self.headers.get_all("Origin") or []
+        why = cross_site(sites, origins, self.server.host, self.server.port)
+        if why is None:
+            return None
+        return (
+            f"this request comes from another site's page ({why}); tk serve's API answers its own page, "
+            f"{self.server.url}, and clients that send no Origin (curl, scripts)"
+        )
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """The refusals of the request line and http.server's own (a line too long, malformed

@@ -1,6 +1,7 @@
 """`tk serve` byte by byte on a socket: every request it refuses (a request line too long or
-malformed, another HTTP version, a method besides GET and HEAD, headers too large) gets its status
-and a one-line JSON body with the usual headers, and the server goes on.
+malformed, another HTTP version, a method besides GET and HEAD, headers too large, a request of
+another site's page) gets its status and a one-line JSON body with the usual headers, and the
+server goes on.
 
 The server serves the worked examples alone (`make_server()` with nothing given: no training
 needed), in a thread of this process, logging a line per request (not --quiet: the log is where
@@ -17,7 +18,7 @@ import threading
 
 import pytest
 
-from tokenkit.cli import serve
+from tokenkit.cli import serve, serve_api
 
 SECURITY = serve.HEADERS  # what every answer carries, refusals too
 MAX_LINE = 65536  # http.server reads a request line of at most this many bytes
@@ -208,3 +209,58 @@ def test_a_refusal_after_a_good_request_on_one_connection(srv, capsys):
 def test_a_head_refusal_has_no_body(srv):
     (answer,) = srv.raw(f"HEAD /nowhere HTTP/1.1\r\nHost: {srv.host}\r\n\r\n".encode())
     assert_refusal(answer, 404, head=True)
+
+
+# ----------------------------------------------------------------------------- another site's page
+
+
+def origins(port: int) -> dict[str, bool]:
+    """Origin header -> whether it is this server's own."""
+    return {
+        f"http://127.0.0.1:{port}": True,
+        f"http://localhost:{port}": True,
+        f"http://[::1]:{port}": True,
+        "http://evil.example": False,
+        f"http://evil.example:{port}": False,
+        f"http://127.0.0.1:{port}.evil.example": False,
+        f"https://127.0.0.1:{port}": False,
+        f"http://127.0.0.1:{port + 1}": False,
+        "http://127.0.0.1": False,
+        "null": False,  # a file:// page, a sandboxed frame
+        "": False,
+    }
+
+
+SITES = {None: True, "same-origin": True, "none": True, "cross-site": False, "same-site": False, "x": False}
+
+
+@pytest.mark.parametrize("target", ["/api/info", "/api/example?name=chai", "/api/tokens?text=hi"])
+def test_the_api_answers_its_own_page_and_scripts_never_another_sites(srv, monkeypatch, target):
+    asked = []
+    answer = serve_api.answer
+    monkeypatch.setattr(serve_api, "answer", lambda *a: asked.append(a[1]) or answer(*a))
+    for (origin, own), (site, same) in itertools.product([(None, True), *origins(srv.port).items()], SITES.items()):
+        headers = "" if origin is None else f"Origin: {origin}\r\n"
+        headers += "" if site is None else f"Sec-Fetch-Site: {site}\r\n"
+        before = len(asked)
+        status, answer_headers, body = srv.get(target, headers)
+        if own and same:
+            assert status in (200, 404) and len(asked) == before + 1, (origin, site, body)  # 404: no tokenizer
+        else:
+            error = assert_refusal((status, answer_headers, body), 403)
+            assert "another site's page" in error and len(asked) == before, (origin, site)  # no work done
+
+
+def test_two_origins_are_refused_and_the_page_itself_opens_from_a_link(srv):
+    own = f"http://127.0.0.1:{srv.port}"
+    assert_refusal(srv.get("/api/info", f"Origin: {own}\r\nOrigin: http://evil.example\r\n"), 403)
+    status, _, body = srv.get("/", "Sec-Fetch-Site: cross-site\r\nSec-Fetch-Mode: navigate\r\n")
+    assert status == 200 and body.startswith(b"<!doctype html>")  # a link from elsewhere opens the page
+
+
+def test_cross_site_reasons():
+    assert serve.cross_site(["same-origin"], ["http://localhost:80"], "127.0.0.1", 80) is None
+    assert serve.cross_site([], ["http://localhost"], "127.0.0.1", 80) is None  # port 80 left out
+    assert serve.cross_site([], ["http://192.168.1.5:8765"], "0.0.0.0", 8765) is None  # by address, on --host
+    assert "Origin" in serve.cross_site([], ["http://rebound.example:8765"], "0.0.0.0", 8765)
+    assert "Sec-Fetch-Site" in serve.cross_site(["same-site"], [], "127.0.0.1", 8765)
