@@ -58,6 +58,7 @@ DEFAULT_PORT = 8765
 PAGE_DIR = Path(__file__).parent / "page"
 PAGE_FILE_LIMIT = 4 * readfile.MIB  # the page is a few files of tens of KB
 REQUEST_TIMEOUT_S = 60  # a connection that sends nothing for this long is closed
+LISTEN_BACKLOG = 128  # connections the kernel holds until accepted: a burst beyond it waits a second (SYN resent)
 CONTENT_TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -323,6 +324,7 @@ class Server(ThreadingHTTPServer):
     `shutdown()` from another, `server_close()` at the end (or use it in a `with`)."""
 
     daemon_threads = True  # a request in progress does not keep the process alive once it stops
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(self, held: serve_api.Holdings, host: str, port: int, *, quiet: bool = True, files=None) -> None:
         self.held = held

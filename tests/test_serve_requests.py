@@ -1,7 +1,7 @@
 """`tk serve` byte by byte on a socket: every request it refuses (a request line too long or
 malformed, another HTTP version, a method besides GET and HEAD, headers too large, a request of
 another site's page) gets its status and a one-line JSON body with the usual headers, and the
-server goes on.
+server goes on; a burst of connections is held by the kernel until it is served.
 
 The server serves the worked examples alone (`make_server()` with nothing given: no training
 needed), in a thread of this process, logging a line per request (not --quiet: the log is where
@@ -15,6 +15,7 @@ import json
 import re
 import socket
 import threading
+import time
 
 import pytest
 
@@ -264,3 +265,32 @@ def test_cross_site_reasons():
     assert serve.cross_site([], ["http://192.168.1.5:8765"], "0.0.0.0", 8765) is None  # by address, on --host
     assert "Origin" in serve.cross_site([], ["http://rebound.example:8765"], "0.0.0.0", 8765)
     assert "Sec-Fetch-Site" in serve.cross_site(["same-site"], [], "127.0.0.1", 8765)
+
+
+# ----------------------------------------------------------------------------- a burst
+
+
+def test_a_burst_of_connections_waits_in_the_kernel_until_served():
+    # not serving yet: every connection must be held by the listen backlog, not dropped (a dropped
+    # one is tried again a second later)
+    server = serve.make_server(port=0, quiet=True)
+    conns = []
+    try:
+        for _ in range(64):
+            conns.append(socket.create_connection(("127.0.0.1", server.port), timeout=0.9))
+        for s in conns:
+            s.sendall(f"GET /api/info HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nConnection: close\r\n\r\n".encode())
+        start = time.monotonic()
+        running = Running(server)
+        try:
+            for s in conns:
+                s.settimeout(20)
+                ((status, _, body),) = answers(read_all(s))
+                assert status == 200 and b"views" in body
+            assert time.monotonic() - start < 10
+        finally:
+            running.stop()
+    finally:
+        for s in conns:
+            s.close()
+        server.server_close()
