@@ -162,7 +162,7 @@ def test_every_kind_of_request_line_is_answered_with_its_status(srv, capsys):
     [
         (b"GET /" + b"a" * MAX_LINE + b" HTTP/1.1", 414, "over 64 KiB"),
         (b"GET /api/tokens?text=" + b"x" * (MAX_LINE - 10) + b" HTTP/1.1", 414, "over 64 KiB"),
-        (b"GET /" + b"a" * (MAX_LINE * 4) + b" HTTP/1.1", 414, "over 64 KiB"),  # much more unread behind it
+        (b"GET /" + b"a" * (MAX_LINE * 2) + b" HTTP/1.1", 414, "over 64 KiB"),  # 64 KiB unread behind it
         (b"GET / HTTP/2.0", 505, "HTTP/2.0 is not supported"),
         (b"PRI * HTTP/2.0", 505, "HTTP/2.0 is not supported"),  # HTTP/2's connection preface
         (b"GET / HTTP/1.1 x", 400, "4 words"),
@@ -190,7 +190,7 @@ def test_headers_too_large_are_431(srv, capsys, headers, said):
     assert_serving(srv, capsys)
 
 
-@pytest.mark.parametrize("size", [0, 5, 300_000])
+@pytest.mark.parametrize("size", [0, 5, 100_000])
 def test_a_refused_method_with_a_body_is_answered_though_the_body_is_unread(srv, capsys, size):
     for method in ("POST", "PUT", "DELETE", "OPTIONS", "PATCH"):
         head = f"{method} /api/info HTTP/1.1\r\nHost: {srv.host}\r\nContent-Length: {size}\r\n\r\n"
