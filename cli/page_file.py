@@ -6,7 +6,9 @@ code, so the file's numbers are the server's (and the commands' `--json`), and a
 server would refuse is the same one-line error in the file. `page_html` puts the page's files
 (cli/page/: CSS in <style>, the scripts in index.html's order, the favicon as a data: URI) and
 the answers (`window.TK_DATA`, before core.js) into one HTML document that needs no server and
-no network; a Content-Security-Policy in it forbids every load besides data: images.
+no network; a Content-Security-Policy in it allows its own inline scripts and styles, each by its
+hash, and data: images, and nothing else (no load, no other script). The user's text is data in
+it (JSON in a script, escaped in the title), never markup.
 
 The requests, keyed as cli/page/core.js's `request` keys them (empty parameters left out, the
 others sorted by name, the query form-encoded as URLSearchParams writes it), as the views ask
@@ -79,10 +81,8 @@ _CSS = re.compile(r'<link rel="stylesheet" href="([A-Za-z0-9_.-]+\.css)">')
 _SCRIPT = re.compile(r'<script src="([A-Za-z0-9_.-]+\.js)"></script>')
 _ICON = re.compile(r'<link rel="icon" href="([A-Za-z0-9_.-]+\.svg)" type="image/svg\+xml">')
 _REFERENCE = re.compile(r"""\b(?:src|href)\s*=\s*(?!["']?(?:data:|#))""", re.IGNORECASE)
-_CSP = (
-    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
-    "base-uri 'none'; form-action 'none'"
-)
+_TITLE = "<title>tokenkit</title>"
+_CHARSET = '<meta charset="utf-8">'
 
 
 def form(value: str) -> str:
@@ -404,32 +404,70 @@ def _asset(name: str, root: Path) -> str:
 
 
 def _inline(text: str, element: str, name: str) -> str:
-    """`text` as the content of an inline <element>: it must not end the element early."""
+    """`text` as the content of an inline <element>, line ends as the browser's parser reads them
+    (the CSP hashes what it reads): it must not end the element early."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
     lowered = text.lower()
-    if f"</{element}" in lowered or "<!--" in lowered:
-        raise RuntimeError(f"the page's file {name} holds </{element} or <!--: it cannot be inlined")
-    return f"<{element}>\n{text}\n</{element}>"
+    if f"</{element}" in lowered or "<!--" in lowered or "\x00" in text:
+        raise RuntimeError(f"the page's file {name} holds </{element}, <!-- or NUL: it cannot be inlined")
+    return f"\n{text}\n"
+
+
+def csp(inline: list[tuple[str, str]]) -> str:
+    """The file's Content-Security-Policy: its own inline elements (element, content), each by its
+    SHA-256 (the content's UTF-8 bytes, in base64), data: images, and nothing else.
+
+    >>> csp([("script", "1")]).split("; ")[:3]
+    ["default-src 'none'", "script-src 'sha256-a4ayc/80/OGda4BO/1o/V0etpOqiLx1JwB5S3beHW0s='", "style-src 'none'"]
+    """
+
+    def hashes(element: str) -> str:
+        found = dict.fromkeys(
+            base64.b64encode(hashlib.sha256(body.encode("utf-8")).digest()).decode("ascii")
+            for kind, body in inline
+            if kind == element
+        )
+        return " ".join(f"'sha256-{h}'" for h in found) or "'none'"
+
+    return (
+        f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; img-src data:; "
+        "base-uri 'none'; form-action 'none'"
+    )
 
 
 def page_html(page: Page, root: Path = PAGE_DIR) -> bytes:
-    """The page (cli/page/index.html with every file it loads inline) holding `page`'s answers."""
+    """The page (cli/page/index.html with every file it loads inline) holding `page`'s answers,
+    under a Content-Security-Policy that allows its own inline scripts and styles only."""
     doc = _asset("index.html", root)
-    if _DATA_SLOT not in doc:
-        raise RuntimeError("cli/page/index.html has no TK_DATA slot")
+    for needed in (_DATA_SLOT, _TITLE, _CHARSET):
+        if doc.count(needed) != 1:
+            raise RuntimeError(f"cli/page/index.html does not hold {needed} once")
+    inline: list[tuple[str, str]] = []  # (element, content) of each inline element, for the CSP
+
+    def put(element: str, body: str) -> str:
+        inline.append((element, body))
+        return f"<{element}>{body}</{element}>"
+
     icon = base64.b64encode(_asset_bytes(root, _ICON, doc)).decode("ascii")
     doc = _ICON.sub(lambda m: f'<link rel="icon" href="data:image/svg+xml;base64,{icon}" type="image/svg+xml">', doc)
-    doc = _CSS.sub(lambda m: _inline(_asset(m.group(1), root), "style", m.group(1)), doc)
-    doc = _SCRIPT.sub(lambda m: _inline(_asset(m.group(1), root), "script", m.group(1)), doc)
-    doc = doc.replace(_DATA_SLOT, f"<script>{data_script(page)}</script>", 1)
-    doc = doc.replace("<title>tokenkit</title>", f"<title>{html.escape(page.title)}</title>", 1)
-    csp = f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'  # no load but data: images
-    doc = doc.replace('<meta charset="utf-8">', f'<meta charset="utf-8">\n{csp}', 1)
-    markup = re.sub(r"<(script|style)>.*?</\1>", "", doc, flags=re.DOTALL)  # what is left of index.html itself
+    doc = _CSS.sub(lambda m: put("style", _inline(_asset(m.group(1), root), "style", m.group(1))), doc)
+    doc = _SCRIPT.sub(lambda m: put("script", _inline(_asset(m.group(1), root), "script", m.group(1))), doc)
+    _check_markup(doc)  # tk's own markup, before the user's text goes in (escaped: data, never markup)
+    doc = doc.replace(_DATA_SLOT, put("script", data_script(page)), 1)  # one line, no "<" (data_script)
+    doc = doc.replace(_TITLE, f"<title>{html.escape(page.title)}</title>", 1)
+    policy = f'<meta http-equiv="Content-Security-Policy" content="{csp(inline)}">'
+    doc = doc.replace(_CHARSET, f"{_CHARSET}\n{policy}", 1)  # first in <head>: before any script or style
+    return doc.encode("utf-8")
+
+
+def _check_markup(doc: str) -> None:
+    """Refuse index.html's markup (its inline elements' contents left out) where it still refers
+    to a file: a src= or href= other than data: or #, which the file would load from outside."""
+    markup = re.sub(r"<(script|style)>.*?</\1>", "", doc, flags=re.DOTALL)
     left = _REFERENCE.search(markup)
     if left:
         where = markup[left.start() :][:60]
         raise RuntimeError(f"cli/page/index.html loads a file this module does not inline: {where}")
-    return doc.encode("utf-8")
 
 
 def _asset_bytes(root: Path, pattern: re.Pattern[str], doc: str) -> bytes:

@@ -5,11 +5,16 @@ It runs beside the user's browser, so it trusts nothing a request says:
 - it listens on 127.0.0.1 unless --host says otherwise (then it warns: the page has no login);
 - it answers only requests whose Host header names the address it serves: a page of another site
   whose name was made to resolve to 127.0.0.1 ("DNS rebinding") gets 403;
-- GET and HEAD only (405); a request line over 64 KiB is refused by http.server (414);
+- a request line is checked before http.server reads it: over 64 KiB is 414, one that is not
+  `METHOD /PATH HTTP/1.x` 400, another HTTP version 505, a method besides GET and HEAD 405;
+- the API answers the page itself and clients that send no Origin (curl, scripts), never another
+  site's page: a request with `Sec-Fetch-Site` other than same-origin or none, or an Origin not
+  of this server, is 403 (`cross_site`), so that a page the user visits cannot make it compute;
 - no request reaches the file system: the page's files are read once at the start into a table
   keyed by their exact names (`page_files`: cli/page's regular files), and any other path is 404;
 - every query is bounded before any work (cli/serve_api.py); a bad one is 400, an unexpected
-  failure 500, each a one-line JSON `{"error": ...}`, and the server goes on;
+  failure 500; every refusal is a one-line JSON `{"error": ...}` with the headers below, the
+  connection is closed after it, and the server goes on;
 - every answer forbids sources other than itself (Content-Security-Policy), sniffing and framing.
 
 Model and tokenizer work runs under one lock (NumPy uses the cores already), the training log's
@@ -54,6 +59,7 @@ DEFAULT_PORT = 8765
 PAGE_DIR = Path(__file__).parent / "page"
 PAGE_FILE_LIMIT = 4 * readfile.MIB  # the page is a few files of tens of KB
 REQUEST_TIMEOUT_S = 60  # a connection that sends nothing for this long is closed
+LISTEN_BACKLOG = 128  # connections the kernel holds until accepted: a burst beyond it waits a second (SYN resent)
 CONTENT_TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -66,6 +72,13 @@ CONTENT_TYPES = {
     ".woff2": "font/woff2",
 }
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # no dot files, no spaces, no escapes
+_METHOD = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,40}")  # an HTTP token (RFC 9110's tchar), bounded
+_VERSION = re.compile(r"HTTP/([0-9]{1,3})\.([0-9]{1,3})")
+_SHAPE = "a request line is METHOD /PATH HTTP/1.1"
+_REFUSED = {  # http.server's own refusals, said as ours
+    HTTPStatus.REQUEST_URI_TOO_LONG: "the request line is over 64 KiB; send a shorter text",
+    HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE: "a header line over 64 KiB, or over 100 headers",
+}
 CSP = (
     "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; object-src 'none'; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -140,6 +153,58 @@ def host_allowed(header: str, host: str, port: int) -> bool:
     return given_port == str(port)
 
 
+def request_line_refusal(line: str) -> tuple[int, str] | None:
+    """(status, one line) refusing a request line (without its CRLF), or None where http.server
+    may read it: three words, a method that is a token, HTTP/1.x. Never echoes the line (it may be
+    64 KiB of the user's text). The method is judged later (405), the target by its lookup (404).
+
+    >>> request_line_refusal("GET /api/info HTTP/1.1"), int(request_line_refusal("GET / HTTP/2.0")[0])
+    (None, 505)
+    """
+    words = line.split()
+    if len(words) != 3:
+        return HTTPStatus.BAD_REQUEST, f"a malformed request line ({len(words)} words); {_SHAPE}"
+    method, _, version = words
+    if not _METHOD.fullmatch(method):
+        return HTTPStatus.BAD_REQUEST, f"a malformed method (not an HTTP token); {_SHAPE}"
+    found = _VERSION.fullmatch(version)
+    if found is None:
+        return HTTPStatus.BAD_REQUEST, f"a malformed HTTP version; {_SHAPE}"
+    if found[1].lstrip("0") != "1":
+        shown = f"HTTP/{int(found[1])}.{int(found[2])}"
+        return HTTPStatus.HTTP_VERSION_NOT_SUPPORTED, f"{shown} is not supported; tk serve speaks HTTP/1.0 and 1.1"
+    return None
+
+
+def origin_allowed(origin: str, host: str, port: int) -> bool:
+    """Whether a request's Origin header is this server's own: http:// and a name `host_allowed`
+    accepts (so "null", another scheme, port or name is not).
+
+    >>> origin_allowed("http://localhost:8765", "127.0.0.1", 8765), origin_allowed("null", "127.0.0.1", 8765)
+    (True, False)
+    """
+    return origin.startswith("http://") and host_allowed(origin.removeprefix("http://"), host, port)
+
+
+def cross_site(sites: list[str], origins: list[str], host: str, port: int) -> str | None:
+    """Why a request to the API comes from another site's page (the Sec-Fetch-Site and Origin
+    headers it carries, each list empty when absent), or None. A browser says `same-origin` for
+    the page's own requests and `none` for an address typed in; anything else (cross-site,
+    same-site: another origin) is refused, as is an Origin that is not this server's.
+
+    >>> cross_site([], [], "127.0.0.1", 8765), cross_site(["cross-site"], [], "127.0.0.1", 8765)
+    (None, "Sec-Fetch-Site is 'cross-site'")
+    """
+    for site in sites:
+        if site.strip().lower() not in ("same-origin", "none"):
+            return f"Sec-Fetch-Site is {one_line(site)[:40]!r}"
+    if len(origins) > 1:
+        return "it carries more than one Origin header"
+    if origins and not origin_allowed(origins[0].strip(), host, port):
+        return f"its Origin is {one_line(origins[0])[:100]!r}"
+    return None
+
+
 class Handler(BaseHTTPRequestHandler):
     """One connection: GET and HEAD of the page's files and the JSON endpoints; anything else is
     answered with one line of JSON."""
@@ -149,6 +214,18 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "tk-serve"
     sys_version = ""
     timeout = REQUEST_TIMEOUT_S
+    default_request_version = "HTTP/1.1"  # a refusal is answered with its status line, never as HTTP/0.9
+    path = ""  # until a request line is read: what the log line and the refusals read
+
+    def parse_request(self) -> bool:
+        """The request line checked (`request_line_refusal`) before http.server reads it and the
+        headers; a refusal is answered here and the request goes no further (False)."""
+        refusal = request_line_refusal(self.raw_requestline.decode("latin-1").rstrip("\r\n"))
+        if refusal is None:
+            return super().parse_request()
+        self.command, self.request_version, self.requestline = None, self.default_request_version, ""
+        self.send_error(*refusal)
+        return False
 
     def version_string(self) -> str:
         return self.server_version
@@ -180,6 +257,10 @@ class Handler(BaseHTTPRequestHandler):
             )
             return
         path, _, query = self.path.partition("?")
+        why = path.startswith("/api/") and self._cross_site()
+        if why:
+            self._send_json(HTTPStatus.FORBIDDEN, {"error": why})
+            return
         page = self.server.files.get(path)
         if page is not None:
             self._send(HTTPStatus.OK, page[0], page[1], "no-cache")
@@ -189,9 +270,21 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._send_json(HTTPStatus.NOT_FOUND, {"error": "not found"})
 
+    def _cross_site(self) -> str | None:
+        """The one line refusing a request from another site's page (`cross_site`), or None."""
+        sites, origins = self.headers.get_all("Sec-Fetch-Site") or [], self.headers.get_all("Origin") or []
+        why = cross_site(sites, origins, self.server.host, self.server.port)
+        if why is None:
+            return None
+        return (
+            f"this request comes from another site's page ({why}); tk serve's API answers its own page, "
+            f"{self.server.url}, and clients that send no Origin (curl, scripts)"
+        )
+
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """http.server's own refusals (a request line too long, malformed headers), as JSON."""
-        self._send_json(code, {"error": message or HTTPStatus(code).phrase})
+        """The refusals of the request line and http.server's own (a line too long, malformed
+        headers), as JSON."""
+        self._send_json(code, {"error": _REFUSED.get(code) or message or HTTPStatus(code).phrase})
 
     def _send_json(self, status: int, doc: dict, headers: dict[str, str] | None = None) -> None:
         self._send(status, _json(doc), "application/json; charset=utf-8", "no-store", headers)
@@ -215,7 +308,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_request(self, code="-", size="-") -> None:
         if not self.server.quiet:  # the path only: a query holds the user's text
-            path = (self.path or "").partition("?")[0][:200]
+            path = (self.path or "-").partition("?")[0][:200]  # "-": a request line refused unread
             self.server.note(f"{self.command or '-'} {path} {int(code) if str(code).isdigit() else code}")
 
     def log_message(self, format: str, *args) -> None:
@@ -232,6 +325,7 @@ class Server(ThreadingHTTPServer):
     `shutdown()` from another, `server_close()` at the end (or use it in a `with`)."""
 
     daemon_threads = True  # a request in progress does not keep the process alive once it stops
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(self, held: serve_api.Holdings, host: str, port: int, *, quiet: bool = True, files=None) -> None:
         self.held = held

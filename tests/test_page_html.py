@@ -3,14 +3,19 @@ from outside itself, drawn in headless Chromium with the network cut, its number
 
 A small run is trained once for the module (2 layers, 2 heads: the file holds every head's
 arithmetic); the page is written for a text that holds what could end its inline script early
-(`</script>`, `<!--`, U+2028). The browser tests skip without Playwright or a Chromium
-(tests/browser.py); screenshots go to build/page-shots/.
+(`</script>`, `<!--`, U+2028), and others full of HTML. The file's Content-Security-Policy allows
+its own inline scripts and styles by hash: every page the browser tests open reports no violation.
+The browser tests skip without Playwright or a Chromium (tests/browser.py); screenshots go to
+build/page-shots/.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import doctest
+import hashlib
+import html
 import io
 import json
 import re
@@ -70,14 +75,21 @@ def step(doc: dict, key: str) -> list:
     return next(s for s in doc["steps"] if s["key"] == key)["value"]
 
 
+VIOLATIONS = """window.tkViolations = [];
+document.addEventListener("securitypolicyviolation", (e) => window.tkViolations.push(e.violatedDirective));"""
+
+
 @contextlib.contextmanager
 def offline(browser, path: Path, query: str = ""):  # noqa: F811
     """A page of the file at `path` (+ `query`) in a context with the network off and every request
     that is not the file itself aborted; waited until drawn. It records its console errors and
-    requests (`page.tk_errors`, `page.tk_requests`)."""
+    requests (`page.tk_errors`, `page.tk_requests`) and the CSP's violations (`tkViolations`, of the
+    page now shown; a violation is a console error too): none, unless a test says otherwise."""
     context = browser.new_context(offline=True, viewport={"width": 1280, "height": 900})
+    context.add_init_script(VIOLATIONS)
     url = path.as_uri()
     page = watched(context.new_page(), requests=False)  # the route below records them: aborted ones too
+    page.tk_violations_expected = False
 
     def route(r):
         page.tk_requests.append(r.request.url)
@@ -91,6 +103,9 @@ def offline(browser, path: Path, query: str = ""):  # noqa: F811
     wait_drawn(page)
     try:
         yield page
+        if not page.tk_violations_expected:
+            assert page.evaluate("window.tkViolations") == []
+            assert not [e for e in page.tk_errors if "Content Security Policy" in e]
     finally:
         context.close()
 
@@ -131,6 +146,119 @@ def test_the_file_loads_nothing_from_outside_itself(made, which):
     assert "Content-Security-Policy" in text and "default-src 'none'" in text
     assert text.index("window.TK_DATA") < text.index("const TK = ")  # the answers before core.js
     assert text.count("</script>") == text.count("<script>")  # TEXT's </script> did not end one early
+
+
+class _Inline(HTMLParser):
+    """The file's inline <script> and <style> contents, and its CSP meta's content."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=False)
+        self.inline: list[tuple[str, str]] = []
+        self.policy: list[str] = []
+        self.open: str | None = None
+        self.tags: list[str] = []  # every start tag, in order
+        self.policy_at = -1  # the CSP meta's place in them
+
+    def handle_starttag(self, tag, attrs) -> None:
+        self.tags.append(tag)
+        attrs = dict(attrs)
+        if tag == "meta" and (attrs.get("http-equiv") or "").lower() == "content-security-policy":
+            self.policy.append(attrs["content"])
+            self.policy_at = len(self.tags) - 1
+        if tag in ("script", "style"):
+            self.open = tag
+            self.inline.append((tag, ""))
+
+    def handle_data(self, data) -> None:
+        if self.open:
+            self.inline[-1] = (self.open, self.inline[-1][1] + data)
+
+    def handle_endtag(self, tag) -> None:
+        self.open = None
+
+
+def sha256(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode() + "'"
+
+
+def assert_policy_is_the_inline_hashes(text: str) -> None:
+    """The file has one CSP, before any script or style, allowing exactly its inline elements'
+    hashes, data: images, and nothing else."""
+    parser = _Inline()
+    parser.feed(text)
+    parser.close()
+    (policy,) = parser.policy
+    assert 0 < parser.policy_at < min(parser.tags.index("style"), parser.tags.index("script"))
+    directives = {name: set(values) for name, *values in (d.split(" ") for d in policy.split("; "))}
+    assert directives == {
+        "default-src": {"'none'"},
+        "script-src": {sha256(c) for t, c in parser.inline if t == "script"},
+        "style-src": {sha256(c) for t, c in parser.inline if t == "style"},
+        "img-src": {"data:"},
+        "base-uri": {"'none'"},
+        "form-action": {"'none'"},
+    }
+    assert {t for t, _ in parser.inline} == {"script", "style"} and "unsafe" not in policy
+
+
+@pytest.mark.parametrize("which", ["page", "example"])
+def test_the_policy_allows_the_files_inline_elements_by_hash(made, which):
+    assert_policy_is_the_inline_hashes(made[which].read_text(encoding="utf-8"))
+
+
+def test_the_policy_is_in_force_in_the_browser(made, browser):  # noqa: F811
+    with offline(browser, made["page"]) as page:
+        assert page.evaluate("window.tkViolations") == []  # every inline script and style ran
+        page.tk_violations_expected = True
+        ran = page.evaluate(
+            """() => { const s = document.createElement("script"); s.textContent = "window.tkRan = 1";
+                       document.body.append(s); return window.tkRan === 1; }"""
+        )
+        page.wait_for_function("window.tkViolations.length > 0")
+        assert not ran and page.evaluate("window.tkViolations") == ["script-src-elem"]
+        assert [e for e in page.tk_errors if "Content Security Policy" in e]  # the console says so too
+        assert page.evaluate("getComputedStyle(document.body).fontFamily") != ""
+        assert page.evaluate("[...document.styleSheets].map(s => s.cssRules.length > 0)") == [True, True]
+
+
+HTML_TEXTS = [  # each within the module's model's context (64 tokens)
+    '<a href="http://x.example/">a</a>',
+    "<img src=x onerror=alert(1)>",
+    "SRC = 'http://x.example/s.js' Href=//c.example",
+    "</script><script>alert(1)</script>",
+    '<script src="http://x.example/s.js">',
+    "<style>@import url(//x.example)</style>",
+    '<base href="http://x.example/"> href=',
+    'it\'s "quoted" `x` href= src=',
+    '<meta http-equiv="refresh" content="0">',
+    "<!-- --> <![CDATA[ ]]> &amp; &lt; &#60;",
+    "</title><iframe src=//x.example>",
+]
+
+
+@pytest.mark.parametrize("text", HTML_TEXTS)
+def test_a_text_full_of_html_is_data_in_the_file(made, browser, tmp_path, text):  # noqa: F811
+    out = tmp_path / "html.html"
+    code, stdout, err = tk("explain", "-m", str(made["run"]), text, "--html", str(out))
+    assert code == 0 and err.startswith("page written to"), err
+    written = out.read_text(encoding="utf-8")
+    assert_policy_is_the_inline_hashes(written)
+    parser = _References()
+    parser.feed(written)
+    assert all(value.startswith(("data:", "#")) for _, _, value in parser.found), parser.found
+    title = text if len(text) <= 60 else text[:57] + "..."
+    assert f"<title>tokenkit: {html.escape(title)}</title>" in written
+    dialogs = []
+    with offline(browser, out, "?view=tokens") as page:
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        goto(page, out, "?view=tokens")  # again, with the dialogs watched
+        assert page.eval_on_selector("#text", "t => t.value") == text
+        assert page.title() == f"tokenkit: {title}"
+        assert page.evaluate("document.querySelectorAll('base, iframe, meta[http-equiv=refresh], img').length") == 0
+        assert page.evaluate("document.scripts.length") == written.count("<script>")
+        chips = page.eval_on_selector_all(".panel .chip", "cs => cs.map(c => c.textContent)")
+        assert chips and page.tk_errors == [] and dialogs == []
+        assert {u.split("?")[0] for u in page.tk_requests} == {out.as_uri()}
 
 
 def test_the_pages_request_keys_are_pythons(made, browser):  # noqa: F811
