@@ -42,17 +42,21 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from socketserver import TCPServer
+from typing import TYPE_CHECKING
 
 import click
 
-from tokenkit.bpe import DisallowedSpecialError, TokenizerError
-from tokenkit.cli import serve_api
+from tokenkit.bpe.errors import DisallowedSpecialError, TokenizerError
 from tokenkit.cli.options import check_device, device_option
 from tokenkit.cli.params import count
-from tokenkit.common import FileError, readfile
+from tokenkit.common import readfile
+from tokenkit.common.errors import FileError
 from tokenkit.common.messages import one_line
-from tokenkit.pipeline import PipelineError
-from tokenkit.transformer import ModelError
+from tokenkit.pipeline.errors import PipelineError
+from tokenkit.transformer.errors import ModelError
+
+if TYPE_CHECKING:
+    from tokenkit.cli import serve_api  # the endpoints (NumPy, the model): imported when serving, not for --help
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
@@ -349,6 +353,8 @@ class Server(ThreadingHTTPServer):
 
     def api(self, path: str, query: str) -> tuple[int, bytes]:
         """(status, JSON body) of an endpoint; never raises."""
+        from tokenkit.cli import serve_api
+
         try:
             with self.log_lock if path == "/api/training" else self.lock:
                 doc = serve_api.answer(self.held, path, query)
@@ -395,6 +401,8 @@ def make_server(
     `compare` (-c), listening on host:port (port 0: any free one; `server.port` says which). Run
     it with `serve_forever()` (in a thread, say), stop it with `shutdown()` and `server_close()`.
     Files that do not load, a port in use, an address not of this machine: one-line errors."""
+    from tokenkit.cli import serve_api
+
     held = serve_api.open_holdings(
         None if source is None else Path(source),
         None if tokenizer is None else Path(tokenizer),

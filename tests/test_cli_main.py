@@ -108,3 +108,14 @@ def test_version_help_and_completion_load_no_command_and_no_numpy():
     assert "train-model" in out and not modules & COMMAND_MODULES, modules & COMMAND_MODULES
     out, modules = _modules_after([], env={"_TK_COMPLETE": "bash_complete", "COMP_WORDS": "tk en", "COMP_CWORD": "1"})
     assert "encode" in out and not modules & COMMAND_MODULES, modules & COMMAND_MODULES
+
+
+def test_each_command_s_help_loads_no_numpy():
+    """`tk CMD --help` imports that command's module only; each imports NumPy, the codec and the
+    model inside the functions that run."""
+    from tokenkit.cli.commands import COMMANDS
+
+    for name in COMMANDS:
+        out, modules = _modules_after([name, "--help"])
+        assert out.startswith(f"Usage: tk {name}"), out
+        assert "numpy" not in modules, name
