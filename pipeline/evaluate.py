@@ -1,0 +1,166 @@
+"""A model's loss on held-out text, in units that compare across tokenizers (`tk eval -m`).
+
+Three figures of one sum, the cross-entropy of every scored token:
+- loss: nats per token, the mean (what training reports, in its own vocabulary's tokens);
+- bits per byte: the summed losses in bits over the texts' UTF-8 bytes. A vocabulary of longer
+  tokens has fewer, harder tokens; per byte, two tokenizers' models compare (nanochat and
+  modded-nanogpt report it);
+- perplexity: exp(loss).
+
+Texts longer than the context are scored with a sliding window, as transformers' perplexity guide
+does it: windows of `context` tokens begin every `stride` tokens, and each scores only the tokens
+no earlier window scored, each predicted from the window's tokens before it. With a stride below
+the context every token of a document after its first is scored once, with at least
+`context - stride` tokens before it; a smaller stride gives more, at the cost of more forward
+passes. A stride equal to the context gives disjoint windows, and then each window's first token,
+which nothing in its window precedes, is not scored (as in the guide). Each document is scored
+apart, so no prediction reads across a boundary.
+
+What it does not do: read files or flags (cli/eval_commands.py does, through bpe.corpus), or
+train (the validation loss of training is pipeline/train.py's).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tokenkit.pipeline.errors import PipelineError
+from tokenkit.transformer.backends import as_host
+
+LOGITS_BYTES = 256 << 20  # a forward pass's logits, (windows, T, V) float32: the memory scoring takes
+
+
+@dataclass(frozen=True)
+class Window:
+    """One forward pass over a document's ids[begin:end - 1], predicting ids[begin + 1:end]; the
+    predictions of ids[first:end] are scored (the others were scored by an earlier window)."""
+
+    begin: int
+    end: int
+    first: int
+
+
+def windows(n_ids: int, context: int, stride: int) -> list[Window]:
+    """The sliding windows over `n_ids` ids, transformers' perplexity guide's loop.
+
+    >>> [(w.begin, w.end, w.first) for w in windows(10, 4, 2)]
+    [(0, 4, 1), (2, 6, 4), (4, 8, 6), (6, 10, 8)]
+    >>> [(w.begin, w.end, w.first) for w in windows(3, 8, 4)]
+    [(0, 3, 1)]
+    """
+    if not 1 <= stride <= context:
+        raise PipelineError(f"the stride must be from 1 to the context ({context}), got {stride}")
+    out, prev_end = [], 0
+    for begin in range(0, n_ids, stride):
+        end = min(begin + context, n_ids)
+        first = max(prev_end, begin + 1)  # the window's own first token is predicted by nothing in it
+        if first < end:
+            out.append(Window(begin, end, first))
+        prev_end = end
+        if end == n_ids:
+            break
+    return out
+
+
+def token_losses(model, ids: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """ids, targets (B, T) -> each target's cross-entropy in nats (B, T), float64 on the host:
+    log-sum-exp of the logits minus the target's logit (the sums in float64)."""
+    xp = model.xp
+    logits = model.forward(ids)  # (B, T, V), the model's dtype
+    peak = logits.max(axis=-1, keepdims=True)
+    shifted = logits - peak
+    log_total = xp.log(xp.exp(shifted).sum(axis=-1, dtype=xp.float64))
+    picked = xp.take_along_axis(shifted, xp.asarray(targets)[..., None], axis=-1)[..., 0]
+    return as_host(log_total - picked.astype(xp.float64))
+
+
+@dataclass
+class Score:
+    """Summed cross-entropy of `tokens` scored tokens of `documents` texts holding `bytes` bytes."""
+
+    nats: float = 0.0
+    tokens: int = 0
+    bytes: int = 0
+    documents: int = 0
+    skipped: int = 0  # documents of fewer than two tokens: nothing to predict
+
+    @property
+    def loss(self) -> float:
+        return self.nats / self.tokens
+
+    @property
+    def bits_per_byte(self) -> float:
+        return self.nats / math.log(2) / self.bytes
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.loss)
+
+    def to_dict(self) -> dict:
+        return {
+            "tokens": self.tokens,
+            "bytes": self.bytes,
+            "loss": self.loss,
+            "bits_per_byte": self.bits_per_byte,
+            "perplexity": self.perplexity,
+            "documents": self.documents,
+            "skipped_documents": self.skipped,
+        }
+
+
+def score_documents(
+    model,
+    documents: Iterable[tuple[Sequence[int], int]],
+    *,
+    stride: int | None = None,
+    progress: Callable[[int], None] = lambda n: None,
+) -> Score:
+    """Score each (ids, UTF-8 bytes of its text) document; `stride` defaults to half the context.
+    `progress(n)` is told each document's bytes as it is taken in."""
+    context = model.config.context_length
+    stride = max(1, context // 2) if stride is None else stride
+    per_pass = max(1, LOGITS_BYTES // (context * model.config.vocab_size * 4))
+    score = Score()
+    waiting: dict[int, list[tuple[np.ndarray, Window]]] = {}  # windows of one width run together
+
+    def run(group: list[tuple[np.ndarray, Window]]) -> None:
+        x = np.stack([ids[w.begin : w.end - 1] for ids, w in group])
+        y = np.stack([ids[w.begin + 1 : w.end] for ids, w in group])
+        for row, (_, w) in zip(token_losses(model, x, y), group, strict=True):
+            score.nats += float(row[w.first - w.begin - 1 :].sum())
+
+    for ids, n_bytes in documents:
+        ids = np.asarray(ids, dtype=np.int64)
+        if len(ids) < 2:
+            score.skipped += 1
+            continue
+        for w in windows(len(ids), context, stride):
+            group = waiting.setdefault(w.end - w.begin, [])
+            group.append((ids, w))
+            score.tokens += w.end - w.first
+            if len(group) == per_pass:
+                run(group)
+                group.clear()
+        score.documents += 1
+        score.bytes += n_bytes
+        progress(n_bytes)
+    for group in waiting.values():
+        if group:
+            run(group)
+    if score.tokens == 0:
+        raise PipelineError(
+            "nothing to score: every document is shorter than two tokens; give longer texts"
+            if score.skipped
+            else "the corpus is empty; give at least one file or text with some content"
+        )
+    return score
+
+
+def score_texts(model, tokenizer, texts: Iterable[bytes], policy: dict, **options) -> Score:
+    """`score_documents` of each text as the model reads it (`Tokenizer.encode_for_model`, under
+    the special-token `policy`)."""
+    return score_documents(model, ((tokenizer.encode_for_model(t, **policy), len(t)) for t in texts), **options)
