@@ -127,8 +127,9 @@ def gpt2_files(vocab: list[bytes], merges: list[tuple[int, int]], special_tokens
 
 def write_files(directory: str | os.PathLike, files: dict[str, bytes], *, overwrite: bool = False) -> list[Path]:
     """Put an export's `files` (name -> contents) into `directory` (created if missing) as one
-    change: a reader sees all the old ones or all the new ones (`common.atomic_dir.replace_files`),
-    and the directory's other files stay. Files of the same names already there are replaced only
+    change: a reader sees all the old ones or all the new ones (`common.atomic_dir.replace_files`;
+    in a mount point a crash still ends so, a reader during the moves may see a mix), and the
+    directory's other files stay. Files of the same names already there are replaced only
     with `overwrite`; a path that is a file is refused, never replaced. Returns the paths."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():

@@ -8,7 +8,11 @@ each story closes the way it opened. A tokenizer learns words and suffixes from 
 visibly learns the story shape, the agreement, and the sequences.
 
     python corpora/make_tiny_tales.py              # rewrites corpora/tiny_tales.txt
+    python corpora/make_tiny_tales.py --stories 100 --seed 4321 -o corpora/tiny_tales_test.txt
     python corpora/make_tiny_tales.py --stories 50 -o /tmp/sample.txt
+
+tiny_tales_test.txt is held-out text for `tk eval`: 100 stories of another seed, none of them
+in tiny_tales.txt.
 """
 
 from __future__ import annotations

@@ -214,7 +214,9 @@ def export_hf(
     A non-empty `directory` must be an earlier export (its config.json says so) unless
     `overwrite`. The export's files replace the old ones as one change
     (`common.atomic_dir.replace_files`): a reader, or a crash at any moment, finds the whole earlier
-    export or the whole new one, never config.json of one beside the weights of the other. An
+    export or the whole new one, never config.json of one beside the weights of the other (in a
+    mount point, which cannot be renamed, a crash still ends all old or all new, but a reader
+    during the milliseconds of the moves may see a mix: docs/files.md). An
     earlier export's files that this one does not write are removed; files in the directory
     that are not an export's stay.
     """
