@@ -49,6 +49,7 @@ PAGES = [
     "docs/tokenizer.md",
     "docs/corpora.md",
     "docs/models.md",
+    "docs/evaluating.md",
     "docs/explain.md",
     "docs/mpi.md",
     "docs/gpu.md",
