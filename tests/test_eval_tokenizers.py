@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import random_model
 
 from tokenkit.bpe import Corpus, Tokenizer, TokenizerError, formats, tokenizer_eval
 from tokenkit.bpe.tokenizer_eval import compare
@@ -228,10 +229,11 @@ def test_same_file_names_are_told_apart_by_their_folders(tokenizers, tmp_path, c
 
 
 def test_every_format_bpe_import_reads(tokenizers, tmp_path, capsys):
-    """tk's file, a run's model file, and its exports as GPT-2's pair, tokenizer.json (file and
-    directory) and a .tiktoken (with its json, and bare with --pattern): the same counts."""
+    """tk's file, a model file (its tokenizer), and its exports as GPT-2's pair, tokenizer.json (file
+    and directory) and a .tiktoken (with its json, and bare with --pattern): the same counts."""
     tok = tokenizers[0]
     tok.save(tmp_path / "tok.safetensors")
+    random_model(tmp_path / "model.safetensors", tok)
     for fmt in ("gpt2", "hf", "tiktoken"):
         tok.export(tmp_path / fmt, fmt)
     bare = tmp_path / "bare" / "r.tiktoken"
@@ -239,14 +241,14 @@ def test_every_format_bpe_import_reads(tokenizers, tmp_path, capsys):
     bare.write_bytes((tmp_path / "tiktoken" / "tokenizer.tiktoken").read_bytes())
     (tmp_path / "t.txt").write_bytes(b"".join(random_texts(3)).replace(b"<|end|>", b"<end>"))
     pair = f"{tmp_path / 'gpt2/vocab.json'},{tmp_path / 'gpt2/merges.txt'}"
-    values = [tmp_path / "tok.safetensors", pair, tmp_path / "hf", tmp_path / "hf/tokenizer.json",
-              tmp_path / "tiktoken/tokenizer.tiktoken", bare]  # fmt: skip
+    values = [tmp_path / "tok.safetensors", tmp_path / "model.safetensors", pair, tmp_path / "hf",
+              tmp_path / "hf/tokenizer.json", tmp_path / "tiktoken/tokenizer.tiktoken", bare]  # fmt: skip
     args = [a for v in values for a in ("-t", v)]
     code, out, err = run(capsys, *args, "--pattern", tok.pattern, tmp_path / "t.txt", "--json")
     assert code == 0, err
     results = json.loads(out)["results"]
     want = compare([tok], [(None, (tmp_path / "t.txt").read_bytes())]).total[0].tokens
-    assert len(results) == 6 and {r["tokens"] for r in results.values()} == {want}
+    assert len(results) == 7 and {r["tokens"] for r in results.values()} == {want}
 
 
 def test_languages_sample():
