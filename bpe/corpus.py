@@ -12,8 +12,10 @@ What it does:
   `compression.zstd`) are recognised by their first bytes, not their names, and decompressed as
   they stream (bpe/streams.py opens each input). With `text_field`, every input is JSON Lines: one
   JSON object per line, whose document is the string at that field (a dotted path like "meta.text"
-  reaches inside; a number picks from a list). With `binary`, files are their exact bytes: nothing
-  is decompressed, and a file that does not look like text is not warned about.
+  reaches inside; a number picks from a list); with `group_field` too, `grouped_documents()` gives
+  each document with the string at that field of its line (its language, say). With `binary`,
+  files are their exact bytes: nothing is decompressed, and a file that does not look like text
+  is not warned about.
 - Documents: each file, text and JSONL record is one document (empty ones are skipped).
   `pieces()` yields them in pieces of about a megabyte, cut only where the split pattern always
   splits (`bpe.cut.cut_pieces`, by `find_cut`, the one cut rule), never across two documents:
@@ -123,7 +125,8 @@ class Corpus:
     inputs: file paths, directories, "-" (stdin), pipes, texts (bytes) or `FileRange`s; one or a
     list. glob: keep only the files of a directory whose path below it or whose name matches
     (fnmatch, e.g. "*.txt"); files named directly are always kept. text_field: read every input as
-    JSON Lines, the document of a line being this field. binary: exact bytes, no decompression and
+    JSON Lines, the document of a line being this field. group_field: with text_field, the field
+    naming each line's group (`grouped_documents`). binary: exact bytes, no decompression and
     no warning. warn: called with a message for an input that does not look like text (None: quiet).
     names: {path: name} for files that messages should call otherwise (e.g. a copy of stdin "stdin").
 
@@ -137,6 +140,7 @@ class Corpus:
         *,
         glob: str | None = None,
         text_field: str | None = None,
+        group_field: str | None = None,
         binary: bool = False,
         warn: Callable[[str], None] | None = _warn_stderr,
         names: Mapping[str, str] | None = None,
@@ -147,7 +151,14 @@ class Corpus:
             raise TokenizerError(f"--text-field must name a field, got {text_field!r}")
         if text_field is not None and binary:
             raise TokenizerError("--binary and --text-field exclude each other: JSON lines are text")
+        if group_field is not None and (
+            text_field is None or not isinstance(group_field, str) or not group_field.strip(".")
+        ):
+            raise TokenizerError(
+                f"--group-by must name a field of JSON lines read with --text-field, got {group_field!r}"
+            )
         self.glob, self.text_field, self.binary, self._warn = glob, text_field, binary, warn
+        self.group_field = group_field
         self._names = dict(names or {})
         self._inputs: list[Input] = []
         for source in inputs:
@@ -203,6 +214,21 @@ class Corpus:
             if data:
                 yield data
 
+    def grouped_documents(self) -> Iterator[tuple[str, bytes]]:
+        """(group, document) for every non-empty document: the group is the string at `group_field`
+        of the document's JSON line (a TokenizerError names the line where it is missing)."""
+        if self.group_field is None:
+            raise TokenizerError("grouped_documents needs a Corpus read with text_field and group_field")
+        self._start_reading()
+        for inp in self._inputs:
+            if inp.kind == "text":
+                raise TokenizerError(
+                    f"{inp.name} is a text in memory, not JSON lines with a {self.group_field!r} field"
+                )
+            for group, doc in self._jsonl(inp):
+                if doc:
+                    yield group, doc
+
     def fingerprint(self) -> str:
         """sha256 (hex) of the documents: equal fingerprints, equal documents in the same order.
 
@@ -227,20 +253,24 @@ class Corpus:
 
     def _documents(self, block: int) -> Iterator[Iterator[bytes]]:
         """One iterator per document, of its bytes in blocks of exactly `block` (the last shorter)."""
+        self._start_reading()
+        for inp in self._inputs:
+            if inp.kind == "text":
+                yield _slices(inp.data, block)
+            elif self.text_field is not None:
+                for _, doc in self._jsonl(inp):
+                    yield _slices(doc, block)
+            else:
+                yield self._file_blocks(inp, block)
+
+    def _start_reading(self) -> None:
+        """Refuse a second reading of a corpus that holds a stream (stdin or a pipe)."""
         if any(i.kind == "stream" for i in self._inputs):
             if self._streams_read:
                 raise TokenizerError(
                     "the corpus holds stdin or a pipe, which was read already; it can be read only once"
                 )
             self._streams_read = True
-        for inp in self._inputs:
-            if inp.kind == "text":
-                yield _slices(inp.data, block)
-            elif self.text_field is not None:
-                for doc in self._jsonl(inp):
-                    yield _slices(doc, block)
-            else:
-                yield self._file_blocks(inp, block)
 
     def _file_blocks(self, inp: Input, block: int) -> Iterator[bytes]:
         with Reader(inp, self.binary) as reader:
@@ -251,7 +281,8 @@ class Corpus:
                 yield data
                 data = reader.read(block)
 
-    def _jsonl(self, inp: Input) -> Iterator[bytes]:
+    def _jsonl(self, inp: Input) -> Iterator[tuple[str | None, bytes]]:
+        """(group, document) of each line: the group at `group_field` (None without one)."""
         with Reader(inp, False) as reader:
             if inp.kind == "stream":
                 head = reader.read(_SNIFF_BYTES)
@@ -279,8 +310,9 @@ class Corpus:
                     msg = f"{err.msg}, column {err.colno}" if isinstance(err, json.JSONDecodeError) else str(err)
                     raise TokenizerError(f"{where}: not valid JSON ({msg}); give one JSON object per line") from None
                 value = _field(record, self.text_field, where)
+                group = None if self.group_field is None else _field(record, self.group_field, where, "--group-by")
                 try:
-                    yield value.encode("utf-8")
+                    yield group, value.encode("utf-8")
                 except UnicodeEncodeError as err:
                     raise TokenizerError(
                         f"{where}: field {self.text_field!r} holds a lone surrogate "
@@ -432,8 +464,9 @@ def _lines(head: bytes, reader: Reader, name: str) -> Iterator[bytes]:
         yield b"".join(pending)
 
 
-def _field(record, path: str, where: str) -> str:
-    """The string at `path` in a JSON record: a key, or a dotted path of keys and list indices."""
+def _field(record, path: str, where: str, flag: str = "--text-field") -> str:
+    """The string at `path` in a JSON record: a key, or a dotted path of keys and list indices
+    (`flag`: the option that names another field, for the message when it is missing)."""
     if not isinstance(record, dict):
         raise TokenizerError(f"{where}: a JSON {_json_type(record)}, not an object with the field {path!r}")
     if path in record:
@@ -447,7 +480,7 @@ def _field(record, path: str, where: str) -> str:
                 value = value[int(part)]
             else:
                 fields = ", ".join(repr(k) for k in list(record)[:8]) + (", ..." if len(record) > 8 else "") or "none"
-                raise TokenizerError(f"{where}: no field {path!r} (its fields: {fields}); give --text-field NAME")
+                raise TokenizerError(f"{where}: no field {path!r} (its fields: {fields}); give {flag} NAME")
     if not isinstance(value, str):
         raise TokenizerError(f"{where}: field {path!r} is a JSON {_json_type(value)}, not a string")
     return value

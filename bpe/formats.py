@@ -1,6 +1,8 @@
 """A `Tokenizer` from other libraries' files, and their files from a `Tokenizer`.
 
-What it does: the bodies of `Tokenizer.from_gpt2`, `from_hf`, `from_tiktoken` and `export_files`.
+What it does: the bodies of `Tokenizer.from_gpt2`, `from_hf`, `from_tiktoken` and `export_files`,
+and `source_format`/`from_files`: which of the three importers a list of paths is for, by its
+shape (what `tk bpe-import` and `tk eval -t` read).
 An importer reads the files (bpe/library_files.py), converts them to tk's parts (bpe/interop.py,
 bpe/hf_import.py) and builds the tokenizer with the class it is given; an exporter refuses, in one
 line and before anything is written, what the format cannot say, and returns the files' bytes.
@@ -15,7 +17,7 @@ know the formats' details (bpe/interop.py, bpe/hf_import.py).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -28,7 +30,16 @@ from tokenkit.bpe.names import EXPORT_FORMATS
 from tokenkit.bpe.patterns import PATTERNS, resolve_pattern
 from tokenkit.common import gcpause
 
-__all__ = ["EXPORT_FORMATS", "check_whole_tokens", "export_files", "from_gpt2", "from_hf", "from_tiktoken"]
+__all__ = [
+    "EXPORT_FORMATS",
+    "check_whole_tokens",
+    "export_files",
+    "from_files",
+    "from_gpt2",
+    "from_hf",
+    "from_tiktoken",
+    "source_format",
+]
 
 _TIKTOKEN_WHOLE = "tiktoken looks whole chunks up before merging and would give {id} for that text"
 # with ignore_merges tk gives the token for its bytes too, but not inside a longer chunk
@@ -53,6 +64,51 @@ def check_whole_tokens(layout: Layout, why: str, action: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ importers
+
+
+def source_format(sources: Sequence[str | os.PathLike]) -> str | None:
+    """Which library's tokenizer `sources` name, by their shape, reading nothing: "gpt2" (two
+    files: GPT-2's vocabulary and merges, in that order), "tiktoken" (a NAME.tiktoken rank file),
+    "hf" (a .json file, taken for a tokenizer.json; a directory holding tokenizer.json or
+    vocab.json + merges.txt), or None: one path that is none of those (tk's own files, a run
+    directory). More than two paths is a TokenizerError.
+
+    >>> source_format(["encoder.json", "vocab.bpe"]), source_format(["o200k.tiktoken"]), source_format(["x.json"])
+    ('gpt2', 'tiktoken', 'hf')
+    >>> print(source_format(["tok.safetensors"]))
+    None
+    """
+    if len(sources) == 2:
+        return "gpt2"
+    if len(sources) != 1:
+        raise TokenizerError("give one file (tokenizer.json, a .tiktoken file, a directory) or GPT-2's two files")
+    path = Path(sources[0])
+    if path.suffix == ".tiktoken":
+        return "tiktoken"
+    if path.suffix == ".json":
+        return "hf"
+    # lexists, as find_hf looks: a FIFO named tokenizer.json is refused by its reader, not passed over
+    if path.is_dir() and any(all(os.path.lexists(path / n) for n in names) for names in _HF_DIRECTORY):
+        return "hf"
+    return None
+
+
+_HF_DIRECTORY = (("tokenizer.json",), ("vocab.json", "merges.txt"))  # what `library_files.find_hf` finds
+
+
+def from_files(
+    cls: type[T], sources: Sequence[str | os.PathLike], pattern: str | None = None, special_tokens: Iterable[str] = ()
+) -> T:
+    """The tokenizer of other libraries' files, by `source_format` (one path that is none of its
+    formats is read as a tokenizer.json, whose reader then says what it is not): GPT-2's pair
+    (split with `pattern`, default gpt2), a tiktoken rank file (`pattern` and `special_tokens` for
+    a bare one), a tokenizer.json or a directory of one (which holds its own pattern)."""
+    kind = source_format(sources) or "hf"
+    if kind == "gpt2":
+        return from_gpt2(cls, *sources, pattern=pattern or "gpt2")
+    if kind == "tiktoken":
+        return from_tiktoken(cls, sources[0], pattern, special_tokens)
+    return from_hf(cls, sources[0])
 
 
 def from_gpt2(

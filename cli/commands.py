@@ -41,7 +41,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bpe-train": ("tokenizer_commands", "Learn a byte-level BPE tokenizer from text files."),
     "decode": ("tokenizer_commands", "Turn token ids back into text (bytes that are not valid UTF-8 print as U+FFFD)."),
     "encode": ("tokenizer_commands", "Turn text into token ids."),
-    "eval": ("eval_commands", "A model's loss on held-out text: nats per token, bits per byte and perplexity."),
+    "eval": (
+        "eval_commands",
+        "Measure a model on held-out text (bits per byte), or tokenizers side by side on a corpus.",
+    ),
     "explain": (
         "explain_commands",
         "Print a forward pass the way a textbook works an example: tokens, embeddings, Q, K, V, scores, "

@@ -1,16 +1,23 @@
-"""`tk eval -m MODEL FILE...`: a model's loss on held-out text, in nats per token, bits per byte
-and perplexity (pipeline/evaluate.py computes them).
+"""`tk eval`, in two modes:
+- `-m MODEL FILE...`: a model's loss on held-out text, in nats per token, bits per byte and
+  perplexity (pipeline/evaluate.py computes them);
+- `-t TOK [-t TOK ...] FILE...`: tokenizers side by side on a corpus, bytes per token and the
+  rest (bpe/tokenizer_eval.py counts them), the whole corpus's and, with `--by-language` or
+  `--group-by`, each group's of a JSONL corpus. TOK is anything `tk bpe-import` reads
+  (`bpe.formats.source_format` tells which) or tk's own files (`pipeline.checkpoint.load_tokenizer`).
 
 The corpus is read as train-model reads one (files, directories, compressed files, JSONL, stdin;
 each file or JSON line a document), with the same special-token flags.
 
-What it deliberately does not do: any scoring itself, or train.
+What it deliberately does not do: any scoring or counting itself, or train.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import unicodedata
 from pathlib import Path
 
 import click
@@ -23,7 +30,6 @@ from tokenkit.cli.options import (
     json_option,
     model_option,
     quiet_option,
-    tokenizer_option,
 )
 from tokenkit.cli.params import count
 from tokenkit.cli.specials import special_options
@@ -32,8 +38,17 @@ from tokenkit.cli.specials import special_options
 
 
 @click.command("eval")
-@model_option()
-@tokenizer_option()
+@model_option(required=False)
+@click.option(
+    "-t",
+    "--tokenizer",
+    "tokenizer_paths",
+    multiple=True,
+    metavar="TOK",
+    help="without -m, repeatable: a tokenizer to compare (tk's tokenizer or model file, a run directory, "
+    "a tokenizer.json or its directory, a NAME.tiktoken, GPT-2's pair as VOCAB,MERGES); with -m, the "
+    "model's tokenizer, for a model file without one embedded (GPT.save's)",
+)
 @click.argument("corpus", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "--stride",
@@ -43,25 +58,77 @@ from tokenkit.cli.specials import special_options
     "only its new tokens (default: half the context; the context: disjoint windows, whose first tokens are "
     "not scored)",
 )
+@click.option(
+    "--by-language",
+    is_flag=True,
+    help="with -t: a table per language of a JSONL corpus, its field `lang` (--group-by names another)",
+)
+@click.option(
+    "--group-by",
+    metavar="FIELD",
+    help="with -t: a table per value of this field of a JSONL corpus (the text at --text-field, default text)",
+)
+@click.option(
+    "--pattern",
+    help="with -t: the split pattern (gpt2, gpt4, none or a regex) of a bare .tiktoken file, one without "
+    "NAME_tiktoken.json beside it, and of GPT-2's pair (default gpt2)",
+)
 @corpus_options
-@json_option('print {"tokens", "bytes", "loss", "bits_per_byte", "perplexity", ...} instead')
+@json_option('print one JSON object instead: -m {"tokens", "bytes", "loss", "bits_per_byte", "perplexity", ...}')
 @quiet_option("no progress bar")
 @special_options
 @device_option
 def eval_command(
-    model_path, tokenizer_path, corpus, stride, glob, text_field, binary, as_json, quiet, special_policy, device
+    model_path,
+    tokenizer_paths,
+    corpus,
+    stride,
+    by_language,
+    group_by,
+    pattern,
+    glob,
+    text_field,
+    binary,
+    as_json,
+    quiet,
+    special_policy,
+    device,
 ) -> int:
-    """A model's loss on held-out text: nats per token, bits per byte and perplexity.
+    """Measure a model on held-out text (bits per byte), or tokenizers side by side on a corpus.
 
-    Bits per byte divides the summed losses (in bits) by the text's UTF-8 bytes, so that models
-    with different tokenizers compare. Each file (or JSON line) is a document, scored apart.
+    With -m: the model's loss in nats per token, bits per byte and perplexity. Bits per byte
+    divides the summed losses (in bits) by the text's UTF-8 bytes, so that models with different
+    tokenizers compare. Each file (or JSON line) is a document, scored apart.
+
+    With -t (repeatable), no -m: per tokenizer, bytes per token, tokens per word, the share of its
+    vocabulary used, the share of bytes left as single-byte tokens, the longest token seen and
+    the encode speed; --by-language: the same per language of a JSONL corpus.
 
     \b
     Examples:
       tk eval -m runs/demo corpora/tiny_tales.txt
       tk eval -m runs/demo held_out/ --glob '*.txt' --json
       tk eval -m runs/demo docs.jsonl --text-field text --stride 32
+      tk eval -t gpt2.safetensors -t runs/demo corpora/tiny_tales_test.txt
+      tk eval -t encoder.json,vocab.bpe -t tok.safetensors --by-language corpora/languages.jsonl
+      tk eval -t hf_dir/tokenizer.json -t cl100k_base.tiktoken --pattern gpt4 docs/ --json
     """
+    if model_path is None:
+        if not tokenizer_paths:
+            raise click.UsageError("give -m MODEL to score a model, or -t TOK (repeatable) to compare tokenizers")
+        if stride is not None or device != "cpu":
+            raise click.UsageError("--stride and --device are for a model (-m); -t alone compares tokenizers")
+        return _eval_tokenizers(
+            tokenizer_paths, corpus, by_language, group_by, pattern, glob, text_field, binary, as_json, quiet,
+            special_policy,
+        )  # fmt: skip
+    if len(tokenizer_paths) > 1:
+        raise click.UsageError(
+            "with -m, -t names the model's tokenizer (one); to compare tokenizers, give -t without -m"
+        )
+    if by_language or group_by is not None or pattern is not None:
+        raise click.UsageError("--by-language, --group-by and --pattern are for comparing tokenizers (-t without -m)")
+    tokenizer_path = Path(tokenizer_paths[0]) if tokenizer_paths else None
     from tqdm import tqdm
 
     from tokenkit.bpe import Corpus
@@ -93,6 +160,144 @@ def eval_command(
     click.echo(f"bits per byte:  {score.bits_per_byte:.4f}")
     click.echo(f"perplexity:     {score.perplexity:.3f}")
     return 0
+
+
+# --- -t: tokenizers side by side -------------------------------------------------------------------
+
+
+def _eval_tokenizers(
+    values, corpus, by_language, group_by, pattern, glob, text_field, binary, as_json, quiet, special_policy
+) -> int:
+    from tqdm import tqdm
+
+    from tokenkit.bpe import Corpus
+    from tokenkit.bpe.tokenizer_eval import compare
+
+    sources = [_sources(v) for v in values]
+    names = _column_names(values, sources)
+    if by_language or group_by is not None:
+        group_by = group_by or "lang"
+        text_field = text_field or "text"
+    inputs = Corpus(list(corpus), glob=glob, text_field=text_field, group_field=group_by, binary=binary, warn=warn)
+    tokenizers = [_load_tokenizer(s, pattern) for s in sources]
+    if pattern is not None and not any(_takes_pattern(s) for s in sources):
+        raise click.UsageError("--pattern is for a bare .tiktoken file or GPT-2's pair given with -t; leave it out")
+    documents = inputs.grouped_documents() if group_by else ((None, d) for d in inputs.documents())
+    hide = quiet or as_json or not sys.stderr.isatty()
+    with tqdm(total=inputs.size, unit="B", unit_scale=True, desc="encoding", disable=hide) as bar:
+        result = compare(tokenizers, documents, special_policy, progress=bar.update)
+    sections = [*((f"{group_by} {g}", figures) for g, figures in result.groups.items()), ("all", result.total)]
+    if as_json:
+        doc = {
+            "tokenizers": [
+                {"name": n, "path": v, "vocab_size": t.vocab_size}
+                for n, v, t in zip(names, values, tokenizers, strict=True)
+            ],
+            **_corpus_counts(result.total),
+            "results": dict(zip(names, (f.to_dict() for f in result.total), strict=True)),
+        }
+        if group_by:
+            doc["group_by"] = group_by
+            doc["groups"] = {
+                g: {**_corpus_counts(figures), "results": dict(zip(names, (f.to_dict() for f in figures), strict=True))}
+                for g, figures in result.groups.items()
+            }
+        click.echo(json.dumps(doc, ensure_ascii=False))
+        return 0
+    for i, (title, figures) in enumerate(sections if group_by else sections[-1:]):
+        counts = _corpus_counts(figures)
+        heading = ", ".join(_plural(counts[k], k[:-1]) for k in ("documents", "bytes", "words"))
+        click.echo(("\n" if i else "") + (f"{title}: {heading}" if group_by else heading))
+        click.echo(_table(names, figures))
+    return 0
+
+
+def _sources(value: str) -> list[Path]:
+    """The path (or GPT-2's two, "VOCAB,MERGES") a -t value names; a path with a comma that exists is one."""
+    if "," not in value or os.path.lexists(value):
+        return [Path(value)]
+    parts = value.split(",")
+    if len(parts) != 2 or not all(parts):
+        raise click.UsageError(f"-t {value}: give one path, or GPT-2's pair as VOCAB,MERGES")
+    return [Path(p) for p in parts]
+
+
+def _takes_pattern(sources: list[Path]) -> bool:
+    """Whether --pattern applies to these sources: GPT-2's pair, or a .tiktoken file without its
+    NAME_tiktoken.json (which holds the pattern)."""
+    from tokenkit.bpe import formats, library_files
+
+    kind = formats.source_format(sources)
+    bare = kind == "tiktoken" and not os.path.lexists(library_files.tiktoken_meta_path(sources[0]))
+    return kind == "gpt2" or bare
+
+
+def _load_tokenizer(sources: list[Path], pattern: str | None):
+    """The tokenizer of a -t value: other libraries' files as `tk bpe-import` reads them, else tk's
+    own (a tokenizer file, a model file, a run directory)."""
+    from tokenkit.bpe import Tokenizer, formats
+    from tokenkit.pipeline.checkpoint import load_tokenizer
+
+    if formats.source_format(sources) is None:
+        return load_tokenizer(sources[0])
+    return formats.from_files(Tokenizer, sources, pattern if _takes_pattern(sources) else None)
+
+
+def _column_names(values: tuple[str, ...], sources: list[list[Path]]) -> list[str]:
+    """Each -t's column: its file's name, with as many of its folders as tell it from the others."""
+    for depth in range(1, 1 + max(len(p.parts) for ps in sources for p in ps)):
+        names = [",".join("/".join(p.parts[-depth:]) for p in ps) for ps in sources]
+        if len(set(names)) == len(names):
+            return names
+    twice = next(v for i, v in enumerate(values) if v in values[:i])
+    raise click.UsageError(f"-t {twice} is given twice; give each tokenizer once")
+
+
+def _corpus_counts(figures) -> dict:
+    """The documents, bytes and words that each tokenizer's figures are over (the same for all)."""
+    first = figures[0]
+    return {"documents": first.documents, "bytes": first.bytes, "words": first.words}
+
+
+def _plural(n: int, what: str) -> str:
+    return f"{n:,} {what}{'s' * (n != 1)}"
+
+
+def _table(names: list[str], figures) -> str:
+    """A column per tokenizer, a row per figure."""
+    from tokenkit.bpe.show import token_repr
+
+    def cell(value, form: str) -> str:
+        return "-" if value is None else format(value, form)
+
+    rows = [
+        ("tokens", [f"{f.tokens:,}" for f in figures]),
+        ("bytes per token", [cell(f.bytes_per_token, ".3f") for f in figures]),
+        ("tokens per word", [cell(f.tokens_per_word, ".3f") for f in figures]),
+        ("vocabulary used", [f"{cell(f.vocab_used, '.1%')} of {f.vocabulary:,}" for f in figures]),
+        ("single-byte share", [cell(f.single_byte_share, ".1%") for f in figures]),
+        (
+            "longest token",
+            ["-" if f.longest is None else f"{token_repr(f.longest)} ({len(f.longest)} B)" for f in figures],
+        ),
+        ("encode speed", [f"{cell(f.mb_per_s, '.2f')} MB/s" for f in figures]),
+    ]
+    label = max(len(r[0]) for r in rows)
+    widths = [max(_width(c) for c in [name, *(r[1][i] for r in rows)]) for i, name in enumerate(names)]
+    lines = []
+    for head, cells in [("", names), *rows]:
+        padded = [c + " " * (w - _width(c)) for c, w in zip(cells, widths, strict=True)]
+        lines.append((head.ljust(label) + "  " + "  ".join(padded)).rstrip())
+    return "\n".join(lines)
+
+
+def _width(text: str) -> int:
+    """Columns `text` takes in a terminal: wide East Asian characters two, combining marks none."""
+    return sum(
+        0 if unicodedata.combining(c) or unicodedata.category(c) in ("Mn", "Me", "Cf")
+        else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        for c in text
+    )  # fmt: skip
 
 
 COMMANDS = (eval_command,)

@@ -324,21 +324,17 @@ def bpe_import_command(sources, output, pattern, specials) -> int:
       tk bpe-import hf_dir/tokenizer.json -o tok.safetensors
       tk bpe-import gpt2.tiktoken --pattern gpt2 --special '<|endoftext|>' -o gpt2.safetensors
     """
-    from tokenkit.bpe import Tokenizer
+    from tokenkit.bpe import Tokenizer, formats
 
     atomic.check_output(output)
     if len(sources) > 2:
         raise click.UsageError("give one file (tokenizer.json, a .tiktoken file, a directory) or GPT-2's two files")
-    if specials and not (len(sources) == 1 and sources[0].suffix == ".tiktoken"):
+    kind = formats.source_format(sources) or "hf"  # what is none of the formats is read as a tokenizer.json
+    if specials and kind != "tiktoken":
         raise click.UsageError("--special is for a .tiktoken file; the other formats hold their special tokens")
-    if len(sources) == 2:
-        tok = Tokenizer.from_gpt2(*sources, pattern=pattern or "gpt2")
-    elif sources[0].suffix == ".tiktoken":
-        tok = Tokenizer.from_tiktoken(sources[0], pattern, specials)
-    else:
-        if pattern is not None:
-            raise click.UsageError("tokenizer.json holds its own split pattern; leave out --pattern")
-        tok = Tokenizer.from_hf(sources[0])
+    if pattern is not None and kind == "hf":
+        raise click.UsageError("tokenizer.json holds its own split pattern; leave out --pattern")
+    tok = formats.from_files(Tokenizer, sources, pattern, specials)
     tok.save(output)
     specials_text = ", ".join(f"{s}={i}" for s, i in tok.special_tokens.items()) or "none"
     ids = (
