@@ -176,7 +176,7 @@ def test_an_old_log_without_bits_per_byte_still_reads(base, tmp_path):
     doc = views.training_view(run, name="old")
     assert doc["val"] == [{"step": r["step"], "val_loss": r["val_loss"], "val_bits_per_byte": None}
                           for r in records if r["type"] == "eval"]  # fmt: skip
-    assert doc["damaged_lines"] == 0
+    assert doc["damaged_lines"] == 0 and doc["evaluations"] == [] and doc["evaluations_error"] is None
     fresh = views.training_view(base[0], name="new")
     assert [v["val_bits_per_byte"] for v in fresh["val"]] == [r["val_bits_per_byte"] for r in evals(base[0])]
 
