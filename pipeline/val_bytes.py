@@ -8,11 +8,12 @@ bytes those targets stand for:
 
 Each id's bytes are the tokenizer's (a token that is part of a character counts its own bytes,
 so the tokens of a text add up to the text's bytes). A special token counts 0 bytes: it is a
-marker (the `--eot` put between documents, or text the special-token policy read as one), not
-text, so the bytes are the text's, as `tk eval` counts them (pipeline/evaluate.py); its loss
-still counts, as it does in the validation loss. The batches are fixed, so their bytes are counted
-once, from the whole batches (every MPI rank's rows): the figure is a function of the logged loss
-and two whole numbers, the same bits on any number of ranks.
+marker, not text. The `--eot` put between documents is in none of them, so the bytes are the
+documents' own, as `tk eval` counts them (pipeline/evaluate.py, which scores each document
+apart); text the special-token policy read as a special token counts 0 too (where `tk eval`
+counts that text's bytes). Its loss still counts, as it does in the validation loss. The batches
+are fixed, so their bytes are counted once, from the whole batches (every MPI rank's rows): the
+figure is a function of the logged loss and two whole numbers, the same bits on any number of ranks.
 
 What it deliberately does not do: compute the loss (pipeline/train.py's `evaluate`) or score
 documents (pipeline/evaluate.py).
