@@ -190,3 +190,13 @@ def test_a_run_replacing_another_drops_its_evaluations(files, run, capsys):
     assert "eval.json" in capsys.readouterr().err and (run / checkpoint.EVAL_FILE).exists()
     assert main([*argv, "-q", "--overwrite"]) == 0
     assert not (run / checkpoint.EVAL_FILE).exists()  # the old model's evaluations went with it
+
+
+def test_docstring_examples():
+    import doctest
+
+    from tokenkit.pipeline import val_bytes
+
+    for module in (eval_record, val_bytes):
+        result = doctest.testmod(module)
+        assert result.failed == 0 and result.attempted > 0, module.__name__
