@@ -22,7 +22,7 @@ from pathlib import Path
 
 import click
 
-from tokenkit.cli.notes import note, warn
+from tokenkit.cli.notes import note, notes, warn
 from tokenkit.cli.options import (
     check_device,
     corpus_options,
@@ -132,12 +132,14 @@ def eval_command(
     from tqdm import tqdm
 
     from tokenkit.bpe import Corpus
+    from tokenkit.pipeline.eval_record import EvalRecord
     from tokenkit.pipeline.evaluate import score_texts
     from tokenkit.pipeline.run import load_model_and_tokenizer
 
     check_device(device)
     inputs = Corpus(list(corpus), glob=glob, text_field=text_field, binary=binary, warn=warn)
     model, tok = load_model_and_tokenizer(model_path, tokenizer_path, device=device)
+    record = EvalRecord.open(model_path, corpus, glob, text_field, binary, special_policy, warn=warn)  # eval.json
     context = model.config.context_length
     if stride is not None and stride > context:
         raise click.UsageError(
@@ -152,6 +154,7 @@ def eval_command(
     if as_json:
         doc = {**score.to_dict(), "stride": stride, "context": context, "model": str(model_path)}
         click.echo(json.dumps(doc))
+        record.write(score, stride=stride, context=context, say=notes(quiet), warn=warn)  # a run directory's eval.json
         return 0
     click.echo(f"documents:      {score.documents:,}")
     click.echo(f"tokens scored:  {score.tokens:,} (windows of {context} tokens, stride {stride})")
@@ -159,6 +162,7 @@ def eval_command(
     click.echo(f"loss:           {score.loss:.4f} nats per token")
     click.echo(f"bits per byte:  {score.bits_per_byte:.4f}")
     click.echo(f"perplexity:     {score.perplexity:.3f}")
+    record.write(score, stride=stride, context=context, say=notes(quiet), warn=warn)  # a run directory's eval.json
     return 0
 
 

@@ -154,8 +154,9 @@ def _summary(result: TrainResult) -> None:
     best = f"best {best}"
     if result.best_val_loss is None and result.last_val_loss is not None:  # Ctrl-C before the first evaluation
         best = "measured at the interrupt, before any evaluation was due"
+    bpb = f"{result.last_val_bpb:.4f} bits/byte; " if result.last_val_bpb is not None else ""
     click.echo(
-        f"step {result.step}/{result.steps}: {last} ({best}; unigram baseline {result.unigram_baseline:.4f}); "
+        f"step {result.step}/{result.steps}: {last} ({bpb}{best}; unigram baseline {result.unigram_baseline:.4f}); "
         f"{result.seconds:.1f} s, {result.tokens_per_s:,.0f} tokens/s"
     )
     if (result.run_dir / checkpoint.MODEL_FILE).exists():

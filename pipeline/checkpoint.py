@@ -13,6 +13,7 @@ A run directory holds:
     train_state.safetensors  the last step's full state (weights, AdamW moments, data generator)
                              for an exact `--resume`
     log.jsonl                one JSON object per training step and per evaluation
+    eval.json                what `tk eval -m RUN_DIR` measured, one entry per corpus (pipeline/eval_record.py)
     .tk-new-run/             a fresh run's files while they would replace another run's, until its
                              first checkpoint moves them in (`pipeline.rundir.NewRun`)
 
@@ -65,6 +66,7 @@ LOG_FILE = "log.jsonl"
 # weights from, kept through fine-tuning; export-hf writes that class again (Qwen2ForCausalLM)
 HF_ARCHITECTURE = "hf_architecture"
 PIPELINE_FILE = "pipeline.json"
+EVAL_FILE = "eval.json"
 CORPUS_STREAM_FILE = "corpus.stream"
 VAL_STREAM_FILE = "val.stream"
 STAGED_DIR = ".tk-new-run"

@@ -101,6 +101,7 @@ class _Records:
         self.steps = array("q")
         self.loss, self.lr, self.dt, self.grad_norm = array("d"), array("d"), array("d"), array("d")
         self.evals: list[tuple[int, float]] = []
+        self.eval_bpb = array("d")  # each evaluation's val_bits_per_byte; NaN where its record has none
         self.config: dict[str, Any] | None = None
         self.unigram_baseline: float | None = None
         self.status: str | None = None
@@ -116,6 +117,7 @@ class _Records:
             self.grad_norm.append(_number(record.get("grad_norm")))
         elif kind == "eval":
             self.evals.append((step, _number(record.get("val_loss"))))
+            self.eval_bpb.append(_number(record.get("val_bits_per_byte")))  # logged since issue 31
         elif kind == "session":
             self.status = "training"
             if isinstance(record.get("train_config"), dict):
@@ -133,7 +135,8 @@ class TrainingLog:
     """`log.jsonl` of a run, read incrementally: `read()` takes in what was appended since.
 
     Kept per record type: step records as flat arrays (step, loss, lr, dt, grad_norm), evaluations
-    as (step, val_loss), the last session's `train_config` and `unigram_baseline` (written by
+    as (step, val_loss) with their bits per byte beside them (`eval_bpb`: NaN for a record
+    without one, as tk wrote them before issue 31), the last session's `train_config` and `unigram_baseline` (written by
     tk since issue 21), and the run's status: "waiting" (no record yet), "training" (a session
     began), "interrupted" or "diverged" (its last record says so). A read that fails leaves what
     was kept as it was.
@@ -152,7 +155,7 @@ class TrainingLog:
     def _reset(self) -> None:
         kept = _Records()
         self.steps, self.loss, self.lr, self.dt = kept.steps, kept.loss, kept.lr, kept.dt
-        self.grad_norm, self.evals = kept.grad_norm, kept.evals
+        self.grad_norm, self.evals, self.eval_bpb = kept.grad_norm, kept.evals, kept.eval_bpb
         self.config: dict[str, Any] | None = None
         self.unigram_baseline: float | None = None
         self.status = "waiting"
@@ -174,7 +177,7 @@ class TrainingLog:
             self._reset()
         self._offset, self._file_id, self._signature = tail.offset, tail.file_id, signature
         self.damaged += tail.damaged
-        for name in ("steps", "loss", "lr", "dt", "grad_norm"):
+        for name in ("steps", "loss", "lr", "dt", "grad_norm", "eval_bpb"):
             getattr(self, name).extend(getattr(new, name))
         self.evals.extend(new.evals)
         if new.config is not None:

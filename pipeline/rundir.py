@@ -52,11 +52,23 @@ RUN_FILES = (
     checkpoint.PIPELINE_FILE,
     checkpoint.CORPUS_STREAM_FILE,
     checkpoint.VAL_STREAM_FILE,
+    checkpoint.EVAL_FILE,
 )
 
 # A run that saved either can be resumed; the log and the token cache's record are written by tk alone.
 CHECKPOINT_FILES = (checkpoint.MODEL_FILE, checkpoint.STATE_FILE)
 _RUN_MARKS = (checkpoint.LOG_FILE, checkpoint.TOKENS_META_FILE)
+
+
+class RunDirBusy(PipelineError):
+    """The run directory is locked by another process (`who`: "process PID", when it wrote its PID)."""
+
+    def __init__(self, path: Path, who: str) -> None:
+        super().__init__(
+            f"run directory {path} is in use by {who} (another tk run); wait for it to finish or choose another -o"
+        )
+        self.who = who
+
 
 _held: dict[str, list] = {}  # real path -> [lock fd, nesting depth]: this process's locks
 
@@ -138,10 +150,7 @@ class RunDir:
                     holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
                 os.close(fd)
                 who = f"process {holder}" if holder.isdigit() else "another process"
-                raise PipelineError(
-                    f"run directory {self.path} is in use by {who} (another tk run); "
-                    "wait for it to finish or choose another -o"
-                ) from None
+                raise RunDirBusy(self.path, who) from None
             # the holder before us unlinks the file when it is done: lock the file that is there now
             try:
                 same = os.path.samestat(os.fstat(fd), os.stat(lock_path))
@@ -228,8 +237,10 @@ class NewRun:
         if not self.staged:
             return
         try:
-            # the old run's model and state go even when the new run has none yet (no finite evaluation)
-            staging.commit_staged(self.run_dir, self.dir, remove=(checkpoint.MODEL_FILE, checkpoint.STATE_FILE))
+            # the old run's model and state go even when the new run has none yet (no finite evaluation), and
+            # the evaluations of its model (tk eval's) with them
+            remove = (checkpoint.MODEL_FILE, checkpoint.STATE_FILE, checkpoint.EVAL_FILE)
+            staging.commit_staged(self.run_dir, self.dir, remove=remove)
         except FileError as err:
             raise PipelineError(str(err)) from None
         self.dir = self.run_dir

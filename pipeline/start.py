@@ -92,7 +92,7 @@ def train_model(
     )
     with rundir.RunDir(run_dir) as rd:
         run_dir = rd.path
-        own = [checkpoint.MODEL_FILE, checkpoint.STATE_FILE, checkpoint.LOG_FILE]
+        own = [checkpoint.MODEL_FILE, checkpoint.STATE_FILE, checkpoint.LOG_FILE, checkpoint.EVAL_FILE]
         if tokenizer is None:
             own.append(checkpoint.TOKENIZER_FILE)
         stopped = rd.stopped_first_run()  # nothing to resume there: this run takes its place (staged)

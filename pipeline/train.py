@@ -5,7 +5,10 @@ at the scheduled learning rate. Every `eval_interval` steps (and at the last ste
 evaluated on fixed validation windows, `train_state.safetensors` is rewritten (the full state,
 for `--resume`), and `model.safetensors` is rewritten when the validation loss is the best so
 far. So `model.safetensors` holds the best evaluated weights and `train_state.safetensors` the
-last checkpointed step.
+last checkpointed step. Each evaluation is logged in nats per token and in bits per byte
+(pipeline/val_bytes.py). A run started from given weights (`--init-from`) is evaluated before its
+first step too, so its curve starts at the base model: that evaluation is logged at step 0 and is
+neither a checkpoint nor a best (the run's best is among the weights it trained).
 
 Exact resume: the only state a step reads is the weights, the AdamW moments and step count,
 the batch generator and the step number (the schedule is a pure function of it). All of it is
@@ -42,7 +45,7 @@ from tqdm import tqdm
 
 from tokenkit import __version__
 from tokenkit.common.processes import note_interrupt
-from tokenkit.pipeline import checkpoint, data, rundir, trainlog
+from tokenkit.pipeline import checkpoint, data, rundir, trainlog, val_bytes
 from tokenkit.pipeline.config import TrainConfig
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.ranks import Ranks
@@ -66,6 +69,7 @@ class TrainResult:
     best_step: int | None
     last_val_loss: float | None
     last_val_step: int | None
+    last_val_bpb: float | None  # the last evaluation in bits per byte (None: none, or no bytes)
     unigram_baseline: float
     interrupted: bool
     seconds: float
@@ -169,12 +173,20 @@ class TrainingRun:
         self.val_batches = data.eval_batches(
             self.val_ids, config.eval_batches, config.batch_size, config.context_length, config.seed, rows=self.rows
         )
-        # a statistic for the summary and the files, which only rank 0 writes
+        # statistics for the summary and the files, which only rank 0 writes
         self.baseline = (
             data.unigram_baseline(self.train_ids, self.val_ids, tokenizer.vocab_size) if self.leader else math.nan
         )
+        # the validation batches' target bytes, counted on their whole rows (every rank's), once: they are fixed
+        whole = data.eval_batches(
+            self.val_ids, config.eval_batches, config.batch_size, config.context_length, config.seed
+        )
+        self.val_bytes = val_bytes.target_bytes(whole, val_bytes.token_bytes(tokenizer)) if self.leader else 0
         self.last_val_loss: float | None = None
         self.last_val_step: int | None = None
+        self.last_val_bpb: float | None = None
+        # the base model's evaluation at step 0 (a follower takes rank 0's word for it: `take_state`)
+        self.eval_at_start = init is not None and state is None
 
     # -- what gets written -----------------------------------------------------------------
 
@@ -233,9 +245,28 @@ class TrainingRun:
     # -- the loop ----------------------------------------------------------------------------
 
     def evaluate(self) -> float:
-        """Mean loss over the fixed validation batches."""
+        """Mean loss over the fixed validation batches (on every rank: each computes its rows)."""
         B = self.config.batch_size
-        return float(np.mean([self.model.loss(x, y, batch_rows=B) for x, y in self.val_batches]))
+        val = float(np.mean([self.model.loss(x, y, batch_rows=B) for x, y in self.val_batches]))
+        self.last_val_loss, self.last_val_step, self.last_val_bpb = val, self.step, self.bits_per_byte(val)
+        return val
+
+    def bits_per_byte(self, val: float) -> float | None:
+        """`val` (a mean validation loss) in bits per byte of the validation targets (pipeline/val_bytes.py);
+        None on a follower, which counts no bytes, and for targets without bytes."""
+        cfg = self.config
+        n_targets = cfg.eval_batches * cfg.batch_size * cfg.context_length
+        return val_bytes.bits_per_byte(val, n_targets, self.val_bytes)
+
+    def eval_record(self, val: float) -> dict[str, Any]:
+        """The log's record of an evaluation at this step."""
+        return {
+            "type": "eval",
+            "step": self.step,
+            "val_loss": val,
+            "val_bits_per_byte": self.bits_per_byte(val),
+            "best_val_loss": self.best_val_loss,
+        }
 
     # -- MPI: what every rank must share (pipeline/join.py sends it) -------------------------
 
@@ -246,7 +277,9 @@ class TrainingRun:
             **{f"param.{k}": v for k, v in self.model.params.items()},
             **{f"opt.{k}": v for k, v in self.opt.state_dict().items()},
             "rng": data.rng_to_array(self.rng),
-            "counters": np.array([self.step, -1 if self.best_step is None else self.best_step], dtype=np.int64),
+            "counters": np.array(
+                [self.step, -1 if self.best_step is None else self.best_step, int(self.eval_at_start)], dtype=np.int64
+            ),
             "best": best,
         }
 
@@ -255,8 +288,9 @@ class TrainingRun:
         copied into this model's own arrays)."""
         self.opt.load_state_dict({k[4:]: v for k, v in arrays.items() if k.startswith("opt.")})
         self.rng = data.rng_from_array(arrays["rng"])
-        self.step, best_step = (int(x) for x in arrays["counters"])
+        self.step, best_step, eval_at_start = (int(x) for x in arrays["counters"])
         self.best_step = None if best_step < 0 else best_step
+        self.eval_at_start = bool(eval_at_start)
         self.best_val_loss = None if math.isnan(arrays["best"][0]) else float(arrays["best"][0])
 
     def _stop_now(self, stop: threading.Event) -> bool:
@@ -299,6 +333,8 @@ class TrainingRun:
             # Overflow shows as a non-finite loss or norm, which stops the run in one line below;
             # NumPy's warnings about it (in this process and the workers forked here) would add more.
             with _interrupt_flag() as stop, np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                if self.eval_at_start and self.step == 0:  # the base model: where a fine-tuning curve starts
+                    log.write(self.eval_record(self.evaluate()))
                 while self.step < cfg.steps:
                     if self._stop_now(stop):
                         interrupted = True
@@ -358,6 +394,7 @@ class TrainingRun:
             best_step=self.best_step,
             last_val_loss=self.last_val_loss,
             last_val_step=self.last_val_step,
+            last_val_bpb=self.last_val_bpb,
             unigram_baseline=self.baseline,
             interrupted=interrupted,
             seconds=time.perf_counter() - start,
@@ -368,6 +405,7 @@ class TrainingRun:
     def _postfix(self, smooth: float | None, lr: float, tps: float) -> dict[str, str]:
         post = {"loss": f"{smooth:.3f}" if smooth is not None else "-"}
         post["val"] = f"{self.last_val_loss:.3f}" if self.last_val_loss is not None else "-"
+        post["bpb"] = f"{self.last_val_bpb:.3f}" if self.last_val_bpb is not None else "-"
         post["tok/s"] = f"{tps:,.0f}"
         post["lr"] = f"{lr:.2e}"
         return post
@@ -384,11 +422,10 @@ class TrainingRun:
     def checkpoint(self, log: trainlog.JsonlLog) -> None:
         """Evaluate, then save the full state, and the model when it is the best so far."""
         val = self.evaluate()
-        self.last_val_loss, self.last_val_step = val, self.step
         improved = math.isfinite(val) and (self.best_val_loss is None or val < self.best_val_loss)
         if improved:
             self.best_val_loss, self.best_step = val, self.step
-        log.write({"type": "eval", "step": self.step, "val_loss": val, "best_val_loss": self.best_val_loss})
+        log.write(self.eval_record(val))
         if not self.leader:
             return
         if improved:
@@ -409,7 +446,6 @@ class TrainingRun:
             no_model = self.ranks.leaders(no_model)  # the evaluation takes every rank
         if no_model and self.step > 0:
             val = self.evaluate()
-            self.last_val_loss, self.last_val_step = val, self.step
             if self.leader:
                 self.save_model(val, val)
         log.write({"type": "interrupt", "step": self.step})

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tokenkit import __version__
-from tokenkit.pipeline import checkpoint
+from tokenkit.pipeline import checkpoint, eval_record
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.forward_views import (
     ATTENTION_NUMBERS,
@@ -236,7 +236,10 @@ def training_view(run_dir: Path, *, name: str, log: TrainingLog | None = None) -
     points, the lowest and highest loss and the latest RECENT_POINTS steps stay). `status`:
     "waiting" (no record yet), "training", "done" (the last step reached the configured steps),
     "interrupted" or "diverged"; `finished` unless waiting or training. Damaged log lines are
-    skipped and counted (`damaged_lines`)."""
+    skipped and counted (`damaged_lines`). Each evaluation has its bits per byte beside its loss
+    (None in a log written before tk logged them); `evaluations` are what `tk eval -m RUN_DIR`
+    recorded in the run's eval.json (pipeline/eval_record.py; `evaluations_error` says why they
+    cannot be read, None when they can)."""
     run_dir = Path(run_dir)
     log = (log or TrainingLog(run_dir / checkpoint.LOG_FILE)).read()
     config, baseline = log.config, log.unigram_baseline
@@ -259,9 +262,14 @@ def training_view(run_dir: Path, *, name: str, log: TrainingLog | None = None) -
         | {"tokens_per_s": _finite(tokens / t) if tokens and t > 0 else None}
         for s, a, b, t, g in zip(steps, loss, lr, dt, norm, strict=True)
     ]
-    evals = log.evals
-    if len(evals) > TRAIN_POINTS:
-        evals = [evals[i] for i in chart_points(np.array([v for _, v in evals], dtype=np.float64)).tolist()]
+    picked = range(len(log.evals))
+    if len(log.evals) > TRAIN_POINTS:
+        picked = chart_points(np.array([v for _, v in log.evals], dtype=np.float64)).tolist()
+    val = [
+        {"step": log.evals[i][0], "val_loss": _finite(log.evals[i][1]), "val_bits_per_byte": _finite(log.eval_bpb[i])}
+        for i in picked
+    ]
+    evaluations, evaluations_error = eval_record.evaluations(run_dir)
     last_step = int(log.steps[-1]) if n else None
     status = log.status
     total = config.get("steps") if isinstance(config, dict) else None
@@ -272,12 +280,14 @@ def training_view(run_dir: Path, *, name: str, log: TrainingLog | None = None) -
         "config": config,
         "unigram_baseline": baseline,
         "train": train,
-        "val": [{"step": s, "val_loss": _finite(v)} for s, v in evals],
+        "val": val,
         "last_step": last_step,
         "status": status,
         "finished": status not in ("waiting", "training"),
         "decimated": n > TRAIN_POINTS or len(log.evals) > TRAIN_POINTS,
         "damaged_lines": log.damaged,
+        "evaluations": evaluations,
+        "evaluations_error": evaluations_error,
     }
 
 

@@ -448,7 +448,8 @@ def test_training_is_the_log(srv, files):
     assert [p["step"] for p in doc["train"]] == [r["step"] for r in steps]
     assert [p["loss"] for p in doc["train"]] == [r["loss"] for r in steps]
     assert doc["train"][3]["tokens_per_s"] == pytest.approx(8 * 32 / steps[3]["dt"])
-    assert doc["val"] == [{"step": r["step"], "val_loss": r["val_loss"]} for r in records if r["type"] == "eval"]
+    evals = [r for r in records if r["type"] == "eval"]
+    assert doc["val"] == [{k: r[k] for k in ("step", "val_loss", "val_bits_per_byte")} for r in evals]
     meta = checkpoint.load_model(files["run"]).metadata
     assert doc["config"] == meta["provenance"]["train_config"]
     assert doc["unigram_baseline"] == pytest.approx(meta["provenance"]["unigram_baseline"])
@@ -714,7 +715,7 @@ def test_the_training_log_is_read_incrementally_and_decimated(tmp_path):
     with open(path, "a", encoding="utf-8") as f:
         f.write('loss": 2.5}\n{"type": "interrupt", "step": 5000}\n')
     doc = views.training_view(tmp_path, name="r", log=log)
-    assert doc["val"] == [{"step": 5000, "val_loss": 2.5}] and doc["status"] == "interrupted"
+    assert doc["val"] == [{"step": 5000, "val_loss": 2.5, "val_bits_per_byte": None}] and doc["status"] == "interrupted"
     trainlog.truncate_log(path, 10)  # a resume cuts the log back: a new file, read from its start
     doc = views.training_view(tmp_path, name="r", log=log)
     assert doc["last_step"] == 10 and not doc["decimated"] and doc["damaged_lines"] == 0

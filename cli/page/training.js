@@ -1,5 +1,6 @@
-// training.js: the run's loss curves (train and validation against step, the unigram baseline as a line),
-// its learning rate and tokens/s, drawn as inline SVG; while the run is not finished, asked again every 2 s.
+// training.js: the run's loss curves (train and validation against step, the unigram baseline as a line; or
+// the validation loss in bits per byte), its learning rate and tokens/s, drawn as inline SVG, and what tk eval
+// recorded in the run; while the run is not finished, asked again every 2 s.
 "use strict";
 (() => {
   const {el, svg} = TK;
@@ -124,14 +125,40 @@
     return el("div", {class: "stat"}, el("span", {class: "stat-value"}, value), el("span", {class: "stat-label"}, label), extra);
   }
 
-  function content(run, log) {
+  // What `tk eval -m RUN_DIR FILE...` recorded in the run's eval.json: one row per corpus.
+  function evaluations(run) {
+    const head = el("h3", {}, "Evaluations on held-out text (tk eval)");
+    if (run.evaluations_error) return el("section", {id: "evaluations"}, head, el("p", {class: "muted"}, run.evaluations_error));
+    const rows = run.evaluations || [];
+    if (!rows.length) {
+      return el("section", {id: "evaluations"}, head, el("p", {class: "muted"},
+        "None recorded: tk eval -m RUN_DIR FILE... measures the run's model on text it has not seen and keeps the result here."));
+    }
+    const num = (v, digits) => v == null ? "—" : v.toFixed(digits);
+    const cols = [["corpus"], ["model step", "num"], ["tokens", "num"], ["bytes", "num"], ["loss (nats / token)", "num"],
+      ["bits per byte", "num"], ["perplexity", "num"], ["stride / context", "num"], ["when (UTC)"]];
+    const body = rows.map((r) => el("tr", {dataset: {corpus: r.corpus, step: r.step, loss: r.loss, bitsPerByte: r.bits_per_byte}},
+      el("td", {class: "eval-corpus"}, r.corpus), el("td", {class: "num"}, TK.int(r.step)), el("td", {class: "num"}, TK.int(r.tokens)),
+      el("td", {class: "num"}, TK.int(r.bytes)), el("td", {class: "num"}, num(r.loss, 4)), el("td", {class: "num"}, num(r.bits_per_byte, 4)),
+      el("td", {class: "num"}, num(r.perplexity, 3)), el("td", {class: "num"}, `${TK.int(r.stride)} / ${TK.int(r.context)}`),
+      el("td", {}, r.utc ? r.utc.replace("T", " ").replace("Z", "") : "—")));
+    return el("section", {id: "evaluations"}, head, el("div", {class: "table-wrap"}, el("table", {id: "evaluations-table"},
+      el("thead", {}, el("tr", {}, cols.map(([title, cls]) => el("th", {scope: "col", class: cls}, title)))), el("tbody", {}, body))));
+  }
+
+  function content(run, log, unit) {
     // the charts' own units are the page's pixels, so their text stays the page's size
     const full = Math.max(300, Math.min(1400, document.getElementById("view").clientWidth - 40));
     const half = full < 860 ? full : Math.floor((full - 20) / 2);  // .grid2 is one column below 900px
     const train = run.train || [], val = run.val || [];
     const last = train[train.length - 1];
     const total = run.config && run.config.steps;
-    const bestVal = val.length ? Math.min(...val.map((v) => v.val_loss)) : null;
+    // the evaluation at step 0 (a run started --init-from) is the base model's: a point of the curve, not a best
+    const trained = val.filter((v) => v.step > 0);
+    const best = (key) => { const xs = trained.map((v) => v[key]).filter((x) => x != null); return xs.length ? Math.min(...xs) : null; };
+    const bestVal = best("val_loss"), bestBpb = best("val_bits_per_byte");
+    const lastBpb = val.length ? val[val.length - 1].val_bits_per_byte : null;
+    const perByte = unit === "bpb";
     const recent = train.slice(-50).map((t) => t.tokens_per_s).filter((v) => v != null).sort((a, b) => a - b);
     const tps = recent.length ? recent[recent.length >> 1] : null;
     const lossFmt = (v) => v.toFixed(4);
@@ -140,24 +167,36 @@
     const stats = el("div", {class: "stats", id: "training-stats", dataset: {lastStep: run.last_step, finished: run.finished ? "1" : "0"}},
       stat(TK.int(run.last_step) + (total ? ` / ${TK.int(total)}` : ""), "steps", progress),
       stat(last ? lossFmt(last.loss) : "—", "train loss (last step)"),
-      stat(val.length ? lossFmt(val[val.length - 1].val_loss) : "—", `validation loss${bestVal != null ? ` (best ${lossFmt(bestVal)})` : ""}`),
+      stat(val.length ? lossFmt(val[val.length - 1].val_loss) : "—", `validation loss, nats / token${bestVal != null ? ` (best ${lossFmt(bestVal)})` : ""}`),
+      stat(lastBpb != null ? lossFmt(lastBpb) : "—", `validation bits per byte${bestBpb != null ? ` (best ${lossFmt(bestBpb)})` : ""}`),
       stat(run.unigram_baseline != null ? lossFmt(run.unigram_baseline) : "—", "unigram baseline"),
       stat(tps != null ? TK.int(tps) : "—", "tokens / s"));
     if (!train.length) {
-      return [stats, el("p", {class: "muted"}, run.finished ? "This run logged no training step." : "The run has not logged a step yet; this page asks again every 2 s.")];
+      return [stats, el("p", {class: "muted"}, run.finished ? "This run logged no training step." : "The run has not logged a step yet; this page asks again every 2 s."),
+        evaluations(run)];
     }
-    const lossSeries = [
+    // bits per byte: the validation loss alone (a train step's bytes are not counted); per token: both, and the baseline
+    const lossSeries = perByte ? [
+      {name: "validation", cls: "line-val", kind: "val", dots: "shown", tip: lossFmt,
+        points: val.filter((v) => v.val_bits_per_byte != null).map((v) => [v.step, v.val_bits_per_byte])},
+    ] : [
       {name: "train", cls: "line-train", kind: "train", dots: "hidden", tip: lossFmt, points: train.map((t) => [t.step, t.loss])},
       {name: "validation", cls: "line-val", kind: "val", dots: "shown", tip: lossFmt, points: val.map((v) => [v.step, v.val_loss])},
     ];
     const lossChart = chart({width: full, height: 340, series: lossSeries, log, id: "loss-chart", xLabel: "step", xMax: total,
-      yLabel: "loss (nats / token)" + (log ? ", log scale" : ""), format: (v) => String(+v.toPrecision(3)),
-      baseline: run.unigram_baseline != null ? {y: run.unigram_baseline, label: `unigram baseline ${run.unigram_baseline.toFixed(2)}`} : null});
-    const legend = el("div", {class: "legend"},
-      el("span", {}, el("span", {class: "key train"}), "train loss (each step)"),
-      el("span", {}, el("span", {class: "key val"}), "validation loss (each evaluation, ○)"),
-      run.unigram_baseline != null ? el("span", {}, el("span", {class: "key base"}),
-        "unigram baseline: the loss of guessing by token frequency alone") : null);
+      yLabel: (perByte ? "validation loss (bits / byte)" : "loss (nats / token)") + (log ? ", log scale" : ""),
+      format: (v) => String(+v.toPrecision(3)),
+      baseline: !perByte && run.unigram_baseline != null ? {y: run.unigram_baseline, label: `unigram baseline ${run.unigram_baseline.toFixed(2)}`} : null});
+    lossChart.dataset.unit = unit;
+    const base = val.length && val[0].step === 0 ? el("span", {}, "step 0: the model the run started from (--init-from)") : null;
+    const legend = perByte ? el("div", {class: "legend"},
+      el("span", {}, el("span", {class: "key val"}), "validation bits per byte (each evaluation, ○): its loss in bits over its targets' UTF-8 bytes"),
+      el("span", {}, "train loss: per token only (a step's bytes are not counted)"), base)
+      : el("div", {class: "legend"},
+        el("span", {}, el("span", {class: "key train"}), "train loss (each step)"),
+        el("span", {}, el("span", {class: "key val"}), "validation loss (each evaluation, ○)"),
+        run.unigram_baseline != null ? el("span", {}, el("span", {class: "key base"}),
+          "unigram baseline: the loss of guessing by token frequency alone") : null, base);
     const lr = train.filter((t) => t.lr != null).map((t) => [t.step, t.lr]);
     const speed = train.filter((t) => t.tokens_per_s != null).map((t) => [t.step, t.tokens_per_s]);
     const small = el("div", {class: "grid2"},
@@ -167,7 +206,7 @@
       el("section", {}, el("h3", {}, "Tokens per second"),
         speed.length ? chart({width: half, height: 210, id: "speed-chart", xMax: total, xLabel: "step", yLabel: "tokens / s",
           series: [{name: "tokens/s", cls: "line-tps", kind: "tps", points: speed, tip: (v) => TK.int(v)}]}) : el("p", {class: "muted"}, "not logged")));
-    return [stats, legend, lossChart, small];
+    return [stats, legend, lossChart, small, evaluations(run)];
   }
 
   TK.register("training", {
@@ -176,18 +215,27 @@
     noText: true,
     async render(target, state, info, ctx) {
       let run = await TK.api("/api/training");
-      let log = false;
+      let log = false, unit = "nats";
       const status = el("span", {class: "pill", id: "training-status"});
       const logBox = el("input", {type: "checkbox", id: "log-scale"});
+      const unitBox = el("select", {id: "loss-unit"}, el("option", {value: "nats"}, "nats per token"),
+        el("option", {value: "bpb"}, "bits per byte"));
       const body = el("div", {id: "training-body"});
       const paint = () => {
         status.className = "pill" + (run.finished || TK.FILE ? "" : " live");
         status.textContent = run.finished ? "finished" : TK.FILE ? "as the run was when this file was written"
           : "live: following the run every 2 s";
-        body.replaceChildren(...content(run, log));
+        // a log written before tk logged bits per byte has none to show
+        const none = !(run.val || []).some((v) => v.val_bits_per_byte != null);
+        unitBox.disabled = none;
+        unitBox.title = none ? "this run's log has no bits per byte (yet, or written before tk logged them)" : "";
+        if (none) unit = unitBox.value = "nats";
+        body.replaceChildren(...content(run, log, unit));
       };
       logBox.addEventListener("change", () => { log = logBox.checked; paint(); });
+      unitBox.addEventListener("change", () => { unit = unitBox.value; paint(); });
       target.append(el("div", {class: "controls"}, el("h2", {}, run.run || info.run), status,
+        el("span", {class: "field"}, el("label", {for: "loss-unit"}, "loss in"), unitBox),
         el("span", {class: "field"}, logBox, el("label", {for: "log-scale"}, "log scale"))), body);
       paint();
       if (run.finished || TK.FILE) return;  // a `tk explain --html` file holds the run as it was
@@ -199,7 +247,8 @@
           const fresh = await TK.api("/api/training", {}, {fresh: true});
           if (!ctx.live()) return;
           const changed = fresh.last_step !== run.last_step || fresh.finished !== run.finished ||
-            (fresh.val || []).length !== (run.val || []).length || (fresh.train || []).length !== (run.train || []).length;
+            (fresh.val || []).length !== (run.val || []).length || (fresh.train || []).length !== (run.train || []).length ||
+            JSON.stringify(fresh.evaluations) !== JSON.stringify(run.evaluations) || fresh.evaluations_error !== run.evaluations_error;
           run = fresh;
           if (changed) paint();
           if (run.finished) clearInterval(timer);
