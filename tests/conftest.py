@@ -2,7 +2,25 @@
 two modules would start twice), and the constants several modules share: a module imports those
 with `from conftest import NAME`. What a module sizes on purpose stays in that module."""
 
+import pytest
 from browser import browser  # noqa: F401 -- the system Chromium, for test_page*.py
+
+# Modules that drive a browser, MPI ranks, many processes or the CUDA emulator: most of the
+# suite's time. `python -m pytest -q -m "not slow"` runs the rest, for the edit-test loop; CI
+# and the README's command run everything.
+SLOW_MODULES = {
+    "test_page", "test_page_html", "test_page_llama", "test_page_eval", "test_cuda_emulator",
+    "test_fused_attention", "test_mpi", "test_train_mpi", "test_run_dir", "test_children",
+    "test_reliability_signals", "test_reliability_runs", "test_reliability_files", "test_reliability_hangs",
+    "test_reliability_mounts", "test_reliability_sizes", "test_interop", "test_workers", "test_gpu_ranks",
+}  # fmt: skip
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
 
 # A one-layer model of width 32 over windows of 16, 8 at a time: `train-model` and `pipeline`
 # flags for runs that must only start, stop or repeat (test_children, test_reliability_runs,
