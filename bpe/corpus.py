@@ -48,10 +48,10 @@ from fnmatch import fnmatchcase
 from itertools import pairwise
 from typing import NamedTuple
 
-from tokenkit.bpe import io
 from tokenkit.bpe.cut import CUT_CONTEXT, cut_pieces, find_cut
 from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.streams import Input, Reader, codec_of
+from tokenkit.common import progress
 
 __all__ = ["Corpus", "FileRange", "Piece", "as_corpus", "file_ranges", "find_file_cut", "read_range"]
 
@@ -116,7 +116,7 @@ def not_text(head: bytes) -> str | None:
 
 
 def _warn_stderr(message: str) -> None:
-    io.print_line(f"warning: {message}")  # the terminal is io's: a line that leaves a progress bar whole
+    progress.print_line(f"warning: {message}")  # a line that leaves a progress bar whole
 
 
 class Corpus:

@@ -26,13 +26,11 @@ file of ids).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain, pairwise
 
 import numpy as np
-from tqdm import tqdm
 
 from tokenkit.bpe import io
 from tokenkit.bpe.corpus import Corpus, FileRange, find_file_cut
@@ -41,6 +39,7 @@ from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.patterns import BUILTIN, resolve_pattern
 from tokenkit.bpe.pretokenize import count_chunks
 from tokenkit.bpe.tokenizer import Tokenizer
+from tokenkit.common import progress
 from tokenkit.common.mpi import recv_arrays, reduce_to_root, send_arrays
 
 __all__ = ["Split", "encode_file", "pack_counts", "split_files", "train", "unpack_counts"]
@@ -182,17 +181,11 @@ def encode_file(
     first = sum(len(b) for b in blocks[:rank])
     share = tasks[first : first + len(blocks[rank])]
     split = Split([sum(b - a for a, b in block) for block in blocks])
-    bar = tqdm(
-        total=split.bytes_per_rank[rank],
-        unit="B",
-        unit_scale=True,
-        desc="encoding",
-        disable=quiet or rank > 0 or not sys.stderr.isatty(),
-    )
+    bar = progress.bar(total=split.bytes_per_rank[rank], desc="encoding", quiet=quiet or rank > 0)
     with bar:
-        progress = lambda task: bar.update(sum(p.end - p.start for p in task))  # noqa: E731
+        advance = lambda task: bar.update(sum(p.end - p.start for p in task))  # noqa: E731
         between = np.array([] if sep is None else [sep], dtype=tok.ids_dtype).tobytes()
-        pieces = encoded_tasks(tok, share, workers, policy, between, progress)
+        pieces = encoded_tasks(tok, share, workers, policy, between, advance)
         own, count = io.spill_ids(pieces, tok.ids_dtype)  # unnamed: nothing is left behind if the job is aborted
     empty = np.zeros(0, dtype=tok.ids_dtype)
     with own:

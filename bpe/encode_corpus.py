@@ -19,7 +19,6 @@ worker processes that cannot inherit the tokenizer rebuild it with its own class
 from __future__ import annotations
 
 import os
-import sys
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
@@ -27,13 +26,12 @@ from itertools import chain, islice
 from typing import NamedTuple, Protocol
 
 import numpy as np
-from tqdm import tqdm
 
 from tokenkit.bpe import io
 from tokenkit.bpe.corpus import Corpus, file_ranges, read_range
 from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.patterns import BUILTIN
-from tokenkit.common import pool, processes
+from tokenkit.common import pool, processes, progress
 
 __all__ = ["Encoded", "Encodes", "Part", "encode_corpus", "encoded_tasks", "eot_id", "file_tasks", "tasks_of"]
 
@@ -129,17 +127,15 @@ def encode_corpus(
     if (wrong := processes.bad_worker_count(workers)) is not None:  # before any work: a task list 2x workers long
         raise TokenizerError(wrong)
     done = {"bytes": 0, "documents": 0}
-    with tqdm(
-        total=corpus.size, unit="B", unit_scale=True, desc="encoding", disable=quiet or not sys.stderr.isatty()
-    ) as bar:
+    with progress.bar(total=corpus.size, desc="encoding", quiet=quiet) as bar:
 
-        def progress(task: Task) -> None:
+        def advance(task: Task) -> None:
             n = sum(p.end - p.start for p in task)
             done["bytes"] += n
             done["documents"] += sum(p.after_document for p in task)
             bar.update(n)
 
-        pieces = _led(lead, encoded_tasks(tok, tasks_of(tok, corpus), workers, policy, between, progress))
+        pieces = _led(lead, encoded_tasks(tok, tasks_of(tok, corpus), workers, policy, between, advance))
         if out_path is None:
             ids = np.concatenate([np.zeros(0, dtype=tok.ids_dtype), *pieces])
         elif io.save_ids_stream(out_path, tok.ids_dtype, pieces) == 0:

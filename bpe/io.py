@@ -7,7 +7,7 @@ What it does:
 - The atomic `.npy` writer for token ids, its bounded reader (`load_ids`), and unnamed temporary
   files of ids (`spill_ids`, `read_id_blocks`) where MPI ranks keep theirs until rank 0 takes them.
 - What reading and writing any file needs, in one-line TokenizerErrors: `check_readable`,
-  `read_limited`, `write_atomic`; and `print_line`, the one line to the terminal training prints.
+  `read_limited`, `write_atomic`.
 
 What it deliberately does not do: any BPE, or other libraries' files (bpe/library_files.py:
 GPT-2's, Hugging Face's, tiktoken's) or corpora (bpe/corpus.py). It hands plain values (merges,
@@ -35,12 +35,10 @@ import json
 import math
 import os
 import struct
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.patterns import PATTERNS, resolve_pattern
@@ -459,8 +457,3 @@ def _npy_header_of(f, path: Path) -> tuple[np.dtype, tuple[int, ...], bool, int]
     except Exception as err:  # numpy's header parser raises ValueError, SyntaxError, ...: one line for all
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise TokenizerError(f"{path}: not a .npy file of token ids (bad header: {first})") from None
-
-
-def print_line(line: str) -> None:
-    """One line to stderr without breaking a running progress bar (train's verbose=True)."""
-    tqdm.write(line, file=sys.stderr)

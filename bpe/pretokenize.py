@@ -27,17 +27,14 @@ read files other than through `bpe.corpus`.
 
 from __future__ import annotations
 
-import sys
 from collections import Counter, deque
 from collections.abc import Iterator
-
-from tqdm import tqdm
 
 from tokenkit.bpe.corpus import as_corpus
 from tokenkit.bpe.cut import find_cut
 from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.patterns import BUILTIN, GPT2_PATTERN, GPT4_PATTERN, PATTERNS, compile_pattern, resolve_pattern
-from tokenkit.common import pool, processes
+from tokenkit.common import pool, processes, progress
 from tokenkit.common.messages import one_line
 
 # The pattern names and find_cut are re-exported: callers have always found them here.
@@ -239,8 +236,8 @@ def _counted() -> Counter:
     return _worker_totals
 
 
-def _bar(total: int | None, quiet: bool) -> tqdm:
-    return tqdm(total=total, desc="counting", unit="B", unit_scale=True, disable=quiet or not sys.stderr.isatty())
+def _bar(total: int | None, quiet: bool):
+    return progress.bar(total=total, desc="counting", quiet=quiet)
 
 
 def _chain(first, second, rest: Iterator) -> Iterator:

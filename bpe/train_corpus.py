@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TypeVar
 
-from tokenkit.bpe import io
 from tokenkit.bpe.corpus import Corpus, Source, as_corpus
 from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.patterns import resolve_pattern
 from tokenkit.bpe.pretokenize import count_chunks
 from tokenkit.bpe.show import token_repr
 from tokenkit.bpe.trainer import train_merges
+from tokenkit.common import progress
 
 __all__ = ["MERGE_COUNTS", "TrainReport", "describe_merge", "train"]
 
@@ -115,7 +115,7 @@ def train(
 
         def on_merge(rank, pair, count):
             vocab.append(vocab[pair[0]] + vocab[pair[1]])
-            io.print_line(describe_merge(vocab, rank, pair, count))
+            progress.print_line(describe_merge(vocab, rank, pair, count))
 
     result = train_merges(
         counts,

@@ -33,17 +33,16 @@ What this module deliberately does not do: read files, split text, or know speci
 
 from __future__ import annotations
 
-import sys
 from array import array
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush, heapreplace
 
 import numpy as np
-from tqdm import tqdm
 
 from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.merge import merge_pair, pair_counts
+from tokenkit.common import progress
 
 __all__ = ["TrainResult", "pack_pair", "train_merges", "train_merges_naive", "unpack_pair"]
 
@@ -98,7 +97,7 @@ def train_merges(
     merges: list[tuple[int, int]] = []
     counts: list[int] = []
     stop_reason = "no_pairs"
-    with tqdm(total=max_merges, desc="merging", unit=" merges", disable=quiet or not sys.stderr.isatty()) as bar:
+    with progress.bar(total=max_merges, desc="merging", unit=" merges", quiet=quiet) as bar:
         while True:
             if max_merges is not None and len(merges) >= max_merges:
                 stop_reason = "vocab_size"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import unicodedata
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from tokenkit.cli.options import (
 )
 from tokenkit.cli.params import count
 from tokenkit.cli.specials import special_options
+from tokenkit.common import progress
 
 # NumPy, the model and the codec are imported when the command runs, not for its --help.
 
@@ -129,8 +129,6 @@ def eval_command(
     if by_language or group_by is not None or pattern is not None:
         raise click.UsageError("--by-language, --group-by and --pattern are for comparing tokenizers (-t without -m)")
     tokenizer_path = Path(tokenizer_paths[0]) if tokenizer_paths else None
-    from tqdm import tqdm
-
     from tokenkit.bpe import Corpus
     from tokenkit.pipeline.eval_record import EvalRecord
     from tokenkit.pipeline.evaluate import score_texts
@@ -145,8 +143,8 @@ def eval_command(
         raise click.UsageError(
             f"--stride {stride} is more than the model's context ({context}); give at most {context}"
         )
-    hide = quiet or as_json or not sys.stderr.isatty()
-    with tqdm(total=inputs.size, unit="B", unit_scale=True, desc="scoring", disable=hide) as bar:
+    hide = quiet or as_json
+    with progress.bar(total=inputs.size, desc="scoring", quiet=hide) as bar:
         score = score_texts(model, tok, inputs.documents(), special_policy, stride=stride, progress=bar.update)
     stride = stride or max(1, context // 2)
     if score.skipped and not as_json:
@@ -172,8 +170,6 @@ def eval_command(
 def _eval_tokenizers(
     values, corpus, by_language, group_by, pattern, glob, text_field, binary, as_json, quiet, special_policy
 ) -> int:
-    from tqdm import tqdm
-
     from tokenkit.bpe import Corpus
     from tokenkit.bpe.tokenizer_eval import compare
 
@@ -187,8 +183,8 @@ def _eval_tokenizers(
     if pattern is not None and not any(_takes_pattern(s) for s in sources):
         raise click.UsageError("--pattern is for a bare .tiktoken file or GPT-2's pair given with -t; leave it out")
     documents = inputs.grouped_documents() if group_by else ((None, d) for d in inputs.documents())
-    hide = quiet or as_json or not sys.stderr.isatty()
-    with tqdm(total=inputs.size, unit="B", unit_scale=True, desc="encoding", disable=hide) as bar:
+    hide = quiet or as_json
+    with progress.bar(total=inputs.size, desc="encoding", quiet=hide) as bar:
         result = compare(tokenizers, documents, special_policy, progress=bar.update)
     sections = [*((f"{group_by} {g}", figures) for g, figures in result.groups.items()), ("all", result.total)]
     if as_json:

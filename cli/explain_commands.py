@@ -16,7 +16,6 @@ import click
 from tokenkit.cli.options import check_device, device_option, json_option, model_option, top_k_option
 from tokenkit.cli.params import count
 from tokenkit.cli.specials import special_options
-from tokenkit.common import atomic
 from tokenkit.pipeline.names import VIEWS
 
 if TYPE_CHECKING:
@@ -90,6 +89,7 @@ def explain_command(
     from tokenkit.bpe.show import token_repr
     from tokenkit.cli import page_file
     from tokenkit.cli.explain_render import render, render_tokens
+    from tokenkit.common import atomic
     from tokenkit.pipeline import views
     from tokenkit.pipeline.checkpoint import load_model, write_bytes
     from tokenkit.transformer.explain_examples import explain_example

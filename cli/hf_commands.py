@@ -15,7 +15,6 @@ from pathlib import Path
 import click
 
 from tokenkit.cli.options import out_option, overwrite_option, tokenizer_option
-from tokenkit.common import atomic, atomic_dir
 
 
 @click.command("export-hf")
@@ -35,6 +34,7 @@ def export_hf_command(model_path, directory, tokenizer_path, overwrite) -> int:
     Example:
       tk export-hf runs/demo -o demo-hf
     """
+    from tokenkit.common import atomic_dir
     from tokenkit.pipeline import hf_export
 
     atomic_dir.check_output_dir(directory)
@@ -79,6 +79,7 @@ def import_hf_command(directory, out, overwrite, context, tokenizer_json) -> int
     Example:
       tk import-hf gpt2-hf -o gpt2.safetensors
     """
+    from tokenkit.common import atomic
     from tokenkit.pipeline import hf_import
 
     atomic.check_output(out)  # a device, FIFO or socket at -o is refused, with or without --overwrite

@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 
 from tokenkit.cli.params import count
-from tokenkit.pipeline.config import MAX_WORKERS
+from tokenkit.common.processes import MAX_WORKERS
 from tokenkit.pipeline.names import MAX_NEW_TOKENS
 
 # -t's help in the commands that run a trained model, and in those that only need its tokenizer

@@ -34,7 +34,6 @@ from tokenkit.cli.options import (
 )
 from tokenkit.cli.params import count
 from tokenkit.cli.specials import flags_in_errors, special_options
-from tokenkit.common import atomic, atomic_dir
 from tokenkit.common.messages import short
 
 if TYPE_CHECKING:
@@ -108,6 +107,7 @@ def bpe_train_command(
 def _bpe_train(comm, corpus, vocab_size, min_frequency, pattern, specials, workers, verbose, quiet, output) -> int:
     from tokenkit.bpe import Tokenizer
     from tokenkit.bpe.train_corpus import describe_merge
+    from tokenkit.common import atomic
 
     atomic.check_output(output)  # a device, FIFO or socket at -o is refused before the counting
     on_merge = None
@@ -188,6 +188,7 @@ def encode_command(
       tk encode -t tok.safetensors -f corpus.txt -o ids.npy
       tk encode -t tok.safetensors -f docs.jsonl.gz --text-field text --eot '<|endoftext|>' -o ids.npy
     """
+    from tokenkit.common import atomic
     from tokenkit.pipeline.checkpoint import load_tokenizer
 
     if (text is None) == (file is None):
@@ -325,6 +326,7 @@ def bpe_import_command(sources, output, pattern, specials) -> int:
       tk bpe-import gpt2.tiktoken --pattern gpt2 --special '<|endoftext|>' -o gpt2.safetensors
     """
     from tokenkit.bpe import Tokenizer, formats
+    from tokenkit.common import atomic
 
     atomic.check_output(output)
     if len(sources) > 2:
@@ -373,6 +375,7 @@ def bpe_export_command(tokenizer_path, output, fmt, overwrite) -> int:
       tk bpe-export tok.safetensors --format hf -o tok_hf/
       tk bpe-export tok.safetensors --format tiktoken -o tok_tiktoken/
     """
+    from tokenkit.common import atomic_dir
     from tokenkit.pipeline.checkpoint import load_tokenizer
 
     atomic_dir.check_output_dir(output)

@@ -28,16 +28,21 @@ steps, with shared memory; it stops them with `kill_and_reap`, this module's one
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
-from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenkit.common.processes import die_with_parent, signals_held
+
+if TYPE_CHECKING:
+    import multiprocessing
+    from multiprocessing.connection import Connection
+
+# multiprocessing is imported when a pool starts: a command that never starts one (`tk encode
+# TEXT`) does not pay for it.
 
 __all__ = ["PoolError", "TaskPool", "kill_and_reap"]
 
@@ -69,6 +74,8 @@ def kill_and_reap(pids: Iterable[int]) -> None:
 def _context() -> multiprocessing.context.BaseContext:
     """fork on Linux (workers inherit what the parent built: a tokenizer and its warm cache);
     elsewhere fork is missing or unsafe (macOS system libraries), so spawn."""
+    import multiprocessing
+
     return multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
 
 
@@ -122,6 +129,8 @@ class TaskPool:
     def map(self, tasks: Iterable, window: int) -> Iterator:
         """The result of each task, in order; at most `window` tasks (at least one per worker)
         are taken from `tasks` ahead of the result awaited."""
+        from multiprocessing.connection import wait as multiprocessing_wait
+
         tasks = iter(tasks)
         window = max(window, len(self._conns))
         results: dict[int, Any] = {}  # index -> result, finished ahead of the one awaited
@@ -148,7 +157,7 @@ class TaskPool:
                 continue
             if not busy:
                 return
-            for conn in wait([self._conns[k] for k in busy]):
+            for conn in multiprocessing_wait([self._conns[k] for k in busy]):
                 k = self._conns.index(conn)
                 results[busy.pop(k)] = self._reply(k)
                 idle.append(k)

@@ -32,7 +32,6 @@ import contextlib
 import dataclasses
 import math
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -41,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from tokenkit import __version__
+from tokenkit.common import progress
 from tokenkit.common.processes import note_interrupt
 from tokenkit.pipeline import checkpoint, data, rundir, trainlog, val_bytes
 from tokenkit.pipeline.config import TrainConfig
@@ -321,12 +320,12 @@ class TrainingRun:
         steps_done = 0
         interrupted = False
         smooth: float | None = None
-        bar = tqdm(
+        bar = progress.bar(
             total=cfg.steps,
             initial=self.step,
             desc="train",
             unit="step",
-            disable=self.quiet or not self.leader or not sys.stderr.isatty(),
+            quiet=self.quiet or not self.leader,
             dynamic_ncols=True,
         )
         try:

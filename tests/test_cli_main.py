@@ -119,3 +119,32 @@ def test_each_command_s_help_loads_no_numpy():
         out, modules = _modules_after([name, "--help"])
         assert out.startswith(f"Usage: tk {name}"), out
         assert "numpy" not in modules, name
+
+
+def test_encoding_a_text_loads_no_progress_bar_pool_or_model(tmp_path):
+    """`tk encode -t TOK TEXT` draws no bar, starts no workers and runs no model: tqdm,
+    multiprocessing and the model's code stay unloaded (common/progress.py imports tqdm on the
+    first bar)."""
+    from tokenkit.bpe import Tokenizer
+
+    tok = tmp_path / "tok.safetensors"
+    Tokenizer([]).save(tok)
+    out, modules = _modules_after(["encode", "-t", str(tok), "hi"])
+    assert out.split() == ["104", "105"]
+    assert not modules & {"tqdm", "multiprocessing", "tokenkit.transformer.model", "tokenkit.pipeline.train"}
+
+
+def test_progress_bars_hide_when_quiet_or_not_a_terminal_and_lines_pass_through(capsys, monkeypatch):
+    import io
+    import sys
+
+    from tokenkit.common import progress
+
+    with progress.bar(total=10, desc="x", quiet=True) as bar:
+        assert bar.disable
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal
+    with progress.bar(total=10, desc="x") as bar:
+        assert bar.disable
+    monkeypatch.undo()
+    progress.print_line("a line")
+    assert capsys.readouterr().err == "a line\n"
