@@ -28,11 +28,11 @@ import shutil
 import stat
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
+from capped import one_line, run_capped
 from conftest import HILL_WORDS  # the twelve words of test_run_dir's corpus
 
 from tokenkit.bpe import Tokenizer
@@ -45,65 +45,10 @@ CALL_SECONDS = 20
 TINY = ["--n-layers", "1", "--n-heads", "2", "--d-model", "32", "--context-length", "16", "--batch-size", "4"]
 TINY += ["--eval-batches", "2", "--warmup-steps", "1", "--workers", "1"]
 
-# Runs `main(argv)` for each argv read from stdin, each under an alarm, in a process whose address
-# space is capped: [exit code or "hung" or "raised", stdout, stderr] for each, as JSON.
-DRIVER = textwrap.dedent(
-    """
-    import contextlib, io, json, resource, signal, sys, traceback
-    from tokenkit.cli.main import main
-
-    with open("/proc/self/statm") as f:
-        vm = int(f.read().split()[0]) * resource.getpagesize()
-    resource.setrlimit(resource.RLIMIT_AS, (vm + (2 << 30), resource.getrlimit(resource.RLIMIT_AS)[1]))
-
-    class Hung(BaseException):
-        pass
-
-    def hung(signum, frame):
-        raise Hung
-
-    signal.signal(signal.SIGALRM, hung)
-    results = []
-    for argv in json.load(sys.stdin):
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            signal.alarm(int(sys.argv[1]))
-            try:
-                code = main(argv)
-            except Hung:
-                code = "hung"
-            except BaseException:
-                code = "raised"
-                traceback.print_exc()
-            finally:
-                signal.alarm(0)
-        results.append([code, out.getvalue(), err.getvalue()])
-    json.dump(results, sys.__stdout__)
-    """
-)
-
 
 def tk_many(calls: list[list], seconds: int = CALL_SECONDS) -> list[tuple]:
-    """(exit code | "hung" | "raised", stdout, stderr) of `tk ARGV` for each argv, in one child process."""
-    argvs = [[str(a) for a in argv] for argv in calls]
-    proc = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(seconds)],
-        input=json.dumps(argvs),
-        capture_output=True,
-        text=True,
-        timeout=seconds * len(argvs) + 60,
-    )
-    assert proc.returncode == 0, f"the child died ({proc.returncode}): {proc.stderr[-3000:]}"
-    return [tuple(r) for r in json.loads(proc.stdout)]
-
-
-def one_line(result: tuple, *fragments: str) -> str:
-    code, _, err = result
-    lines = err.strip().splitlines()
-    assert code == 1 and len(lines) == 1 and lines[0].startswith("error: "), f"exit {code}:\n{err[-3000:]}"
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
+    """(exit code | "hung" | "raised", stdout, stderr) of `tk ARGV` for each argv, in one capped child process."""
+    return [r[:3] for r in run_capped(calls, seconds)]
 
 
 def cli(capsys, *argv) -> tuple[int, str, str]:

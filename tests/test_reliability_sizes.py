@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from capped import one_line, run_capped
 from conftest import HILL_WORDS, random_model
 
 from tokenkit.bpe import Tokenizer
@@ -52,76 +53,12 @@ BIG = GPTConfig(vocab_size=300, context_length=32, d_model=1536, n_layers=3, n_h
 # ~3.2 GB: more than a child capped at 2 GiB above its size can hold (`run_many`)
 HUGE = GPTConfig(vocab_size=300, context_length=32, d_model=4096, n_layers=4, n_heads=32)
 
-# Runs `main(argv)` for each argv read from stdin, each under an alarm, in a process whose address
-# space is capped at 2 GiB above its size: for each, [exit code or "hung" or "raised", stdout,
-# stderr, seconds, growth of the peak resident size in bytes, bytes read by read()], as JSON.
-# The first argv is a warm-up whose imports and caches the others' growth does not count.
-DRIVER = textwrap.dedent(
-    """
-    import contextlib, io, json, resource, signal, sys, time, traceback
-    from tokenkit.cli.main import main
-
-    with open("/proc/self/statm") as f:
-        vm = int(f.read().split()[0]) * resource.getpagesize()
-    resource.setrlimit(resource.RLIMIT_AS, (vm + (2 << 30), resource.getrlimit(resource.RLIMIT_AS)[1]))
-
-    class Hung(BaseException):
-        pass
-
-    def hung(signum, frame):
-        raise Hung
-
-    def read_bytes():
-        with open("/proc/self/io") as f:
-            return int(next(line for line in f if line.startswith("rchar:")).split()[1])
-
-    signal.signal(signal.SIGALRM, hung)
-    results = []
-    for argv in json.load(sys.stdin):
-        out, err = io.StringIO(), io.StringIO()
-        peak, got, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, read_bytes(), time.perf_counter()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            signal.alarm(int(sys.argv[1]))
-            try:
-                code = main(argv)
-            except Hung:
-                code = "hung"
-            except BaseException:
-                code = "raised"
-                traceback.print_exc()
-            finally:
-                signal.alarm(0)
-        seconds, got = time.perf_counter() - start, read_bytes() - got
-        grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) * 1024
-        results.append([code, out.getvalue(), err.getvalue(), seconds, grew, got])
-    json.dump(results, sys.__stdout__)
-    """
-)
-
 
 def run_many(calls: list[list]) -> list[tuple]:
-    """`DRIVER`'s results for each argv, the first (the warm-up) included, in one child process."""
-    argvs = [[str(a) for a in argv] for argv in calls]
-    proc = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(SECONDS)],
-        input=json.dumps(argvs),
-        capture_output=True,
-        text=True,
-        timeout=SECONDS * len(argvs) + 60,
-    )
-    assert proc.returncode == 0, f"the child died ({proc.returncode}): {proc.stderr[-3000:]}"
-    results = [tuple(r) for r in json.loads(proc.stdout)]
+    """`capped.DRIVER`'s six results for each argv, the first (the warm-up) included."""
+    results = run_capped(calls, SECONDS)
     assert results[0][0] == 0, f"the warm-up failed: {results[0][2][-2000:]}"
     return results
-
-
-def one_line(result: tuple, *fragments: str) -> str:
-    code, _, err, seconds, grew, _ = result
-    lines = err.strip().splitlines()
-    assert code == 1 and len(lines) == 1 and lines[0].startswith("error: "), f"exit {code}:\n{err[-3000:]}"
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 def sparse_model(path: Path, like: Path, config: GPTConfig) -> int:
