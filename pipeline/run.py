@@ -261,11 +261,13 @@ class PipelineResult:
     prompt: str
 
 
-def _tokenizer_stage(corpus: sources.RunCorpus, run_dir: Path, vocab_size: int, quiet: bool, say):
+def _tokenizer_stage(corpus: sources.RunCorpus, run_dir: Path, vocab_size: int, quiet: bool, say, before_training):
     """(tokenizer, "reused" | "trained", the pipeline.json stamp to write when the run starts).
 
     The tokenizer is trained on the training inputs alone (never on a --val corpus); a v1
-    stamp's `corpus_sha256` is its corpus fingerprint, and it had no special tokens."""
+    stamp's `corpus_sha256` is its corpus fingerprint, and it had no special tokens.
+    `before_training()` runs first when it must be trained: it may refuse (a directory holding
+    another run's tokenizer, or a damaged pipeline.json) before minutes of work."""
     tok_path = run_dir / checkpoint.TOKENIZER_FILE
     stamp = checkpoint.read_json(run_dir / checkpoint.PIPELINE_FILE)
     stamp = stamp if isinstance(stamp, dict) else {}
@@ -280,6 +282,7 @@ def _tokenizer_stage(corpus: sources.RunCorpus, run_dir: Path, vocab_size: int, 
         if tok.fingerprint() == stamp.get("tokenizer_fingerprint"):
             say(f"tokenizer: up to date ({tok_path}, vocab {tok.vocab_size})")
             return tok, "reused", None
+    before_training()
     say(f"tokenizer: training BPE on {corpus.spec.describe()} (vocab {vocab_size})")
     tok = fit_tokenizer(corpus, vocab_size, quiet=quiet)
     new_stamp = {
@@ -341,13 +344,18 @@ def run_pipeline(
         stages: dict[str, str] = {}
         try:
             corpus.val_fingerprint()  # a malformed --val stops the run here, before any training
-            tok, stages["tokenizer"], stamp = _tokenizer_stage(corpus, run_dir, vocab_size, quiet, say)
-            if stamp is not None and not overwrite:
-                rundir.refuse_conflicts(
-                    run_dir,
-                    rd.present([checkpoint.TOKENIZER_FILE]),
-                    what="a tokenizer trained on another corpus or vocabulary size",
-                )
+
+            def refuse_another_tokenizer() -> None:
+                if not overwrite:
+                    rundir.refuse_conflicts(
+                        run_dir,
+                        rd.present([checkpoint.TOKENIZER_FILE]),
+                        what="a tokenizer trained on another corpus or vocabulary size",
+                    )
+
+            tok, stages["tokenizer"], stamp = _tokenizer_stage(
+                corpus, run_dir, vocab_size, quiet, say, refuse_another_tokenizer
+            )
             tokens = data.prepare_tokens(corpus, tok, run_dir, quiet=quiet, commit=False)
         finally:
             corpus.discard()  # copies of streams are still the corpus's only when this failed (the tokens took them)

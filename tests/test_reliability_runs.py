@@ -126,3 +126,20 @@ def test_resume_in_a_pipeline_that_stopped_before_its_first_checkpoint_names_tk_
     rerun = _tk("pipeline", *flags)
     assert rerun.returncode == 0, rerun.stderr
     assert (run / "train_state.safetensors").exists()
+
+
+@pytest.mark.parametrize("stamp", ["[]", '{"vocab_size": "many"}', "{not json", ""])
+def test_a_damaged_pipeline_json_is_refused_before_the_tokenizer_trains_again(corpus, tmp_path, stamp):
+    """A pipeline run whose pipeline.json is damaged no longer says which corpus its tokenizer
+    came from: the rerun refuses in one line at once (its tokenizer would be replaced), instead of
+    training a new tokenizer first and refusing after; with --overwrite it starts again."""
+    run = tmp_path / "pipe"
+    flags = [*SMALL, *SAME, "--steps", "4", "--eval-interval", "2", "--vocab-size", "300", "-n", "2"]
+    assert _tk("pipeline", corpus, "-o", run, *flags, "-q").returncode == 0
+    tokenizer = (run / "tokenizer.safetensors").read_bytes()
+    (run / "pipeline.json").write_text(stamp, encoding="utf-8")
+    proc = _tk("pipeline", corpus, "-o", run, *flags)  # not quiet: a tokenizer trained first would say so
+    _one_error(proc, "tokenizer.safetensors", "--overwrite")
+    assert "training BPE" not in proc.stderr and (run / "tokenizer.safetensors").read_bytes() == tokenizer
+    assert (run / "pipeline.json").read_text(encoding="utf-8") == stamp  # nothing of the run was touched
+    assert _tk("pipeline", corpus, "-o", run, *flags, "-q", "--overwrite").returncode == 0
