@@ -3,6 +3,7 @@
     python bench/readme_examples.py            # print each command and its fresh output
     python bench/readme_examples.py --write    # also rewrite the example blocks of every page with them
     python bench/readme_examples.py --keep     # leave the scratch directory (its path is printed) to look at
+    python bench/readme_examples.py --check    # exit 1 when a line differs from the page, timings aside
 
 Each fenced example block holds `$ command` lines, each followed by its output. All pages run in
 one scratch directory, with `corpora/` linked in and `../shared` beside it (blocks that need
@@ -97,6 +98,23 @@ def masked(line: str) -> str:
     return re.sub(r"\d[\d,.]*", "#", line).strip()
 
 
+# A timing and what follows it: seconds, milliseconds, any rate per second.
+_TIMING = re.compile(r"\d[\d,.]*\s*(?:ms|s|[\w ]*/s)\b")
+
+
+def untimed(line: str) -> str:
+    """`line` with its timings masked: what `--check` compares (ids, counts, messages and, on the
+    machine the pages name, losses are the same in every run)."""
+    return _TIMING.sub("<time>", line)
+
+
+def differences(old: list[str], new: list[str]) -> list[str]:
+    """The lines of a block that differ from the page's, timings aside, as `- old` / `+ new`."""
+    if [untimed(line) for line in old] == [untimed(line) for line in new]:
+        return []
+    return [f"- {line}" for line in old if line not in new] + [f"+ {line}" for line in new if line not in old]
+
+
 def excerpt(old: list[str], new: list[str]) -> list[str]:
     """`new` shortened the way `old` is (see the module docstring)."""
     if "..." not in old:
@@ -177,6 +195,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="rewrite the example blocks of README.md and docs/*.md")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory and print its path")
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 when an output differs from its page, timings aside"
+    )
     args = parser.parse_args()
     texts = {path: path.read_text(encoding="utf-8").splitlines() for path in pages()}
     found = [(path, k, a, b) for path, lines in texts.items() for k, (a, b) in enumerate(blocks(lines))]
@@ -241,6 +262,17 @@ def main() -> int:
         if args.write:
             print("nothing written", file=sys.stderr)
         return 1
+    if args.check:
+        changed = []
+        for (path, k), rebuilt in new_blocks.items():
+            a, b = blocks(texts[path])[k]
+            diff = differences(texts[path][a:b], rebuilt)
+            if diff:
+                changed.append(f"{path.relative_to(REPO)}, line {a + 1}:\n" + "\n".join("  " + d for d in diff))
+        if changed:
+            print("outputs that differ from their pages (timings aside):\n" + "\n".join(changed), file=sys.stderr)
+            return 1
+        print("every example's output is its page's, timings aside", file=sys.stderr)
     if args.write:
         stamp = machine()
         for path, lines in texts.items():
