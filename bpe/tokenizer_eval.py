@@ -39,7 +39,19 @@ from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.show import token_str
 from tokenkit.bpe.tokenizer import Tokenizer
 
-__all__ = ["Comparison", "Figures", "compare"]
+__all__ = ["Comparison", "Figures", "compare", "token_lengths"]
+
+
+def token_lengths(tokenizer: Tokenizer) -> np.ndarray:
+    """(vocab_size,) int64: the bytes each id stands for; 0 for a special token (a marker, not
+    text) and for an id a listed vocabulary leaves without bytes.
+
+    >>> token_lengths(Tokenizer([(104, 105)], special_tokens={"<|eot|>": 257}))[[104, 256, 257]].tolist()
+    [1, 2, 0]
+    """
+    lengths = np.array([len(b) for b in tokenizer.layout.id_bytes], dtype=np.int64)
+    lengths[list(tokenizer.special_tokens.values())] = 0
+    return lengths
 
 
 @dataclass
@@ -154,11 +166,7 @@ def compare(
     policies = [tok.special_policy(**policy) for tok in tokenizers]
     for tok in tokenizers:
         tok.warm_up()  # its tables, built once: not part of the encode speed
-    lengths = []
-    for tok in tokenizers:
-        ids_bytes = np.array([len(b) for b in tok.layout.id_bytes], dtype=np.int64)
-        ids_bytes[list(tok.special_tokens.values())] = 0
-        lengths.append(ids_bytes)
+    lengths = [token_lengths(tok) for tok in tokenizers]
     total = [_Tally(n) for n in lengths]
     groups: dict[str, list[_Tally]] = {}
     for group, doc in documents:

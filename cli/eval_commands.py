@@ -131,7 +131,7 @@ def eval_command(
     tokenizer_path = Path(tokenizer_paths[0]) if tokenizer_paths else None
     from tokenkit.bpe import Corpus
     from tokenkit.pipeline.eval_record import EvalRecord
-    from tokenkit.pipeline.evaluate import score_texts
+    from tokenkit.pipeline.evaluate import default_stride, score_texts
     from tokenkit.pipeline.run import load_model_and_tokenizer
 
     check_device(device)
@@ -146,20 +146,18 @@ def eval_command(
     hide = quiet or as_json
     with progress.bar(total=inputs.size, desc="scoring", quiet=hide) as bar:
         score = score_texts(model, tok, inputs.documents(), special_policy, stride=stride, progress=bar.update)
-    stride = stride or max(1, context // 2)
-    if score.skipped and not as_json:
-        note(f"skipped {score.skipped:,} documents shorter than two tokens (nothing to predict in them)")
+    stride = stride or default_stride(context)
     if as_json:
-        doc = {**score.to_dict(), "stride": stride, "context": context, "model": str(model_path)}
-        click.echo(json.dumps(doc))
-        record.write(score, stride=stride, context=context, say=notes(quiet), warn=warn)  # a run directory's eval.json
-        return 0
-    click.echo(f"documents:      {score.documents:,}")
-    click.echo(f"tokens scored:  {score.tokens:,} (windows of {context} tokens, stride {stride})")
-    click.echo(f"bytes:          {score.bytes:,}")
-    click.echo(f"loss:           {score.loss:.4f} nats per token")
-    click.echo(f"bits per byte:  {score.bits_per_byte:.4f}")
-    click.echo(f"perplexity:     {score.perplexity:.3f}")
+        click.echo(json.dumps({**score.to_dict(), "stride": stride, "context": context, "model": str(model_path)}))
+    else:
+        if score.skipped:
+            note(f"skipped {score.skipped:,} documents shorter than two tokens (nothing to predict in them)")
+        click.echo(f"documents:      {score.documents:,}")
+        click.echo(f"tokens scored:  {score.tokens:,} (windows of {context} tokens, stride {stride})")
+        click.echo(f"bytes:          {score.bytes:,}")
+        click.echo(f"loss:           {score.loss:.4f} nats per token")
+        click.echo(f"bits per byte:  {score.bits_per_byte:.4f}")
+        click.echo(f"perplexity:     {score.perplexity:.3f}")
     record.write(score, stride=stride, context=context, say=notes(quiet), warn=warn)  # a run directory's eval.json
     return 0
 

@@ -66,6 +66,11 @@ def windows(n_ids: int, context: int, stride: int) -> list[Window]:
     return out
 
 
+def default_stride(context: int) -> int:
+    """Half the context: each token scored after at least half a window of text."""
+    return max(1, context // 2)
+
+
 def token_losses(model, ids: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """ids, targets (B, T) -> each target's cross-entropy in nats (B, T), float64 on the host:
     log-sum-exp of the logits minus the target's logit (the sums in float64)."""
@@ -122,7 +127,7 @@ def score_documents(
     """Score each (ids, UTF-8 bytes of its text) document; `stride` defaults to half the context.
     `progress(n)` is told each document's bytes as it is taken in."""
     context = model.config.context_length
-    stride = max(1, context // 2) if stride is None else stride
+    stride = default_stride(context) if stride is None else stride
     per_pass = max(1, LOGITS_BYTES // (context * model.config.vocab_size * 4))
     score = Score()
     waiting: dict[int, list[tuple[np.ndarray, Window]]] = {}  # windows of one width run together

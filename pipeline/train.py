@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from tokenkit import __version__
+from tokenkit.bpe.tokenizer_eval import token_lengths
 from tokenkit.common import progress
 from tokenkit.common.processes import note_interrupt
 from tokenkit.pipeline import checkpoint, data, rundir, trainlog, val_bytes
@@ -180,7 +181,7 @@ class TrainingRun:
         whole = data.eval_batches(
             self.val_ids, config.eval_batches, config.batch_size, config.context_length, config.seed
         )
-        self.val_bytes = val_bytes.target_bytes(whole, val_bytes.token_bytes(tokenizer)) if self.leader else 0
+        self.val_bytes = val_bytes.target_bytes(whole, token_lengths(tokenizer)) if self.leader else 0
         self.last_val_loss: float | None = None
         self.last_val_step: int | None = None
         self.last_val_bpb: float | None = None

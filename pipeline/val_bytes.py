@@ -27,28 +27,23 @@ from collections.abc import Iterable
 import numpy as np
 
 
-def token_bytes(tokenizer) -> np.ndarray:
-    """(vocab_size,) int64: the UTF-8 bytes each id stands for; 0 for a special token.
-
-    >>> from tokenkit.bpe import Tokenizer
-    >>> token_bytes(Tokenizer([(104, 105)], special_tokens={"<|eot|>": 257}))[[104, 256, 257]].tolist()
-    [1, 2, 0]
-    """
-    lengths = np.zeros(tokenizer.vocab_size, dtype=np.int64)
-    for i, raw in enumerate(tokenizer.vocab):  # specials are None there, or past its end
-        if raw is not None:
-            lengths[i] = len(raw)
-    return lengths
-
-
 def target_bytes(batches: Iterable[tuple[np.ndarray, np.ndarray]], lengths: np.ndarray) -> int:
-    """The bytes of every target of `batches` ((x, y) pairs, y the targets) by `lengths` (`token_bytes`)."""
+    """The bytes of every target of `batches` ((x, y) pairs, y the targets), each id's from
+    `lengths` (`bpe.tokenizer_eval.token_lengths`).
+
+    >>> target_bytes([(None, np.array([[1, 2], [2, 0]]))], np.array([0, 3, 1]))
+    5
+    """
     return int(sum(int(lengths[np.asarray(y)].sum()) for _, y in batches))
 
 
 def bits_per_byte(mean_loss: float, n_targets: int, n_bytes: int) -> float | None:
     """The mean loss in nats over `n_targets` targets, as bits per byte of their `n_bytes` bytes
-    (None when they have none: targets that are all special tokens)."""
+    (None when they have none: targets that are all special tokens).
+
+    >>> bits_per_byte(math.log(2), 10, 5)  # ten tokens of one bit each, over five bytes
+    2.0
+    """
     if n_bytes <= 0:
         return None
     return mean_loss * n_targets / math.log(2) / n_bytes

@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from tokenkit.bpe import Tokenizer
+from tokenkit.bpe.tokenizer_eval import token_lengths
 from tokenkit.cli.main import main
 from tokenkit.pipeline import checkpoint, data, trainlog, val_bytes, views
 from tokenkit.pipeline.checkpoint import load_model, load_train_state
@@ -127,7 +128,7 @@ def test_token_bytes_add_up_to_the_texts_bytes_and_a_special_token_to_none(seed)
         vocab_size=300, special_tokens=[EOT], workers=1, quiet=True,
     )  # fmt: skip
     for tok, alphabet in ((trained, "ab é日本😀\n"), (random_listed(rng, ignore_merges=False), "abc 1\n")):
-        lengths = val_bytes.token_bytes(tok)
+        lengths = token_lengths(tok)
         assert lengths.shape == (tok.vocab_size,) and all(lengths[i] == 0 for i in tok.special_tokens.values())
         eot = next(iter(tok.special_tokens.values()))
         docs = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40))) for _ in range(5)]
