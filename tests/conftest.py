@@ -32,6 +32,27 @@ TINY_MODEL = ["--n-layers", "1", "--n-heads", "2", "--d-model", "32", "--context
 HILL_WORDS = ["the", "fox", "ran", "up", "a", "hill", "and", "down", "again", "to", "see", "sun"]
 
 
+def signal_at_step(monkeypatch, step: int, signum=None):
+    """Send this process `signum` (default SIGINT, a user's Ctrl-C) in the middle of training step
+    `step` of what runs next, through DataParallel.loss_and_grads; returns the undo."""
+    import os
+    import signal
+
+    from tokenkit.transformer.parallel import DataParallel
+
+    real = DataParallel.loss_and_grads
+    calls = {"n": 0}
+
+    def signalling(self, x, y, **kw):
+        calls["n"] += 1
+        if calls["n"] == step:
+            os.kill(os.getpid(), signal.SIGINT if signum is None else signum)
+        return real(self, x, y, **kw)
+
+    monkeypatch.setattr(DataParallel, "loss_and_grads", signalling)
+    return lambda: monkeypatch.setattr(DataParallel, "loss_and_grads", real)
+
+
 def random_model(path, tok, seed: int = 0, d_model: int = 32, **variant):
     """A random GPT-2-style model over `tok` (2 layers of 4 heads, windows of 32) whose every weight
     matters: biases and LayerNorm gains far from their init; saved as a tk checkpoint at `path`

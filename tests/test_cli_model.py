@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import signal_at_step
 
 from tokenkit.cli.main import main
 from tokenkit.pipeline import checkpoint, trainlog
@@ -319,24 +319,14 @@ def _losses(run_dir: Path) -> list[tuple]:
 def test_ctrl_c_before_the_first_evaluation_says_what_the_saved_loss_is(corpus, run, tmp_path, monkeypatch, capsys):
     """The model saved at the interrupt is evaluated there: the summary names that loss as what it
     is, and claims no best (none was due), agreeing with the model file's own val loss."""
-    from tokenkit.transformer.parallel import DataParallel
 
-    real = DataParallel.loss_and_grads
-    calls = {"n": 0}
-
-    def ctrl_c_at_step_3(self, x, y, **kw):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(self, x, y, **kw)
-
-    monkeypatch.setattr(DataParallel, "loss_and_grads", ctrl_c_at_step_3)
+    restore = signal_at_step(monkeypatch, 3)
     tok = ["-t", str(run / "tokenizer.safetensors")]
     code, out, _ = cli(capsys, "train-model", str(corpus), "-o", str(tmp_path / "r"), *tok, *RESUME_FLAGS)
     assert code == 130
     summary = next(line for line in out.splitlines() if line.startswith("step 3/24"))
     assert "none yet" not in summary and "measured at the interrupt" in summary, summary
-    monkeypatch.setattr(DataParallel, "loss_and_grads", real)
+    restore()
     code, info, _ = cli(capsys, "info", str(tmp_path / "r" / "model.safetensors"))
     val = summary.split("val loss ")[1].split()[0]
     assert code == 0 and val in info
@@ -347,22 +337,11 @@ def test_ctrl_c_then_resume_equals_uninterrupted(corpus, run, tmp_path, monkeypa
     whole, split = tmp_path / "whole", tmp_path / "split"
     assert main(["train-model", str(corpus), "-o", str(whole), *tok, *RESUME_FLAGS]) == 0
 
-    from tokenkit.transformer.parallel import DataParallel
-
-    real = DataParallel.loss_and_grads
-    calls = {"n": 0}
-
-    def ctrl_c_at_step_13(self, x, y, **kw):
-        calls["n"] += 1
-        if calls["n"] == 13:
-            os.kill(os.getpid(), signal.SIGINT)  # as a user's Ctrl-C in the middle of step 13
-        return real(self, x, y, **kw)
-
-    monkeypatch.setattr(DataParallel, "loss_and_grads", ctrl_c_at_step_13)
+    restore = signal_at_step(monkeypatch, 13)
     code, _, err = cli(capsys, "train-model", str(corpus), "-o", str(split), *tok, *RESUME_FLAGS)
     assert code == 130 and "interrupted at step 13/24" in err and "--resume" in err
     assert load_train_state(split / "train_state.safetensors").step == 13
-    monkeypatch.setattr(DataParallel, "loss_and_grads", real)
+    restore()
     code, out, _ = cli(capsys, "train-model", "--resume", str(split), "--quiet")
     assert code == 0 and "step 24/24" in out
 
@@ -582,16 +561,6 @@ def test_config_file_and_flags(corpus, run, tmp_path, capsys):
 
 
 def test_pipeline_after_ctrl_c_resumes_training(corpus, tmp_path, monkeypatch, capsys):
-    from tokenkit.transformer.parallel import DataParallel
-
-    real = DataParallel.loss_and_grads
-    calls = {"n": 0}
-
-    def ctrl_c_at_step_4(self, x, y, **kw):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(self, x, y, **kw)
 
     run_dir = tmp_path / "pipe"
     flags = [
@@ -609,10 +578,10 @@ def test_pipeline_after_ctrl_c_resumes_training(corpus, tmp_path, monkeypatch, c
         "-n",
         "4",
     ]
-    monkeypatch.setattr(DataParallel, "loss_and_grads", ctrl_c_at_step_4)
+    restore = signal_at_step(monkeypatch, 4)
     code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *flags)
     assert code == 130 and "interrupted at step 4/12" in err and "predict-next" not in out
-    monkeypatch.setattr(DataParallel, "loss_and_grads", real)
+    restore()
     code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *flags)
     assert code == 0 and "resuming" in err and "step 12/12" in out and "generate (greedy, 4 tokens)" in out
 

@@ -19,13 +19,12 @@ Nothing is downloaded.
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
 import safetensors.numpy as safetensors_numpy
+from conftest import signal_at_step
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_reliability_interop import cli, one_line_error  # the same one-line checks
@@ -315,7 +314,6 @@ def test_a_scaled_model_fine_tunes_scaled_resumes_bit_exactly_and_exports(scalin
     contradicts it is one line), Ctrl-C then --resume gives the bits of an uninterrupted run, and
     the fine-tuned model goes save -> load -> export-hf -> import-hf with its scaling and weights.
     The same weights unscaled train to other losses (the premise)."""
-    from tokenkit.transformer.parallel import DataParallel
 
     original = make_model(tmp_path / "m.safetensors", tk_tok, rope_scaling=scaling).config
     unscaled = GPTConfig.from_dict({**original.to_dict(), "rope_scaling": None})
@@ -342,19 +340,10 @@ def test_a_scaled_model_fine_tunes_scaled_resumes_bit_exactly_and_exports(scalin
     one_line_error(train("m.safetensors", "x", "--rope-scaling", "none"), "--rope-scaling none contradicts the model")
     assert not (tmp_path / "x").exists()
 
-    real = DataParallel.loss_and_grads
-    calls = {"n": 0}
-
-    def ctrl_c_at_step_3(self, x, y, **kw):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            os.kill(os.getpid(), signal.SIGINT)  # as a user's Ctrl-C in the middle of step 3
-        return real(self, x, y, **kw)
-
-    monkeypatch.setattr(DataParallel, "loss_and_grads", ctrl_c_at_step_3)
+    restore = signal_at_step(monkeypatch, 3)
     code, _, err = train("m.safetensors", "split")
     assert code == 130 and "interrupted at step 3/6" in err, err
-    monkeypatch.setattr(DataParallel, "loss_and_grads", real)
+    restore()
     code, out, err = cli(capsys, "train-model", "--resume", tmp_path / "split", "-q")
     assert code == 0 and "step 6/6" in out, err
     for name in (checkpoint.STATE_FILE, checkpoint.MODEL_FILE):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import HILL_WORDS, TINY_MODEL  # the tiny model and the twelve words other modules share
+from conftest import HILL_WORDS, TINY_MODEL, signal_at_step  # the tiny model and the twelve words other modules share
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli.main import main
@@ -25,7 +25,6 @@ from tokenkit.pipeline import checkpoint, train
 from tokenkit.pipeline.checkpoint import load_model, load_train_state
 from tokenkit.pipeline.rundir import RunDir
 from tokenkit.transformer import GPT, GPTConfig
-from tokenkit.transformer.parallel import DataParallel
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -424,19 +423,10 @@ def test_resume_uses_the_recorded_worker_count_on_any_core_count(corpus, tok_pat
     flags = ["-t", str(tok_path), *TINY, "--steps", "12", "--eval-interval", "4", "--workers", "0"]
     monkeypatch.setattr(train, "available_cores", lambda: 3)
     assert main(["train-model", str(corpus), "-o", str(tmp_path / "whole"), *flags]) == 0
-    real = DataParallel.loss_and_grads
-    calls = {"n": 0}
-
-    def stop_at_step_5(self, x, y, **kw):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler ending the job
-        return real(self, x, y, **kw)
-
-    monkeypatch.setattr(DataParallel, "loss_and_grads", stop_at_step_5)
+    restore = signal_at_step(monkeypatch, 5, signal.SIGTERM)
     assert main(["train-model", str(corpus), "-o", str(tmp_path / "split"), *flags]) == 128 + signal.SIGTERM
     assert load_train_state(tmp_path / "split" / "train_state.safetensors").train_config["workers"] == 3
-    monkeypatch.setattr(DataParallel, "loss_and_grads", real)
+    restore()
     monkeypatch.setattr(train, "available_cores", lambda: 1)  # "another machine"
     assert main(["train-model", "--resume", str(tmp_path / "split"), "-q", "--workers", "0"]) == 0
     for name in ("model.safetensors", "train_state.safetensors"):

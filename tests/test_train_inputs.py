@@ -12,11 +12,11 @@ import gzip
 import hashlib
 import json
 import os
-import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import signal_at_step
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli.main import main
@@ -301,24 +301,14 @@ def _to_v1(run: Path, corpus: Path) -> None:
 
 
 def test_v1_run_directory_resumes_bit_for_bit(files, tmp_path, monkeypatch, capsys):
-    from tokenkit.transformer.parallel import DataParallel
 
     flags = [*TINY[:-1], "--steps", "6"]
     whole, split = tmp_path / "whole", tmp_path / "split"
     assert main([str(a) for a in ("train-model", files["plain"], "-t", files["tok"], "-o", whole, *flags)]) == 0
-    real = DataParallel.loss_and_grads
-    calls = {"n": 0}
-
-    def ctrl_c_at_step_3(self, x, y, **kw):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(self, x, y, **kw)
-
-    monkeypatch.setattr(DataParallel, "loss_and_grads", ctrl_c_at_step_3)
+    restore = signal_at_step(monkeypatch, 3)
     code, _, err = cli(capsys, "train-model", files["plain"], "-t", files["tok"], "-o", split, *flags)
     assert code == 130, err
-    monkeypatch.setattr(DataParallel, "loss_and_grads", real)
+    restore()
     _to_v1(split, files["plain"])
     tokens_before = (split / "tokens.npy").stat().st_mtime_ns
     code, out, err = cli(capsys, "train-model", "--resume", split)

@@ -14,7 +14,6 @@ import gzip
 import io
 import json
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import signal_at_step
 from safetensors.numpy import load_file
 from test_inputs import tk
 from test_train_inputs import EOT, REPO, TINY, cli, one_line_error
@@ -110,23 +110,6 @@ def same_run(a: Path, b: Path) -> None:
     assert steps[0] == steps[1] and steps[0]
 
 
-def interrupt_at_step(monkeypatch, step: int):
-    """Ctrl-C during the given step of the next training (as test_train_inputs does); returns an undo."""
-    from tokenkit.transformer.parallel import DataParallel
-
-    real = DataParallel.loss_and_grads
-    calls = {"n": 0}
-
-    def ctrl_c(self, x, y, **kw):
-        calls["n"] += 1
-        if calls["n"] == step:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(self, x, y, **kw)
-
-    monkeypatch.setattr(DataParallel, "loss_and_grads", ctrl_c)
-    return lambda: monkeypatch.setattr(DataParallel, "loss_and_grads", real)
-
-
 # --- a stream trains what its file trains ----------------------------------------------------
 
 
@@ -191,7 +174,7 @@ def test_resume_reads_the_kept_copy_or_the_same_stream_again_bit_exactly(texts, 
     assert code == 0, err
     for name in ("again", "kept"):
         piped(monkeypatch, texts["corpus"])
-        undo = interrupt_at_step(monkeypatch, 3)
+        undo = signal_at_step(monkeypatch, 3)
         code, _, err = cli(capsys, "train-model", "-", "-o", name, *flags)
         undo()
         assert code == 130, err
