@@ -35,6 +35,7 @@ from tokenkit.common.processes import (
 )
 
 _AGAIN_S = 0.01  # how long after a swallowed interrupt it is delivered again (a finalizer's return)
+_decided: int | None = None  # main()'s exit code, once decided: `entry`'s late signal ends with it
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     rank that ended alone would leave the others waiting for it forever. The handlers are this
     call's only (main thread): the previous ones come back.
     """
+    global _decided
+    _decided = None
     note_interrupt(None)
     hold_interrupts(launched_size() > 1)  # a rank stops only once it has joined the others: see cli.commands
     on_main_thread = threading.current_thread() is threading.main_thread()
@@ -67,20 +70,22 @@ def main(argv: list[str] | None = None) -> int:
             if launched_rank() == 0:  # under mpirun every rank was stopped: one of them says so
                 _say(stopped_line())
             code = 130
+        signum = noted_interrupt()
+        _decided = 128 + int(signum) if code == 130 and signum is not None else code
     finally:
         hold_interrupts(False)
         sys.unraisablehook = previous_hook
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    signum = noted_interrupt()
-    return 128 + int(signum) if code == 130 and signum is not None else code
+    return _decided
 
 
 def entry() -> None:
     """`tk` as a process: `main()`, then exit with its code (never returns).
 
     A signal just before `main` installs its handlers ends the process at once with 128 + its
-    number and one line. Once `main` returned, the output is flushed and the interpreter's
+    number and one line (rank 0's alone under a launcher); one just after `main` decided its exit
+    code ends the process with that code, in silence. Once `main` returned, the output is flushed and the interpreter's
     teardown (atexit hooks, finalizers: nothing left to lose) runs with the stop signals
     ignored: Python gives SIGINT back its default action late in it, and a Ctrl-C then would end
     the process by the signal, without a word and with no exit code.
@@ -88,11 +93,13 @@ def entry() -> None:
     meant: list[int] = []
 
     def exit_now(signum: int, frame) -> None:
-        if not meant:
+        decided = meant[0] if meant else _decided  # once main() decided, a signal is too late to count
+        if decided is None:
             note_interrupt(signum)
-            _say(stopped_line())
+            if launched_rank() == 0:  # under mpirun every rank got it: one of them says so
+                _say(stopped_line())
         _flush()
-        os._exit(meant[0] if meant else 128 + signum)
+        os._exit(128 + signum if decided is None else decided)
 
     _handle_stop_signals(exit_now)
     try:

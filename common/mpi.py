@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from tokenkit.common.launcher import launched_rank, launched_size
-from tokenkit.common.processes import STOP_SIGNALS, take_held_interrupt
+from tokenkit.common.processes import STOP_SIGNALS, hold_interrupts, take_held_interrupt
 
 __all__ = [
     "INSTALL_HINT",
@@ -223,7 +223,8 @@ def end_together(comm, describe: Callable[[BaseException], tuple[int, str]]) -> 
     ignored. Only a rank that does not come to agree within _REACH_S is aborted.
 
     When no rank fails, the block's result stands (its own exception too, if `describe` gives
-    it code 0).
+    it code 0), and a stop signal after the ranks agreed is only noted (`hold_interrupts`): the
+    command is over on every rank, and `cli.main` ends it with its code.
     """
     global _alarm
     alarm = _alarm = _Alarm(comm)
@@ -246,6 +247,9 @@ def end_together(comm, describe: Callable[[BaseException], tuple[int, str]]) -> 
     own = alarm.gather(0 if isinstance(failure, OtherRankFailed) else code)  # who failed on its own
     first = next((r for r, c in enumerate(own) if c), None)
     if first is None:  # every rank finished, or failed in a way that ends only itself
+        # The ranks agreed the command is over: a signal from here on is too late to stop it. It is
+        # only noted (a rank that raised it alone would end 130 in silence while rank 0 ends 0).
+        hold_interrupts(True)
         for signum, handler in hushed.items():
             signal.signal(signum, handler)
         alarm.close()

@@ -291,3 +291,42 @@ def test_an_error_on_one_rank_is_its_one_line_and_exit_code_1(files, tmp_path):
     for word in FORBIDDEN:
         assert word not in proc.stdout + proc.stderr
     assert os.listdir(tmp_path) == ["special.txt"]  # no ids.npy, no temp file
+
+
+_LATE_SIGNAL = """
+import os, signal, sys, time
+from contextlib import contextmanager
+from tokenkit.cli.main import entry
+from tokenkit.common import mpi
+
+agreed = mpi.end_together
+signalled = int(sys.argv[1])
+
+@contextmanager
+def then_a_signal(comm, describe):  # the ranks agree the command is over; then one rank gets a Ctrl-C
+    with agreed(comm, describe):
+        yield
+    if comm.Get_rank() == signalled:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+
+mpi.end_together = then_a_signal
+sys.argv = ["tk", *sys.argv[2:]]
+entry()
+"""
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_signal_after_the_ranks_agreed_they_finished_is_too_late_to_count(files, tmp_path, rank):
+    """The moment CI once met at random: rank 1 interrupted after the last agreement, while rank 0
+    was already exiting 0, ended the job 130 without a word. Once every rank agreed the command
+    is over, its code stands: 0, silent, the output written."""
+    mpirun = _mpirun()
+    script = tmp_path / "late.py"
+    script.write_text(_LATE_SIGNAL)
+    out = tmp_path / "ids.npy"
+    cmd = [mpirun, "-n", "2", sys.executable, str(script), str(rank)]
+    cmd += ["encode", "-t", str(files["tok"]), "-f", str(files["small"]), "-o", str(out), "-q"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stdout + proc.stderr
+    assert out.is_file()
