@@ -48,7 +48,7 @@ from fnmatch import fnmatchcase
 from itertools import pairwise
 from typing import NamedTuple
 
-from tokenkit.bpe.cut import CUT_CONTEXT, cut_pieces, find_cut
+from tokenkit.bpe.cut import CUT_CONTEXT, UncutStretch, cut_pieces, find_cut
 from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.streams import Input, Reader, codec_of
 from tokenkit.common import progress
@@ -199,13 +199,16 @@ class Corpus:
     def pieces(self, piece_bytes: int | None = None, specials: Sequence[bytes] = ()) -> Iterator[Piece]:
         """Every non-empty document in pieces of about `piece_bytes` (None: each whole), cut only at
         `find_cut`'s safe places and never inside one of `specials`; a stretch with no safe place
-        stays in one piece."""
+        longer than MAX_UNCUT_BYTES is one line naming its document (TokenizerError)."""
         block = piece_bytes or BLOCK_BYTES
-        for blocks in self._documents(block):
+        for where, blocks in self._named_documents(block):
             first = True
-            for data in cut_pieces(blocks, piece_bytes, specials):
-                yield Piece(data, first)
-                first = False
+            try:
+                for data in cut_pieces(blocks, piece_bytes, specials):
+                    yield Piece(data, first)
+                    first = False
+            except UncutStretch as err:
+                raise TokenizerError(f"{where}: {err}") from None
 
     def documents(self) -> Iterator[bytes]:
         """Every non-empty document, whole (a large file is read into memory: prefer `pieces`)."""
@@ -253,15 +256,19 @@ class Corpus:
 
     def _documents(self, block: int) -> Iterator[Iterator[bytes]]:
         """One iterator per document, of its bytes in blocks of exactly `block` (the last shorter)."""
+        return (blocks for _, blocks in self._named_documents(block))
+
+    def _named_documents(self, block: int) -> Iterator[tuple[str, Iterator[bytes]]]:
+        """(where, blocks) of each document, as `_documents`; where names its file (and line)."""
         self._start_reading()
         for inp in self._inputs:
             if inp.kind == "text":
-                yield _slices(inp.data, block)
+                yield inp.name, _slices(inp.data, block)
             elif self.text_field is not None:
-                for _, doc in self._jsonl(inp):
-                    yield _slices(doc, block)
+                for lineno, (_, doc) in enumerate(self._jsonl(inp), 1):
+                    yield f"{_place(inp)}, record {lineno}", _slices(doc, block)
             else:
-                yield self._file_blocks(inp, block)
+                yield _place(inp), self._file_blocks(inp, block)
 
     def _start_reading(self) -> None:
         """Refuse a second reading of a corpus that holds a stream (stdin or a pipe)."""

@@ -17,11 +17,19 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import regex
 
-__all__ = ["CUT_CONTEXT", "cut_pieces", "find_cut"]
+from tokenkit.bpe.errors import TokenizerError
+
+__all__ = ["CUT_CONTEXT", "MAX_UNCUT_BYTES", "UncutStretch", "cut_pieces", "find_cut"]
 
 _ASCII_WS = frozenset(b" \t\n\r\x0b\x0c")
 _SPACE = regex.compile(r"\s")
 CUT_CONTEXT = 4  # bytes a cut needs on its right in the buffer (a newline's next character)
+_WORD_THEN_PUNCTUATION = regex.compile(rb"[A-Za-z0-9][!-&(-/:-@\[-`{-~]")  # rule 3: no apostrophe
+MAX_UNCUT_BYTES = 64 << 20  # a stretch longer than this with no safe place is refused, not held whole
+
+
+class UncutStretch(TokenizerError):
+    """A document's stretch longer than MAX_UNCUT_BYTES without a safe place to cut it."""
 
 
 def find_cut(buf: bytes, lo: int, hi: int | None = None, *, last: bool = True, specials: Sequence[bytes] = ()) -> int:
@@ -32,7 +40,11 @@ def find_cut(buf: bytes, lo: int, hi: int | None = None, *, last: bool = True, s
     it splits the same whether or not the rest follows:
     1. right before an ASCII space that follows a printable non-space ASCII byte ("word| next");
     2. where the stretch searched has none, right after a newline that sits between two
-       non-whitespace characters ("end.\\n|Next"), for text with few ASCII spaces (CJK, code, data).
+       non-whitespace characters ("end.\\n|Next"), for text with few ASCII spaces (CJK, code, data);
+    3. where it has neither, right before printable ASCII punctuation other than an apostrophe
+       that follows an ASCII letter or digit ("key|":1", "abc|/def"), for text with no spaces or
+       newlines at all (minified JSON, base64): a letter or digit run ends there in both patterns,
+       and the punctuation starts the next chunk (an apostrophe could start a contraction).
     No match of either pattern contains a non-space character followed by whitespace, except
     GPT-4's punctuation run that swallows the newlines after it ("end.\\n"), which still ends
     right after the newline. An ASCII byte is never part of a multi-byte UTF-8 character, so
@@ -64,7 +76,14 @@ def find_cut(buf: bytes, lo: int, hi: int | None = None, *, last: bool = True, s
             after = buf[i + 1 : i + 5].decode("utf-8", "surrogateescape")[0]
             if not _SPACE.match(before) and not _SPACE.match(after):
                 return i + 1
-    return -1
+    found = -1
+    for match in _WORD_THEN_PUNCTUATION.finditer(buf, max(lo - 1, 0), max(hi, 0)):
+        i = match.start() + 1
+        if clear(i):
+            found = i
+            if not last:
+                break
+    return found
 
 
 def _candidates(buf: bytes, byte: bytes, lo: int, hi: int, last: bool) -> Iterator[int]:
@@ -85,8 +104,9 @@ def cut_pieces(blocks: Iterable[bytes], piece_bytes: int | None, specials: Seque
     """The bytes of `blocks` (one document) in pieces of about `piece_bytes`, each ending at a
     safe cut (all in one if None).
 
-    After each block, the buffer is cut at its last safe place; a stretch without any stays in
-    one piece, however long.
+    After each block, the buffer is cut at its last safe place. A stretch without any grows
+    until MAX_UNCUT_BYTES, then is refused (UncutStretch): tk would hold it, and split it into
+    chunks, whole.
     """
     if piece_bytes is None:
         data = b"".join(blocks)
@@ -102,5 +122,10 @@ def cut_pieces(blocks: Iterable[bytes], piece_bytes: int | None, specials: Seque
         if cut > 0:
             yield bytes(buf[:cut])
             del buf[:cut]
+        elif len(buf) > MAX_UNCUT_BYTES:
+            raise UncutStretch(
+                f"{len(buf) >> 20} MiB of text with no place where tk may cut it (a space or punctuation after "
+                "a word, or a newline between two words); break the text into lines"
+            )
     if buf:
         yield bytes(buf)

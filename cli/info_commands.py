@@ -161,7 +161,7 @@ def _corpus_rows(record: dict[str, Any], sizes: str = "") -> None:
 def _info_state(path: Path) -> None:
     from tokenkit.pipeline import checkpoint
 
-    state = checkpoint.load_train_state(path)
+    state = checkpoint.describe_train_state(path)  # the header: no tensor is read
     _row("file", path)
     _row("format", f"{checkpoint.STATE_FORMAT} v{checkpoint.FORMAT_VERSION} (state for --resume)")
     _row("training step", f"{state.step} of {state.train_config.get('steps')}")
@@ -171,7 +171,7 @@ def _info_state(path: Path) -> None:
     scaling = GPTConfig.from_dict(state.model_config).rope_scaling
     if scaling is not None:
         _row("rope scaling", scaling.describe())
-    _row("parameters", f"{sum(int(p.size) for p in state.params.values()):,}")
+    _row("parameters", f"{state.n_params:,}")
     _corpus_rows(state.data, f" ({state.data.get('n_train')} train / {state.data.get('n_val')} val tokens)")
     _row("training config", json.dumps(state.train_config))
 

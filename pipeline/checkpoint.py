@@ -48,6 +48,7 @@ from tokenkit.common import FileError, atomic, jsonsafe, readfile, safetensors_f
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.transformer import GPTConfig, ModelError
 from tokenkit.transformer import io as model_io
+from tokenkit.transformer.memory import available_bytes
 
 MODEL_FORMAT = model_io.FORMAT
 STATE_FORMAT = "tokenkit.train_state"
@@ -483,6 +484,11 @@ class TrainState:
 
 def save_train_state(path: str | os.PathLike, state: TrainState) -> None:
     """Write train_state.safetensors atomically (it includes the weights: one file, always consistent)."""
+    _save_safetensors(Path(path), *train_state_tensors(state))
+
+
+def train_state_tensors(state: TrainState) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The tensors and metadata of `state`'s train_state.safetensors."""
     tensors: dict[str, np.ndarray] = {}
     tensors.update({"params." + k: v for k, v in state.params.items()})
     tensors.update({"optimizer." + k: np.asarray(v) for k, v in state.optimizer.items()})
@@ -502,41 +508,87 @@ def save_train_state(path: str | os.PathLike, state: TrainState) -> None:
         **({HF_ARCHITECTURE: state.hf_architecture} if state.hf_architecture else {}),
     }
     metadata.update({TOKENIZER_PREFIX + k: v for k, v in tok_meta.items()})
-    _save_safetensors(Path(path), tensors, metadata)
+    return tensors, metadata
 
 
-def load_train_state(path: str | os.PathLike) -> TrainState:
-    """Read and validate a train_state.safetensors (one-line PipelineError when it is not usable)."""
+@dataclass
+class TrainStateFile:
+    """What a train_state.safetensors says of itself, from its header alone (`describe_train_state`)."""
+
+    step: int
+    best_val_loss: float | None
+    best_step: int | None
+    train_config: dict[str, Any]
+    model_config: dict[str, Any]
+    data: dict[str, Any]
+    n_params: int  # the weights' values, counted from their shapes
+    nbytes: int  # every tensor of the file: what `load_train_state` reads
+
+
+def describe_train_state(path: str | os.PathLike) -> TrainStateFile:
+    """A train_state.safetensors's step, settings and sizes, checked as `load_train_state` checks
+    its metadata, reading the header only (`tk info`): no tensor is read."""
     path = Path(path)
     with _opened(path, "training state") as st:
-        meta = st.metadata
-        _check_format(path, meta, STATE_FORMAT, "resume needs the train_state.safetensors of a tokenkit run")
-        entries, tensors = st.entries, _read(st, st.entries)
-    tokenizer = _tokenizer_from(path, tensors, meta)
-    _, keys = _param_keys(path, meta, entries, prefix="params.")
-    params = _float_params(path, tensors, keys)
-    if "rng.train" not in tensors:
-        raise PipelineError(f"{path} is incomplete: no data generator state")
+        return _state_header(path, st)
+
+
+def _state_header(path: Path, st: safetensors_file.Opened) -> TrainStateFile:
+    meta = st.metadata
+    _check_format(path, meta, STATE_FORMAT, "resume needs the train_state.safetensors of a tokenkit run")
+    _, keys = _param_keys(path, meta, st.entries, prefix="params.")
     try:
-        state = TrainState(
+        described = TrainStateFile(
             step=int(meta["step"]),
-            params=params,
-            optimizer={k[len("optimizer.") :]: v for k, v in tensors.items() if k.startswith("optimizer.")},
-            rng=tensors["rng.train"],
             best_val_loss=loads(meta["best_val_loss"], f"{path}: best_val_loss"),
             best_step=loads(meta["best_step"], f"{path}: best_step"),
             train_config=loads(meta["train_config"], f"{path}: train_config"),
             model_config=loads(meta["config"], f"{path}: config"),
             data=loads(meta["data"], f"{path}: data"),
-            tokenizer=tokenizer,
-            hf_architecture=meta.get(HF_ARCHITECTURE),
+            n_params=sum(math.prod(st.entries[k]["shape"]) for k in keys.values()),
+            nbytes=st.nbytes(st.entries),
         )
     except (KeyError, ValueError) as err:
         raise PipelineError(f"{path} has bad metadata ({err}); it is corrupt") from None
-    if not all(isinstance(v, dict) for v in (state.train_config, state.model_config, state.data)):
+    if not all(isinstance(v, dict) for v in (described.train_config, described.model_config, described.data)):
         raise PipelineError(f"{path} has bad metadata (a setting table is not a JSON object); it is corrupt")
-    if state.step < 0:
-        raise PipelineError(f"{path} has bad metadata (step {state.step}); it is corrupt")
+    if described.step < 0:
+        raise PipelineError(f"{path} has bad metadata (step {described.step}); it is corrupt")
+    return described
+
+
+def load_train_state(path: str | os.PathLike) -> TrainState:
+    """Read and validate a train_state.safetensors (one-line PipelineError when it is not usable,
+    or when its tensors, weights and AdamW moments, would not fit the memory available: said from
+    the header, before a tensor is read)."""
+    path = Path(path)
+    with _opened(path, "training state") as st:
+        described = _state_header(path, st)
+        available = available_bytes()
+        if available is not None and described.nbytes > available:
+            raise PipelineError(
+                f"{path}: its weights and optimizer state hold {described.nbytes / 2**30:.1f} GiB, more than the "
+                f"{available / 2**30:.1f} GiB available; resume it on a machine with more memory"
+            )
+        meta, entries, tensors = st.metadata, st.entries, _read(st, st.entries)
+    tokenizer = _tokenizer_from(path, tensors, meta)
+    _, keys = _param_keys(path, meta, entries, prefix="params.")
+    params = _float_params(path, tensors, keys)
+    if "rng.train" not in tensors:
+        raise PipelineError(f"{path} is incomplete: no data generator state")
+    state = TrainState(
+        step=described.step,
+        params=params,
+        optimizer={k[len("optimizer.") :]: v for k, v in tensors.items() if k.startswith("optimizer.")},
+        rng=tensors["rng.train"],
+        best_val_loss=described.best_val_loss,
+        best_step=described.best_step,
+        train_config=described.train_config,
+        model_config=described.model_config,
+        data=described.data,
+        tokenizer=tokenizer,
+        hf_architecture=meta.get(HF_ARCHITECTURE),
+    )
     _check_state_values(path, state)
     return state
 

@@ -308,6 +308,12 @@ def test_documents_count_and_encode_each_on_their_own(docs, pattern, piece_bytes
                 "\xa0",
                 "\u3000",
                 "\x85",
+                '"',
+                ",",
+                "/",
+                "_",
+                "-(",
+                "x9",
             ]
         ),
         max_size=40,
@@ -320,6 +326,28 @@ def test_every_cut_the_rule_allows_keeps_the_split(parts):
             before, after = buf[:i].decode(), buf[i:].decode()  # a cut never splits a character
             for pattern in ("gpt2", "gpt4"):
                 assert split_text(before, pattern) + split_text(after, pattern) == split_text(before + after, pattern)
+
+
+def test_text_without_spaces_or_newlines_is_cut_before_punctuation_after_a_word():
+    """Rule 3, for minified JSON and the like: only where rules 1 and 2 find nothing."""
+    buf = b'{"key":1,"other":[2,3]}' * 4
+    cuts = [i for i in range(1, len(buf)) if find_cut(buf, i, i + 1, last=False) == i]
+    assert cuts and all(chr(buf[i - 1]).isalnum() and buf[i] in b'",:]}' for i in cuts)
+    assert find_cut(b"one two,three", 0) == 3  # rule 1 wins: the space, not the comma
+    assert find_cut(b"it's'x'y", 0) == -1  # never before an apostrophe
+
+
+def test_a_long_stretch_without_a_cut_is_one_line_naming_its_file(tmp_path, monkeypatch):
+    """Held whole, such a stretch would be split into chunks whole: refused past MAX_UNCUT_BYTES."""
+    from tokenkit.bpe import cut
+
+    monkeypatch.setattr(cut, "MAX_UNCUT_BYTES", 1 << 16)
+    path = tmp_path / "dna.txt"
+    path.write_bytes(b"ACGT" * (1 << 16))  # 256 KiB of letters, no place to cut
+    with pytest.raises(TokenizerError, match=r"dna\.txt: \d+ MiB of text with no place where tk may cut it"):
+        list(Corpus([path]).pieces(1 << 14))
+    path.write_bytes(b"ACGT" * (1 << 14) + b"\n" + b"ACGT" * (1 << 14))  # a newline between: two pieces
+    assert b"".join(p.data for p in Corpus([path]).pieces(1 << 14)) == path.read_bytes()
 
 
 def test_no_cut_inside_a_special_token():

@@ -244,6 +244,61 @@ def test_a_model_that_fits_is_mapped_not_copied(base):
     assert all(np.array_equal(read[n], safetensors_file.read(base["small"])[0][n]) for n in mapped)
 
 
+def _sparse_state(path: Path, like: Path, config: GPTConfig) -> int:
+    """A train_state.safetensors at `path` for `config`'s weights and AdamW moments, all zeros and
+    never written, with `like`'s embedded tokenizer; returns its tensors' bytes."""
+    from tokenkit.pipeline import data
+    from tokenkit.transformer import AdamW
+
+    small = checkpoint.load_model(like)
+    params = {name: np.broadcast_to(np.float32(0), shape) for name, shape in param_shapes(config).items()}
+    kept = AdamW(small.model.params, lr=1e-3).state_dict()  # AdamW's state: its step and betas,
+    moments = {k: v for k, v in kept.items() if k.partition(".")[0] not in ("m", "v")}
+    moments.update({f"{kind}.{name}": zeros for name, zeros in params.items() for kind in ("m", "v")})  # two moments
+    state = checkpoint.TrainState(
+        step=3,
+        params=params,
+        optimizer=moments,
+        rng=data.rng_to_array(np.random.default_rng(0)),
+        best_val_loss=1.5,
+        best_step=2,
+        train_config={"steps": 10},
+        model_config=config.to_dict(),
+        data={"corpus": "c"},
+        tokenizer=small.tokenizer,
+    )
+    staged = path.with_suffix(".staged")
+    tensors, meta = checkpoint.train_state_tensors(state)
+    written = {n: a for n, a in tensors.items() if a.ndim == 0 or any(a.strides)}  # the zeros are broadcast: holes
+    _sparse(staged, tensors, meta, written)
+    staged.rename(path)
+    return sum(a.nbytes for a in tensors.values())
+
+
+def test_a_train_state_is_described_from_its_header_and_refused_before_reading_when_too_large(base, tmp_path):
+    """`tk info STATE` reads no tensor; `--resume` of a state larger than memory is one line before
+    a tensor is read (its weights and AdamW moments: three times the model)."""
+    state = tmp_path / "big" / checkpoint.STATE_FILE
+    state.parent.mkdir()
+    nbytes = _sparse_state(state, base["small"], BIG)
+    assert nbytes > 3 * 4 * BIG.n_params()
+    huge = tmp_path / "huge" / checkpoint.STATE_FILE
+    huge.parent.mkdir()
+    assert _sparse_state(huge, base["small"], HUGE) > 9 << 30
+    resume = ["train-model", "--resume", huge.parent]
+    (_, _, _, _, _, _), info, refused = run_many([["info", base["small"]], ["info", state], resume])
+    code, out, err, _, grew, got = info
+    assert code == 0, err[-2000:]
+    assert grew < nbytes / 16 and got < nbytes / 16, f"grew {grew / MB:.0f} MB, read {got / MB:.0f} MB"
+    rows = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in out.splitlines())}
+    assert rows["parameters"] == f"{BIG.n_params():,}" and rows["training step"] == "3 of 10"
+    assert rows["best val loss"] == "1.5000 at step 2"
+    line = one_line(refused, str(huge), "GiB, more than the", "available")
+    assert "weights and optimizer state" in line
+    _, _, _, seconds, grew, got = refused
+    assert seconds < 5 and grew < 64 * MB and got < 64 * MB, f"{seconds:.1f} s, grew {grew / MB:.0f} MB"
+
+
 # --- 8. JSON files bounded by what they can hold --------------------------------------------------
 
 
