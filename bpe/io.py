@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenkit.bpe.errors import TokenizerError
+from tokenkit.bpe.layout import canonical_checked
 from tokenkit.bpe.patterns import PATTERNS, resolve_pattern
 from tokenkit.common import FileError, atomic, jsonsafe, readfile, safetensors_file
 
@@ -189,17 +190,20 @@ def unpack(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None) -> d
     byte_order = vbytes[offsets[:256]].tolist()
     if len(set(byte_order)) != 256:
         raise TokenizerError("tokens 0-255 are not a permutation of the 256 bytes; the file is damaged")
-    merges = [tuple(p) for p in merges_arr.tolist()]
-    if len(set(merges)) != n_merges:
+    left, right = merges_arr[:, 0].astype(np.int64), merges_arr[:, 1].astype(np.int64)
+    pairs = np.sort(left * n_tokens + right)  # sorted, a pair merged twice is two equal neighbours
+    if (pairs[1:] == pairs[:-1]).any():
         raise TokenizerError("the same pair is merged twice; the file is damaged")
-    if n_merges and (lengths[256:] != lengths[merges_arr[:, 0]] + lengths[merges_arr[:, 1]]).any():
+    if n_merges and (lengths[256:] != lengths[left] + lengths[right]).any():
         raise TokenizerError("vocab_bytes disagree with the merges; the file is damaged")
+    disagree = _merged_bytes_disagree(vbytes, offsets, left, right)
+    if disagree is not None:
+        token = 256 + disagree
+        raise TokenizerError(f"vocab_bytes of token {token} disagree with merge {disagree}; the file is damaged")
     raw = vbytes.tobytes()
     off = offsets.tolist()
     tokens = [raw[off[i] : off[i + 1]] for i in range(n_tokens)]
-    for r, (a, b) in enumerate(merges):
-        if tokens[256 + r] != tokens[a] + tokens[b]:
-            raise TokenizerError(f"vocab_bytes of token {256 + r} disagree with merge {r}; the file is damaged")
+    merges = list(zip(left.tolist(), right.tolist(), strict=True))
     expected = set(range(n_tokens, n_tokens + len(specials)))
     if (
         any(not isinstance(k, str) or not k or type(v) is not int for k, v in specials.items())
@@ -209,7 +213,26 @@ def unpack(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None) -> d
             f"special tokens must be non-empty strings with the ids {n_tokens}..{n_tokens + len(specials) - 1}"
             " right after the merges; the file is damaged"
         )
-    return {"merges": merges, "byte_order": byte_order, "special_tokens": specials, **common}
+    layout = canonical_checked(tokens, byte_order, merges, specials)
+    return {"merges": merges, "byte_order": byte_order, "special_tokens": specials, "layout": layout, **common}
+
+
+def _merged_bytes_disagree(vbytes: np.ndarray, offsets: np.ndarray, left: np.ndarray, right: np.ndarray) -> int | None:
+    """The first merge r whose token's bytes (id 256 + r) are not its pair's bytes together, or
+    None: every merged token's bytes against its two parts' at once (the lengths agree already).
+
+    vbytes: (B,) uint8; offsets: (256 + M + 1,) int64; left, right: (M,) int64 ids."""
+    if not left.size:
+        return None
+    parts = np.stack([left, right], axis=1).reshape(-1)  # (2M,) a, b, a, b, ...
+    starts, lengths = offsets[parts], offsets[parts + 1] - offsets[parts]
+    ends = np.cumsum(lengths)
+    where = np.repeat(starts - (ends - lengths), lengths) + np.arange(int(ends[-1]))  # the parts' bytes, in order
+    made = vbytes[int(offsets[256]) :]  # the merged tokens' bytes, in order
+    bad = np.flatnonzero(vbytes[where] != made)
+    if not bad.size:
+        return None
+    return int(np.searchsorted(offsets[257:] - offsets[256], bad[0], side="right"))
 
 
 def _json_metadata(metadata: dict) -> tuple[dict, dict]:

@@ -97,15 +97,18 @@ class Tokenizer:
         bos: str | None = None,
         text_tokens: Iterable[str] | None = None,
         _pattern_regex: str | None | bool = False,
+        _layout: Layout | None = None,
     ) -> None:
 
-        merges = [(int(a), int(b)) for a, b in merges]
-        if vocab is None:
+        if _layout is not None:  # built and checked by the file's reader (`from_tensors`)
+            layout = _layout
+        elif vocab is None:
+            merges = [(int(a), int(b)) for a, b in merges]
             layout = canonical(merges, byte_order, special_tokens)
         elif byte_order is not None or not isinstance(special_tokens, dict):
             raise TokenizerError("a listed vocabulary gives the bytes' ids and takes special tokens as a dict of ids")
         else:
-            layout = listed(vocab, merges, special_tokens)
+            layout = listed(vocab, [(int(a), int(b)) for a, b in merges], special_tokens)
         self._layout = layout
         self._merges = layout.merges
         self._specials = layout.specials
@@ -509,6 +512,7 @@ class Tokenizer:
             vocab=parts.get("vocab"),
             training=parts["training"],
             _pattern_regex=parts["pattern_regex"],
+            _layout=parts.get("layout"),
             **parts["options"],
         )
 

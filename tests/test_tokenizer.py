@@ -396,6 +396,27 @@ def test_corrupt_files_one_line_error(tok, tmp_path, name):
     assert "\n" not in str(err.value) and str(err.value)
 
 
+def test_a_merged_tokens_bytes_are_checked_against_its_pair_and_named(tok):
+    """The reader's vectorised check against the plain one (each merged token's bytes == its two
+    parts' bytes together), on many single-byte tamperings anywhere among the merged tokens."""
+    tensors, metadata = tok.to_tensors()
+    offsets = tensors["vocab_offsets"]
+    rng = random.Random(7)
+    for _ in range(60):
+        tampered = {k: v.copy() for k, v in tensors.items()}
+        at = rng.randrange(int(offsets[256]), int(offsets[-1]))
+        tampered["vocab_bytes"][at] ^= rng.randrange(1, 256)
+        vb, off = tampered["vocab_bytes"].tobytes(), offsets.tolist()
+        tokens = [vb[off[i] : off[i + 1]] for i in range(len(off) - 1)]
+        merges = tampered["merges"].tolist()
+        first = next(r for r, (a, b) in enumerate(merges) if tokens[256 + r] != tokens[a] + tokens[b])
+        with pytest.raises(TokenizerError, match=f"vocab_bytes of token {256 + first} disagree with merge {first};"):
+            Tokenizer.from_tensors(tampered, metadata)
+    back = Tokenizer.from_tensors(tensors, metadata)  # untouched: the same tokenizer, its layout as built
+    assert back.to_tensors()[0]["vocab_bytes"].tobytes() == tensors["vocab_bytes"].tobytes()
+    assert back.layout == tok.layout
+
+
 def test_load_missing_or_directory(tmp_path):
     with pytest.raises(TokenizerError, match="no such file"):
         Tokenizer.load(tmp_path / "nope.safetensors")
@@ -494,12 +515,12 @@ def test_cut_rule_keeps_the_split(text):
 
 def test_find_cut_skips_specials(tmp_path):
     path = tmp_path / "f.txt"
-    path.write_bytes(b"aaaa<| x|> bb cc")
+    path.write_bytes(b"aaa'<| x|> bb cc")  # an apostrophe before the special: no cut there either
     specials = [b"<| x|>"]
     cut = find_file_cut(path, 1, 16, specials, window=4)
     assert cut == path.read_bytes().index(b" bb")  # not the space inside the special
     assert find_file_cut(path, 1, 16, [], window=4) == path.read_bytes().index(b" x")
-    path.write_bytes(b"no-spaces-here")
+    path.write_bytes(b"no'spaces'here")  # no space, newline, or punctuation but apostrophes
     assert find_file_cut(path, 1, 14, [], window=4) is None
 
 
