@@ -312,9 +312,9 @@ def _encode_chat(tok: Tokenizer, tokenizer_path, chat, generation_prompt, output
     from tokenkit.common import atomic
 
     if output is not None:
+        atomic.check_output(output)  # a device, FIFO or socket is said as what it is
         if output.exists() or output.is_symlink():
             raise click.UsageError(f"{output} exists; --add-chat-tokens writes a new file, give another path")
-        atomic.check_output(output)
         added = chat_template.missing(tok)
         tok = chat_template.add_chat_tokens(tok)
         tok.save(output)

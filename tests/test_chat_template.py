@@ -10,7 +10,9 @@ with the pieces' roles, token by token.
 from __future__ import annotations
 
 import json
+import os
 import random
+import stat
 
 import numpy as np
 import pytest
@@ -298,6 +300,10 @@ def test_add_chat_tokens_writes_a_new_tokenizer(base, tmp_path, capsys):
     before = out_path.read_bytes()
     code, out, err = run(capsys, "encode", "-t", src, "--add-chat-tokens", out_path)
     assert code == 1 and "exists; --add-chat-tokens writes a new file" in err and out_path.read_bytes() == before
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    code, out, err = run(capsys, "encode", "-t", src, "--add-chat-tokens", fifo)
+    assert code == 1 and len(err.splitlines()) == 1 and "FIFO" in err and stat.S_ISFIFO(fifo.lstat().st_mode)
 
 
 @pytest.mark.parametrize(
