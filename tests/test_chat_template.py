@@ -85,8 +85,12 @@ def test_render_is_the_string_template_encoded(tok, generation_prompt):
         assert got.ids.dtype == tok.ids_dtype and got.mask.dtype == bool
 
 
-def test_hf_tokenizers_encode_the_rendered_string_to_the_same_ids(tok):
+@pytest.mark.parametrize("pattern", ["gpt2", "gpt4"])
+def test_hf_tokenizers_encode_the_rendered_string_to_the_same_ids(tok, pattern):
     tokenizers = pytest.importorskip("tokenizers")
+    if pattern != "gpt2":
+        text = "".join(random.Random(7).choice(WORDS) for _ in range(4000)).encode()
+        tok = add_chat_tokens(Tokenizer.train([text], vocab_size=350, pattern=pattern, quiet=True))
     hf = tokenizers.Tokenizer.from_str(tok.export_files("hf")["tokenizer.json"].decode("utf-8"))
     rng = random.Random(2)
     for _ in range(100):
@@ -318,3 +322,13 @@ def test_chat_takes_no_text_flags(tok, tmp_path, capsys, flags):
     assert code == 1 and out == "" and len(err.strip().splitlines()) == 1 and "--chat and --add-chat-tokens" in err
     code, _, err = run(capsys, "encode", "-t", path, "--generation-prompt", "hello")
     assert code == 1 and "--chat and --add-chat-tokens take only" in err
+
+
+def test_the_modules_examples_hold():
+    import doctest
+
+    from tokenkit.bpe import chat_template, conversations
+
+    for module in (chat_template, conversations, model_vocab):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__

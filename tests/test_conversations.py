@@ -91,6 +91,12 @@ def test_a_file_reads_in_order_with_line_numbers(tmp_path):
     assert got[2].messages[1].content == "é 🙂" and got[2].messages[2].content == ""
 
 
+def test_crlf_lines_read_as_lines(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(b"\r\n".join([json.dumps(GOOD).encode(), b"", json.dumps(GOOD).encode(), b""]))
+    assert [c.line for c in read_conversations(path)] == [1, 3]
+
+
 def test_prompts_end_with_the_user(tmp_path):
     path = write(
         tmp_path / "p.jsonl",
