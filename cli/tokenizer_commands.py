@@ -164,6 +164,21 @@ def _bpe_train(comm, corpus, vocab_size, min_frequency, pattern, specials, worke
 @quiet_option("No progress bar.")
 @eot_option("With -f: put this special token's id between documents (files, JSONL records).")
 @corpus_options
+@click.option(
+    "--chat",
+    type=click.Path(path_type=Path),
+    help='Render each conversation of this JSONL file ({"messages": [...]}) with the chat template: its ids and '
+    "the mask of the tokens fine-tuning learns (docs/chat.md).",
+)
+@click.option(
+    "--generation-prompt", is_flag=True, help="With --chat: end each conversation with the assistant's opening."
+)
+@click.option(
+    "--add-chat-tokens",
+    "chat_tokens_output",
+    type=click.Path(path_type=Path),
+    help="Write the tokenizer with the chat template's special tokens appended (other ids unchanged) to this new file.",
+)
 def encode_command(
     tokenizer_path,
     text,
@@ -178,8 +193,14 @@ def encode_command(
     glob,
     text_field,
     binary,
+    chat,
+    generation_prompt,
+    chat_tokens_output,
 ) -> int:
     """Turn text into token ids.
+
+    With --chat: each conversation of a JSONL file as tk's chat template renders it, with the
+    tokens fine-tuning learns marked (docs/chat.md).
 
     \b
     Examples:
@@ -187,10 +208,27 @@ def encode_command(
       tk encode -t tok.safetensors --show "Once upon a time"
       tk encode -t tok.safetensors -f corpus.txt -o ids.npy
       tk encode -t tok.safetensors -f docs.jsonl.gz --text-field text --eot '<|endoftext|>' -o ids.npy
+      tk encode -t tok.safetensors --add-chat-tokens chat_tok.safetensors
+      tk encode -t chat_tok.safetensors --chat chats.jsonl --json
     """
     from tokenkit.common import atomic
     from tokenkit.pipeline.checkpoint import load_tokenizer
 
+    if chat is not None or chat_tokens_output is not None or generation_prompt:
+        plain = (text, file, output, eot, glob, text_field) == (None,) * 6 and not (binary or show)
+        if not plain or special_policy["allowed_special"] or special_policy["disallowed_special"] != "all":
+            raise click.UsageError(
+                "--chat and --add-chat-tokens take only -t, --generation-prompt and --json: the template encodes "
+                "every content as text"
+            )
+        if generation_prompt and chat is None:
+            raise click.UsageError("--generation-prompt is for --chat FILE")
+        comm = mpi_world()
+        with end_together(comm):
+            if comm is not None and comm.Get_rank():  # conversations are rank 0's alone
+                return 0
+            return _encode_chat(load_tokenizer(tokenizer_path), tokenizer_path, chat, generation_prompt,
+                                chat_tokens_output, as_json)  # fmt: skip
     if (text is None) == (file is None):
         raise click.UsageError("give either TEXT or -f FILE (exactly one)")
     if file is None and (eot is not None or glob is not None or text_field is not None or binary):
@@ -263,6 +301,41 @@ def _print_ids(tok: Tokenizer, arr: np.ndarray, n_bytes: int, split, output, sho
         click.echo(json.dumps(ids))
     else:
         click.echo(" ".join(map(str, ids)))
+    return 0
+
+
+def _encode_chat(tok: Tokenizer, tokenizer_path, chat, generation_prompt, output, as_json) -> int:
+    """--add-chat-tokens OUT (a new file) then --chat FILE: each conversation as the template
+    renders it (bpe/chat_template.py), one per line with --json, a line per turn otherwise."""
+    from tokenkit.bpe import chat_template
+    from tokenkit.bpe.conversations import read_conversations
+    from tokenkit.common import atomic
+
+    if output is not None:
+        atomic.check_output(output)  # a device, FIFO or socket is said as what it is
+        if output.exists() or output.is_symlink():
+            raise click.UsageError(f"{output} exists; --add-chat-tokens writes a new file, give another path")
+        added = chat_template.missing(tok)
+        tok = chat_template.add_chat_tokens(tok)
+        tok.save(output)
+        ids = ", ".join(f"{t}={tok.special_tokens[t]}" for t in added) or "none: it had them all"
+        click.echo(f"wrote {output}: vocab size {tok.vocab_size}; added {ids}")
+    if chat is None:
+        return 0
+    lacks = chat_template.missing(tok)
+    if lacks:
+        raise click.ClickException(
+            f"{tokenizer_path} lacks the chat template's special tokens {', '.join(lacks)}; add them with "
+            f"tk encode -t {tokenizer_path} --add-chat-tokens NEW.safetensors (appended ids; the others stay)"
+        )
+    for conversation in read_conversations(chat, prompt=generation_prompt):  # all checked before one prints
+        rendered = chat_template.render(tok, conversation, generation_prompt=generation_prompt)
+        if as_json:
+            click.echo(json.dumps(rendered.as_json()))
+        else:
+            counted = int(rendered.mask.sum())
+            click.echo(f"line {rendered.line}: {len(rendered.ids)} tokens, {counted} counted (*)")
+            click.echo("\n".join(rendered.shown(tok)))
     return 0
 
 
