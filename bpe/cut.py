@@ -63,6 +63,8 @@ def find_cut(buf: bytes, lo: int, hi: int | None = None, *, last: bool = True, s
     pad = max([CUT_CONTEXT] + [len(s) - 1 for s in specials])
     hi = min(len(buf) if hi is None else hi, len(buf) - pad + 1)
     lo = max(lo, 1)
+    if hi <= lo:  # too little buffer to judge (and a negative end would count from the right)
+        return -1
 
     def clear(i: int) -> bool:  # no special token spans the cut
         return not any(s in buf[max(0, i - len(s) + 1) : i + len(s) - 1] for s in specials)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import tokenkit.bpe.pretokenize as pretokenize
 import tokenkit.bpe.trainer as trainer
 from tokenkit.bpe import TokenizerError
-from tokenkit.bpe.cut import cut_pieces
+from tokenkit.bpe.cut import cut_pieces, find_cut
 from tokenkit.bpe.pretokenize import count_chunks, resolve_pattern, split_text
 from tokenkit.bpe.trainer import train_merges, train_merges_naive
 
@@ -343,3 +343,12 @@ def test_shakespeare_streamed_equals_whole(monkeypatch):
     monkeypatch.setattr(pretokenize, "_PIECE_BYTES", 1 << 16)
     for pattern in ("gpt2", "gpt4"):
         assert count_chunks([data], pattern, workers=1, quiet=True) == naive_counts([data], pattern)
+
+
+def test_a_short_buffer_is_never_cut_without_the_context_after_the_cut():
+    """Found by the test above: with fewer bytes than the cut needs after it, a negative search
+    end counted from the right, and "a\\n" was cut from the NBSP that makes the newline part of a
+    whitespace run."""
+    data = b"a\n\xc2\xa0"
+    assert [find_cut(data[:n], 1) for n in range(1, len(data) + 1)] == [-1, -1, -1, -1]
+    assert list(cut_pieces([data[i : i + 1] for i in range(len(data))], 1)) == [data]
