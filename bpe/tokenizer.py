@@ -35,12 +35,12 @@ from itertools import accumulate, pairwise
 from pathlib import Path
 
 import numpy as np
-import regex
 
 from tokenkit.bpe import encode_corpus, formats, io, library_files, train_corpus
 from tokenkit.bpe.corpus import Corpus, Source, as_corpus
 from tokenkit.bpe.errors import DisallowedSpecialError, TokenizerError
 from tokenkit.bpe.layout import Layout, canonical, listed
+from tokenkit.bpe.literals import LiteralFinder
 from tokenkit.bpe.patterns import resolve_pattern
 from tokenkit.bpe.replay import Replay, replay_merges
 from tokenkit.bpe.show import token_str
@@ -134,7 +134,7 @@ class Tokenizer:
         self._pattern = resolve_pattern(pattern) if _pattern_regex is False else _pattern_regex
         self._training = dict(training or {})
         self._text = TextEncoder(layout, self._pattern, normalizer, ignore_merges, self.ids_dtype)  # and its caches
-        self._special_res: dict[frozenset, regex.Pattern] = {}
+        self._special_finders: dict[frozenset, LiteralFinder] = {}
         self.train_report: TrainReport | None = None
         self._fingerprint: str | None = None
 
@@ -256,12 +256,10 @@ class Tokenizer:
         read as plain text (see `bpe.text_encoder.TextEncoder.count_tokens`)."""
         return self._text.count_tokens(chunk_counts)
 
-    def _special_re(self, names: frozenset) -> regex.Pattern:
-        found = self._special_res.get(names)
+    def _special_finder(self, names: frozenset) -> LiteralFinder:
+        found = self._special_finders.get(names)
         if found is None:
-            # Longest first: at the same starting point the longer special wins.
-            alternatives = sorted(names, key=lambda s: (-len(s), s))
-            found = self._special_res[names] = regex.compile("|".join(regex.escape(s) for s in alternatives))
+            found = self._special_finders[names] = LiteralFinder(names)
         return found
 
     def _special_set(self, value, what: str) -> set[str]:
@@ -354,16 +352,16 @@ class Tokenizer:
         ['a', 256, 'b']
         """
         if policy.disallowed:
-            hit = self._special_re(policy.disallowed).search(text)
+            hit = self._special_finder(policy.disallowed).search(text)
             if hit:
-                raise DisallowedSpecialError(hit.group())
+                raise DisallowedSpecialError(hit[2])
         if not policy.allowed:
             return [text]
         segments: list[str | int] = []
         start = 0
-        for hit in self._special_re(policy.allowed).finditer(text):
-            segments += [text[start : hit.start()], self._specials[hit.group()]]
-            start = hit.end()
+        for begin, end, name in self._special_finder(policy.allowed).finditer(text):
+            segments += [text[start:begin], self._specials[name]]
+            start = end
         segments.append(text[start:])
         return segments
 
