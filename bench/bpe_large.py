@@ -32,6 +32,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import python_corpus  # noqa: E402
 
+from tokenkit.bpe.patterns import GPT2_PATTERN  # noqa: E402
+
 
 def _children(pid: int) -> list[int]:
     out = []
@@ -108,6 +110,34 @@ def hf_train(corpus: str, vocab: int, out: str) -> None:
     print(json.dumps({"vocab": tok.get_vocab_size()}))
 
 
+def rust_train(corpus: str, vocab: int, out: str, pattern: str) -> None:
+    """Child process: rustbpe (nanochat's trainer) on `corpus` with `pattern` (GPT-2's, given by
+    the parent: this process imports nothing of tk's), its ranks saved to `out`. The text goes in
+    as pieces of ~1 MB cut before a space that follows printable ASCII (tk's first cut rule), so
+    both trainers see exactly the chunks of the whole text."""
+    import rustbpe
+
+    with open(corpus, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+
+    def pieces():
+        start = 0
+        while start < len(text):
+            cut = text.find(" ", start + (1 << 20))
+            while cut > 0 and not ("!" <= text[cut - 1] <= "~"):
+                cut = text.find(" ", cut + 1)
+            end = len(text) if cut < 0 else cut
+            yield text[start:end]
+            start = end
+
+    tok = rustbpe.Tokenizer()
+    tok.train_from_iterator(pieces(), vocab, pattern=pattern)
+    ranks = tok.get_mergeable_ranks()
+    with open(out, "w", encoding="ascii") as f:
+        json.dump([[list(token), rank] for token, rank in ranks], f)
+    print(json.dumps({"vocab": len(ranks)}))
+
+
 def ensure_corpus(path: Path, mb: float, kinds: str, roots: list[Path]) -> Path:
     if not path.exists():
         kinds_ = tuple("." + k.strip().lstrip(".") for k in kinds.split(",") if k.strip())
@@ -119,66 +149,68 @@ def ensure_corpus(path: Path, mb: float, kinds: str, roots: list[Path]) -> Path:
     return path
 
 
-def hf_available() -> bool:
+def available(module: str) -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("tokenizers") is not None
+    return importlib.util.find_spec(module) is not None
+
+
+PEERS = {  # name shown, the module it needs, the --child flag that runs it
+    "hf": ("HF tokenizers byte-level BPE", "tokenizers", "--child-hf"),
+    "rustbpe": ("rustbpe (nanochat's trainer)", "rustbpe", "--child-rustbpe"),
+}
 
 
 def compare(corpus: Path, vocab: int, repeats: int) -> None:
-    """Print our row and HF's, medians of `repeats` runs taking turns."""
+    """Print our row and each installed peer's, medians of `repeats` runs taking turns."""
     size_mb = corpus.stat().st_size / 1e6
     print(
-        f"\ntraining on {corpus} ({size_mb:.0f} MB of distinct text), vocab {vocab}, "
-        f"{os.cpu_count()} cores, medians of {repeats} (taking turns); memory: peak PSS of the process tree"
+        f"\ntraining on {corpus} ({size_mb:.1f} MB), vocab {vocab}, GPT-2's pattern, {os.cpu_count()} cores, "
+        f"medians of {repeats} whole processes taking turns; memory: peak PSS of the process tree"
     )
-    runs: dict[str, list[dict]] = {"ours": [], "hf": []}
+    peers = {name: peer for name, peer in PEERS.items() if available(peer[1])}
+    runs: dict[str, list[dict]] = {"ours": [], **{name: [] for name in peers}}
     with tempfile.TemporaryDirectory() as tmp:
-        ours_cmd = [
-            sys.executable,
-            "-m",
-            "tokenkit.cli.main",
-            "bpe-train",
-            str(corpus),
-            "--vocab-size",
-            str(vocab),
-            "-o",
-            f"{tmp}/ours.safetensors",
-            "-q",
-        ]
-        hf_cmd = [sys.executable, __file__, "--child-hf", str(corpus), str(vocab), f"{tmp}/hf.json"]
+        cmds = {
+            "ours": [sys.executable, "-m", "tokenkit.cli.main", "bpe-train", str(corpus), "--vocab-size", str(vocab)]
+            + ["-o", f"{tmp}/ours.safetensors", "-q"],
+            **{
+                name: [sys.executable, __file__, flag, str(corpus), str(vocab), f"{tmp}/{name}.out"]
+                + ([GPT2_PATTERN] if name == "rustbpe" else [])
+                for name, (_, _, flag) in peers.items()
+            },
+        }
         for _ in range(repeats):
-            runs["ours"].append(run_tree(ours_cmd))
-            if hf_available():
-                runs["hf"].append(run_tree(hf_cmd))
-    summary = {}
-    for name, rs in runs.items():
-        if rs:
-            summary[name] = {
-                "seconds": statistics.median(r["seconds"] for r in rs),
-                "tree_peak_mb": statistics.median(r["tree_peak_mb"] for r in rs),
-                "maxrss_mb": max(r["maxrss_mb"] for r in rs),
-                "all": [round(r["seconds"], 1) for r in rs],
-                "peaks": [round(r["tree_peak_mb"]) for r in rs],
-            }
+            for name, cmd in cmds.items():
+                runs[name].append(run_tree(cmd))
+    summary = {
+        name: {
+            "seconds": statistics.median(r["seconds"] for r in rs),
+            "tree_peak_mb": statistics.median(r["tree_peak_mb"] for r in rs),
+            "all": [round(r["seconds"], 2) for r in rs],
+            "peaks": [round(r["tree_peak_mb"]) for r in rs],
+        }
+        for name, rs in runs.items()
+    }
     ours = summary["ours"]
     chunks = next((line for line in runs["ours"][-1]["stdout"].splitlines() if "distinct chunks" in line), "").strip()
     print(
-        f"  {'ours: tk bpe-train (default workers)':<40} {ours['seconds']:7.1f} s  peak {ours['tree_peak_mb']:5.0f} MB"
+        f"  {'ours: tk bpe-train (default workers)':<40} {ours['seconds']:7.2f} s  peak {ours['tree_peak_mb']:5.0f} MB"
         f"   runs {ours['all']} s, {ours['peaks']} MB   [{chunks}]"
     )
-    if "hf" not in summary:
-        print("  HF tokenizers: not installed (pip install tokenizers)")
-        return
-    hf = summary["hf"]
-    print(
-        f"  {'HF tokenizers byte-level BPE':<40} {hf['seconds']:7.1f} s  peak {hf['tree_peak_mb']:5.0f} MB"
-        f"   runs {hf['all']} s, {hf['peaks']} MB"
-    )
-    print(
-        f"  HF / ours: time {hf['seconds'] / ours['seconds']:.2f}x, "
-        f"memory {hf['tree_peak_mb'] / ours['tree_peak_mb']:.2f}x (> 1: ours is lower)"
-    )
+    for name, (shown, module, _) in PEERS.items():
+        if name not in summary:
+            print(f"  {shown}: not installed (pip install {module})")
+            continue
+        peer = summary[name]
+        print(
+            f"  {shown:<40} {peer['seconds']:7.2f} s  peak {peer['tree_peak_mb']:5.0f} MB"
+            f"   runs {peer['all']} s, {peer['peaks']} MB"
+        )
+        print(
+            f"    {name} / ours: time {peer['seconds'] / ours['seconds']:.2f}x, "
+            f"memory {peer['tree_peak_mb'] / ours['tree_peak_mb']:.2f}x (> 1: ours is faster / lower)"
+        )
 
 
 def main() -> None:
@@ -190,9 +222,14 @@ def main() -> None:
     parser.add_argument("--kinds", default="py")
     parser.add_argument("--roots", nargs="*", type=Path, default=[])
     parser.add_argument("--child-hf", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--child-rustbpe", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_hf:
         hf_train(args.child_hf[0], int(args.child_hf[1]), args.child_hf[2])
+        return
+    if args.child_rustbpe:
+        corpus_, vocab_, out_, pattern_ = args.child_rustbpe
+        rust_train(corpus_, int(vocab_), out_, pattern_)
         return
     corpus = args.corpus or Path(f"/tmp/tokenkit-python-corpus-{args.mb:g}mb.txt")
     compare(ensure_corpus(corpus, args.mb, args.kinds, args.roots), args.vocab, args.repeats)

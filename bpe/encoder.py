@@ -22,7 +22,6 @@ must equal, is `bpe.merge.merge_chunk`, and tests compare the two on many random
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from itertools import chain, compress, filterfalse, repeat
 from operator import is_, not_
@@ -30,6 +29,7 @@ from operator import is_, not_
 import numpy as np
 
 from tokenkit.bpe.errors import TokenizerError
+from tokenkit.bpe.words import GPT2_ASCII, WHITESPACE, regular_word, split_words
 
 NO_MERGE = np.iinfo(np.int32).max - 1  # "merged id" of a pair that has no merge; larger than any id
 END = NO_MERGE + 1  # merge_batch's rank at a chunk's last place, where no pair starts
@@ -301,33 +301,6 @@ class ChunkCache(_BatchCache):
         return out
 
 
-# Whitespace as the `regex` module's \s (Unicode White_Space), which GPT-2's split pattern uses;
-# tests check it against the module. The stdlib's \s also holds U+001C..U+001F.
-WHITESPACE = (
-    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
-    "\u2028\u2029\u202f\u205f\u3000"
-)
-_WS = re.escape(WHITESPACE)
-# A word: a run of whitespace, then a run of anything else; text ending in whitespace ends with a
-# word of whitespace alone. The stdlib's `re` runs this simple pattern faster than `regex`.
-_WORD = re.compile(f"[{_WS}]*[^{_WS}]+|[{_WS}]+")
-
-
-# GPT-2's split pattern (bpe.pretokenize.GPT2_PATTERN) for text that is all ASCII, in the stdlib's
-# `re`, which runs it 2.4x faster than `regex`: on ASCII, \p{L} is [A-Za-z], \p{N} is [0-9] and
-# \s (Unicode White_Space) is re.ASCII's \s; tests compare the two.
-GPT2_ASCII = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+""", re.ASCII)
-
-
-def split_words(text: str) -> list[str]:
-    """`text` cut before every whitespace run that follows something else.
-
-    >>> split_words("Hi there,\\n\\n  you. ")
-    ['Hi', ' there,', '\\n\\n  you.', ' ']
-    """
-    return _WORD.findall(text)
-
-
 class WordCache(_BatchCache):
     """Word (see `split_words`) -> its ids as raw bytes, for GPT-2's split pattern, which never puts
     a non-space character and the whitespace after it in one chunk: so a word's chunks do not
@@ -353,10 +326,10 @@ class WordCache(_BatchCache):
         # Every word but the text's first and last starts with whitespace and ends with something
         # else; those can be joined and split together (`_compute`). The other two are split alone.
         head = tail = b""
-        if not _regular(words[0]):
+        if not regular_word(words[0]):
             head = self._chunks.ids_bytes(self._split(words[0]))
             words = words[1:]
-        if words and not _regular(words[-1]):
+        if words and not regular_word(words[-1]):
             tail = self._chunks.ids_bytes(self._split(words[-1]))
             words = words[:-1]
         return b"".join([head, *self.values_of(words), tail]) if head or tail else super().ids_bytes(words)
@@ -382,10 +355,6 @@ class WordCache(_BatchCache):
         if where is None:
             return out
         return list(map(out.__getitem__, np.argsort(where, kind="stable").tolist()))  # back in the words' order
-
-
-def _regular(word: str) -> bool:
-    return word[0] in WHITESPACE and word[-1] not in WHITESPACE
 
 
 class PieceCache(_BatchCache):

@@ -34,6 +34,7 @@ from tokenkit.bpe.corpus import as_corpus
 from tokenkit.bpe.cut import find_cut
 from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.patterns import BUILTIN, GPT2_PATTERN, GPT4_PATTERN, PATTERNS, compile_pattern, resolve_pattern
+from tokenkit.bpe.words import GPT2_ASCII, regular_word, split_words
 from tokenkit.common import pool, processes, progress
 from tokenkit.common.messages import one_line
 
@@ -156,6 +157,7 @@ def count_chunks(
                 for piece in batch:
                     _count_into(totals, piece, pattern)
                     bar.update(len(piece))
+        totals = _as_chunks(totals, pattern)
     else:
         totals = _count_in_workers(batches, pattern, workers, size, quiet)
     if not totals:
@@ -210,7 +212,7 @@ def _count_in_workers(
     return totals
 
 
-# A counting worker's state: the pattern, and the counts of every batch it was handed.
+# A counting worker's state: the pattern, and the counts of every batch it was handed (`_count_into`).
 _worker_pattern: str | None = None
 _worker_totals: Counter = Counter()
 
@@ -233,7 +235,7 @@ def _count_batch(batch: list[bytes]) -> None:
 
 
 def _counted() -> Counter:
-    return _worker_totals
+    return _as_chunks(_worker_totals, _worker_pattern)
 
 
 def _bar(total: int | None, quiet: bool):
@@ -248,11 +250,44 @@ def _chain(first, second, rest: Iterator) -> Iterator:
 
 
 def _count_into(totals: Counter, piece: bytes, pattern: str | None) -> None:
-    """Split one piece and add its chunks to `totals` (keys stay str until the very end)."""
+    """Split one piece and add its units to `totals` (keys stay str until the very end): its
+    chunks, or for GPT-2's pattern its words, which `_as_chunks` splits once at the end."""
     text = piece.decode("utf-8", "surrogateescape")
     if pattern is None:
         totals[text] += 1
+    elif pattern == GPT2_PATTERN:
+        totals.update(split_words(text))  # a list: counted in C
     elif pattern in BUILTIN:
-        totals.update(compile_pattern(pattern).findall(text))  # a list: counted in C
+        totals.update(compile_pattern(pattern).findall(text))
     else:
         totals.update(split_text(text, pattern))
+
+
+def _as_chunks(totals: Counter, pattern: str | None) -> Counter:
+    """What `_count_into` counted, as chunk counts: GPT-2's words (`bpe.words`) split into their
+    chunks, each distinct word once, in groups of words of the same count joined (regular words
+    joined split into their own chunks), the ASCII ones by the stdlib's `re`. The words repeat
+    far more than the text does (1 MB of English: 185k words, 25k distinct), so the split
+    pattern, the costly part, runs over a fraction of the text (BENCHMARKS.md)."""
+    if pattern != GPT2_PATTERN:
+        return totals
+    chunks: Counter[str] = Counter()
+    by_count: dict[int, list[str]] = {}
+    for word, n in totals.items():
+        if regular_word(word):
+            by_count.setdefault(n, []).append(word)
+        else:  # a piece's first word, or its trailing whitespace: split alone
+            for chunk in split_text(word, GPT2_PATTERN):
+                chunks[chunk] += n
+    split = compile_pattern(GPT2_PATTERN).findall
+    for n, words in by_count.items():
+        ascii_words = [w for w in words if w.isascii()]
+        found = GPT2_ASCII.findall("".join(ascii_words))
+        if len(ascii_words) < len(words):
+            found += split("".join(w for w in words if not w.isascii()))
+        if n == 1:
+            chunks.update(found)
+        else:
+            for chunk, m in Counter(found).items():
+                chunks[chunk] += m * n
+    return chunks

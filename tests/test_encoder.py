@@ -19,9 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokenkit.bpe import Tokenizer, TokenizerError
-from tokenkit.bpe.encoder import GPT2_ASCII, NO_MERGE, WHITESPACE, PairTable, merge_batch, split_words
+from tokenkit.bpe.encoder import NO_MERGE, PairTable, merge_batch
 from tokenkit.bpe.merge import merge_chunk
 from tokenkit.bpe.pretokenize import GPT2_PATTERN, split_text
+from tokenkit.bpe.words import GPT2_ASCII, WHITESPACE, split_words
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 # Letters, digits, punctuation, apostrophes, every kind of whitespace (and U+001C, which the

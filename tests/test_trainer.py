@@ -352,3 +352,19 @@ def test_a_short_buffer_is_never_cut_without_the_context_after_the_cut():
     data = b"a\n\xc2\xa0"
     assert [find_cut(data[:n], 1) for n in range(1, len(data) + 1)] == [-1, -1, -1, -1]
     assert list(cut_pieces([data[i : i + 1] for i in range(len(data))], 1)) == [data]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_gpt2_counts_through_words_equal_the_whole_texts_split(monkeypatch, workers):
+    """GPT-2's chunks are counted through its words (each distinct word split once, words of the
+    same count joined, ASCII ones by the stdlib's re): equal to splitting each whole text, on
+    texts whose words repeat a lot, mix scripts and whitespace, and start or end oddly."""
+    rng = random.Random(11)
+    vocabulary = ["the", "cat's", "Zoë", "中文", "42", "end.", "--", "naïve", "'ll", "\u00a0x", "a1b2"]
+    spaces = [" ", " ", " ", "  ", "\n", "\n\n", "\t", " \u3000", "\r\n"]
+    docs = []
+    for _ in range(12):
+        words = [rng.choice(vocabulary) + rng.choice(spaces) for _ in range(rng.randint(1, 400))]
+        docs.append((rng.choice(["", " ", "\n"]) + "".join(words)).encode())
+    monkeypatch.setattr(pretokenize, "_PIECE_BYTES", 256)  # many pieces, each with a first word of its own
+    assert count_chunks(docs, "gpt2", workers=workers, quiet=True) == naive_counts(docs, "gpt2")
