@@ -98,19 +98,30 @@ def character(rng: random.Random, avoid: str = "") -> dict[str, str]:
 
 def tale(rng: random.Random) -> str:
     """One story of 8 to 12 sentences; the hero's name and pronouns stay consistent throughout."""
+    return tale_and_facts(rng)[0]
+
+
+def tale_and_facts(rng: random.Random) -> tuple[str, dict[str, str]]:
+    """(one story, its facts): the facts are what corpora/make_tiny_dialogues.py asks about,
+    "hero" (the name), "kind", "pron", "friend" (the friend's name), "found" ("a red ball"),
+    "thing" ("ball"), "hiding" ("under a rock"), "day" and "said" (the hero's words)."""
     hero = character(rng)
     friend = character(rng, avoid=hero["name"])
     found, thing = rng.choice(FINDS)
     count = rng.randint(3, 10)
     start_day = rng.randrange(7)
     counted = rng.choice(THINGS_TO_COUNT)
+    # drawn in the order the sentences use them, so each seed tells the story it always told
+    adjective, home, place = rng.choice(ADJECTIVES), rng.choice(HOMES), rng.choice(PLACES)
+    habit, weather, hiding = rng.choice(HABITS), rng.choice(WEATHER), rng.choice(HIDING)
+    said = f"What a lovely {thing}!"
     lines = [
-        f"Once upon a time, there was a {rng.choice(ADJECTIVES)} {hero['kind']} named {hero['name']}.",
-        f"{hero['Pron']} lived in {rng.choice(HOMES)} near {rng.choice(PLACES)}.",
-        f"Every day, {hero['name']} liked to {rng.choice(HABITS)}.",
-        rng.choice(WEATHER),
-        f"On {DAYS[start_day]}, {hero['name']} found {found} {rng.choice(HIDING)}.",
-        f'"What a lovely {thing}!" said {hero["name"]}.',
+        f"Once upon a time, there was a {adjective} {hero['kind']} named {hero['name']}.",
+        f"{hero['Pron']} lived in {home} near {place}.",
+        f"Every day, {hero['name']} liked to {habit}.",
+        weather,
+        f"On {DAYS[start_day]}, {hero['name']} found {found} {hiding}.",
+        f'"{said}" said {hero["name"]}.',
         f"{hero['Pron']} took the {thing} to {hero['poss']} friend {friend['name']} the {friend['kind']}.",
         f"Together they counted {counted}: {', '.join(NUMBERS[:count])}.",
         f"There were {NUMBERS[count - 1]} {counted} in all.",
@@ -122,7 +133,18 @@ def tale(rng: random.Random) -> str:
         lines.append(f"{friend['name']} was {rng.choice(FEELINGS)}, and so was {hero['name']}.")
     lines.append(rng.choice(ENDINGS).format(**hero))
     lines.append("The end.")
-    return " ".join(lines)
+    facts = {
+        "hero": hero["name"],
+        "kind": hero["kind"],
+        "pron": hero["pron"],
+        "friend": friend["name"],
+        "found": found,
+        "thing": thing,
+        "hiding": hiding,
+        "day": DAYS[start_day],
+        "said": said,
+    }
+    return " ".join(lines), facts
 
 
 def write_corpus(path: Path, stories: int, seed: int) -> None:
