@@ -2,8 +2,16 @@
 two modules would start twice), and the constants several modules share: a module imports those
 with `from conftest import NAME`. What a module sizes on purpose stays in that module."""
 
-import pytest
-from browser import browser  # noqa: F401 -- the system Chromium, for test_page*.py
+import os
+
+# The suite's models are tiny: OpenBLAS's threads cost them more than they give (a step of a
+# width-32 model took 3x as long with them on a busy 2-core machine). Before NumPy loads, and
+# inherited by every tk process a test starts; a user's own setting stays.
+for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
+
+import pytest  # noqa: E402
+from browser import browser  # noqa: E402, F401 -- the system Chromium, for test_page*.py
 
 # Modules that drive a browser, MPI ranks, many processes or the CUDA emulator: most of the
 # suite's time. `python -m pytest -q -m "not slow"` runs the rest, for the edit-test loop; CI
