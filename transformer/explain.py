@@ -26,7 +26,7 @@ from tokenkit.transformer import ops
 from tokenkit.transformer.backends import as_host
 from tokenkit.transformer.errors import ModelError
 from tokenkit.transformer.explanation import Explanation, Step, dim_labels, token_labels
-from tokenkit.transformer.trace import layer_key
+from tokenkit.transformer.trace import layer_key, stream_keys
 
 
 def _f64(a) -> np.ndarray:
@@ -78,7 +78,7 @@ def embedding_steps(cfg, trace, layer: int, row: Rows) -> list[Step]:
             row("x0", "input x0 = token embedding + positional encoding", trace["x0"][0], dim_labels(C), ""),
         ]
     if layer > 0:
-        prev = layer_key(layer - 1, "resid_2" if cfg.norm == "pre" else "ln_2")
+        prev = stream_keys(cfg)[layer]  # block layer-1's output
         steps.append(row("layer_input", f"residual stream entering layer {layer}", trace[prev][0], dim_labels(C), ""))
     return steps
 
