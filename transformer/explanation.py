@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -120,7 +121,9 @@ class Explanation:
 
     tokens: each position's text. attention: (H, T, T) weights of every head of the explained
     layer (for one heatmap panel per head). top: the last position's most likely next tokens as
-    (id, label, probability, logit), best first (real models only).
+    (id, label, probability, logit), best first (real models only). inside: the logit lens and
+    direct logit attribution of a real model's pass (transformer/explain.py's `Inside`), computed
+    when `to_dict` asks its `to_json()` for them (the keys `lens` and `attribution`).
     """
 
     title: str
@@ -131,6 +134,7 @@ class Explanation:
     head: int = 0
     attention: np.ndarray | None = None
     top: list[tuple[int, str, float, float]] = field(default_factory=list)
+    inside: Any = None
 
     def step(self, key: str) -> Step:
         for s in self.steps:
@@ -152,6 +156,8 @@ class Explanation:
             "attention_all_heads": None if self.attention is None else json_array(self.attention),
             "top": [{"id": i, "token": t, "probability": p, "logit": z} for i, t, p, z in self.top],
         }
+        if self.inside is not None:
+            doc.update(self.inside.to_json())
         if query is None:
             return doc
         T = len(self.tokens)
