@@ -123,7 +123,8 @@ class Explanation:
     layer (for one heatmap panel per head). top: the last position's most likely next tokens as
     (id, label, probability, logit), best first (real models only). inside: the logit lens and
     direct logit attribution of a real model's pass (transformer/explain.py's `Inside`), computed
-    when `to_dict` asks its `to_json()` for them (the keys `lens` and `attribution`).
+    when `to_dict` asks its `to_json()` for them (the keys `lens` and `attribution`; not with a
+    `query`, which is one query's arithmetic).
     """
 
     title: str
@@ -156,10 +157,8 @@ class Explanation:
             "attention_all_heads": None if self.attention is None else json_array(self.attention),
             "top": [{"id": i, "token": t, "probability": p, "logit": z} for i, t, p, z in self.top],
         }
-        if self.inside is not None:
-            doc.update(self.inside.to_json())
         if query is None:
-            return doc
+            return doc | ({} if self.inside is None else self.inside.to_json())
         T = len(self.tokens)
         if not 0 <= query < T:
             raise ModelError(f"query {query} is not a position of this text: it has {T} token(s), 0..{T - 1}")
