@@ -40,6 +40,10 @@ if TYPE_CHECKING:
 @click.option("--query", type=count(0), default=None,
               help="with --json: the per-token steps keep only this position's row (the others null), as the"
               " page asks for one query's arithmetic")  # fmt: skip
+@click.option("--attribute-position", "attribute_position", type=count(0), default=None, metavar="P",
+              help="with --json: the attribution's position (0 = first)  [default: the last]")  # fmt: skip
+@click.option("--attribute-token", "attribute_token", type=count(0), default=None, metavar="ID",
+              help="with --json: the token whose logit the attribution splits  [default: the prediction]")  # fmt: skip
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path),
               help="also write heatmaps of the layer's attention weights (one panel per head) to this PNG;"
               " needs pip install 'tokenkit[plot]'")  # fmt: skip
@@ -61,6 +65,8 @@ def explain_command(
     precision,
     as_json,
     query,
+    attribute_position,
+    attribute_token,
     plot_path,
     html_path,
     view,
@@ -95,6 +101,9 @@ def explain_command(
     from tokenkit.transformer.explain_examples import explain_example
 
     check_device(device)  # first, as in every command: a missing CuPy or GPU is the one line
+    attributing = attribute_position is not None or attribute_token is not None
+    if attributing and (not as_json or example is not None):
+        raise click.UsageError("--attribute-position and --attribute-token choose the --json attribution of a model")
     _check_view(view, html_path, example, model_path)
     for written in (html_path, plot_path):  # a device, FIFO or socket there is refused before the model loads
         if written is not None:
@@ -118,6 +127,9 @@ def explain_command(
         model, tok, _ = load_model(model_path, device=device)
         expl, ids, raw = views.explain_run(model, tok, text, layer=layer, head=head, top_k=top_k, policy=special_policy)
         doc = views.model_doc(expl, ids, raw, tok, text, str(model_path), query)
+        if attributing:  # the lens and the default attribution are in every model's --json (docs/inside.md)
+            position = -1 if attribute_position is None else attribute_position
+            doc["attribution"] = expl.inside.attribution(position, attribute_token)
         header = render_tokens(ids, [token_repr(b) for b in raw], raw) + "\n"
         if html_path is not None:
             policy = next(name for name, p in views.SPECIALS.items() if p == special_policy)

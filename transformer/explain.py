@@ -22,11 +22,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tokenkit.transformer import ops
+from tokenkit.transformer import attribution, lens, ops
 from tokenkit.transformer.backends import as_host
 from tokenkit.transformer.errors import ModelError
 from tokenkit.transformer.explanation import Explanation, Step, dim_labels, token_labels
-from tokenkit.transformer.trace import layer_key
+from tokenkit.transformer.trace import layer_key, stream_keys
 
 
 def _f64(a) -> np.ndarray:
@@ -78,7 +78,7 @@ def embedding_steps(cfg, trace, layer: int, row: Rows) -> list[Step]:
             row("x0", "input x0 = token embedding + positional encoding", trace["x0"][0], dim_labels(C), ""),
         ]
     if layer > 0:
-        prev = layer_key(layer - 1, "resid_2" if cfg.norm == "pre" else "ln_2")
+        prev = stream_keys(cfg)[layer]  # block layer-1's output
         steps.append(row("layer_input", f"residual stream entering layer {layer}", trace[prev][0], dim_labels(C), ""))
     return steps
 
@@ -339,6 +339,35 @@ def output_steps(cfg, trace, last: np.ndarray, vocab: list[str], row: Rows) -> l
     ]
 
 
+# ----------------------------------------------------------------------------- the lens and the attribution
+
+LENS_TOP_K = 5  # the lens's candidates per layer and position in the JSON: (n_layers + 1) x T x 5 pairs
+
+
+class Inside:
+    """The logit lens (transformer/lens.py) and the direct logit attribution
+    (transformer/attribution.py) of an explained pass, from its trace, computed when asked: the
+    JSON carries them (`Explanation.to_dict`), the text tables do not. Holds only the trace
+    entries they read, batch row 0: (T, ...) each, pos_emb (T, C), a head's (H, T, hd)."""
+
+    def __init__(self, model, ids: np.ndarray, trace: dict, logits: np.ndarray) -> None:
+        wanted = set(stream_keys(model.config)) | attribution.keys(model.config)
+        self.model, self.ids, self.logits = model, ids, logits
+        self.trace = {key: trace[key] if key == "pos_emb" else trace[key][0] for key in wanted}
+
+    def lens(self, top_k: int = LENS_TOP_K) -> list[dict]:
+        """`Lens.to_json`: one dict per layer boundary."""
+        return lens.logit_lens(self.model, self.ids, top_k, trace=self.trace, logits=self.logits).to_json()
+
+    def attribution(self, position: int = -1, token: int | None = None) -> dict:
+        """`Attribution.to_json` of `token` (default: the prediction) at `position` (default: the last)."""
+        found = attribution.attribution_from_trace(self.model, self.trace, self.logits, position, token)
+        return found.to_json()
+
+    def to_json(self) -> dict:
+        return {"lens": self.lens(), "attribution": self.attribution()}
+
+
 # ----------------------------------------------------------------------------- the whole pass
 
 
@@ -401,4 +430,5 @@ def explain_model(
         head=head,
         attention=_f64(trace[layer_key(layer, "attn.weights")][0]),
         top=[(int(i), vocab[i], float(probs[i]), float(last[i])) for i in best],
+        inside=Inside(model, ids, trace, logits),
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -120,7 +121,10 @@ class Explanation:
 
     tokens: each position's text. attention: (H, T, T) weights of every head of the explained
     layer (for one heatmap panel per head). top: the last position's most likely next tokens as
-    (id, label, probability, logit), best first (real models only).
+    (id, label, probability, logit), best first (real models only). inside: the logit lens and
+    direct logit attribution of a real model's pass (transformer/explain.py's `Inside`), computed
+    when `to_dict` asks its `to_json()` for them (the keys `lens` and `attribution`; not with a
+    `query`, which is one query's arithmetic).
     """
 
     title: str
@@ -131,6 +135,7 @@ class Explanation:
     head: int = 0
     attention: np.ndarray | None = None
     top: list[tuple[int, str, float, float]] = field(default_factory=list)
+    inside: Any = None
 
     def step(self, key: str) -> Step:
         for s in self.steps:
@@ -153,7 +158,7 @@ class Explanation:
             "top": [{"id": i, "token": t, "probability": p, "logit": z} for i, t, p, z in self.top],
         }
         if query is None:
-            return doc
+            return doc | ({} if self.inside is None else self.inside.to_json())
         T = len(self.tokens)
         if not 0 <= query < T:
             raise ModelError(f"query {query} is not a position of this text: it has {T} token(s), 0..{T - 1}")

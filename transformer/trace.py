@@ -17,6 +17,9 @@ number by these names in the steps' keys, its sizes in the steps' shapes.
 >>> layer_key(3, "attn.weights"), split_key("h.3.attn.weights"), split_key("x0")
 ('h.3.attn.weights', (3, 'attn.weights'), (None, 'x0'))
 
+`stream_keys(config)` names the residual stream at each layer boundary (x0, then each block's
+output: `resid_2` pre-norm, `ln_2` post-norm), what the logit lens reads (transformer/lens.py).
+
 `Recorder` is a trace that keeps only the names its filter accepts, each made smaller as it
 arrives if asked: a reader that needs one entry of a long text (the page's thumbnails) passes
 one, so that the pass does not hold every layer's T x T maps.
@@ -93,6 +96,19 @@ def split_key(key: str) -> tuple[int | None, str]:
         layer, _, name = key[2:].partition(".")
         return int(layer), name
     return None, key
+
+
+def stream_keys(config) -> list[str]:
+    """The residual stream at each of the n_layers + 1 layer boundaries, as trace names: boundary 0
+    is the embeddings (x0), boundary l >= 1 block l-1's output, each (B, T, C). A pre-norm block's
+    output is its resid_2; a post-norm block's is its ln_2, the norm that ends it.
+
+    >>> from tokenkit.transformer.config import GPTConfig
+    >>> stream_keys(GPTConfig(vocab_size=10, context_length=8, d_model=8, n_layers=2, n_heads=2, norm="post"))
+    ['x0', 'h.0.ln_2', 'h.1.ln_2']
+    """
+    out = "resid_2" if config.norm == "pre" else "ln_2"
+    return ["x0"] + [layer_key(layer, out) for layer in range(config.n_layers)]
 
 
 def shapes(config, B: int, T: int) -> dict[str, tuple[int, ...]]:
