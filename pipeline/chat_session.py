@@ -68,10 +68,10 @@ class Dropped:
     context: int
 
     def message(self) -> str:
-        s = "" if self.turns == 1 else "s"
+        which = "its oldest turn" if self.turns == 1 else f"its {self.turns} oldest turns"
         return (
-            f"note: the conversation filled the model's context ({self.context} tokens); dropped its oldest "
-            f"{self.turns} turn{s} ({self.tokens} tokens), the system message kept"
+            f"note: the conversation filled the model's context ({self.context} tokens); dropped {which} "
+            f"({self.tokens} tokens), the system message kept"
         )
 
 
