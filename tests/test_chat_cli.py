@@ -417,3 +417,56 @@ def test_lines_are_bounded_and_a_long_one_is_skipped_whole():
     assert got[0] == (1, "short", None)
     assert got[1][:2] == (2, None) and "longer than" in got[1][2]
     assert got[2:] == [(3, "next", None), (4, "last", None)]
+
+
+def _read_until(fd, marker: bytes, seen: bytearray, timeout: float = 60.0) -> None:
+    """Read the terminal's output into `seen` until it holds `marker` after what was there."""
+    import os
+    import select
+    import time
+
+    start, deadline = len(seen), time.monotonic() + timeout
+    while marker not in seen[start:]:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"no {marker!r} on the terminal; it shows {bytes(seen)!r}"
+        try:
+            seen += os.read(fd, 4096)
+        except OSError:  # the terminal closed: the process ended
+            break
+    assert marker in seen[start:], bytes(seen)
+
+
+@pytest.mark.parametrize("end", ["ctrl-d", "ctrl-c"])
+def test_at_a_terminal_a_prompt_asks_and_ctrl_d_or_ctrl_c_ends(model_file, tok, end):
+    import os
+    import signal
+    import subprocess
+
+    path, model = model_file
+    (expected, _), *_ = reference_chat(model, tok, [("user", "the key")], 5)[0]
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tokenkit", "chat", "-m", str(path), "--temperature", "0", "-n", "5"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+    )
+    os.close(slave)
+    seen = bytearray()
+    try:
+        _read_until(master, b"> ", seen)
+        assert seen.startswith(f"chatting with {path} (a context of 96 tokens); /reset, /system TEXT, /quit".encode())
+        os.write(master, b"the key\n")
+        _read_until(master, b"> ", seen)
+        shown = seen.decode().replace("\r\n", "\n")
+        assert f"the key\n{tok.decode(expected)}\n" in shown  # the echoed message, then the answer
+        if end == "ctrl-d":
+            os.write(master, b"\x04")
+        else:
+            proc.send_signal(signal.SIGINT)
+            _read_until(master, b"interrupted", seen)
+        assert proc.wait(timeout=60) == (0 if end == "ctrl-d" else 130)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
