@@ -39,6 +39,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Import a byte-level BPE tokenizer from GPT-2's, Hugging Face's or tiktoken's files.",
     ),
     "bpe-train": ("tokenizer_commands", "Learn a byte-level BPE tokenizer from text files."),
+    "chat": (
+        "chat_commands",
+        "Talk with a model fine-tuned for chat: each line a message, the answer streaming as it comes.",
+    ),
     "decode": ("tokenizer_commands", "Turn token ids back into text (bytes that are not valid UTF-8 print as U+FFFD)."),
     "encode": ("tokenizer_commands", "Turn text into token ids."),
     "eval": (

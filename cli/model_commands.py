@@ -20,10 +20,10 @@ from tokenkit.cli.options import (
     json_option,
     max_new_tokens_option,
     model_option,
+    sampling_options,
     tokenizer_option,
     top_k_option,
 )
-from tokenkit.cli.params import count, real
 from tokenkit.cli.specials import special_options
 
 
@@ -68,12 +68,7 @@ def predict_next_command(model_path, tokenizer_path, text, top_k, as_json, speci
 @tokenizer_option()
 @click.argument("prompt")
 @max_new_tokens_option("tokens to generate", default=100)
-@click.option("--temperature", default=1.0, show_default=True, type=real(0), help="0 = greedy (argmax)")
-@top_k_option("sample among the K most likely tokens")
-@click.option(
-    "--top-p", default=None, type=real(0, 1, low_open=True), help="sample among the smallest set with probability >= P"
-)
-@click.option("--seed", default=None, type=count(0), help="seed for reproducible sampling")
+@sampling_options
 @special_options
 @device_option
 def generate_command(

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from tokenkit.cli.params import count
+from tokenkit.cli.params import count, real
 from tokenkit.common.processes import MAX_WORKERS
 from tokenkit.pipeline.names import MAX_NEW_TOKENS
 
@@ -123,6 +123,26 @@ def special_tokens_option(help: str):
 def top_k_option(help: str, *, default: int | None = None):
     """--top-k K: how many of the most likely tokens (at least 1)."""
     return click.option("--top-k", default=default, show_default=default is not None, type=count(1), help=help)
+
+
+def sampling_options(command):
+    """--temperature, --top-k, --top-p and --seed: how `generate` and `chat` pick each token
+    (as `temperature`, `top_k`, `top_p`, `seed`; transformer/sampling.py)."""
+    for option in reversed(
+        [
+            click.option("--temperature", default=1.0, show_default=True, type=real(0), help="0 = greedy (argmax)"),
+            top_k_option("sample among the K most likely tokens"),
+            click.option(
+                "--top-p",
+                default=None,
+                type=real(0, 1, low_open=True),
+                help="sample among the smallest set with probability >= P",
+            ),
+            click.option("--seed", default=None, type=count(0), help="seed for reproducible sampling"),
+        ]
+    ):
+        command = option(command)
+    return command
 
 
 def max_new_tokens_option(help: str, *, default: int | None = None):
