@@ -75,7 +75,8 @@ from tokenkit.common import progress
 @click.option(
     "--group-by",
     metavar="FIELD",
-    help="with -t: a table per value of this field of a JSONL corpus (the text at --text-field, default text)",
+    help="with -t: a table per value of this field of a JSONL corpus (the text at --text-field, default text); "
+    "with --task: acc and acc_norm per value of this field of the items too",
 )
 @click.option(
     "--pattern",
@@ -136,11 +137,11 @@ def eval_command(
             raise click.UsageError("--task scores a model: give -m MODEL too")
         if corpus:
             raise click.UsageError("give held-out text (FILE...) or a task (--task TASK.jsonl), not both")
-        given = [stride is not None, by_language, group_by is not None, pattern is not None, glob is not None]
-        if any(given) or text_field is not None or binary:
+        given = [stride is not None, by_language, pattern is not None, glob is not None, text_field is not None]
+        if any(given) or binary:
             raise click.UsageError(
-                "--stride, --by-language, --group-by, --pattern, --glob, --text-field and --binary read a "
-                "corpus; --task reads its own file"
+                "--stride, --by-language, --pattern, --glob, --text-field and --binary read a corpus; --task reads "
+                "its own file"
             )
     elif not corpus:
         raise click.UsageError("give the FILE... to evaluate on (or, with -m, a task: --task TASK.jsonl)")
@@ -157,11 +158,14 @@ def eval_command(
         raise click.UsageError(
             "with -m, -t names the model's tokenizer (one); to compare tokenizers, give -t without -m"
         )
-    if by_language or group_by is not None or pattern is not None:
-        raise click.UsageError("--by-language, --group-by and --pattern are for comparing tokenizers (-t without -m)")
     tokenizer_path = Path(tokenizer_paths[0]) if tokenizer_paths else None
     if task is not None:
-        return _eval_task(model_path, tokenizer_path, task, as_json, quiet, special_policy, device)
+        return _eval_task(model_path, tokenizer_path, task, group_by, as_json, quiet, special_policy, device)
+    if by_language or group_by is not None or pattern is not None:
+        raise click.UsageError(
+            "--by-language, --group-by and --pattern are for comparing tokenizers (-t without -m) and --group-by "
+            "for a task too (--task)"
+        )
     from tokenkit.bpe import Corpus
     from tokenkit.pipeline.eval_record import EvalRecord
     from tokenkit.pipeline.evaluate import default_stride, score_texts
@@ -198,12 +202,12 @@ def eval_command(
 # --- --task: a multiple-choice task -----------------------------------------------------------------
 
 
-def _eval_task(model_path, tokenizer_path, task, as_json, quiet, special_policy, device) -> int:
+def _eval_task(model_path, tokenizer_path, task, group_by, as_json, quiet, special_policy, device) -> int:
     from tokenkit.pipeline.choices import read_task, score_items
     from tokenkit.pipeline.run import load_model_and_tokenizer
 
     check_device(device)
-    items = read_task(task)  # before the model loads: a bad line is said at once
+    items = read_task(task, group_by)  # before the model loads: a bad line is said at once
     model, tok = load_model_and_tokenizer(model_path, tokenizer_path, device=device)
     context = model.config.context_length
     rows = sum(len(item.choices) for item in items)
@@ -216,16 +220,24 @@ def _eval_task(model_path, tokenizer_path, task, as_json, quiet, special_policy,
         return 0
     if scores.truncated:
         note(
-            f"{_plural(scores.truncated, 'item')} longer than the model's context ({context} tokens): "
-            "the model read the last tokens of each, as lm-evaluation-harness does"
+            f"{_plural(scores.truncated, 'item')} did not fit in the model's context ({context} tokens): the "
+            "model read the last tokens of each, as lm-evaluation-harness does"
         )
-    n = scores.n
-    click.echo(f"items:     {n:,} ({rows:,} choices)")
-    for key in ("acc", "acc_norm"):
-        right = round(doc[key] * n)
-        spread = "" if doc[key + "_stderr"] is None else f" ± {doc[key + '_stderr']:.4f}"
-        click.echo(f"{key + ':':<10} {doc[key]:.4f}{spread} ({right:,} of {n:,})")
+    click.echo(f"items:     {scores.n:,} ({rows:,} choices)")
+    _print_figures(doc)
+    for group, figures in doc.get("groups", {}).items():
+        click.echo(f"\n{group_by} {group}: {_plural(figures['n'], 'item')}")
+        _print_figures(figures)
     return 0
+
+
+def _print_figures(figures: dict) -> None:
+    """acc and acc_norm, each with its standard error and its count of items."""
+    n = figures["n"]
+    for key in ("acc", "acc_norm"):
+        right = round(figures[key] * n)
+        spread = "" if figures[key + "_stderr"] is None else f" ± {figures[key + '_stderr']:.4f}"
+        click.echo(f"{key + ':':<10} {figures[key]:.4f}{spread} ({right:,} of {n:,})")
 
 
 # --- -t: tokenizers side by side -------------------------------------------------------------------

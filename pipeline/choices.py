@@ -2,9 +2,9 @@
 EleutherAI's lm-evaluation-harness scores HellaSwag and ARC.
 
 A task is JSON lines, one item a line: {"context": "...", "choices": ["...", ...], "gold": i}
-(other keys are ignored). Each choice is scored by the log-likelihood of its tokens after the
-context, the sum of their log-probabilities, and the item is right when the gold choice has the
-highest:
+(other keys are ignored, or one names the item's group, `group_by`, whose figures come apart).
+Each choice is scored by the log-likelihood of its tokens after the context, the sum of their
+log-probabilities, and the item is right when the gold choice has the highest:
 - `acc`: the highest sum;
 - `acc_norm`: the highest sum per UTF-8 byte of the choice, so that a long choice is not wrong
   for being long (lm-evaluation-harness divides by `len(choice)`, the choice's characters: the
@@ -52,30 +52,33 @@ ADVICE = 'give JSON lines, one item a line: {"context": "...", "choices": ["..."
 
 @dataclass(frozen=True)
 class Item:
-    """One question: `choices` after `context`, the right one `choices[gold]`; `line` in its file."""
+    """One question: `choices` after `context`, the right one `choices[gold]`; `line` in its file,
+    `group` the value of its `group_by` field (None without one)."""
 
     context: str
     choices: tuple[str, ...]
     gold: int
     line: int
+    group: str | None = None
 
 
-def read_task(path: str | os.PathLike) -> list[Item]:
-    """The items of a task file, each line checked; one-line PipelineError naming the line
-    otherwise. The file is read whole, after its size is bounded (MAX_TASK_BYTES)."""
+def read_task(path: str | os.PathLike, group_by: str | None = None) -> list[Item]:
+    """The items of a task file, each line checked (and given its `group_by` field's value);
+    one-line PipelineError naming the line otherwise. The file is read whole, after its size is
+    bounded (MAX_TASK_BYTES)."""
     try:
         data = readfile.read_bytes(path, MAX_TASK_BYTES, "a task file (JSON lines)")
     except FileError as err:
         raise PipelineError(str(err)) from None
     if data.startswith(b"\xef\xbb\xbf"):  # a byte order mark
         data = data[3:]
-    items = [parse_item(line, n, path) for n, line in enumerate(data.split(b"\n"), 1) if line.strip()]
+    items = [parse_item(line, n, path, group_by) for n, line in enumerate(data.split(b"\n"), 1) if line.strip()]
     if not items:
         raise PipelineError(f"{path} holds no items; {ADVICE}")
     return items
 
 
-def parse_item(line: bytes, n: int, path: str | os.PathLike = "the task") -> Item:
+def parse_item(line: bytes, n: int, path: str | os.PathLike = "the task", group_by: str | None = None) -> Item:
     """One line's item; PipelineError "PATH, line N: what is wrong; ..." otherwise."""
     where = f"{path}, line {n}"
     try:
@@ -107,7 +110,13 @@ def parse_item(line: bytes, n: int, path: str | os.PathLike = "the task") -> Ite
             text.encode("utf-8")
         except UnicodeEncodeError:
             raise PipelineError(f"{where}: {what} holds a lone surrogate, which is not Unicode text") from None
-    return Item(context, tuple(choices), gold, n)
+    group = None
+    if group_by is not None:
+        group = record.get(group_by)
+        if isinstance(group, (bool, dict, list)) or group is None:
+            raise PipelineError(f"{where}: no string or number at {group_by!r} (--group-by) to group the item by")
+        group = str(group)
+    return Item(context, tuple(choices), gold, n, group)
 
 
 def _kind(value) -> str:
@@ -233,27 +242,44 @@ class Scores:
 
     @property
     def acc(self) -> float:
-        return float(np.mean(self.picks() == self.golds()))
+        return self.figures()["acc"]
 
     @property
     def acc_norm(self) -> float:
-        return float(np.mean(self.picks_norm() == self.golds()))
+        return self.figures()["acc_norm"]
+
+    def figures(self, among: np.ndarray | None = None) -> dict:
+        """acc, acc_norm (each with lm-evaluation-harness's standard error, the sample's over
+        sqrt(n)) and n, of all items or of those `among` marks."""
+        among = np.ones(self.n, dtype=bool) if among is None else among
+        right, right_norm = (self.picks() == self.golds())[among], (self.picks_norm() == self.golds())[among]
+        return {
+            "acc": float(np.mean(right)),
+            "acc_stderr": _stderr(right),
+            "acc_norm": float(np.mean(right_norm)),
+            "acc_norm_stderr": _stderr(right_norm),
+            "n": int(among.sum()),
+        }
+
+    def groups(self) -> dict[str, dict]:
+        """`figures` per group, in the order the groups first appear (none without `group_by`)."""
+        names = np.array([item.group for item in self.items], dtype=object)
+        return {g: self.figures(names == g) for g in dict.fromkeys(item.group for item in self.items) if g is not None}
 
     def to_dict(self) -> dict:
-        """`--json`'s object: the figures (with lm-evaluation-harness's standard errors, the
-        sample's over sqrt(n)), then each item's line, gold, picks and per-choice figures."""
+        """`--json`'s object: the figures, the groups' where there are groups, then each item's
+        line, gold, picks and per-choice figures."""
         picks, norms = self.picks(), self.picks_norm()
+        groups = self.groups()
         return {
-            "acc": self.acc,
-            "acc_stderr": _stderr(picks == self.golds()),
-            "acc_norm": self.acc_norm,
-            "acc_norm_stderr": _stderr(norms == self.golds()),
-            "n": self.n,
+            **self.figures(),
             "choices": sum(len(item.choices) for item in self.items),
             "truncated": self.truncated,
+            **({"groups": groups} if groups else {}),
             "items": [
                 {
                     "line": item.line,
+                    **({} if item.group is None else {"group": item.group}),
                     "gold": item.gold,
                     "pick": int(p),
                     "pick_norm": int(q),

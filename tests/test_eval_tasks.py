@@ -188,6 +188,8 @@ def test_command_figures_are_the_count_by_hand(tok, model_file, tmp_path, capsys
         {"context": random_text(rng, rng.randint(2, 8)), "choices": [" fox", " hill", " Léa"], "gold": rng.randrange(3)}
         for _ in range(40)
     ]
+    for i, item in enumerate(items):
+        item["kind"] = ["a", 7, "b"][i % 3]  # a number groups as its text
     task = write_task(tmp_path / "t.jsonl", items)
     assert main(["eval", "-m", str(path), "--task", str(task), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -208,6 +210,18 @@ def test_command_figures_are_the_count_by_hand(tok, model_file, tmp_path, capsys
     assert out[1].startswith(f"acc:       {right / 40:.4f} ± ") and out[1].endswith(f"({right} of 40)")
     assert out[2].startswith(f"acc_norm:  {right_norm / 40:.4f} ± ")
 
+    assert main(["eval", "-m", str(path), "--task", str(task), "--group-by", "kind", "--json"]) == 0
+    grouped = json.loads(capsys.readouterr().out)
+    assert list(grouped["groups"]) == ["a", "7", "b"] and grouped["acc"] == doc["acc"]
+    for g, figures in grouped["groups"].items():
+        mine = [e for e in grouped["items"] if e["group"] == g]
+        assert figures["n"] == len(mine) == sum(str(i["kind"]) == g for i in items)
+        assert figures["acc"] == sum(e["pick"] == e["gold"] for e in mine) / len(mine)
+        assert figures["acc_norm"] == sum(e["pick_norm"] == e["gold"] for e in mine) / len(mine)
+    assert main(["eval", "-m", str(path), "--task", str(task), "--group-by", "kind"]) == 0
+    text = capsys.readouterr().out
+    assert "\nkind 7: 13 items\nacc:" in text and text.count("acc_norm:") == 4
+
 
 def test_long_contexts_keep_their_last_tokens_and_say_so_once(tok, model_file, tmp_path, capsys):
     path, model = model_file
@@ -220,7 +234,7 @@ def test_long_contexts_keep_their_last_tokens_and_say_so_once(tok, model_file, t
     task = write_task(tmp_path / "t.jsonl", items)
     assert main(["eval", "-m", str(path), "--task", str(task)]) == 0
     err = capsys.readouterr().err
-    assert err.count("longer than the model's context") == 1 and "2 items longer" in err, err
+    assert err.count("did not fit in the model's context") == 1 and "2 items did not fit" in err, err
     assert main(["eval", "-m", str(path), "--task", str(task), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["truncated"] == 2
@@ -253,6 +267,7 @@ BAD_LINES = [
     ("context a list", '{"context": ["a"], "choices": [" a"], "gold": 0}', "line 2: the context is a list"),
     ("a lone surrogate", '{"context": "a\\ud800", "choices": [" a"], "gold": 0}', "line 2: the context holds a lone"),
     ("nested deep", '{"context": "a", "choices": [" a"], "gold": 0, "x": ' + "[" * 99 + "]" * 99 + "}", "line 2"),
+    ("no group", '{"context": "a", "choices": [" a"], "gold": 0, "kind": null}', "line 2: no string or number at"),
     ("special text", '{"context": "a <|endoftext|>", "choices": [" a"], "gold": 0}', "line 2: "),
 ]
 
@@ -267,8 +282,9 @@ def one_line(capsys, argv, fragment) -> None:
 
 @pytest.mark.parametrize("case, line, fragment", BAD_LINES, ids=[c[0] for c in BAD_LINES])
 def test_a_bad_line_is_one_line_naming_it(model_file, tmp_path, capsys, case, line, fragment):
-    task = write_task(tmp_path / "t.jsonl", [GOOD, line, GOOD])
-    one_line(capsys, ["eval", "-m", model_file[0], "--task", task], fragment)
+    good = GOOD.replace("}", ', "kind": "k"}')
+    task = write_task(tmp_path / "t.jsonl", [good, line, good])
+    one_line(capsys, ["eval", "-m", model_file[0], "--task", task, "--group-by", "kind"], fragment)
 
 
 def test_not_utf8_is_one_line(model_file, tmp_path, capsys):
@@ -320,6 +336,7 @@ def test_bad_files_are_one_line(model_file, tmp_path, capsys, monkeypatch, case,
         (["-m", "{model}", "--task", "{task}", "{task}"], "not both"),
         (["-m", "{model}", "--task", "{task}", "--stride", "4"], "--task reads its own file"),
         (["-m", "{model}", "--task", "{task}", "--text-field", "x"], "--task reads its own file"),
+        (["-m", "{model}", "--task", "{task}", "--by-language"], "--task reads its own file"),
         (["-m", "{model}"], "give the FILE... to evaluate on"),
     ],
 )
