@@ -154,19 +154,19 @@ def test_the_split_is_lm_evaluation_harness_s(tok):
 def test_acc_and_acc_norm_by_hand():
     items = [
         Item("c", ("ab", "abcd"), 1, 1),  # -2 vs -3: acc picks 0; per byte -1 vs -0.75: acc_norm picks 1
-        Item("c", ("é", "ee"), 0, 2),  # é is 2 bytes (1 character): -3 / 2 vs -2 / 2 -> 1 per byte; 1 by sum
+        Item("c", ("é", "ee"), 1, 2),  # é is 2 bytes, 1 character: per byte -1.5 vs -2.5 (per character -3 vs -2.5)
         Item("c", ("x", "y", "z"), 2, 3),  # ties: the first of equals, as np.argmax
         Item("c", ("x", "yy"), 0, 4),  # -1 vs -4: both pick 0
     ]
-    lls = [np.array(v, dtype=np.float64) for v in ([-2.0, -3.0], [-3.0, -2.0], [-1.0, -5.0, -1.0], [-1.0, -4.0])]
+    lls = [np.array(v, dtype=np.float64) for v in ([-2.0, -3.0], [-3.0, -5.0], [-1.0, -5.0, -1.0], [-1.0, -4.0])]
     scores = Scores(items, lls, [np.zeros(len(v), bool) for v in lls], [np.ones(len(v), int) for v in lls])
-    assert scores.picks().tolist() == [0, 1, 0, 0]
-    assert scores.picks_norm().tolist() == [1, 1, 0, 0]
+    assert scores.picks().tolist() == [0, 0, 0, 0]
+    assert scores.picks_norm().tolist() == [1, 0, 0, 0]
     assert scores.acc == 1 / 4 and scores.acc_norm == 2 / 4
     doc = scores.to_dict()
     assert doc["acc_stderr"] == pytest.approx(math.sqrt(0.25 * 0.75 * 4 / 3 / 4))  # sample std (n - 1) / sqrt(n)
     assert doc["acc_norm_stderr"] == pytest.approx(math.sqrt(0.5 * 0.5 * 4 / 3 / 4))
-    assert [e["pick"] for e in doc["items"]] == [0, 1, 0, 0] and doc["n"] == 4 and doc["choices"] == 9
+    assert [e["pick_norm"] for e in doc["items"]] == [1, 0, 0, 0] and doc["n"] == 4 and doc["choices"] == 9
 
 
 @pytest.fixture(scope="module")
