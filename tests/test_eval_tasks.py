@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import re
 import runpy
@@ -299,6 +300,8 @@ def test_not_utf8_is_one_line(model_file, tmp_path, capsys):
         ("empty", "holds no items"),
         ("blank", "holds no items"),
         ("directory", "is a directory"),
+        ("fifo", "is a FIFO (named pipe), not a regular file"),  # nobody writes it: refused, not waited on
+        ("device", "is a character device, not a regular file"),
         ("missing", "no such file"),
         ("huge", "more than a task file"),
         ("long choice", "line 1: choice 0 is 41 tokens, more than the model's context (32)"),
@@ -315,6 +318,10 @@ def test_bad_files_are_one_line(model_file, tmp_path, capsys, monkeypatch, case,
         task.write_bytes(b"\n  \n\n")
     elif case == "directory":
         task.mkdir()
+    elif case == "fifo":
+        os.mkfifo(task)
+    elif case == "device":
+        task.symlink_to("/dev/zero")
     elif case == "huge":
         write_task(task, [GOOD] * 10)
         monkeypatch.setattr(choices_module, "MAX_TASK_BYTES", 100)
