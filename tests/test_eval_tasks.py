@@ -440,3 +440,10 @@ def test_loglikelihoods_equal_transformers_on_the_export(transformers, tok, mode
             theirs = float(picked.gather(1, torch.tensor(cont)[:, None]).sum())
             assert ll == pytest.approx(theirs, abs=1e-4, rel=1e-4)
             assert greedy == bool((picked.argmax(-1) == torch.tensor(cont)).all())
+
+
+def test_docstring_examples():
+    import doctest
+
+    result = doctest.testmod(choices_module)
+    assert result.failed == 0 and result.attempted > 0
