@@ -64,11 +64,9 @@ def items() -> list[dict]:
     things = [thing for _, thing in tales.FINDS]
     out = []
     for _ in range(STORIES):
-        story = tales.tale(story_rng)  # the draws write_corpus makes, so the stories are tiny_tales_test.txt's
-        hero = story.split(" named ", 1)[1].split(".", 1)[0]
-        thing = story.split('"What a lovely ', 1)[1].split("!", 1)[0]
-        found_day = story.split(f", {hero} found ", 1)[0].rsplit("On ", 1)[1]
-        pron = "She" if " She lived in " in story else "He"
+        # the draws write_corpus makes, so the stories are tiny_tales_test.txt's
+        story, facts = tales.tale_and_facts(story_rng)
+        hero, thing, found_day, pron = facts["hero"], facts["thing"], facts["day"], facts["pron"].capitalize()
         out.append(_item(story, f'"What a lovely {thing}!" said', hero, names, "hero", rng))
         out.append(_item(story, f"{pron} took the", thing, things, "found", rng))
         played = f"They played with the {thing} on"
