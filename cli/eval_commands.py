@@ -1,6 +1,8 @@
-"""`tk eval`, in two modes:
+"""`tk eval`, in three modes:
 - `-m MODEL FILE...`: a model's loss on held-out text, in nats per token, bits per byte and
   perplexity (pipeline/evaluate.py computes them);
+- `-m MODEL --task TASK.jsonl`: a model's accuracy on a multiple-choice task, `acc` and
+  `acc_norm` as lm-evaluation-harness scores them (pipeline/choices.py reads and scores it);
 - `-t TOK [-t TOK ...] FILE...`: tokenizers side by side on a corpus, bytes per token and the
   rest (bpe/tokenizer_eval.py counts them), the whole corpus's and, with `--by-language` or
   `--group-by`, each group's of a JSONL corpus. TOK is anything `tk bpe-import` reads
@@ -49,7 +51,14 @@ from tokenkit.common import progress
     "a tokenizer.json or its directory, a NAME.tiktoken, GPT-2's pair as VOCAB,MERGES); with -m, the "
     "model's tokenizer, for a model file without one embedded (GPT.save's)",
 )
-@click.argument("corpus", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("corpus", nargs=-1, type=click.Path(path_type=Path))
+@click.option(
+    "--task",
+    type=click.Path(path_type=Path),
+    metavar="TASK.jsonl",
+    help='with -m, instead of FILE...: a multiple-choice task, one item a line {"context": "...", "choices": '
+    '["...", ...], "gold": i}; prints acc and acc_norm (lm-evaluation-harness\'s)',
+)
 @click.option(
     "--stride",
     type=count(1),
@@ -66,7 +75,8 @@ from tokenkit.common import progress
 @click.option(
     "--group-by",
     metavar="FIELD",
-    help="with -t: a table per value of this field of a JSONL corpus (the text at --text-field, default text)",
+    help="with -t: a table per value of this field of a JSONL corpus (the text at --text-field, default text); "
+    "with --task: acc and acc_norm per value of this field of the items too",
 )
 @click.option(
     "--pattern",
@@ -74,7 +84,10 @@ from tokenkit.common import progress
     "NAME_tiktoken.json beside it, and of GPT-2's pair (default gpt2)",
 )
 @corpus_options
-@json_option('print one JSON object instead: -m {"tokens", "bytes", "loss", "bits_per_byte", "perplexity", ...}')
+@json_option(
+    'print one JSON object instead: -m {"tokens", "bytes", "loss", "bits_per_byte", "perplexity", ...}; '
+    '--task {"acc", "acc_norm", "n", ..., "items": each one\'s "loglikelihoods", ...}'
+)
 @quiet_option("no progress bar")
 @special_options
 @device_option
@@ -82,6 +95,7 @@ def eval_command(
     model_path,
     tokenizer_paths,
     corpus,
+    task,
     stride,
     by_language,
     group_by,
@@ -94,11 +108,15 @@ def eval_command(
     special_policy,
     device,
 ) -> int:
-    """Measure a model on held-out text (bits per byte), or tokenizers side by side on a corpus.
+    """Measure a model on held-out text (bits per byte) or a multiple-choice task, or tokenizers side by side.
 
     With -m: the model's loss in nats per token, bits per byte and perplexity. Bits per byte
     divides the summed losses (in bits) by the text's UTF-8 bytes, so that models with different
     tokenizers compare. Each file (or JSON line) is a document, scored apart.
+
+    With -m and --task: each choice of each item scored by the log-likelihood of its tokens after
+    the context; acc is the share of items whose gold choice scores highest, acc_norm the same
+    per UTF-8 byte of the choice (as lm-evaluation-harness scores HellaSwag and ARC).
 
     With -t (repeatable), no -m: per tokenizer, bytes per token, tokens per word, the share of its
     vocabulary used, the share of bytes left as single-byte tokens, the longest token seen and
@@ -109,10 +127,24 @@ def eval_command(
       tk eval -m runs/demo corpora/tiny_tales.txt
       tk eval -m runs/demo held_out/ --glob '*.txt' --json
       tk eval -m runs/demo docs.jsonl --text-field text --stride 32
+      tk eval -m runs/demo --task corpora/tiny_tales_task.jsonl
       tk eval -t gpt2.safetensors -t runs/demo corpora/tiny_tales_test.txt
       tk eval -t encoder.json,vocab.bpe -t tok.safetensors --by-language corpora/languages.jsonl
       tk eval -t hf_dir/tokenizer.json -t cl100k_base.tiktoken --pattern gpt4 docs/ --json
     """
+    if task is not None:
+        if model_path is None:
+            raise click.UsageError("--task scores a model: give -m MODEL too")
+        if corpus:
+            raise click.UsageError("give held-out text (FILE...) or a task (--task TASK.jsonl), not both")
+        given = [stride is not None, by_language, pattern is not None, glob is not None, text_field is not None]
+        if any(given) or binary:
+            raise click.UsageError(
+                "--stride, --by-language, --pattern, --glob, --text-field and --binary read a corpus; --task reads "
+                "its own file"
+            )
+    elif not corpus:
+        raise click.UsageError("give the FILE... to evaluate on (or, with -m, a task: --task TASK.jsonl)")
     if model_path is None:
         if not tokenizer_paths:
             raise click.UsageError("give -m MODEL to score a model, or -t TOK (repeatable) to compare tokenizers")
@@ -126,9 +158,14 @@ def eval_command(
         raise click.UsageError(
             "with -m, -t names the model's tokenizer (one); to compare tokenizers, give -t without -m"
         )
-    if by_language or group_by is not None or pattern is not None:
-        raise click.UsageError("--by-language, --group-by and --pattern are for comparing tokenizers (-t without -m)")
     tokenizer_path = Path(tokenizer_paths[0]) if tokenizer_paths else None
+    if task is not None:
+        return _eval_task(model_path, tokenizer_path, task, group_by, as_json, quiet, special_policy, device)
+    if by_language or group_by is not None or pattern is not None:
+        raise click.UsageError(
+            "--by-language, --group-by and --pattern are for comparing tokenizers (-t without -m) and --group-by "
+            "for a task too (--task)"
+        )
     from tokenkit.bpe import Corpus
     from tokenkit.pipeline.eval_record import EvalRecord
     from tokenkit.pipeline.evaluate import default_stride, score_texts
@@ -160,6 +197,47 @@ def eval_command(
         click.echo(f"perplexity:     {score.perplexity:.3f}")
     record.write(score, stride=stride, context=context, say=notes(quiet), warn=warn)  # a run directory's eval.json
     return 0
+
+
+# --- --task: a multiple-choice task -----------------------------------------------------------------
+
+
+def _eval_task(model_path, tokenizer_path, task, group_by, as_json, quiet, special_policy, device) -> int:
+    from tokenkit.pipeline.choices import read_task, score_items
+    from tokenkit.pipeline.run import load_model_and_tokenizer
+
+    check_device(device)
+    items = read_task(task, group_by)  # before the model loads: a bad line is said at once
+    model, tok = load_model_and_tokenizer(model_path, tokenizer_path, device=device)
+    context = model.config.context_length
+    rows = sum(len(item.choices) for item in items)
+    with progress.bar(total=rows, desc="scoring", unit="choice", quiet=quiet or as_json) as bar:
+        scores = score_items(model, tok, items, special_policy, progress=bar.update)
+    doc = scores.to_dict()
+    if as_json:
+        head = {**doc, "context": context, "task": str(task), "model": str(model_path)}
+        click.echo(json.dumps({**head, "items": head.pop("items")}))  # the figures first, the items last
+        return 0
+    if scores.truncated:
+        note(
+            f"{_plural(scores.truncated, 'item')} did not fit in the model's context ({context} tokens): the "
+            "model read the last tokens of each, as lm-evaluation-harness does"
+        )
+    click.echo(f"items:     {scores.n:,} ({rows:,} choices)")
+    _print_figures(doc)
+    for group, figures in doc.get("groups", {}).items():
+        click.echo(f"\n{group_by} {group}: {_plural(figures['n'], 'item')}")
+        _print_figures(figures)
+    return 0
+
+
+def _print_figures(figures: dict) -> None:
+    """acc and acc_norm, each with its standard error and its count of items."""
+    n = figures["n"]
+    for key in ("acc", "acc_norm"):
+        right = round(figures[key] * n)
+        spread = "" if figures[key + "_stderr"] is None else f" ± {figures[key + '_stderr']:.4f}"
+        click.echo(f"{key + ':':<10} {figures[key]:.4f}{spread} ({right:,} of {n:,})")
 
 
 # --- -t: tokenizers side by side -------------------------------------------------------------------
