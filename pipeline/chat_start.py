@@ -35,12 +35,13 @@ from tokenkit.transformer import GPTConfig
 from tokenkit.transformer.vocab import grow_vocab
 
 
-def with_chat_tokens(init: StartFrom, say: Callable[[str], None] = lambda msg: None) -> StartFrom:
-    """`init` with the chat template's tokens in its tokenizer and rows for them in its model
-    (itself when it has them all); a tokenizer reading one of them as text is a TokenizerError."""
+def with_chat_tokens(init: StartFrom) -> tuple[StartFrom, str | None]:
+    """(`init` with the chat template's tokens in its tokenizer and rows for them in its model,
+    the note that says so): `init` itself and None when it has them all. A tokenizer reading one
+    of them as text is a TokenizerError."""
     new = missing(init.tokenizer)
     if not new:
-        return init
+        return init, None
     tokenizer = add_chat_tokens(init.tokenizer)
     old = init.model_config.vocab_size
     params, config = grow_vocab(init.params, init.model_config, max(old, tokenizer.vocab_size))
@@ -50,8 +51,8 @@ def with_chat_tokens(init: StartFrom, say: Callable[[str], None] = lambda msg: N
         if config.vocab_size > old
         else f"the model's {old:,} token rows already cover them"
     )
-    say(f"chat: the tokenizer gains {', '.join(new)} (ids {ids[0]}..{ids[-1]}); {grown}")
-    return dataclasses.replace(init, params=params, tokenizer=tokenizer, model_config=config)
+    note = f"chat: the tokenizer gains {', '.join(new)} (ids {ids[0]}..{ids[-1]}); {grown}"
+    return dataclasses.replace(init, params=params, tokenizer=tokenizer, model_config=config), note
 
 
 def train_chat(
@@ -69,7 +70,7 @@ def train_chat(
     """Fine-tune `init` (with the chat tokens: `with_chat_tokens`) on `spec`'s conversations in
     `run_dir`. `config` must have the model's shape (`StartFrom.settings`). A directory holding
     another run's files is refused unless `overwrite`. `ranks`, `device`: as `train_model`'s."""
-    init = with_chat_tokens(init, say)
+    init, grown = with_chat_tokens(init)
     if GPTConfig.from_dict(config.model_config(init.model_config.vocab_size)) != init.model_config:
         raise PipelineError(
             f"the run's model settings differ from the shape of {init.path}; take them from it (StartFrom.settings)"
@@ -99,6 +100,8 @@ def train_chat(
         )  # checks
         # the run starts: its files go into the directory, or beside another run's until its first checkpoint
         run.files = new = rundir.NewRun(run_dir, staged=bool(rd.present()))
+        if grown is not None:  # said once everything is checked: a refusal is one line
+            say(grown)
         try:
             checkpoint.write_text(new.dir / checkpoint.LOG_FILE, "")
             describe(run, say)
