@@ -243,6 +243,27 @@ def test_two_mpi_ranks_are_one_process_of_two_workers(files, base, tuned, tmp_pa
     _same_run(run, tuned)
 
 
+def test_device_cuda_fine_tunes_on_the_kernels_twins_close_to_the_cpu(files, base, tmp_path, monkeypatch):
+    """`--device cuda` on the CUDA kernels' NumPy twins: the loss head's device path (the counted
+    rows gathered on the device, the ignored rows' zero gradient) trains as the CPU does: close,
+    other kernels."""
+    from tokenkit.transformer import backends
+    from tokenkit.transformer.backends.cuda_twins import twin_backend
+
+    monkeypatch.setitem(backends._BACKENDS, "cuda", twin_backend())
+    runs = {device: tmp_path / device for device in ("cpu", "cuda")}
+    for device, run in runs.items():
+        workers = "--workers 2" if device == "cpu" else "--workers 1"  # on the GPU: the whole batch at once
+        flags = " ".join(TUNE).replace("--workers 2", workers).split()
+        code, _ = tk("train-model", "--chat", str(files["chats"]), "--init-from", str(base), "-o", str(run),
+                     "--device", device, *flags)  # fmt: skip
+        assert code == 0
+    cpu, gpu = (load_train_state(run / checkpoint.STATE_FILE) for run in runs.values())
+    assert gpu.step == 8
+    for name, p in cpu.params.items():
+        np.testing.assert_allclose(gpu.params[name], p, rtol=1e-3, atol=1e-4, err_msg=name)
+
+
 def test_val_file_is_used_recorded_and_checked_on_resume(files, base, tmp_path, capsys):
     run = tmp_path / "run"
     flags = ["--chat", str(files["chats"]), "--val", str(files["val"]), "--init-from", str(base), "-o", str(run)]
