@@ -343,3 +343,16 @@ def test_resume_of_a_chat_run_refuses_other_data(files, tuned, tmp_path, capsys)
         err = capsys.readouterr().err
         assert code in (1, 2) and says in err and err.count("\n") == 1, err
     assert (tuned / checkpoint.STATE_FILE).read_bytes() == before
+
+
+def test_another_run_s_directory_and_a_corpus_run_are_refused_in_one_line(files, base, tuned, capsys):
+    before = {p.name: p.read_bytes() for p in tuned.iterdir() if p.is_file()}
+    cases = [
+        (["--chat", str(files["chats"]), "--init-from", str(base), "-o", str(tuned), *TUNE], "--overwrite"),
+        (["--resume", str(base), "--chat", str(files["chats"])], "drop --chat"),
+    ]
+    for flags, says in cases:
+        code, _ = tk("train-model", *flags)
+        err = capsys.readouterr().err
+        assert code == 1 and says in err and err.count("\n") == 1, err
+    assert {p.name: p.read_bytes() for p in tuned.iterdir() if p.is_file()} == before
