@@ -1,7 +1,8 @@
 """Continuing a run where its train_state.safetensors left off (`tk train-model --resume`),
 after checking that it is the same run: the settings given, the tokenizer and the corpus
 (fingerprints, eot token, special-token policy, a kept stream's copy) against the checkpoint's,
-each difference one line saying which flag to drop.
+each difference one line saying which flag to drop. A fine-tuning run on conversations reads its
+conversations again and checks their fingerprints (`_resumed_chat`).
 
 What it deliberately does not do: train (pipeline/train.py), or restore the state itself
 (`TrainingRun` loads the checkpoint's weights, moments and generator).

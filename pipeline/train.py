@@ -1,14 +1,19 @@
 """The training loop: AdamW on random windows, warmup + cosine LR, clipping, periodic evaluation.
 
 One step = one batch of (B, T) windows -> loss and gradients -> global-norm clip -> AdamW update
-at the scheduled learning rate. Every `eval_interval` steps (and at the last step) the model is
-evaluated on fixed validation windows, `train_state.safetensors` is rewritten (the full state,
-for `--resume`), and `model.safetensors` is rewritten when the validation loss is the best so
-far. So `model.safetensors` holds the best evaluated weights and `train_state.safetensors` the
-last checkpointed step. Each evaluation is logged in nats per token and in bits per byte
-(pipeline/val_bytes.py). A run started from given weights (`--init-from`) is evaluated before its
-first step too, so its curve starts at the base model: that evaluation is logged at step 0 and is
-neither a checkpoint nor a best (the run's best is among the weights it trained).
+at the scheduled learning rate. Fine-tuning on conversations (`tk train-model --chat`) draws
+packed rows instead (pipeline/chat_data.py): the loss counts the assistant's targets alone, each
+step's log record says what share of the batch's targets counted (`counted`), and an evaluation
+is the mean over every counted target of the held-out rows.
+
+Every `eval_interval` steps (and at the last step) the model is evaluated on fixed validation
+windows, `train_state.safetensors` is rewritten (the full state, for `--resume`), and
+`model.safetensors` is rewritten when the validation loss is the best so far. So
+`model.safetensors` holds the best evaluated weights and `train_state.safetensors` the last
+checkpointed step. Each evaluation is logged in nats per token and in bits per byte
+(pipeline/val_bytes.py). A run started from given weights (`--init-from`) is evaluated before
+its first step too, so its curve starts at the base model: that evaluation is logged at step 0
+and is neither a checkpoint nor a best (the run's best is among the weights it trained).
 
 Exact resume: the only state a step reads is the weights, the AdamW moments and step count,
 the batch generator and the step number (the schedule is a pure function of it). All of it is
