@@ -197,6 +197,7 @@ class ChatData:
         refusal (a bad line, a conversation longer than a row, too few to hold some out) is one
         PipelineError before anything is written."""
         pad = tokenizer.special_tokens[END]
+        before = {path: file_fingerprint(path) for path in (spec.path, spec.val) if path is not None}
         train = list(rendered(spec.path, tokenizer, context_length))
         if not train:
             raise PipelineError(f'{spec.path} holds no conversation; each line is one, {{"messages": [...]}}')
@@ -212,13 +213,16 @@ class ChatData:
         else:
             n_val = min(max(1, round(len(train) * val_fraction)), len(train) - 1)
             train, val = train[:-n_val], train[-n_val:]
+        for path, digest in before.items():  # the fingerprint a run records is of the bytes it read
+            if file_fingerprint(path) != digest:
+                raise PipelineError(f"{path} changed while it was read; run the command again once it is written")
         dtype = tokenizer.ids_dtype
         return cls(
             spec,
             pack(train, context_length, pad, dtype),
             pack(val, context_length, pad, dtype),
-            file_fingerprint(spec.path),
-            file_fingerprint(spec.val) if spec.val is not None else None,
+            before[spec.path],
+            before.get(spec.val),
             tokenizer.fingerprint(),
         )
 
