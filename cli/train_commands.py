@@ -289,6 +289,11 @@ def train_model_command(
     --device cuda the model trains on the GPU (under mpirun one shard per rank, each rank on its
     own GPU); its files are the same kind (resume on either).
 
+    --chat DATA.jsonl --init-from MODEL fine-tunes MODEL on conversations instead of CORPUS: its
+    tokenizer gains the chat template's tokens, each conversation goes whole into a row of the
+    context (one longer is refused), and the loss counts the assistant's tokens alone (log.jsonl's
+    `counted` is their share of each batch); --val FILE holds conversations out.
+
     \b
     Example:
       tk train-model corpora/tiny_tales.txt -t tok.safetensors -o runs/tales --steps 500
