@@ -117,7 +117,7 @@ def explain_command(
         if query is not None:
             raise click.UsageError("--query picks a row of a model's trace; the worked examples print whole")
         expl = explain_example(example)
-        doc = views.example_doc(example)
+        doc = views.example_doc(example) if as_json else None
         header = ""
         if html_path is not None:
             page = page_file.example_page(example, view or "examples")
@@ -126,8 +126,9 @@ def explain_command(
             raise click.UsageError('give -m MODEL "TEXT" to explain a model, or --example NAME for a worked example')
         model, tok, _ = load_model(model_path, device=device)
         expl, ids, raw = views.explain_run(model, tok, text, layer=layer, head=head, top_k=top_k, policy=special_policy)
-        doc = views.model_doc(expl, ids, raw, tok, text, str(model_path), query)
-        if attributing:  # the lens and the default attribution are in every model's --json (docs/inside.md)
+        # The lens and the default attribution are in every model's --json (docs/inside.md): only built for it.
+        doc = views.model_doc(expl, ids, raw, tok, text, str(model_path), query) if as_json else None
+        if attributing and doc is not None:
             position = -1 if attribute_position is None else attribute_position
             doc["attribution"] = expl.inside.attribution(position, attribute_token)
         header = render_tokens(ids, [token_repr(b) for b in raw], raw) + "\n"

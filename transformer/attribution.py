@@ -138,6 +138,7 @@ def _check(config, T: int, position: int, token: int | None) -> tuple[int, int |
     return int(position) % T, None if token is None else int(token)
 
 
+@np.errstate(over="ignore", invalid="ignore")  # weights too large for float32 give inf, not warnings
 def attribute(model, ids, position: int = -1, token: int | None = None) -> Attribution:
     """Direct logit attribution of `model` (a transformer.GPT) on ids (T,): the logit of `token`
     (default: the model's prediction there, its logits' argmax) at `position` (default the last;
@@ -148,6 +149,7 @@ def attribute(model, ids, position: int = -1, token: int | None = None) -> Attri
     return attribution_from_trace(model, trace, logits, position, token)
 
 
+@np.errstate(over="ignore", invalid="ignore")  # weights too large for float32 give inf, not warnings
 def attribution_from_trace(model, trace: dict, logits: np.ndarray, position: int = -1, token: int | None = None):
     """`attribute` from `lens.record`'s (trace, logits (T, V)), the trace holding `keys(config)`."""
     cfg, p = model.config, model.params

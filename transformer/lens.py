@@ -86,6 +86,7 @@ def through_head(model, stream: np.ndarray, weights=None) -> np.ndarray:
     return (xf.reshape(-1, xf.shape[-1]) @ unembed.T).reshape(*stream.shape[:-1], unembed.shape[0])
 
 
+@np.errstate(over="ignore", invalid="ignore")  # weights too large for float32 give inf, not warnings
 def lens_logits(model, ids) -> np.ndarray:
     """ids (T,) -> every boundary's logits (N, T, V), N = n_layers + 1: all of them at once, for
     small models (N x T x V numbers)."""
@@ -143,6 +144,7 @@ def check_top_k(top_k) -> int:
     return int(top_k)
 
 
+@np.errstate(over="ignore", invalid="ignore")  # weights too large for float32 give inf, not warnings
 def logit_lens(model, ids, top_k: int = 5, *, trace: dict | None = None, logits: np.ndarray | None = None) -> Lens:
     """The logit lens of `model` (a transformer.GPT) on ids (T,): see `Lens`. With `trace` and
     `logits` (`record`'s, holding `trace.stream_keys`) no forward pass is run."""
