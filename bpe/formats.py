@@ -157,7 +157,7 @@ def from_hf(cls: type[T], path: str | os.PathLike) -> T:
         if Path(path).is_dir():  # transformers' configs there decide how it reads the files
             tokenizer_config, model_config = library_files.read_hf_configs(path)
             parts = check_transformers_class(tokenizer_config, model_config, parts, str(path))
-            template = jinja_template.from_hf(tokenizer_config, *library_files.read_hf_chat_files(path), str(path))
+            template = jinja_template.from_hf(tokenizer_config, library_files.read_hf_chat_template(path), str(path))
         if len(files) == 2:
             return jinja_template.with_template(from_gpt2(cls, *files), template)
         training = {"imported": "Hugging Face tokenizer.json"}

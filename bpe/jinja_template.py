@@ -184,14 +184,13 @@ def _token_text(value) -> str | None:
     return value if isinstance(value, str) and len(value) <= MAX_TOKEN_CHARS else None
 
 
-def from_hf(
-    config: Mapping | None, jinja_text: str | None, special_map: Mapping | None, origin: str
-) -> ChatTemplate | None:
+def from_hf(config: Mapping | None, jinja_text: str | None, origin: str) -> ChatTemplate | None:
     """The chat template transformers loads from a directory: chat_template.jinja's text
     (`jinja_text`) first, else tokenizer_config.json's `chat_template` (`config`: a string, or a
     list of {"name", "template"} of which "default" is taken); None when there is none. Its
-    special tokens' texts from `config`, else special_tokens_map.json's (`special_map`).
-    TokenizerError, naming `origin`, when the field is neither or a bound is passed."""
+    special tokens' texts from `config` (special_tokens_map.json, which transformers 5 reads
+    only where tokenizer_config.json says nothing, is never read). TokenizerError, naming
+    `origin`, when the field is neither or a bound is passed."""
     config = config if isinstance(config, Mapping) else {}
     what = f"{origin}'s chat template"
     if jinja_text is not None:
@@ -213,8 +212,6 @@ def from_hf(
     tokens = {}
     for name in SPECIAL_TOKEN_NAMES:
         text = _token_text(config.get(name))
-        if text is None and isinstance(special_map, Mapping):
-            text = _token_text(special_map.get(name))
         if text is not None:
             tokens[name] = text
     return ChatTemplate(source, tokens, origin)

@@ -5,7 +5,7 @@ What it does:
   `gpt2_files` (vocab.json + merges.txt, so people can open a tokenizer in an editor).
 - Hugging Face's `tokenizer.json` (`find_hf`, `read_hf`, `hf_files`, with tokenizer_config.json and
   special_tokens_map.json; `read_hf_configs`, the configs that decide transformers' class;
-  `read_hf_chat_files`, chat_template.jinja and special_tokens_map.json for a chat template) and
+  `read_hf_chat_template`, chat_template.jinja) and
   tiktoken's rank files (`read_tiktoken`, `tiktoken_files`, with a `NAME_tiktoken.json` of
   pat_str and special tokens).
 - `write_files` puts an export's files into a directory as one change
@@ -42,7 +42,7 @@ __all__ = [
     "hf_files",
     "read_gpt2",
     "read_hf",
-    "read_hf_chat_files",
+    "read_hf_chat_template",
     "read_hf_configs",
     "read_tiktoken",
     "tiktoken_files",
@@ -221,25 +221,18 @@ def read_hf_configs(directory: str | os.PathLike) -> tuple[dict | None, dict | N
     return found[0], found[1]
 
 
-def read_hf_chat_files(directory: str | os.PathLike) -> tuple[str | None, dict | None]:
-    """chat_template.jinja's text (as transformers 5 saves a chat template) and special_tokens_map.json,
-    parsed, in `directory` (None when absent): with tokenizer_config.json, what a chat template
-    needs (`bpe.jinja_template.from_hf`). The template is read up to 4 bytes a character of
-    MAX_TEMPLATE_CHARS, refused before it is read past that."""
-    directory = Path(directory)
-    jinja_text = special_map = None
-    path = directory / CHAT_TEMPLATE_FILE
-    if os.path.lexists(path):
-        data = read_limited(check_readable(path), 4 * MAX_TEMPLATE_CHARS, "a chat template (chat_template.jinja)")
-        try:
-            jinja_text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise TokenizerError(f"{path} is not UTF-8 text; a chat template is Jinja text") from None
-    path = directory / "special_tokens_map.json"
-    if os.path.lexists(path):
-        hint = "give a directory as transformers saves it"
-        special_map = _read_json(path, hint, "transformers' special_tokens_map.json")
-    return jinja_text, special_map
+def read_hf_chat_template(directory: str | os.PathLike) -> str | None:
+    """chat_template.jinja's text in `directory` (as transformers 5 saves a chat template), or None
+    when absent: with tokenizer_config.json, what a chat template needs (`bpe.jinja_template.from_hf`).
+    Refused before it is read past 4 bytes a character of MAX_TEMPLATE_CHARS."""
+    path = Path(directory) / CHAT_TEMPLATE_FILE
+    if not os.path.lexists(path):
+        return None
+    data = read_limited(check_readable(path), 4 * MAX_TEMPLATE_CHARS, "a chat template (chat_template.jinja)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TokenizerError(f"{path} is not UTF-8 text; a chat template is Jinja text") from None
 
 
 def tiktoken_meta_path(path: str | os.PathLike) -> Path:

@@ -330,7 +330,7 @@ def read_tokenizer(directory: Path, as_written: bool = False) -> Tokenizer:
             return Tokenizer.from_hf(directory)
         tok = Tokenizer.from_hf(directory / "tokenizer.json")
         config, _ = library_files.read_hf_configs(directory)
-        template = jinja_template.from_hf(config, *library_files.read_hf_chat_files(directory), str(directory))
+        template = jinja_template.from_hf(config, library_files.read_hf_chat_template(directory), str(directory))
         return jinja_template.with_template(tok, template)
     except TokenizerError as err:
         raise PipelineError(f"{directory}: the tokenizer cannot be read ({err})") from None

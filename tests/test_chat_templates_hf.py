@@ -241,11 +241,14 @@ def test_import_keeps_the_template_in_every_form_transformers_saves(form, tmp_pa
     assert jinja_template.template_of(Tokenizer.load(tmp_path / "tok.safetensors")).source == CHATML
     code, out, _ = cli(capsys, "info", tmp_path / "tok.safetensors")
     assert code == 0 and row in out and "source" not in out, out  # one row, not in the training row too
-    # exported again, it is written back where transformers reads it
-    code, _, err = cli(capsys, "export-hf", path, "-o", tmp_path / "again")
-    assert code == 0, err
-    assert json.loads((tmp_path / "again" / "tokenizer_config.json").read_text())["chat_template"] == CHATML
-    assert not (tmp_path / "again" / "chat_template.jinja").exists()
+    # exported again, it is written back where transformers reads it; a chat_template.jinja there,
+    # which transformers 5 would read first, goes with the earlier export's files
+    for _ in range(2):
+        code, _, err = cli(capsys, "export-hf", path, "-o", tmp_path / "again")
+        assert code == 0, err
+        assert json.loads((tmp_path / "again" / "tokenizer_config.json").read_text())["chat_template"] == CHATML
+        assert not (tmp_path / "again" / "chat_template.jinja").exists()
+        (tmp_path / "again" / "chat_template.jinja").write_text("stale", encoding="utf-8")
 
 
 def test_the_chat_tokens_added_drop_an_imported_template(tmp_path, capsys):
@@ -299,6 +302,29 @@ def test_rendering_equals_transformers_apply_chat_template(family, prompt, trans
     messages = [{"role": "user", "content": "a<|endoftext|>b"}]
     got = template_ids.render(tok, messages, generation_prompt=True).ids.tolist()
     assert got == theirs.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+
+
+CHATML_TAGGED = (  # ChatML with the answers in {% generation %} blocks, whose spans transformers masks
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}{% if message['role'] == 'assistant' %}{% generation %}"
+    "{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{% else %}{{ message['content'] + '<|im_end|>' }}"
+    "{% endif %}{{ '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_the_mask_equals_transformers_assistant_mask_of_generation_blocks(transformers, tmp_path):
+    tok = hf_directory(tmp_path, "chatml", {"chat_template": CHATML_TAGGED})
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    plain = jinja_template.with_template(tok, jinja_template.ChatTemplate(CHATML))
+    rng = random.Random(6)
+    for _ in range(60):
+        messages = conversation(rng)
+        got = template_ids.render(tok, messages)
+        assert got.ids.tolist() == template_ids.render(plain, messages).ids.tolist()  # the blocks add nothing
+        want = theirs.apply_chat_template(messages, return_dict=True, return_assistant_tokens_mask=True)
+        assert got.ids.tolist() == want["input_ids"]
+        assert got.mask.astype(int).tolist() == want["assistant_masks"], messages
 
 
 def test_the_end_of_turn_is_read_off_the_template(family):
@@ -387,6 +413,7 @@ def test_chat_answers_in_the_imported_template_equal_the_uncached_reference(name
         assert session.ids[: len(prompt)] == prompt
         messages.append({"role": "assistant", "content": reply.content})
     assert session.messages == messages
+    assert any(m["content"] for m in messages[2::2])  # the premise: the model answered something
 
 
 # --- against transformers' models (torch) ----------------------------------------------------------
@@ -422,3 +449,4 @@ def test_greedy_answers_equal_transformers(name, model_type, transformers, tmp_p
         assert session.ids[: len(prompt)] == prompt
         assert list(reply.ids) == want, (text, reply.ids, want)
         messages.append({"role": "assistant", "content": reply.content})
+    assert any(m["content"] for m in messages[1::2])  # the premise: the model answered something
