@@ -25,8 +25,8 @@ from test_reliability_interop import cli, one_line_error  # the same one-line ch
 from tokenkit.bpe import Tokenizer, TokenizerError, jinja_template, template_ids
 from tokenkit.bpe.chat_template import CHAT_TOKENS, add_chat_tokens, render
 from tokenkit.bpe.hf_import import QWEN2_PATTERN
-from tokenkit.pipeline import checkpoint
-from tokenkit.pipeline.chat_session import ChatSession, Reply
+from tokenkit.pipeline import PipelineError, checkpoint
+from tokenkit.pipeline.chat_session import ChatSession, Dropped, Reply
 from tokenkit.transformer import GPT
 from tokenkit.transformer.config import llama_config
 
@@ -182,9 +182,9 @@ def test_transformers_renders_an_export_to_tks_ids(bos, transformers, tmp_path, 
         assert got == render(tok, messages, generation_prompt=prompt).ids.tolist(), messages
 
 
-def random_model(path: Path, tok: Tokenizer, seed: int = 0) -> GPT:
+def random_model(path: Path, tok: Tokenizer, seed: int = 0, context: int = 256) -> GPT:
     """A random Llama-style tk model over `tok`, its every weight far from its init."""
-    config = llama_config(vocab_size=tok.vocab_size, context_length=256, d_model=32, n_layers=2, n_heads=4,
+    config = llama_config(vocab_size=tok.vocab_size, context_length=context, d_model=32, n_layers=2, n_heads=4,
                           n_kv_heads=2, mlp_hidden=48, rope_theta=1e4, norm_eps=1e-5)  # fmt: skip
     model = GPT(config, seed=seed)
     rng = np.random.default_rng(seed)
@@ -199,11 +199,12 @@ def random_model(path: Path, tok: Tokenizer, seed: int = 0) -> GPT:
 # --- import: the checkpoint's own template kept --------------------------------------------------
 
 
-def exported_with(tmp_path: Path, capsys, family: str, jinja_file: str | None = None, **tokenizer_config) -> Path:
+def exported_with(tmp_path: Path, capsys, family: str, jinja_file: str | None = None, context: int = 256,
+                  **tokenizer_config) -> Path:  # fmt: skip
     """A random tk model exported to a transformers directory, given the family's template (and
     `tokenizer_config`'s changes, a chat_template.jinja of `jinja_file`): no torch needed."""
     _, specials, bos, pattern = FAMILIES[family]
-    random_model(tmp_path / "base.safetensors", base_tokenizer(specials, pattern, bos))
+    random_model(tmp_path / "base.safetensors", base_tokenizer(specials, pattern, bos), context=context)
     code, _, err = cli(capsys, "export-hf", tmp_path / "base.safetensors", "-o", tmp_path / "hf")
     assert code == 0, err
     config_path = tmp_path / "hf" / "tokenizer_config.json"
@@ -215,9 +216,10 @@ def exported_with(tmp_path: Path, capsys, family: str, jinja_file: str | None = 
     return tmp_path / "hf"
 
 
-def imported_model(tmp_path: Path, capsys, family: str, jinja_file: str | None = None, **tokenizer_config) -> Path:
+def imported_model(tmp_path: Path, capsys, family: str, jinja_file: str | None = None, context: int = 256,
+                   **tokenizer_config) -> Path:  # fmt: skip
     """`exported_with`'s directory imported back by `tk import-hf`."""
-    exported_with(tmp_path, capsys, family, jinja_file, **tokenizer_config)
+    exported_with(tmp_path, capsys, family, jinja_file, context, **tokenizer_config)
     code, _, err = cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "m.safetensors")
     assert code == 0, err
     return tmp_path / "m.safetensors"
@@ -450,3 +452,26 @@ def test_greedy_answers_equal_transformers(name, model_type, transformers, tmp_p
         assert list(reply.ids) == want, (text, reply.ids, want)
         messages.append({"role": "assistant", "content": reply.content})
     assert any(m["content"] for m in messages[1::2])  # the premise: the model answered something
+
+
+def test_old_turns_dropped_and_a_refused_message_in_an_imported_template(jinja2, tmp_path, capsys):
+    """The context fills: the oldest turns go, and what remains is the template's rendering of it;
+    a message the template refuses leaves the conversation as it was."""
+    picky = "{% for m in messages %}{% if 'BAD' in m['content'] %}{{ raise_exception('no BAD here') }}{% endif %}"
+    path = imported_model(tmp_path, capsys, "chatml", context=96, chat_template=picky + "{% endfor %}" + CHATML)
+    model, tok, _ = checkpoint.load_model(path)
+    session = ChatSession(model, tok, system="Be brief.", temperature=0, max_new_tokens=4, where=str(path))
+    dropped = []
+    for k in range(6):
+        events = list(session.reply(f"Who found the key on day {k}?"))
+        dropped += [e for e in events if isinstance(e, Dropped)]
+        reply = [e for e in events if isinstance(e, Reply)][0]
+        prompt = tok.encode(chatml_reference(session.messages[:-1], True)[0], allowed_special="all")
+        assert len(prompt) <= model.config.context_length
+        assert list(reply.ids) == uncached_greedy(model, prompt, session._stops, 4)
+        assert session.ids == tok.encode(chatml_reference(session.messages, False)[0], allowed_special="all")
+    assert dropped and session.messages[0] == {"role": "system", "content": "Be brief."}
+    before = (session.messages, session.ids)
+    with pytest.raises(PipelineError, match="refused the conversation: no BAD here"):
+        session.reply("a BAD message")
+    assert (session.messages, session.ids) == before
