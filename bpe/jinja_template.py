@@ -20,9 +20,12 @@ What it does:
 A template is code from the internet, so besides the sandbox (no attribute starting with _, no
 mutation of the values it is given), its work is bounded: the source at MAX_TEMPLATE_CHARS, the
 output at MIN_OUTPUT_CHARS plus OUTPUT_PER_INPUT times the conversation's characters (checked as
-it streams, so an endless loop that prints stops there), `*` and `**` refused where their result
-would pass that bound, and, in the main thread, MAX_SECONDS of wall time (SIGALRM; elsewhere none,
-and a loop that prints nothing runs until the sandbox's range bound ends it). Every failure, a
+it streams, so an endless loop that prints stops there); where a value could pass that bound
+before it is printed, it is refused first: `*`, `+` and `**`, a number past it given to a call or
+a filter (`ljust`, `center`), a namespace's value (a string doubled in a loop); and, in the main
+thread, MAX_SECONDS of wall time (SIGALRM; elsewhere none, and a loop that prints nothing runs
+until the sandbox's range bound, 100,000 a loop, ends it). Not bounded: memory that one
+expression takes otherwise (`~` of two strings within the bound), as in transformers. Every failure, a
 syntax error, `raise_exception`, an undefined value, a bound passed, is one TokenizerError line
 naming the template's owner (`where`) and what to do.
 
@@ -37,6 +40,7 @@ documents or `continue_final_message`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import signal
 import threading
@@ -127,7 +131,7 @@ class ChatTemplate:
                     pieces.append(piece)
         except _TooLong:
             raise TokenizerError(
-                f"{where}'s chat template rendered more than {limit:,} characters for a conversation of {given:,}; "
+                f"{where}'s chat template makes more than {limit:,} characters for a conversation of {given:,}; "
                 "it loops, or writes without end: fix the template (or use tk's: tk encode --add-chat-tokens)"
             ) from None
         except _Timeout:
@@ -333,7 +337,8 @@ def _compiled(source: str, where: str):
 
 @lru_cache(maxsize=1)
 def _environment(jinja2):
-    """transformers' environment (`_compile_jinja_template`), with `*` and `**` bounded."""
+    """transformers' environment (`_compile_jinja_template`), its namespace's rule on names too,
+    with `*`, `+`, `**`, the calls' and filters' widths and a namespace's values bounded."""
     from jinja2 import nodes
     from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -350,18 +355,41 @@ def _environment(jinja2):
             return caller()
 
     class Sandbox(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset({"*", "**"})
+        intercepted_binops = frozenset({"*", "**", "+"})
 
         def call_binop(self, context, operator, left, right):
-            limit = getattr(_limit, "value", None) or MIN_OUTPUT_CHARS
+            limit = _bound()
             if operator == "*":
                 for seq, n in ((left, right), (right, left)):
-                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > limit:
+                    if _size(seq) and isinstance(n, int) and _size(seq) * n > limit:
                         raise _TooLong()
-            if operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(right) > 64:
-                if abs(left) > 1 and right > 0:
-                    raise _TooLong()
+            if operator == "+" and _size(left) + _size(right) > limit:
+                raise _TooLong()
+            if operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 64:
+                raise _TooLong()
             return super().call_binop(context, operator, left, right)
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - jinja2's own signature
+            _check_widths(args, kwargs)  # 'x'.ljust(10**9) and the like
+            return super().call(__context, __obj, *args, **kwargs)
+
+    class BoundedNamespace(jinja2.utils.Namespace):  # transformers' rule on names, and a bound on sizes
+        def __init__(*args, **kwargs):  # noqa: N805 - Namespace's own signature trick
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            for name, value in attrs.items():
+                _check_attribute(name, value)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name, value):
+            _check_attribute(name, value)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    def _check_attribute(name, value):
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(f"a namespace attribute may not start with _, got {name!r}")
+        if _size(value) > _bound():  # a value doubled in a loop stops here, at twice the bound at most
+            raise _TooLong()
 
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
@@ -374,6 +402,33 @@ def _environment(jinja2):
 
     env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
     env.filters["tojson"] = tojson
+    env.filters = {name: _width_checked(f) for name, f in env.filters.items()}  # center(10**9) and the like
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
+    env.globals["namespace"] = BoundedNamespace
     return env
+
+
+def _bound() -> int:
+    return getattr(_limit, "value", None) or MIN_OUTPUT_CHARS
+
+
+def _size(value) -> int:
+    return len(value) if isinstance(value, (str, list, tuple, dict)) else 0
+
+
+def _check_widths(args, kwargs) -> None:
+    """_TooLong when a call is given a number past the bound: a width, a repeat, a padding."""
+    limit = _bound()
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > limit:
+            raise _TooLong()
+
+
+def _width_checked(f):
+    @functools.wraps(f)  # keeps jinja2's pass_context/pass_environment marks
+    def checked(*args, **kwargs):
+        _check_widths(args, kwargs)
+        return f(*args, **kwargs)
+
+    return checked

@@ -354,8 +354,10 @@ BAD_TEMPLATES = [
     ("{% for m in messages %}{{ m['content'] }", "is not valid Jinja (line 1"),
     ("{{ raise_exception('Conversation roles must alternate') }}", "refused the conversation: Conversation roles"),
     ("{{ messages[0].nothing.deeper }}", "uses a value it is not given"),
-    ("{% for i in range(99999) %}{{ messages[0]['content'] }}{% endfor %}", "rendered more than"),
-    ("{{ 'ab' * 900000000 }}", "rendered more than"),
+    ("{% for i in range(99999) %}{{ messages[0]['content'] }}{% endfor %}", "makes more than"),
+    ("{{ 'ab' * 900000000 }}", "makes more than"),
+    ("{{ 'x'.ljust(10 ** 9) }}", "makes more than"),
+    ("{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", "makes more"),
     ("{% set _ = messages.append(1) %}", "tried what the sandbox forbids"),
 ]
 
