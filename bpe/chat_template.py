@@ -76,17 +76,18 @@ class Rendered:
         return {"line": self.line, "ids": self.ids.tolist(), "mask": self.mask.astype(int).tolist()}
 
     def shown(self, tok: Tokenizer, end_of_turn: int | None = None) -> list[str]:
-        """The rendering for people: a line per turn (each line ends after `end_of_turn` when it
-        is given: another template's), text tokens quoted (`bpe.show.token_repr`), special tokens
-        bare, and a * before each token that counts."""
+        """The rendering for people: a line per turn (with another template's `end_of_turn`, each
+        line ends after it and the whitespace that follows it), text tokens quoted
+        (`bpe.show.token_repr`), special tokens bare, and a * before each token that counts."""
         specials = {i: name for name, i in tok.special_tokens.items()}
         heads = set() if end_of_turn is not None else {tok.special_tokens[t] for t in CHAT_TOKENS if t != END}
         lines: list[list[str]] = [[]]
         after = False
         for i, counted in zip(self.ids.tolist(), self.mask.tolist(), strict=True):
-            if (i in heads or after) and lines[-1]:
+            blank = i not in specials and not tok.decode_bytes([i]).strip()
+            if (i in heads or (after and not blank)) and lines[-1]:
                 lines.append([])
-            after = i == end_of_turn
+            after = i == end_of_turn or (after and blank)
             piece = specials.get(i) or token_repr(tok.decode_bytes([i]))
             lines[-1].append("*" * counted + piece)
         return ["  " + " ".join(line) for line in lines]

@@ -348,6 +348,8 @@ def test_encode_chat_uses_the_imported_template(family, tmp_path, capsys):
         assert json.loads(line)["ids"] == ids and json.loads(line)["mask"] == [int(m) for m in mask]
     code, out, err = cli(capsys, "encode", "-t", tmp_path / "tok.safetensors", "--chat", tmp_path / "c.jsonl")
     assert code == 0 and out.startswith("line 1: ") and "*" in out, err
+    turns = sum(1 + len(c) + (name == "chatml" and c[0]["role"] != "system") for c in conversations)
+    assert len(out.splitlines()) == turns  # a line per turn, each after its end of turn
 
 
 BAD_TEMPLATES = [
