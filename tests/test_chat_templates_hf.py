@@ -479,3 +479,14 @@ def test_old_turns_dropped_and_a_refused_message_in_an_imported_template(jinja2,
     with pytest.raises(PipelineError, match="refused the conversation: no BAD here"):
         session.reply("a BAD message")
     assert (session.messages, session.ids) == before
+
+
+def test_a_run_fine_tuned_from_an_imported_model_keeps_its_template(tmp_path, capsys):
+    path = imported_model(tmp_path, capsys, "llama3", context=32)
+    (tmp_path / "corpus.txt").write_text((ROOT / "corpora" / "tiny_tales.txt").read_text()[:6000], encoding="utf-8")
+    code, _, err = cli(capsys, "train-model", tmp_path / "corpus.txt", "--init-from", path, "--steps", "1",
+                       "--eval-interval", "1", "--eval-batches", "1", "--batch-size", "2", "--workers", "1", "-q",
+                       "-o", tmp_path / "run")  # fmt: skip
+    assert code == 0, err
+    tok = checkpoint.load_model(tmp_path / "run").tokenizer
+    assert jinja_template.template_of(tok).source == LLAMA3
