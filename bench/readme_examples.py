@@ -4,6 +4,7 @@
     python bench/readme_examples.py --write    # also rewrite the example blocks of every page with them
     python bench/readme_examples.py --keep     # leave the scratch directory (its path is printed) to look at
     python bench/readme_examples.py --check    # exit 1 when a line differs from the page, timings aside
+    python bench/readme_examples.py --check --quick  # only the blocks that use no model (CI: ~1 min)
 
 Each fenced example block holds `$ command` lines, each followed by its output. All pages run in
 one scratch directory, with `corpora/` linked in and `../shared` beside it (blocks that need
@@ -65,6 +66,11 @@ INTERRUPT_AT = {
     "tk train-model corpora/tiny_tales.txt -t runs/demo/tokenizer.safetensors -o runs/tales --steps 400": 211
 }
 FIRST = "tk pipeline corpora/tiny_tales.txt -o runs/demo"
+# --quick runs only blocks none of whose commands trains, reads or serves a model (their outputs
+# are exact on any machine, and they take seconds): what .ci/run checks. The rest needs the
+# pipeline's few minutes of training first; `--check` alone runs everything.
+MODEL_WORDS = ("runs/", "model", "train-model", "pipeline", "predict-next", "generate", "explain", "serve", "chat",
+               "export-hf", "import-hf", "mpirun", "eval -m", "--device", ".npy", "tk info")  # fmt: skip
 
 
 def blocks(lines: list[str]) -> list[tuple[int, int]]:
@@ -198,9 +204,16 @@ def main() -> int:
     parser.add_argument(
         "--check", action="store_true", help="exit 1 when an output differs from its page, timings aside"
     )
+    parser.add_argument("--quick", action="store_true", help="only the blocks that use no model (see MODEL_WORDS)")
     args = parser.parse_args()
+    if args.quick and args.write:
+        parser.error("--quick is for --check: --write rewrites every block")
     texts = {path: path.read_text(encoding="utf-8").splitlines() for path in pages()}
     found = [(path, k, a, b) for path, lines in texts.items() for k, (a, b) in enumerate(blocks(lines))]
+    if args.quick:
+        found = [
+            f for f in found if not any(w in c for c, _ in commands(texts[f[0]][f[2] : f[3]]) for w in MODEL_WORDS)
+        ]
     for path, lines in texts.items():
         if blocks(lines) and not any(line.startswith(MACHINE_LINE) for line in lines):
             print(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import TypeVar
 
 from tokenkit.bpe.corpus import Corpus, Source, as_corpus
@@ -40,9 +39,9 @@ class TrainReport:
     merges_learned: number of merges; stop_reason: why training stopped (the trainer's words:
     "vocab_size", "min_frequency" or "no_pairs"); seconds: wall time of counting + merging;
     counts: the pair count of each merge, in rank order; unique_chunks: distinct pre-token
-    chunks in the corpus; corpus_bytes: size of the corpus. `corpus_tokens` (its length in
-    tokens under the new tokenizer, specials read as plain text) and `bytes_per_token` are
-    computed on first use, so that training time does not include them.
+    chunks in the corpus; corpus_bytes: size of the corpus; corpus_tokens: its length in tokens
+    under the new tokenizer, specials read as plain text (the trainer's final state: no
+    encoding pass).
     """
 
     merges_learned: int
@@ -51,11 +50,7 @@ class TrainReport:
     counts: list[int] = field(repr=False)
     unique_chunks: int
     corpus_bytes: int
-    _count_tokens: Callable[[], int] = field(repr=False, compare=False)
-
-    @cached_property
-    def corpus_tokens(self) -> int:
-        return self._count_tokens()
+    corpus_tokens: int
 
     @property
     def bytes_per_token(self) -> float:
@@ -142,6 +137,6 @@ def train(
         counts=list(result.counts),
         unique_chunks=len(counts),
         corpus_bytes=sum(len(chunk) * n for chunk, n in counts.items()),
-        _count_tokens=lambda: tok.count_tokens(counts),
+        corpus_tokens=result.tokens,
     )
     return tok

@@ -54,11 +54,15 @@ class TrainResult:
     merges: pairs of ids in rank order; merge r turns (a, b) into id 256 + r.
     counts: counts[r] is how often merges[r] occurred (chunk-weighted) when it was chosen.
     stop_reason: "vocab_size", "min_frequency" or "no_pairs" (every chunk is one token).
+    tokens: the corpus's length in tokens once the merges are made (chunk-weighted): what
+        encoding it with them gives, since a merge never makes a pair that outranks it
+        (tests compare the two), read off the trainer's final state for free.
     """
 
     merges: list[tuple[int, int]]
     counts: list[int]
     stop_reason: str
+    tokens: int
 
 
 def train_merges(
@@ -118,7 +122,8 @@ def train_merges(
             if len(merges) & 63 == 0:  # a bar refresh per merge would cost more than some merges
                 bar.update(64)
         bar.update(len(merges) & 63)
-    return TrainResult(merges, counts, stop_reason)
+    single_bytes = sum(n for chunk, n in chunk_counts.items() if len(chunk) == 1)  # never in the state
+    return TrainResult(merges, counts, stop_reason, state.tokens() + single_bytes)
 
 
 def train_merges_naive(
@@ -134,17 +139,21 @@ def train_merges_naive(
     words = [(list(chunk), n) for chunk, n in chunk_counts.items()]
     merges: list[tuple[int, int]] = []
     counts: list[int] = []
+
+    def result(stop_reason: str) -> TrainResult:
+        return TrainResult(merges, counts, stop_reason, sum(len(seq) * n for seq, n in words))
+
     while True:
         if vocab_size is not None and 256 + len(merges) >= vocab_size:
-            return TrainResult(merges, counts, "vocab_size")
+            return result("vocab_size")
         stats: dict[tuple[int, int], int] = {}
         for seq, n in words:
             pair_counts(seq, stats, weight=n)
         if not stats:
-            return TrainResult(merges, counts, "no_pairs")
+            return result("no_pairs")
         pair = min(stats, key=lambda p: (-stats[p], p))
         if min_frequency is not None and stats[pair] < min_frequency:
-            return TrainResult(merges, counts, "min_frequency")
+            return result("min_frequency")
         words = [(merge_pair(seq, pair, 256 + len(merges)), n) for seq, n in words]
         merges.append(pair)
         counts.append(stats[pair])
@@ -225,6 +234,10 @@ class _State:
         span = self.key_span
         self.heap = [key - c * span for key, c in self.counts.items()]
         heapify(self.heap)
+
+    def tokens(self) -> int:
+        """The chunks' length in tokens now, chunk-weighted: the positions not linked out."""
+        return int(self.wt_np[self.ids_np >= 0].sum(dtype=np.int64))
 
     def pop_best(self) -> tuple[int, int] | None:
         """Remove and return (count, key) of the best current pair, or None when none is left."""

@@ -47,7 +47,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "encode": ("tokenizer_commands", "Turn text into token ids."),
     "eval": (
         "eval_commands",
-        "Measure a model on held-out text (bits per byte), or tokenizers side by side on a corpus.",
+        "Measure a model on held-out text (bits per byte) or a multiple-choice task, or tokenizers side by side.",
     ),
     "explain": (
         "explain_commands",

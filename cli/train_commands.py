@@ -129,6 +129,23 @@ def _check_val(val, given: dict[str, Any]) -> None:
         raise click.UsageError("--val and --val-fraction exclude each other: --val validates on its own corpus")
 
 
+def _check_chat(corpus, tokenizer_path, init_from, resume, val, eot, glob, text_field, binary, special_policy) -> None:
+    """--chat's refusals: what reads a corpus, and a fresh run without its base model."""
+    if corpus:
+        raise click.UsageError("--chat DATA.jsonl is the run's data: drop CORPUS (or drop --chat to train on CORPUS)")
+    if resume is None and init_from is None:
+        raise click.UsageError("--chat fine-tunes a model: give the base with --init-from MODEL (a run or model file)")
+    if tokenizer_path is not None:
+        raise click.UsageError("--chat uses the base model's tokenizer, with the chat tokens added: drop -t")
+    given = {"--eot": eot is not None, "--glob": glob is not None, "--text-field": bool(text_field), "--binary": binary}
+    given["--allow-special/--specials-as-text"] = special_policy != SPECIALS["refuse"]
+    for flag, present in given.items():
+        if present:
+            raise click.UsageError(f"{flag} reads a corpus; --chat reads conversations (JSONL): drop {flag}")
+    if len(val) > 1:
+        raise click.UsageError("with --chat, --val takes one JSONL file of held-out conversations")
+
+
 def _check_workers_on(device: str, given: dict[str, Any], ranks: Ranks | None) -> None:
     if device == "cpu" or given.get("workers", 0) <= (1 if ranks is None else ranks.size):  # per rank: at most 1
         return
@@ -220,6 +237,14 @@ def _interrupted(result: TrainResult) -> int:
     help="start a new run from MODEL's weights and tokenizer (a run directory or model file, "
     "e.g. one `tk import-hf` wrote); the model's shape comes from it",
 )
+@click.option(
+    "--chat",
+    "chat",
+    type=click.Path(path_type=Path),
+    metavar="DATA.jsonl",
+    help='fine-tune --init-from MODEL on these conversations (JSONL of {"messages": [...]}), in place of '
+    "CORPUS: only the assistant's tokens count in the loss; --val FILE holds conversations out",
+)
 @_training_options
 @_run_corpus_options
 @overwrite_option("replace the files of another run in RUN_DIR (otherwise refused)")
@@ -234,6 +259,7 @@ def train_model_command(
     run_dir,
     resume,
     init_from,
+    chat,
     overwrite,
     quiet,
     val,
@@ -263,11 +289,17 @@ def train_model_command(
     --device cuda the model trains on the GPU (under mpirun one shard per rank, each rank on its
     own GPU); its files are the same kind (resume on either).
 
+    --chat DATA.jsonl --init-from MODEL fine-tunes MODEL on conversations instead of CORPUS: its
+    tokenizer gains the chat template's tokens, each conversation goes whole into a row of the
+    context (one longer is refused), and the loss counts the assistant's tokens alone (log.jsonl's
+    `counted` is their share of each batch); --val FILE holds conversations out.
+
     \b
     Example:
       tk train-model corpora/tiny_tales.txt -t tok.safetensors -o runs/tales --steps 500
       tk train-model --resume runs/tales
       tk train-model corpora/tiny_tales.txt --init-from runs/demo -o runs/tuned --steps 100
+      tk train-model --chat chats.jsonl --init-from runs/demo -o runs/chat --steps 300
       tk train-model data/ --glob '*.jsonl.gz' --text-field text --eot '<|endoftext|>' --val val.jsonl -o runs/docs
       python make_corpus.py | tk train-model - -t tok.safetensors -o runs/made --steps 500
     """
@@ -281,6 +313,9 @@ def train_model_command(
     given = _given(kwargs, fresh=resume is None, ranks=ranks)
     _check_val(val, given)
     _check_workers_on(device, given, ranks)
+    if chat is not None:
+        _check_chat(corpus if resume is None else (), tokenizer_path, init_from, resume, val, eot, glob, text_field,
+                    binary, special_policy)  # fmt: skip
     if resume is not None:
         target = Path(resume) if resume else run_dir
         if target is None:
@@ -309,10 +344,23 @@ def train_model_command(
             tokenizer=tok,
             overrides=given,
             corpus_overrides=changes,
+            chat=chat,
             ranks=ranks,
             device=device,
             quiet=quiet,
             say=say,
+        )
+    elif chat is not None:
+        from tokenkit.pipeline.chat_data import ChatSpec
+        from tokenkit.pipeline.chat_start import train_chat
+
+        if run_dir is None:
+            raise click.UsageError("missing -o RUN_DIR: where the checkpoints and logs go")
+        init = StartFrom.load(init_from)
+        config = TrainConfig.from_dict(init.settings(given))
+        spec = ChatSpec(str(chat), str(val[0]) if val else None)
+        result = train_chat(
+            spec, run_dir, init, config, overwrite=overwrite, ranks=ranks, device=device, quiet=quiet, say=say
         )
     else:
         if not corpus:

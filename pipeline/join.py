@@ -13,11 +13,13 @@ and sum the shards (`transformer.parallel.MPIDataParallel`).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
-from tokenkit.pipeline import data
+from tokenkit.pipeline import chat_data, data
 from tokenkit.pipeline.config import TrainConfig
+from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.ranks import Ranks
 from tokenkit.pipeline.train import TrainingRun, TrainResult
 from tokenkit.transformer.parallel import shard_rows
@@ -43,6 +45,16 @@ def join(run: TrainingRun) -> None:
 
 def _announcement(run: TrainingRun) -> dict[str, Any]:
     """What a follower needs to build rank 0's run (`follow` reads it)."""
+    if run.chat is not None:  # conversations: each rank reads and packs them itself, checked by their key
+        spec = run.chat.spec
+        paths = {"path": os.path.abspath(spec.path), "val": spec.val and os.path.abspath(spec.val)}
+        return {
+            "run_dir": str(run.run_dir.resolve()),
+            "config": run.config.to_dict(),
+            chat_data.CHAT_KEY: paths,
+            "key": run.chat.key(),
+            "vocab_size": run.model_config.vocab_size,
+        }
     val_ids = run.tokens.val_ids
     return {
         "run_dir": str(run.run_dir.resolve()),
@@ -64,10 +76,23 @@ def follow(ranks: Ranks, *, device: str = "cpu", quiet: bool = True) -> TrainRes
         return None
     spec, tokenizer = started
     run_dir = Path(spec["run_dir"])
-    tokens = data.open_tokens(
-        run_dir, tokenizer, spec["corpus"], spec["key"], spec["n_tokens"], spec.get("n_val_tokens")
-    )
     config = TrainConfig.from_dict(spec["config"])
+    if chat_data.CHAT_KEY in spec:
+        tokens = chat_data.ChatData.load(
+            chat_data.spec_from_record(spec, "rank 0's announcement"),
+            tokenizer,
+            config.context_length,
+            config.val_fraction,
+        )
+        if tokens.key() != spec["key"]:
+            raise PipelineError(
+                f"{tokens.spec.path}: this process reads other conversations than rank 0; every rank needs the "
+                "conversations on a filesystem they all see"
+            )
+    else:
+        tokens = data.open_tokens(
+            run_dir, tokenizer, spec["corpus"], spec["key"], spec["n_tokens"], spec.get("n_val_tokens")
+        )
     run = TrainingRun(
         run_dir, tokens, tokenizer, config, quiet=quiet, ranks=ranks, device=device, vocab_size=spec.get("vocab_size")
     )

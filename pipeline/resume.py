@@ -1,7 +1,8 @@
 """Continuing a run where its train_state.safetensors left off (`tk train-model --resume`),
 after checking that it is the same run: the settings given, the tokenizer and the corpus
 (fingerprints, eot token, special-token policy, a kept stream's copy) against the checkpoint's,
-each difference one line saying which flag to drop.
+each difference one line saying which flag to drop. A fine-tuning run on conversations reads its
+conversations again and checks their fingerprints (`_resumed_chat`).
 
 What it deliberately does not do: train (pipeline/train.py), or restore the state itself
 (`TrainingRun` loads the checkpoint's weights, moments and generator).
@@ -16,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tokenkit.pipeline import checkpoint, data, names, rundir, sources, trainlog
+from tokenkit.pipeline import chat_data, checkpoint, data, names, rundir, sources, trainlog
 from tokenkit.pipeline.config import TrainConfig, coerce_setting, flag_of
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.join import describe_split, train_joined
@@ -33,6 +34,7 @@ def resume_training(
     tokenizer=None,
     overrides: Mapping[str, Any] | None = None,
     corpus_overrides: Mapping[str, Any] | None = None,
+    chat: str | os.PathLike | None = None,
     ranks: Ranks | None = None,
     device: str = "cpu",
     quiet: bool = False,
@@ -50,6 +52,8 @@ def resume_training(
     checked the same way. The run uses the worker count recorded in the checkpoint, so it continues
     bit for bit on any core count, and on any number of MPI `ranks` that divides it (with or
     without MPI before). On another `device` it continues numerically close, not bit-identical.
+    A fine-tuning run (`tk train-model --chat`) reads its recorded conversations again, or `chat`
+    (and a --val in `corpus_overrides`) in their place, which must be the same files' contents.
     """
     get_backend(device)  # a missing GPU is one line before anything is read
     run_dir = Path(run_dir)
@@ -87,11 +91,16 @@ def resume_training(
             raise PipelineError(
                 f"the given tokenizer is not the one {run_dir} was trained with; drop -t to use the run's own"
             )
-        rc = _resumed_corpus(run_dir, state, corpus, corpus_overrides, ranks, say)
-        try:
-            tokens = data.prepare_tokens(rc, state.tokenizer, run_dir, quiet=quiet, commit=False)
-        finally:
-            rc.discard()  # copies of streams are still the corpus's only when this failed
+        if chat_data.CHAT_KEY in state.data:  # a fine-tuning run: its conversations, read and packed again
+            tokens = _resumed_chat(run_dir, state, config, chat, corpus, corpus_overrides)
+        else:
+            if chat is not None:
+                raise PipelineError(f"{run_dir} trains on a corpus, not on conversations; drop --chat to resume")
+            rc = _resumed_corpus(run_dir, state, corpus, corpus_overrides, ranks, say)
+            try:
+                tokens = data.prepare_tokens(rc, state.tokenizer, run_dir, quiet=quiet, commit=False)
+            finally:
+                rc.discard()  # copies of streams are still the corpus's only when this failed
         try:
             run = TrainingRun(
                 run_dir,
@@ -173,6 +182,40 @@ def _resumed_corpus(run_dir: Path, state: checkpoint.TrainState, corpus, overrid
         rc.discard()
         raise
     return rc
+
+
+def _resumed_chat(run_dir: Path, state, config: TrainConfig, chat, corpus, overrides) -> chat_data.ChatData:
+    """The conversations a resumed fine-tuning run reads: the recorded files, or `chat` (and
+    overrides' "val") in their place, packed again and checked against the recorded fingerprints."""
+    where = str(run_dir / checkpoint.STATE_FILE)
+    spec = chat_data.spec_from_record(state.data, where)
+    extra = sorted(set(overrides or {}) - {"val"}) + (["inputs"] if corpus else [])
+    if extra:
+        flag = "CORPUS" if "inputs" in extra else flag_of(extra[0])
+        raise PipelineError(f"{run_dir} fine-tunes on conversations; drop {flag} to resume (--chat FILE names them)")
+    val = (overrides or {}).get("val")
+    if val and spec.val is None:
+        raise PipelineError(
+            f"{run_dir} was validated on a held-out part of its conversations, not on --val; drop --val to resume"
+        )
+    spec = chat_data.ChatSpec(
+        os.fspath(chat) if chat is not None else spec.path, os.fspath(val[0]) if val else spec.val
+    )
+    for path, flag in ((spec.path, "--chat"), (spec.val, "--val")):
+        if path is not None and not os.path.lexists(path):
+            raise PipelineError(
+                f"{path} is missing: {run_dir} fine-tunes on it; give it again: tk train-model --resume {run_dir} "
+                f"{flag} FILE"
+            )
+    tokens = chat_data.ChatData.load(spec, state.tokenizer, config.context_length, config.val_fraction)
+    key = {k: state.data.get(k) for k in tokens.key()}
+    for name, path, what in (("chat_fingerprint", spec.path, "conversations"), ("val_fingerprint", spec.val, "--val")):
+        if tokens.key()[name] != key[name]:
+            raise PipelineError(
+                f"{what} {path} {'are' if what == 'conversations' else 'is'} not what {run_dir} was fine-tuned on "
+                "(its contents changed); resume needs the same file"
+            )
+    return tokens
 
 
 def _check_kept_streams(spec: sources.CorpusSpec, run_dir: Path) -> None:

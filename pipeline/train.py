@@ -1,14 +1,19 @@
 """The training loop: AdamW on random windows, warmup + cosine LR, clipping, periodic evaluation.
 
 One step = one batch of (B, T) windows -> loss and gradients -> global-norm clip -> AdamW update
-at the scheduled learning rate. Every `eval_interval` steps (and at the last step) the model is
-evaluated on fixed validation windows, `train_state.safetensors` is rewritten (the full state,
-for `--resume`), and `model.safetensors` is rewritten when the validation loss is the best so
-far. So `model.safetensors` holds the best evaluated weights and `train_state.safetensors` the
-last checkpointed step. Each evaluation is logged in nats per token and in bits per byte
-(pipeline/val_bytes.py). A run started from given weights (`--init-from`) is evaluated before its
-first step too, so its curve starts at the base model: that evaluation is logged at step 0 and is
-neither a checkpoint nor a best (the run's best is among the weights it trained).
+at the scheduled learning rate. Fine-tuning on conversations (`tk train-model --chat`) draws
+packed rows instead (pipeline/chat_data.py): the loss counts the assistant's targets alone, each
+step's log record says what share of the batch's targets counted (`counted`), and an evaluation
+is the mean over every counted target of the held-out rows.
+
+Every `eval_interval` steps (and at the last step) the model is evaluated on fixed validation
+windows, `train_state.safetensors` is rewritten (the full state, for `--resume`), and
+`model.safetensors` is rewritten when the validation loss is the best so far. So
+`model.safetensors` holds the best evaluated weights and `train_state.safetensors` the last
+checkpointed step. Each evaluation is logged in nats per token and in bits per byte
+(pipeline/val_bytes.py). A run started from given weights (`--init-from`) is evaluated before
+its first step too, so its curve starts at the base model: that evaluation is logged at step 0
+and is neither a checkpoint nor a best (the run's best is among the weights it trained).
 
 Exact resume: the only state a step reads is the weights, the AdamW moments and step count,
 the batch generator and the step number (the schedule is a pure function of it). All of it is
@@ -45,7 +50,7 @@ from tokenkit import __version__
 from tokenkit.bpe.tokenizer_eval import token_lengths
 from tokenkit.common import progress
 from tokenkit.common.processes import note_interrupt
-from tokenkit.pipeline import checkpoint, data, rundir, trainlog, val_bytes
+from tokenkit.pipeline import chat_data, checkpoint, data, rundir, trainlog, val_bytes
 from tokenkit.pipeline.config import TrainConfig
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.ranks import Ranks
@@ -170,18 +175,29 @@ class TrainingRun:
             self.best_val_loss = state.best_val_loss
             self.best_step = state.best_step
         self.rows = self.model.local_rows(config.batch_size)  # of each batch: all, or this rank's
-        self.val_batches = data.eval_batches(
-            self.val_ids, config.eval_batches, config.batch_size, config.context_length, config.seed, rows=self.rows
-        )
-        # statistics for the summary and the files, which only rank 0 writes
-        self.baseline = (
-            data.unigram_baseline(self.train_ids, self.val_ids, tokenizer.vocab_size) if self.leader else math.nan
-        )
-        # the validation batches' target bytes, counted on their whole rows (every rank's), once: they are fixed
-        whole = data.eval_batches(
-            self.val_ids, config.eval_batches, config.batch_size, config.context_length, config.seed
-        )
-        self.val_bytes = val_bytes.target_bytes(whole, token_lengths(tokenizer)) if self.leader else 0
+        # conversations (`tk train-model --chat`): only the assistant's targets count (pipeline/chat_data.py)
+        self.chat = tokens if isinstance(tokens, chat_data.ChatData) else None
+        if self.chat is not None:
+            self.val_batches = self.chat.eval_rows(config.eval_batches, config.batch_size, self.model.local_rows)
+            self.n_val_targets = self.val_batches.counted
+            self.baseline = (
+                self.chat.unigram_baseline(self.val_batches, tokenizer.vocab_size) if self.leader else math.nan
+            )
+            self.val_bytes = self.chat.val_bytes(self.val_batches, token_lengths(tokenizer)) if self.leader else 0
+        else:
+            self.val_batches = data.eval_batches(
+                self.val_ids, config.eval_batches, config.batch_size, config.context_length, config.seed, rows=self.rows
+            )
+            self.n_val_targets = config.eval_batches * config.batch_size * config.context_length
+            # statistics for the summary and the files, which only rank 0 writes
+            self.baseline = (
+                data.unigram_baseline(self.train_ids, self.val_ids, tokenizer.vocab_size) if self.leader else math.nan
+            )
+            # the validation batches' target bytes, counted on their whole rows (every rank's), once: they are fixed
+            whole = data.eval_batches(
+                self.val_ids, config.eval_batches, config.batch_size, config.context_length, config.seed
+            )
+            self.val_bytes = val_bytes.target_bytes(whole, token_lengths(tokenizer)) if self.leader else 0
         self.last_val_loss: float | None = None
         self.last_val_step: int | None = None
         self.last_val_bpb: float | None = None
@@ -191,6 +207,8 @@ class TrainingRun:
     # -- what gets written -----------------------------------------------------------------
 
     def data_record(self) -> dict[str, Any]:
+        if self.chat is not None:
+            return self.chat.record()
         return {
             **self.tokens.key(),
             "corpus": self.tokens.spec.to_dict(),
@@ -200,12 +218,20 @@ class TrainingRun:
         }
 
     def provenance(self) -> dict[str, Any]:
+        if self.chat is not None:
+            record = self.chat.record()
+            names = (chat_data.CHAT_KEY, "chat_fingerprint", "val_fingerprint", "n_counted")
+            corpus = {k: record[k] for k in names if record[k] is not None}
+        else:
+            corpus = {
+                "corpus": self.tokens.spec.to_dict(),
+                "corpus_fingerprint": self.tokens.corpus_fingerprint,
+                **({"val_fingerprint": self.tokens.val_fingerprint} if self.tokens.val_ids is not None else {}),
+                "n_train_tokens": int(len(self.train_ids)),
+            }
         return {
             "tokenkit": __version__,
-            "corpus": self.tokens.spec.to_dict(),
-            "corpus_fingerprint": self.tokens.corpus_fingerprint,
-            **({"val_fingerprint": self.tokens.val_fingerprint} if self.tokens.val_ids is not None else {}),
-            "n_train_tokens": int(len(self.train_ids)),
+            **corpus,
             "train_config": self.config.to_dict(),
             "unigram_baseline": self.baseline,
             **({"init_from": str(self.init.path)} if self.init is not None else {}),
@@ -245,18 +271,20 @@ class TrainingRun:
     # -- the loop ----------------------------------------------------------------------------
 
     def evaluate(self) -> float:
-        """Mean loss over the fixed validation batches (on every rank: each computes its rows)."""
+        """Mean loss over the fixed validation batches (on every rank: each computes its rows); of
+        conversations, the mean over every counted target of the held-out rows."""
         B = self.config.batch_size
-        val = float(np.mean([self.model.loss(x, y, batch_rows=B) for x, y in self.val_batches]))
+        if self.chat is not None:
+            val = chat_data.evaluate(self.model, self.val_batches)
+        else:
+            val = float(np.mean([self.model.loss(x, y, batch_rows=B) for x, y in self.val_batches]))
         self.last_val_loss, self.last_val_step, self.last_val_bpb = val, self.step, self.bits_per_byte(val)
         return val
 
     def bits_per_byte(self, val: float) -> float | None:
         """`val` (a mean validation loss) in bits per byte of the validation targets (pipeline/val_bytes.py);
         None on a follower, which counts no bytes, and for targets without bytes."""
-        cfg = self.config
-        n_targets = cfg.eval_batches * cfg.batch_size * cfg.context_length
-        return val_bytes.bits_per_byte(val, n_targets, self.val_bytes)
+        return val_bytes.bits_per_byte(val, self.n_val_targets, self.val_bytes)
 
     def eval_record(self, val: float) -> dict[str, Any]:
         """The log's record of an evaluation at this step."""
@@ -347,8 +375,12 @@ class TrainingRun:
                         warmup_steps=cfg.warmup_steps,
                         total_steps=cfg.steps,
                     )
-                    x, y = data.get_batch(self.train_ids, cfg.batch_size, cfg.context_length, self.rng, rows=self.rows)
-                    loss, grads = self.model.loss_and_grads(x, y, batch_rows=cfg.batch_size)
+                    if self.chat is None:
+                        x, y = data.get_batch(self.train_ids, cfg.batch_size, cfg.context_length, self.rng, self.rows)
+                        counted = None  # every target
+                    else:
+                        x, y, counted = chat_data.get_batch(self.train_ids, cfg.batch_size, self.rng, self.rows)
+                    loss, grads = self.model.loss_and_grads(x, y, batch_rows=cfg.batch_size, counted=counted)
                     norm = clip_grad_norm(grads, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
                     if not (math.isfinite(loss) and math.isfinite(norm)):
                         log.write({"type": "stop", "step": self.step + 1, "loss": str(loss), "grad_norm": str(norm)})
@@ -368,7 +400,10 @@ class TrainingRun:
                     dt = time.perf_counter() - t0
                     train_seconds += dt
                     steps_done += 1
-                    log.write({"type": "step", "step": self.step, "loss": loss, "lr": lr, "grad_norm": norm, "dt": dt})
+                    record = {"type": "step", "step": self.step, "loss": loss, "lr": lr, "grad_norm": norm, "dt": dt}
+                    if counted is not None:  # the share of the batch's targets the loss counts
+                        record["counted"] = counted / tokens_per_step
+                    log.write(record)
                     smooth = loss if smooth is None else 0.9 * smooth + 0.1 * loss
                     if self.step % cfg.eval_interval == 0 or self.step == cfg.steps:
                         self.checkpoint(log)

@@ -136,6 +136,12 @@ def test_plain_backwards_match_finite_differences_of_plain_forwards():
     logits, targets = n(4, 7) * 3, rng.integers(0, 7, 4)
     check("softmax_xent", ref.softmax_xent_grad(logits, targets), lambda: ref.softmax_xent(logits, targets), logits)
     assert_twin("n_total", ref.softmax_xent_grad(logits, targets, 8), ref.softmax_xent_grad(logits, targets) / 2)
+    # rows whose target is IGNORE: out of the mean and of its count, and no gradient
+    masked = np.where([True, False, True, False], targets, ref.IGNORE)
+    grad = ref.softmax_xent_grad(logits, masked)
+    check("softmax_xent masked", grad, lambda: ref.softmax_xent(logits, masked), logits)
+    assert not grad[[1, 3]].any()
+    assert ref.softmax_xent(logits, masked) == pytest.approx(ref.softmax_xent(logits[[0, 2]], targets[[0, 2]]))
 
 
 @pytest.mark.parametrize("causal", [True, False])

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import tokenkit.bpe.pretokenize as pretokenize
 import tokenkit.bpe.trainer as trainer
-from tokenkit.bpe import TokenizerError
+from tokenkit.bpe import Tokenizer, TokenizerError
 from tokenkit.bpe.cut import cut_pieces, find_cut
 from tokenkit.bpe.pretokenize import count_chunks, resolve_pattern, split_text
 from tokenkit.bpe.trainer import train_merges, train_merges_naive
@@ -126,6 +126,16 @@ texts = st.lists(st.sampled_from(BYTE_PARTS), max_size=60).map(b"".join)
 @given(corpora(), stop_rules(), st.sampled_from([None, 1, 3]))
 def test_trainer_matches_naive(chunk_counts, rules, bulk_sites):
     assert fast(chunk_counts, bulk_sites, **rules) == naive_train(chunk_counts, **rules)
+
+
+@SETTINGS
+@given(corpora(), stop_rules())
+def test_the_trainers_token_count_is_the_encoding_of_the_corpus(chunk_counts, rules):
+    """TrainResult.tokens, read off the trainer's final state, is what encoding every chunk with
+    the learned merges gives (a merge never makes a pair that outranks it)."""
+    chunk_counts = {chunk: n for chunk, n in chunk_counts.items() if chunk}  # as count_chunks gives them
+    result = train_merges(chunk_counts, quiet=True, **rules)
+    assert result.tokens == Tokenizer(result.merges).count_tokens(chunk_counts)
 
 
 @SETTINGS

@@ -48,6 +48,7 @@ from tokenkit.transformer.backends import Backend, as_host, get_backend
 from tokenkit.transformer.block import Block, block_kind, norm_backward, norm_forward
 from tokenkit.transformer.config import GPTConfig, param_shapes
 from tokenkit.transformer.errors import ModelError
+from tokenkit.transformer.loss import IGNORE, batch_counted, head_backward, head_forward
 from tokenkit.transformer.memory import check_memory
 from tokenkit.transformer.sampling import check_sampling, mask_from, sample_next
 from tokenkit.transformer.trace import layer_key
@@ -361,64 +362,58 @@ class GPT:
             trace["logits"] = logits
         return logits
 
-    def _unembed_loss(self, xf: np.ndarray, targets: np.ndarray):
-        """xf (B, T, C), targets (B, T) -> mean loss, cache. The (B*T, V) logits go into a buffer
-        reused across steps, and the loss exponentiates them in place."""
-        wte = self._unembedding()
-        x2 = xf.reshape(-1, xf.shape[-1])
-        logits = self._buffer("logits", (x2.shape[0], wte.shape[0]), wte.dtype)
-        self.xp.matmul(x2, wte.T, out=logits)  # (B*T, V)
-        return self.ops.softmax_xent_forward(logits, self.backend.to_device(targets.reshape(-1)))
-
     def check_pair(self, ids, targets) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, targets) as (B, T) intp arrays of the same shape, within the model's limits."""
+        """(ids, targets) as (B, T) intp arrays of the same shape, within the model's limits; a
+        target may be IGNORE (transformer/loss.py: it does not count)."""
         ids = self._check_ids(ids)
-        targets = self._check_ids(targets, "targets")
+        targets = as_host(targets)
+        counted = np.asarray(targets) != IGNORE
+        targets = np.where(counted, self._check_ids(np.where(counted, targets, 0), "targets"), IGNORE)
         if targets.shape != ids.shape:
             raise ModelError(f"targets have shape {targets.shape}, ids {ids.shape}; they must match")
         return ids, targets
 
-    def shard_loss(self, ids: np.ndarray, targets: np.ndarray, batch_rows: int) -> float:
-        """A shard's share of a `batch_rows`-row batch's mean loss: its own mean times rows / batch_rows.
-        Inputs as `check_pair` returns them."""
+    def shard_loss(self, ids: np.ndarray, targets: np.ndarray, batch_rows: int, n_total: int | None = None) -> float:
+        """A shard's share of a `batch_rows`-row batch's mean loss over its `n_total` counted
+        positions (default: every position, batch_rows x T): its own mean times its counted
+        positions / n_total. Inputs as `check_pair` returns them."""
         xf, _ = self._forward(ids, None, keep_cache=False)
-        return self._unembed_loss(xf, targets)[0] * (ids.shape[0] / batch_rows)
+        loss, n, _ = head_forward(self, xf, targets)
+        return loss * (n / (n_total or batch_rows * ids.shape[1]))
 
     def shard_loss_and_grads(self, ids: np.ndarray, targets: np.ndarray, n_total: int, into=None):
-        """A shard's (loss share, grads), both scaled for the mean over the n_total positions of the
-        whole batch, so that the shards' results add up to the batch's. With `into` (arrays keyed
+        """A shard's (loss share, grads), both scaled for the mean over the n_total counted positions
+        of the whole batch, so that the shards' results add up to the batch's. With `into` (arrays keyed
         like params, e.g. a worker's shared buffers) each gradient is copied there as soon as it
         is computed and its own array freed, so no second full set is ever held."""
         xf, caches = self._forward(ids, None, keep_cache=True)
-        loss, xent = self._unembed_loss(xf, targets)
+        loss, n, head = head_forward(self, xf, targets)
         grads = _CopyInto(into) if into is not None else {}
-        return loss * (ids.size / n_total), self._backward(xf, xent, caches, n_total, grads)
+        return loss * (n / n_total), self._backward(head, caches, n_total, grads)
 
     def loss(self, ids, targets) -> float:
-        """Mean cross-entropy of predicting targets (B, T) from ids (B, T); forward only, for eval."""
+        """Mean cross-entropy of predicting targets (B, T) from ids (B, T) over the positions
+        that count (a target of IGNORE does not); forward only, for eval."""
         ids, targets = self.check_pair(ids, targets)
-        return float(self.shard_loss(ids, targets, ids.shape[0]))
+        return float(self.shard_loss(ids, targets, ids.shape[0], batch_counted(targets)))
 
     def loss_and_grads(self, ids, targets) -> tuple[float, dict[str, np.ndarray]]:
-        """-> (mean cross-entropy loss, grads keyed and ordered like params)."""
+        """-> (mean cross-entropy loss over the counted positions, grads keyed and ordered like params)."""
         ids, targets = self.check_pair(ids, targets)
-        loss, grads = self.shard_loss_and_grads(ids, targets, ids.size)
+        loss, grads = self.shard_loss_and_grads(ids, targets, batch_counted(targets))
         return float(loss), {name: grads[name] for name in self.params}  # drops the absent biases' None
 
     # ------------------------------------------------------------------------- backward
 
-    def _backward(self, xf: np.ndarray, xent, caches, n_total: int, grads: dict) -> dict[str, np.ndarray]:
+    def _backward(self, head, caches, n_total: int, grads: dict) -> dict[str, np.ndarray]:
         """The forward read from the top down: loss, tied unembedding, ln_f, blocks N-1..0,
         positions, token embedding (whose gradient adds to the unembedding's when tied).
-        `n_total` is the number of positions the mean loss runs over (more than this shard's).
-        Fills and returns `grads`."""
+        `n_total` is the number of counted positions the mean loss runs over (more than this
+        shard's); `head` the loss head's cache (transformer/loss.py). Fills and returns `grads`."""
         embed_cache, blocks, ln_f = caches
         tied = self.config.tie_embeddings
         unembed = "wte.weight" if tied else "lm_head.weight"
-        dlogits = self.ops.softmax_xent_backward(xent, n_total)  # (B*T, V) = (y_hat - y) / n_total
-        x2 = xf.reshape(-1, xf.shape[-1])
-        grads[unembed] = dlogits.T @ x2  # (V, C)
-        dxf = (dlogits @ self.params[unembed]).reshape(xf.shape)  # (B, T, C)
+        grads[unembed], dxf = head_backward(self, head, self.params[unembed], n_total)  # (V, C), (B, T, C)
         dx, grads["ln_f.weight"], grads["ln_f.bias"] = self._norm_backward(dxf, ln_f)
         for i in reversed(range(self.config.n_layers)):
             dx = self._block_backward(i, dx, blocks[i], grads)

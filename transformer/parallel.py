@@ -35,6 +35,7 @@ import numpy as np
 
 from tokenkit.common.mpi import wait
 from tokenkit.transformer.errors import ModelError
+from tokenkit.transformer.loss import batch_counted, counted_positions
 from tokenkit.transformer.model import GPT
 from tokenkit.transformer.runtime import available_cores, tuned
 from tokenkit.transformer.workers import LOSS, LOSS_AND_GRADS, WorkerPool, fork_available
@@ -58,9 +59,9 @@ def sum_of_shards(model: GPT, ids, targets, n_shards: int) -> tuple[float, dict[
     version of what the executors compute. DataParallel(workers=n_shards) gives these bits on the
     CPU, and MPIDataParallel on n_shards ranks gives them on the CPU or on GPUs of one kind."""
     ids, targets = model.check_pair(ids, targets)
-    shares, grads = [], None
+    shares, grads, counted = [], None, batch_counted(targets)
     for rows in shard_rows(ids.shape[0], n_shards):
-        share, more = model.shard_loss_and_grads(ids[rows], targets[rows], ids.size)
+        share, more = model.shard_loss_and_grads(ids[rows], targets[rows], counted)
         shares.append(share)
         if grads is None:
             grads = {name: more[name].copy() for name in model.params}
@@ -147,11 +148,11 @@ class DataParallel(_Wrapper):
         self, op: int, ids: np.ndarray, targets: np.ndarray, shards: list[slice], batch_rows: int, batch_tokens: int
     ) -> list:
         """[(loss share, grads or None)] of each of `shards` (row slices of `ids`), in order, each
-        scaled for a whole batch of `batch_rows` rows / `batch_tokens` tokens. This process
+        scaled for a whole batch of `batch_rows` rows / `batch_tokens` counted positions. This process
         computes the first shard while the workers compute the others (or every shard, one after
         the other, without workers)."""
         if op == LOSS:
-            here = lambda i, t: (self.model.shard_loss(i, t, batch_rows), None)  # noqa: E731
+            here = lambda i, t: (self.model.shard_loss(i, t, batch_rows, batch_tokens), None)  # noqa: E731
         else:
             here = lambda i, t: self.model.shard_loss_and_grads(i, t, batch_tokens)  # noqa: E731
         n = len(shards)
@@ -180,21 +181,32 @@ class DataParallel(_Wrapper):
                 f"this process computes all {batch_rows} rows of the batch (local_rows), got {np.shape(ids)[0]}"
             )
 
-    def loss(self, ids, targets, batch_rows: int | None = None) -> float:
-        """Mean cross-entropy over the whole batch (forward only), as `GPT.loss`. `batch_rows`,
-        for the executors' common call (MPIDataParallel's), must be the batch's own row count."""
-        self._check_rows(ids, batch_rows)
-        ids, targets = self.model.check_pair(ids, targets)
-        shards = self.shard_results(LOSS, ids, targets, shard_rows(ids.shape[0], self.workers), ids.shape[0], ids.size)
+    def loss(self, ids, targets, batch_rows: int | None = None, counted: int | None = None) -> float:
+        """Mean cross-entropy over the whole batch's counted positions (forward only), as `GPT.loss`.
+        `batch_rows` and `counted`, for the executors' common call (MPIDataParallel's), must be
+        the batch's own row count and counted positions."""
+        ids, targets, counted = self._whole(ids, targets, batch_rows, counted)
+        shards = self.shard_results(LOSS, ids, targets, shard_rows(ids.shape[0], self.workers), ids.shape[0], counted)
         return float(sum(loss for loss, _ in shards))
 
-    def loss_and_grads(self, ids, targets, batch_rows: int | None = None) -> tuple[float, dict[str, np.ndarray]]:
-        """(mean loss, grads keyed like params), as `GPT.loss_and_grads`: the shards' gradients
-        summed in shard order. The arrays are valid until the next call. `batch_rows`: as `loss`."""
+    def _whole(self, ids, targets, batch_rows: int | None, counted: int | None):
+        """(ids, targets, counted positions) of a whole batch, checked."""
         self._check_rows(ids, batch_rows)
         ids, targets = self.model.check_pair(ids, targets)
+        n = batch_counted(targets)
+        if counted is not None and counted != n:
+            raise ModelError(f"the batch's targets count {n} positions, not the {counted} given")
+        return ids, targets, n
+
+    def loss_and_grads(
+        self, ids, targets, batch_rows: int | None = None, counted: int | None = None
+    ) -> tuple[float, dict[str, np.ndarray]]:
+        """(mean loss, grads keyed like params), as `GPT.loss_and_grads`: the shards' gradients
+        summed in shard order. The arrays are valid until the next call. `batch_rows`, `counted`:
+        as `loss`."""
+        ids, targets, counted = self._whole(ids, targets, batch_rows, counted)
         shards = self.shard_results(
-            LOSS_AND_GRADS, ids, targets, shard_rows(ids.shape[0], self.workers), ids.shape[0], ids.size
+            LOSS_AND_GRADS, ids, targets, shard_rows(ids.shape[0], self.workers), ids.shape[0], counted
         )
         grads = {name: shards[0][1][name] for name in self.params}  # drops the absent biases' None
         for _, more in shards[1:]:
@@ -228,7 +240,8 @@ class MPIDataParallel(_Wrapper):
     identical weights without a broadcast. Arrays travel as raw buffers, never pickled.
 
     Each rank needs only its own rows of a batch (`local_rows`): pass just those with
-    `batch_rows=` the whole batch's row count, and a rank reads only its own windows.
+    `batch_rows=` the whole batch's row count (and, when some targets are IGNORE, `counted=` the
+    whole batch's counted positions), and a rank reads only its own windows.
 
     A model on a GPU (each rank's own: `backends.use_gpu` before the model is made) computes one
     shard per rank there (workers=1); the gradients are reduced through the host, as above, and
@@ -265,11 +278,14 @@ class MPIDataParallel(_Wrapper):
         _, mine = self._my_shards(batch_rows)
         return slice(mine[0].start, mine[-1].stop) if mine else slice(0, 0)
 
-    def _local_batch(self, ids, targets, batch_rows: int | None):
-        """(ids, targets, batch rows, batch tokens, this rank's shards as rows of `ids`, number of
-        shards), `ids` cut down to this rank's rows when the whole batch was given."""
+    def _local_batch(self, ids, targets, batch_rows: int | None, counted: int | None):
+        """(ids, targets, batch rows, the batch's counted positions, this rank's shards as rows of
+        `ids`, number of shards), `ids` cut down to this rank's rows when the whole batch was
+        given. Given only its rows, a rank cannot count the others': `counted` says how many
+        positions of the whole batch count (default: all)."""
         if batch_rows is None:  # the whole batch: keep this rank's rows
             ids, targets = self.model.check_pair(ids, targets)
+            counted = batch_counted(targets) if counted is None else counted
             batch_rows = ids.shape[0]
             rows = self.local_rows(batch_rows)
             ids, targets = ids[rows], targets[rows]
@@ -282,9 +298,12 @@ class MPIDataParallel(_Wrapper):
                 )
             if rows.stop > rows.start:
                 ids, targets = self.model.check_pair(ids, targets)
+                if counted is None and counted_positions(targets) != targets.size:
+                    raise ModelError("targets with IGNORE among a rank's rows need counted=: the whole batch's count")
         n, mine = self._my_shards(batch_rows)
         local = [slice(s.start - rows.start, s.stop - rows.start) for s in mine]
-        batch_tokens = batch_rows * ids.shape[1] if local else 0  # only a rank with rows computes a share
+        counted = counted or batch_rows * ids.shape[1]
+        batch_tokens = counted if local else 0  # only a rank with rows computes a share
         return ids, targets, batch_rows, batch_tokens, local, n
 
     def _gather(self, local: np.ndarray) -> np.ndarray:
@@ -294,18 +313,22 @@ class MPIDataParallel(_Wrapper):
         wait(self.comm.Iallgather(local, out))
         return out.reshape(self.shards, *local.shape[1:])
 
-    def loss(self, ids, targets, batch_rows: int | None = None) -> float:
-        """Mean cross-entropy over the whole batch, as `GPT.loss` (`batch_rows`: see the class)."""
-        ids, targets, batch_rows, batch_tokens, local, n = self._local_batch(ids, targets, batch_rows)
+    def loss(self, ids, targets, batch_rows: int | None = None, counted: int | None = None) -> float:
+        """Mean cross-entropy over the whole batch, as `GPT.loss` (`batch_rows`, `counted`: see
+        the class)."""
+        ids, targets, batch_rows, batch_tokens, local, n = self._local_batch(ids, targets, batch_rows, counted)
         shares = np.zeros(self.workers, dtype=np.float64)
         if local:
             results = self._local.shard_results(LOSS, ids, targets, local, batch_rows, batch_tokens)
             shares[: len(results)] = [loss for loss, _ in results]
         return float(sum(self._gather(shares)[:n].tolist()))
 
-    def loss_and_grads(self, ids, targets, batch_rows: int | None = None) -> tuple[float, dict[str, np.ndarray]]:
-        """(mean loss, grads keyed like params), as `GPT.loss_and_grads` (`batch_rows`: see the class)."""
-        ids, targets, batch_rows, batch_tokens, local, n = self._local_batch(ids, targets, batch_rows)
+    def loss_and_grads(
+        self, ids, targets, batch_rows: int | None = None, counted: int | None = None
+    ) -> tuple[float, dict[str, np.ndarray]]:
+        """(mean loss, grads keyed like params), as `GPT.loss_and_grads` (`batch_rows`, `counted`:
+        see the class)."""
+        ids, targets, batch_rows, batch_tokens, local, n = self._local_batch(ids, targets, batch_rows, counted)
         names = list(self.params)
         sizes = [self.params[name].size for name in names]
         flat = np.zeros((self.workers, sum(sizes)), dtype=self.params[names[0]].dtype)  # this rank's shards

@@ -24,6 +24,8 @@ import math
 
 import numpy as np
 
+from tokenkit.transformer.loss import IGNORE
+
 LN_EPS = 1e-5  # GPT-2's LayerNorm epsilon
 GELU_C = math.sqrt(2 / math.pi)
 GELU_A = 0.044715
@@ -426,15 +428,25 @@ def swiglu_backward(dout: np.ndarray, h: np.ndarray) -> np.ndarray:
 
 
 def softmax_xent(logits: np.ndarray, targets: np.ndarray) -> float:
-    """(N, V) logits, (N,) targets -> the mean of -log softmax(row)[target], one row at a time."""
+    """(N, V) logits, (N,) targets -> the mean of -log softmax(row)[target], one row at a time,
+    over the rows that count: a row whose target is IGNORE (-100) is skipped (its loss is not
+    in the mean, nor in the count it divides by)."""
     losses = []
     for z, t in zip(logits, targets, strict=True):
+        if t == IGNORE:
+            continue
         m = z.max()
         losses.append(-(z[t] - m - math.log(np.exp(z - m).sum())))
     return float(np.mean(losses))
 
 
 def softmax_xent_grad(logits: np.ndarray, targets: np.ndarray, n_total: int | None = None) -> np.ndarray:
-    """d softmax_xent / d logits = (softmax(row) - onehot(target)) / N (seed 002: y_hat - y); when
-    these N rows are a shard of a bigger batch whose mean is the loss, / n_total instead."""
-    return (softmax(logits) - np.eye(logits.shape[1])[targets]) / (n_total or len(targets))
+    """d softmax_xent / d logits = (softmax(row) - onehot(target)) / N over the N rows that count
+    (seed 002: y_hat - y), 0 on a row whose target is IGNORE; when these rows are a shard of a
+    bigger batch whose mean is the loss, / n_total (that batch's counted rows) instead."""
+    counts = np.array([t != IGNORE for t in targets])
+    onehot = np.zeros_like(logits)
+    for i, t in enumerate(targets):
+        if t != IGNORE:
+            onehot[i, t] = 1.0
+    return (softmax(logits) - onehot) * counts[:, None] / (n_total or int(counts.sum()))

@@ -42,7 +42,7 @@ from tokenkit.common.processes import die_with_parent, signals_held
 from tokenkit.transformer.errors import ModelError
 
 LOSS, LOSS_AND_GRADS = 0, 1
-_REQUEST = struct.Struct("<BqqqQ")  # op, rows, T, n_total (positions of the whole batch), B total
+_REQUEST = struct.Struct("<BqqqQ")  # op, rows, T, n_total (counted positions of the whole batch), B total
 _REPLY = struct.Struct("<Bd")  # status (below), loss share
 _OK, _ERROR, _BYE = 0, 1, 2  # _ERROR: a message follows; _BYE: the worker left idle, unasked
 _ALIGN = 64  # bytes: each array starts on a cache line (and an AVX-512 vector)
@@ -78,8 +78,8 @@ class WorkerPool:
     """`n` forked workers computing shards of one model, reading `params` from shared memory.
 
     `make_worker(params)` is called in each worker, after the fork, with the shared parameters;
-    it returns the two functions that compute a shard there: `shard_loss(ids, targets, batch)
-    -> loss share` and `shard_loss_and_grads(ids, targets, n_total, into) -> loss share, grads`,
+    it returns the two functions that compute a shard there: `shard_loss(ids, targets, batch,
+    n_total) -> loss share` and `shard_loss_and_grads(ids, targets, n_total, into) -> loss share, grads`,
     which writes the gradients into the arrays of `into`.
     """
 
@@ -234,7 +234,7 @@ def _serve(shard_loss, shard_loss_and_grads, conn: Connection, grads_out: dict[s
         targets = np.frombuffer(msg, np.int64, n, _REQUEST.size + 8 * n).reshape(rows, T)
         try:
             if op == LOSS:
-                reply = _REPLY.pack(_OK, shard_loss(ids, targets, batch))
+                reply = _REPLY.pack(_OK, shard_loss(ids, targets, batch, n_total))
             else:
                 reply = _REPLY.pack(_OK, shard_loss_and_grads(ids, targets, n_total, grads_out)[0])
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it; the worker lives on

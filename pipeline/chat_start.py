@@ -1,0 +1,128 @@
+"""Starting a fine-tuning run on conversations (`tk train-model --chat DATA.jsonl --init-from BASE`):
+the base model's tokenizer given the chat template's tokens, the model grown to match, the
+conversations read, rendered and packed, the run directory locked and its first files written.
+
+The base's tokenizer gets the template's special tokens it lacks (`bpe.chat_template.add_chat_tokens`:
+appended after its last id, every other id unchanged) and the model a row for each new id in its
+embedding and untied head (`transformer.vocab.grow_vocab`: each new row the mean of the old ones).
+The run's tokenizer is the grown one: its model.safetensors and train_state.safetensors hold it,
+so `--resume`, `tk generate` and a later `tk chat` read the tokens the model was tuned with.
+
+Everything is validated first (the flags, the base, the conversations, the memory) and nothing
+in the run directory is replaced or removed before the run starts, as `pipeline.start.train_model`
+does; a run replacing another's files writes beside them until its first checkpoint.
+
+What it deliberately does not do: pack the conversations (pipeline/chat_data.py), train
+(pipeline/train.py), or continue a run (pipeline/resume.py reads a fine-tuning run's record).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+from tokenkit.bpe.chat_template import add_chat_tokens, missing
+from tokenkit.pipeline import chat_data, checkpoint, rundir
+from tokenkit.pipeline.config import TrainConfig
+from tokenkit.pipeline.errors import PipelineError
+from tokenkit.pipeline.join import describe_split, train_joined
+from tokenkit.pipeline.ranks import Ranks
+from tokenkit.pipeline.start_from import StartFrom
+from tokenkit.pipeline.train import TrainingRun, TrainResult
+from tokenkit.pipeline.train_memory import check_training_memory
+from tokenkit.transformer import GPTConfig
+from tokenkit.transformer.vocab import grow_vocab
+
+
+def with_chat_tokens(init: StartFrom) -> tuple[StartFrom, str | None]:
+    """(`init` with the chat template's tokens in its tokenizer and rows for them in its model,
+    the note that says so): `init` itself and None when it has them all. A tokenizer reading one
+    of them as text is a TokenizerError."""
+    new = missing(init.tokenizer)
+    if not new:
+        return init, None
+    tokenizer = add_chat_tokens(init.tokenizer)
+    old = init.model_config.vocab_size
+    params, config = grow_vocab(init.params, init.model_config, max(old, tokenizer.vocab_size))
+    ids = [tokenizer.special_tokens[name] for name in new]
+    grown = (
+        f"the model's {old:,} token rows grow to {config.vocab_size:,}, each new row the mean of the old ones"
+        if config.vocab_size > old
+        else f"the model's {old:,} token rows already cover them"
+    )
+    note = f"chat: the tokenizer gains {', '.join(new)} (ids {ids[0]}..{ids[-1]}); {grown}"
+    return dataclasses.replace(init, params=params, tokenizer=tokenizer, model_config=config), note
+
+
+def train_chat(
+    spec: chat_data.ChatSpec,
+    run_dir: str | Path,
+    init: StartFrom,
+    config: TrainConfig,
+    *,
+    overwrite: bool = False,
+    ranks: Ranks | None = None,
+    device: str = "cpu",
+    quiet: bool = False,
+    say: Callable[[str], None] = lambda msg: None,
+) -> TrainResult:
+    """Fine-tune `init` (with the chat tokens: `with_chat_tokens`) on `spec`'s conversations in
+    `run_dir`. `config` must have the model's shape (`StartFrom.settings`). A directory holding
+    another run's files is refused unless `overwrite`. `ranks`, `device`: as `train_model`'s."""
+    init, grown = with_chat_tokens(init)
+    if GPTConfig.from_dict(config.model_config(init.model_config.vocab_size)) != init.model_config:
+        raise PipelineError(
+            f"the run's model settings differ from the shape of {init.path}; take them from it (StartFrom.settings)"
+        )
+    vocab_size = init.model_config.vocab_size
+    check_training_memory(config, vocab_size, ranks, device)
+    chat = chat_data.ChatData.load(spec, init.tokenizer, config.context_length, config.val_fraction)
+    with rundir.RunDir(run_dir) as rd:
+        run_dir = rd.path
+        own = [checkpoint.MODEL_FILE, checkpoint.STATE_FILE, checkpoint.LOG_FILE, checkpoint.EVAL_FILE]
+        stopped = rd.stopped_first_run()  # nothing to resume there: this run takes its place (staged)
+        if stopped is not None:
+            overwrite = True
+            say(f"{run_dir} holds a run that stopped {stopped or 'early'}, before its first checkpoint: starting again")
+        if not overwrite:
+            rundir.refuse_conflicts(run_dir, rd.present(own))
+        run = TrainingRun(
+            run_dir,
+            chat,
+            init.tokenizer,
+            config,
+            quiet=quiet,
+            init=init,
+            ranks=ranks,
+            device=device,
+            vocab_size=vocab_size,
+        )  # checks
+        # the run starts: its files go into the directory, or beside another run's until its first checkpoint
+        run.files = new = rundir.NewRun(run_dir, staged=bool(rd.present()))
+        if grown is not None:  # said once everything is checked: a refusal is one line
+            say(grown)
+        try:
+            checkpoint.write_text(new.dir / checkpoint.LOG_FILE, "")
+            describe(run, say)
+            return train_joined(run)
+        finally:
+            new.discard()  # staged only when the run ended before its first checkpoint: the old run stays
+
+
+def describe(run: TrainingRun, say: Callable[[str], None]) -> None:
+    """The run's summary lines: the model, the conversations, and under MPI how each batch is shared."""
+    n_params = sum(int(p.size) for p in run.model.params.values())
+    say(f"model: {n_params:,} parameters ({run.model.config.describe()})")
+    chat: chat_data.ChatData = run.tokens
+    train, val = chat.train, chat.val
+    T = run.config.context_length
+    held = f"--val {chat.spec.val}" if chat.spec.val is not None else "held out of the file"
+    say(
+        f"chat: {train.conversations:,} conversations in {len(train):,} rows of {T + 1} tokens "
+        f"({int(train.counted.sum()) / (len(train) * T):.0%} of the targets count), "
+        f"{val.conversations:,} validation conversations ({held}) in {len(val):,} rows; "
+        f"unigram baseline {run.baseline:.3f} nats per counted token"
+    )
+    if run.ranks is not None:
+        say(describe_split(run))
