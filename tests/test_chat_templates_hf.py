@@ -481,8 +481,8 @@ def test_old_turns_dropped_and_a_refused_message_in_an_imported_template(jinja2,
     assert (session.messages, session.ids) == before
 
 
-def test_a_run_fine_tuned_from_an_imported_model_keeps_its_template(tmp_path, capsys):
-    path = imported_model(tmp_path, capsys, "llama3", context=32)
+def test_a_run_fine_tuned_from_an_imported_model_keeps_its_template_and_one_on_conversations_tks(tmp_path, capsys):
+    path = imported_model(tmp_path, capsys, "llama3", context=128)
     (tmp_path / "corpus.txt").write_text((ROOT / "corpora" / "tiny_tales.txt").read_text()[:6000], encoding="utf-8")
     code, _, err = cli(capsys, "train-model", tmp_path / "corpus.txt", "--init-from", path, "--steps", "1",
                        "--eval-interval", "1", "--eval-batches", "1", "--batch-size", "2", "--workers", "1", "-q",
@@ -490,3 +490,12 @@ def test_a_run_fine_tuned_from_an_imported_model_keeps_its_template(tmp_path, ca
     assert code == 0, err
     tok = checkpoint.load_model(tmp_path / "run").tokenizer
     assert jinja_template.template_of(tok).source == LLAMA3
+    # fine-tuned on conversations, it learns tk's template (its tokens added), and chats in it
+    rng = random.Random(7)
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"messages": conversation(rng)}) + "\n" for _ in range(30)))
+    code, _, err = cli(capsys, "train-model", "--chat", tmp_path / "c.jsonl", "--init-from", path, "--steps", "1",
+                       "--eval-interval", "1", "--eval-batches", "1", "--batch-size", "2", "--workers", "1", "-q",
+                       "-o", tmp_path / "sft")  # fmt: skip
+    assert code == 0, err
+    tok = checkpoint.load_model(tmp_path / "sft").tokenizer
+    assert jinja_template.template_of(tok) is None and template_ids.template_name(tok) == "tk"
