@@ -15,7 +15,7 @@ Why these tokens, and no text around them (ChatML writes `<|im_start|>assistant\
 after each `<|im_end|>`): every boundary of the template is a special token, so each content is
 encoded alone, as transformers encodes the text between two added tokens. So (1) the mask's
 boundaries fall between tokens (ChatML's header text "assistant\\n" would merge with a content
-that starts with "\\n"), and (2) the Jinja template a later export writes,
+that starts with "\\n"), and (2) the Jinja template an export writes (`bpe.jinja_template.tk_template`),
 `{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + '<|end|>' }}{% endfor %}`
 (then `<|assistant|>` for the generation prompt), gives transformers' apply_chat_template these
 exact ids for any content without special-token text, whatever the split pattern. Phi-3 names
@@ -28,7 +28,8 @@ token, so no message can close its turn or open another's (`Tokenizer.encode` wi
 still read as their token, as transformers reads them). transformers' rendered string would read
 such text as the token: the one place where its ids and tk's differ, on purpose.
 
-What it deliberately does not do: read conversation files (bpe/conversations.py), cut or pack
+What it deliberately does not do: render a tokenizer's own Jinja template, imported with it
+(bpe/template_ids.py chooses), read conversation files (bpe/conversations.py), cut or pack
 conversations into a model's context, or grow a model to a grown tokenizer (transformer/vocab.py).
 
 >>> from tokenkit.bpe.tokenizer import Tokenizer
@@ -48,6 +49,7 @@ import numpy as np
 
 from tokenkit.bpe.conversations import Conversation, Message
 from tokenkit.bpe.errors import TokenizerError
+from tokenkit.bpe.jinja_template import CHAT_TEMPLATE
 from tokenkit.bpe.show import token_repr
 from tokenkit.bpe.tokenizer import Tokenizer
 
@@ -73,15 +75,19 @@ class Rendered:
         """What `tk encode --chat --json` prints for it: line, ids and the mask as 0/1."""
         return {"line": self.line, "ids": self.ids.tolist(), "mask": self.mask.astype(int).tolist()}
 
-    def shown(self, tok: Tokenizer) -> list[str]:
-        """The rendering for people: a line per turn, text tokens quoted (`bpe.show.token_repr`),
-        special tokens bare, and a * before each token that counts."""
+    def shown(self, tok: Tokenizer, end_of_turn: int | None = None) -> list[str]:
+        """The rendering for people: a line per turn (with another template's `end_of_turn`, each
+        line ends after it and the whitespace that follows it), text tokens quoted
+        (`bpe.show.token_repr`), special tokens bare, and a * before each token that counts."""
         specials = {i: name for name, i in tok.special_tokens.items()}
-        heads = {tok.special_tokens[t] for t in CHAT_TOKENS if t != END}
+        heads = set() if end_of_turn is not None else {tok.special_tokens[t] for t in CHAT_TOKENS if t != END}
         lines: list[list[str]] = [[]]
+        after = False
         for i, counted in zip(self.ids.tolist(), self.mask.tolist(), strict=True):
-            if i in heads and lines[-1]:
+            blank = i not in specials and not tok.decode_bytes([i]).strip()
+            if (i in heads or (after and not blank)) and lines[-1]:
                 lines.append([])
+            after = i == end_of_turn or (after and blank)
             piece = specials.get(i) or token_repr(tok.decode_bytes([i]))
             lines[-1].append("*" * counted + piece)
         return ["  " + " ".join(line) for line in lines]
@@ -101,8 +107,9 @@ def missing(tok: Tokenizer) -> list[str]:
 
 def add_chat_tokens(tok: Tokenizer) -> Tokenizer:
     """`tok` with the template's special tokens it lacks appended (ids vocab_size, vocab_size + 1,
-    ... in CHAT_TOKENS order); every other id, merge and option unchanged. `tok` itself when it
-    has them all."""
+    ... in CHAT_TOKENS order); every other id, merge and option unchanged, and a Jinja template it
+    kept (bpe/jinja_template.py) dropped: a model of the grown tokenizer learns tk's template.
+    `tok` itself when it has them all (Phi-3's names: it keeps its own template)."""
     new = missing(tok)
     if not new:
         return tok
@@ -112,7 +119,12 @@ def add_chat_tokens(tok: Tokenizer) -> Tokenizer:
     if tok.listed:  # a listed vocabulary gives each id its bytes, a special token's none
         offsets = tensors["vocab_offsets"]
         tensors = {**tensors, "vocab_offsets": np.concatenate([offsets, np.full(len(new), offsets[-1])])}
-    metadata = {**metadata, "special_tokens": json.dumps(specials, sort_keys=True)}
+    training = {k: v for k, v in tok.training.items() if k != CHAT_TEMPLATE}
+    metadata = {
+        **metadata,
+        "special_tokens": json.dumps(specials, sort_keys=True),
+        "training": json.dumps(training, sort_keys=True),
+    }
     return Tokenizer.from_tensors(tensors, metadata)
 
 

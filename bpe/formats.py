@@ -6,9 +6,11 @@ shape (what `tk bpe-import` and `tk eval -t` read).
 An importer reads the files (bpe/library_files.py), converts them to tk's parts (bpe/interop.py,
 bpe/hf_import.py) and builds the tokenizer with the class it is given; an exporter refuses, in one
 line and before anything is written, what the format cannot say, and returns the files' bytes.
-Both need `check_whole_tokens`: tiktoken looks a whole chunk up before merging, and HF tokenizers
-do with `ignore_merges`, which gives the merges' ids only when every token's bytes merge back into
-that token (`bpe.merge.merge_ids`).
+A chat template goes both ways with Hugging Face's files: read from a directory into the
+tokenizer's training record, written as tokenizer_config.json's `chat_template`
+(bpe/jinja_template.py). Both need `check_whole_tokens`: tiktoken looks a whole chunk up before
+merging, and HF tokenizers do with `ignore_merges`, which gives the merges' ids only when every
+token's bytes merge back into that token (`bpe.merge.merge_ids`).
 
 What it deliberately does not do: read or write files itself (bpe/library_files.py), encode, or
 know the formats' details (bpe/interop.py, bpe/hf_import.py).
@@ -21,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from tokenkit.bpe import interop, library_files
+from tokenkit.bpe import interop, jinja_template, library_files
 from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.hf_import import check_transformers_class
 from tokenkit.bpe.layout import Layout
@@ -134,7 +136,8 @@ def from_hf(cls: type[T], path: str | os.PathLike) -> T:
     post-processors that add tokens, SentencePiece-style tokenizers, ...) is refused in one line.
     For a directory, also what transformers' class for it does (a GPT2Tokenizer splits with
     GPT-2's pattern whatever tokenizer.json says, a Qwen2Tokenizer with Qwen2's:
-    `bpe.hf_import.check_transformers_class`).
+    `bpe.hf_import.check_transformers_class`), and its chat template, kept in the tokenizer's
+    training record (`bpe.jinja_template.from_hf`).
     """
     with gcpause.paused():  # a tokenizer.json makes a tuple or list per merge, and no cycles
         files = library_files.find_hf(path)
@@ -150,17 +153,23 @@ def from_hf(cls: type[T], path: str | os.PathLike) -> T:
                 "text_tokens": None,
             }  # fmt: skip
         )
+        template = None
         if Path(path).is_dir():  # transformers' configs there decide how it reads the files
-            parts = check_transformers_class(*library_files.read_hf_configs(path), parts, str(path))
+            tokenizer_config, model_config = library_files.read_hf_configs(path)
+            parts = check_transformers_class(tokenizer_config, model_config, parts, str(path))
+            template = jinja_template.from_hf(tokenizer_config, library_files.read_hf_chat_template(path), str(path))
         if len(files) == 2:
-            return from_gpt2(cls, *files)
+            return jinja_template.with_template(from_gpt2(cls, *files), template)
+        training = {"imported": "Hugging Face tokenizer.json"}
+        if template is not None:  # kept with what it was imported from (`jinja_template.template_of`)
+            training[jinja_template.CHAT_TEMPLATE] = template.record()
         try:
             tok = cls(
                 parts["merges"],
                 special_tokens=parts["special_tokens"],
                 pattern=parts["pattern"],
                 vocab=parts["vocab"],
-                training={"imported": "Hugging Face tokenizer.json"},
+                training=training,
                 ignore_merges=parts["ignore_merges"],
                 normalizer=parts["normalizer"],
                 bos=parts["bos"],
@@ -227,10 +236,24 @@ def export_files(tok, format: str = "gpt2") -> dict[str, bytes]:
     if format == "hf":
         options = tok.options
         data = interop.to_hf(tok.vocab, tok.merges, tok.special_tokens, tok.pattern_regex, **options)
-        return library_files.hf_files(data, *interop.hf_configs(tok.special_tokens, tok.bos, options["text_tokens"]))
+        config, special_map = interop.hf_configs(tok.special_tokens, tok.bos, options["text_tokens"])
+        return library_files.hf_files(data, *_with_chat_template(tok, config, special_map))
     if format == "tiktoken":
         return _tiktoken_files(tok)
     raise TokenizerError(f"unknown export format {format!r}; use one of {', '.join(EXPORT_FORMATS)}")
+
+
+def _with_chat_template(tok, config: dict, special_map: dict) -> tuple[dict, dict]:
+    """tokenizer_config.json and special_tokens_map.json with the tokenizer's chat template, where
+    transformers 4 and 5 read it (`chat_template`): its own (imported) one with the special tokens'
+    texts it names that the tokenizer has, or tk's when it has tk's tokens; as they were otherwise."""
+    template = jinja_template.template_of(tok)
+    if template is None and all(t in tok.special_tokens for t in jinja_template.TK_TOKENS):
+        template = jinja_template.tk_template(tok.bos)
+    if template is None:
+        return config, special_map
+    named = {k: v for k, v in template.tokens.items() if v in tok.special_tokens}
+    return {**config, **named, "chat_template": template.source}, {**special_map, **named}
 
 
 def _gpt2_files(tok) -> dict[str, bytes]:

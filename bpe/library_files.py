@@ -4,7 +4,8 @@ What it does:
 - GPT-2's published formats: `read_gpt2` (encoder.json + vocab.bpe, or vocab.json + merges.txt) and
   `gpt2_files` (vocab.json + merges.txt, so people can open a tokenizer in an editor).
 - Hugging Face's `tokenizer.json` (`find_hf`, `read_hf`, `hf_files`, with tokenizer_config.json and
-  special_tokens_map.json; `read_hf_configs`, the configs that decide transformers' class) and
+  special_tokens_map.json; `read_hf_configs`, the configs that decide transformers' class;
+  `read_hf_chat_template`, chat_template.jinja) and
   tiktoken's rank files (`read_tiktoken`, `tiktoken_files`, with a `NAME_tiktoken.json` of
   pat_str and special tokens).
 - `write_files` puts an export's files into a directory as one change
@@ -27,11 +28,13 @@ from tokenkit.bpe import hf_import
 from tokenkit.bpe.bytelevel import bytes_to_unicode
 from tokenkit.bpe.errors import TokenizerError
 from tokenkit.bpe.io import check_readable, read_limited
+from tokenkit.bpe.jinja_template import MAX_TEMPLATE_CHARS
 from tokenkit.common import FileError, atomic_dir, jsonsafe, readfile
 
 # the values a tokenizer.json or vocab.json may make when parsed (`jsonsafe.items`; ~70 bytes of memory
 # each): the largest published tokenizer.json, Gemma 3's, makes ~2 million (262k tokens, 514k merges)
 TOKENIZER_JSON_ITEMS = 8_000_000
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where transformers 5 saves a tokenizer's one chat template
 
 __all__ = [
     "find_hf",
@@ -39,6 +42,7 @@ __all__ = [
     "hf_files",
     "read_gpt2",
     "read_hf",
+    "read_hf_chat_template",
     "read_hf_configs",
     "read_tiktoken",
     "tiktoken_files",
@@ -215,6 +219,20 @@ def read_hf_configs(directory: str | os.PathLike) -> tuple[dict | None, dict | N
             _read_json(path, "give a directory as transformers saves it", f"transformers' {name}") if present else None
         )
     return found[0], found[1]
+
+
+def read_hf_chat_template(directory: str | os.PathLike) -> str | None:
+    """chat_template.jinja's text in `directory` (as transformers 5 saves a chat template), or None
+    when absent: with tokenizer_config.json, what a chat template needs (`bpe.jinja_template.from_hf`).
+    Refused before it is read past 4 bytes a character of MAX_TEMPLATE_CHARS."""
+    path = Path(directory) / CHAT_TEMPLATE_FILE
+    if not os.path.lexists(path):
+        return None
+    data = read_limited(check_readable(path), 4 * MAX_TEMPLATE_CHARS, "a chat template (chat_template.jinja)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TokenizerError(f"{path} is not UTF-8 text; a chat template is Jinja text") from None
 
 
 def tiktoken_meta_path(path: str | os.PathLike) -> Path:

@@ -84,6 +84,7 @@ def chat_command(
         top_p=top_p,
         seed=seed,
         max_new_tokens=max_new_tokens,
+        where=str(model_path),
     )
     stdin = sys.stdin.buffer
     try:

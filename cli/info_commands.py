@@ -71,6 +71,7 @@ def _info_tokenizer(path: Path, meta: dict[str, str]) -> None:
     if tok.bos is not None:
         _row("bos", f"{tok.bos} (before every text a model reads)")
     _row("fingerprint", tok.fingerprint())
+    _chat_row(tok)
     for key in sorted(meta):
         if key == "training":
             _training_rows(tok.training)
@@ -81,9 +82,25 @@ def _info_tokenizer(path: Path, meta: dict[str, str]) -> None:
 def _training_rows(training: dict[str, Any]) -> None:
     """How the tokenizer was made, its merge counts summed up (1,024 numbers are not a row)."""
     counts = training.pop("merge_counts", None)
+    training.pop("chat_template", None)  # its own row (`_chat_row`)
     _row("training", json.dumps(training, ensure_ascii=False, sort_keys=True))
     if isinstance(counts, list) and counts:
         _row("merge counts", f"recorded for the first {len(counts):,} merges ({counts[0]:,} down to {counts[-1]:,})")
+
+
+def _chat_row(tok) -> None:
+    """The chat template the tokenizer chats in (docs/chat.md): its own Jinja one, kept from an
+    import, or tk's, when it has tk's tokens; no row for neither."""
+    from tokenkit.bpe.jinja_template import template_of
+    from tokenkit.bpe.template_ids import template_name
+
+    kind = template_name(tok)
+    if kind == "jinja":
+        template = template_of(tok)
+        origin = f", from {template.origin}" if template.origin else ""
+        _row("chat template", f"its own, {len(template.source):,} characters of Jinja{origin}")
+    elif kind == "tk":
+        _row("chat template", "tk's (<|system|>, <|user|>, <|assistant|>, <|end|>)")
 
 
 def _info_model(path: Path) -> None:
@@ -108,6 +125,7 @@ def _info_model(path: Path) -> None:
         )
         if tok.bos is not None:
             _row("bos", f"{tok.bos} (before every text the model reads)")
+        _chat_row(tok)
     prov = meta.get("provenance") or {}
     if "step" in meta and not (isinstance(prov, dict) and "imported_from" in prov):
         _row("training step", meta.get("step"))

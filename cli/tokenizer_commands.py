@@ -306,8 +306,9 @@ def _print_ids(tok: Tokenizer, arr: np.ndarray, n_bytes: int, split, output, sho
 
 def _encode_chat(tok: Tokenizer, tokenizer_path, chat, generation_prompt, output, as_json) -> int:
     """--add-chat-tokens OUT (a new file) then --chat FILE: each conversation as the template
-    renders it (bpe/chat_template.py), one per line with --json, a line per turn otherwise."""
-    from tokenkit.bpe import chat_template
+    renders it (tk's, bpe/chat_template.py, or the tokenizer's own: bpe/template_ids.py), one per
+    line with --json, a line per turn otherwise."""
+    from tokenkit.bpe import chat_template, template_ids
     from tokenkit.bpe.conversations import read_conversations
     from tokenkit.common import atomic
 
@@ -322,20 +323,24 @@ def _encode_chat(tok: Tokenizer, tokenizer_path, chat, generation_prompt, output
         click.echo(f"wrote {output}: vocab size {tok.vocab_size}; added {ids}")
     if chat is None:
         return 0
-    lacks = chat_template.missing(tok)
+    own = template_ids.template_name(tok) == "jinja"  # the tokenizer's own template, imported with it
+    lacks = [] if own else chat_template.missing(tok)
     if lacks:
         raise click.ClickException(
             f"{tokenizer_path} lacks the chat template's special tokens {', '.join(lacks)}; add them with "
             f"tk encode -t {tokenizer_path} --add-chat-tokens NEW.safetensors (appended ids; the others stay)"
         )
+    end = template_ids.end_of_turn(tok, str(tokenizer_path)) if own else None
     for conversation in read_conversations(chat, prompt=generation_prompt):  # all checked before one prints
-        rendered = chat_template.render(tok, conversation, generation_prompt=generation_prompt)
+        rendered = template_ids.render(
+            tok, conversation, generation_prompt=generation_prompt, where=str(tokenizer_path)
+        )
         if as_json:
             click.echo(json.dumps(rendered.as_json()))
         else:
             counted = int(rendered.mask.sum())
             click.echo(f"line {rendered.line}: {len(rendered.ids)} tokens, {counted} counted (*)")
-            click.echo("\n".join(rendered.shown(tok)))
+            click.echo("\n".join(rendered.shown(tok, end)))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""A conversation with a model in tk's chat template, turn by turn, over a KV cache kept between turns.
+"""A conversation with a model in its chat template, turn by turn, over a KV cache kept between turns.
 
     session = ChatSession(model, tok, temperature=0)
     for event in session.reply("Who found the ball?"):   # Token ..., then the Reply
@@ -23,9 +23,18 @@ turns are dropped, after the system message, until it holds at most `context_len
 event says so, and the caches are refilled from what remains (every kept position moved). A user
 message that does not fit beside the system message is refused before anything changes.
 
+The template is tk's, or the model's own Jinja template when its tokenizer keeps one (imported
+with it: bpe/jinja_template.py). Then each step renders the whole conversation (the answers so
+far as their decoded text, the generation prompt after the user's last turn) and encodes it as
+transformers does (bpe/template_ids.py), and the caches keep the longest prefix that still
+matches, as above: a template that writes more after an answer than its end token (ChatML's
+newline) or tokenizes an answer's text otherwise than it was generated costs those positions
+again at the next turn, never a wrong cache. Generation stops at the template's end of turn
+(`template_ids.end_of_turn`), the model's end token, or the template's `eos_token`.
+
 What it deliberately does not do: read or print anything (`cli.chat_commands` does), load a model
 (`pipeline.run.load_model_and_tokenizer`), teach a model the template (fine-tuning does), or
-render other templates. It runs one conversation: no batching of several.
+render tools or documents. It runs one conversation: no batching of several.
 """
 
 from __future__ import annotations
@@ -37,6 +46,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tokenkit.bpe.chat_template import CHAT_TOKENS, END, ROLE_TOKENS, missing
+from tokenkit.bpe.errors import TokenizerError
+from tokenkit.bpe.jinja_template import template_of
+from tokenkit.bpe.template_ids import encode_rendered, end_of_turn
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.names import MAX_NEW_TOKENS
 from tokenkit.pipeline.run import eos_id
@@ -78,9 +90,9 @@ class Dropped:
 @dataclass(frozen=True)
 class Reply:
     """The assistant's answer: its `ids` (without the closing `<|end|>`), `content` their text,
-    and `stop`: "end" (`<|end|>`), "turn" (the model's end token or a role's), "length"
-    (max_new_tokens), "context" (the turn alone filled the context) or "interrupted"; the Token
-    events' texts and then `rest` make up `content`."""
+    and `stop`: "end" (`<|end|>`, or the model's own template's end of turn), "turn" (the
+    model's end token or a role's), "length" (max_new_tokens), "context" (the turn alone filled
+    the context) or "interrupted"; the Token events' texts and then `rest` make up `content`."""
 
     ids: tuple[int, ...]
     content: str
@@ -107,7 +119,10 @@ class Turn:
 
 
 def not_for_chat(tok, where: str = "the model") -> str | None:
-    """The one line saying why `tok` cannot chat (it lacks the template's tokens), or None."""
+    """The one line saying why `tok` cannot chat (it keeps no template of its own and lacks tk's
+    template's tokens), or None."""
+    if template_of(tok) is not None:
+        return None
     lacks = missing(tok)
     if not lacks:
         return None
@@ -135,8 +150,9 @@ class ChatSession:
         top_p: float | None = None,
         seed: int | None = None,
         max_new_tokens: int = 200,
+        where: str = "the model",
     ):
-        reason = not_for_chat(tok)
+        reason = not_for_chat(tok, where)
         if reason:
             raise PipelineError(reason)
         check_sampling(temperature, top_k, top_p)
@@ -149,9 +165,16 @@ class ChatSession:
         self.max_new_tokens = int(max_new_tokens)
         self._rng = np.random.default_rng(seed)
         special = tok.special_tokens
-        self._end = special[END]
+        self.where, self.template = where, template_of(tok)
         model_end = eos_id(tok)
-        self._stops = {special[t] for t in CHAT_TOKENS} | ({model_end} if model_end is not None else set())
+        if self.template is None:
+            self._end = special[END]
+            self._stops = {special[t] for t in CHAT_TOKENS}
+        else:  # the template's end of turn, and the eos_token it names
+            self._end = self._rendering(lambda: end_of_turn(tok, where))
+            named = special.get(self.template.tokens.get("eos_token", ""))
+            self._stops = {i for i in (self._end, named) if i is not None}
+        self._stops |= {model_end} if model_end is not None else set()
         # ids past the tokenizer's (a padded vocabulary) have no token: never picked
         self._n_tokens = tok.vocab_size if tok.vocab_size < model.config.vocab_size else None
         self._prefix: list[int] = [] if tok.bos is None else [special[tok.bos]]
@@ -169,7 +192,10 @@ class ChatSession:
     @property
     def ids(self) -> list[int]:
         """The conversation as the model reads it: BOS (if the tokenizer has one), the system
-        message, then each turn (the last one's answer as far as it has come)."""
+        message, then each turn (the last one's answer as far as it has come); with the model's
+        own template, as it renders them."""
+        if self.template is not None:
+            return self._template_ids(self.turns)
         ids = list(self._prefix)
         for turn in self.turns:
             ids += turn.user_ids + turn.reply_ids
@@ -185,6 +211,29 @@ class ChatSession:
             out.append({"role": "user", "content": turn.user})
             out.append({"role": "assistant", "content": self.tok.decode(turn.reply_ids)})
         return out
+
+    def _rendering(self, render):
+        """`render()`, its TokenizerError (a template's failure) one PipelineError line."""
+        try:
+            return render()
+        except TokenizerError as err:
+            raise PipelineError(str(err)) from None
+
+    def _template_ids(self, turns: list[Turn], system: str | None | bool = False) -> list[int]:
+        """The model's own template's ids of the system message (`system`, else the session's) and
+        `turns`: each finished answer as its text, the last turn's answer so far after the
+        generation prompt when it is not finished."""
+        system = self.system if system is False else system
+        messages = [] if system is None else [{"role": "system", "content": system}]
+        for turn in turns:
+            messages.append({"role": "user", "content": turn.user})
+            if turn.stop:
+                messages.append({"role": "assistant", "content": self.tok.decode(turn.reply_ids)})
+        if not messages:
+            return []
+        going = bool(turns) and not turns[-1].stop
+        text = self._rendering(lambda: self.template.render_text(messages, generation_prompt=going, where=self.where))
+        return encode_rendered(self.tok, text) + (turns[-1].reply_ids if going else [])
 
     def _text_ids(self, text, what: str) -> list[int]:
         if not isinstance(text, str):
@@ -208,8 +257,13 @@ class ChatSession:
         """Make `text` the system message (None: none); returns its ids. The turns stay (the oldest
         dropped if they no longer fit); the caches are recomputed from the change at the next
         reply. PipelineError, the session unchanged, when it takes more than half the context."""
-        prefix = [] if self.tok.bos is None else [self.tok.special_tokens[self.tok.bos]]
-        ids = [] if text is None else self._turn_ids("system", text)
+        prefix = [] if self.tok.bos is None or self.template else [self.tok.special_tokens[self.tok.bos]]
+        if self.template is None:
+            ids = [] if text is None else self._turn_ids("system", text)
+        else:
+            if text is not None:
+                self._text_ids(text, "system message")  # checked: text, of a bounded length
+            ids = [] if text is None else self._template_ids([], text)
         if len(prefix) + len(ids) > self.context // 2:
             raise PipelineError(
                 f"the system message is {len(ids):,} tokens; the model's context holds {self.context}, at most "
@@ -263,8 +317,9 @@ class ChatSession:
             return None
         turns = tokens = 0
         while total > self.context - self.slack and len(self.turns) > 1:
-            gone = self.turns.pop(0)
-            turns, tokens, total = turns + 1, tokens + len(gone), total - len(gone)
+            self.turns.pop(0)
+            left = len(self.ids)  # a template may render what remains otherwise: counted again
+            turns, tokens, total = turns + 1, tokens + total - left, left
         return Dropped(turns, tokens, self.context) if turns else None
 
     # --- a reply --------------------------------------------------------------------------------
@@ -279,6 +334,8 @@ class ChatSession:
         when it is not text, or does not fit in the context beside the system message: the
         session unchanged). A reply closed early (the consumer stops) keeps what came, its turn
         closed, stop "interrupted"."""
+        if self.template is not None:
+            return self._template_reply(text)
         user_ids = self._turn_ids("user", text) + [self.tok.special_tokens[ROLE_TOKENS["assistant"]]]
         room = self.context - len(self._prefix)
         if len(user_ids) > room:
@@ -291,6 +348,31 @@ class ChatSession:
             self.turns[-1].stop = "interrupted"
         turn = Turn(text, user_ids)
         self.turns.append(turn)
+        return self._answer(turn)
+
+    def _template_reply(self, text: str) -> Iterator[Token | Dropped | Reply]:
+        """`reply` in the model's own template: the turn rendered alone beside the system message
+        must fit, and the whole conversation with it must render, before anything changes."""
+        self._text_ids(text, "user message")
+        alone = self._template_ids([Turn(text, [])])
+        if len(alone) > self.context:
+            raise PipelineError(
+                f"the message takes {len(alone):,} tokens as the template renders it"
+                + (" beside the system message" if self.system is not None else "")
+                + f"; the model's context holds {self.context}: shorten it"
+            )
+        closed = self.turns[-1] if self.turns and not self.turns[-1].stop else None
+        if closed:  # an earlier reply never consumed: close it
+            closed.stop = "interrupted"
+        turn = Turn(text, alone)
+        self.turns.append(turn)
+        try:
+            self.ids  # noqa: B018 - the template may refuse the conversation as a whole
+        except PipelineError:
+            self.turns.pop()
+            if closed:
+                closed.stop = ""
+            raise
         return self._answer(turn)
 
     def _answer(self, turn: Turn) -> Iterator[Token | Dropped | Reply]:

@@ -3,7 +3,8 @@
 how their configs and names translate, pipeline/hf_files.py why GPT-2's tensors are tk's own).
 
     export_hf(model, DIR)   config.json, model.safetensors, generation_config.json and the
-                            tokenizer's files: `AutoModelForCausalLM.from_pretrained(DIR)`
+                            tokenizer's files (its chat template in tokenizer_config.json:
+                            bpe/formats.py): `AutoModelForCausalLM.from_pretrained(DIR)`
                             and `AutoTokenizer.from_pretrained(DIR)` load them (GPT2LMHeadModel,
                             LlamaForCausalLM, or Qwen2ForCausalLM for a model imported from one)
 
@@ -47,6 +48,7 @@ EXPORT_FILES = (
     "special_tokens_map.json",
     "vocab.json",
     "merges.txt",
+    "chat_template.jinja",  # never written (tokenizer_config.json holds the template); stale, it would win
 )
 EOT = "<|endoftext|>"
 MARKER = "tokenkit_version"  # in an export's config.json: the directory may be exported into again

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from tokenkit import __version__
-from tokenkit.bpe import Tokenizer, TokenizerError
+from tokenkit.bpe import Tokenizer, TokenizerError, jinja_template, library_files
 from tokenkit.common import FileError, readfile, safetensors_file
 from tokenkit.pipeline import checkpoint, hf_llama
 from tokenkit.pipeline.errors import PipelineError
@@ -321,11 +321,17 @@ def read_tokenizer(directory: Path, as_written: bool = False) -> Tokenizer:
     """The checkpoint's tokenizer (tokenizer.json, or vocab.json + merges.txt) with transformers'
     ids, or, `as_written`, its tokenizer.json as the file says (the `tokenizers` library's ids,
     whatever class tokenizer_config.json names: SmolLM's names GPT2Tokenizer, which transformers
-    5 builds without the file's Digits step)."""
+    5 builds without the file's Digits step); either way with the checkpoint's chat template, kept
+    in the tokenizer (bpe/jinja_template.py)."""
     if as_written and not os.path.lexists(directory / "tokenizer.json"):
         raise PipelineError(f"{directory} has no tokenizer.json to read as written (--tokenizer-json)")
     try:
-        return Tokenizer.from_hf(directory / "tokenizer.json" if as_written else directory)
+        if not as_written:  # the directory's chat template comes with it (`bpe.formats.from_hf`)
+            return Tokenizer.from_hf(directory)
+        tok = Tokenizer.from_hf(directory / "tokenizer.json")
+        config, _ = library_files.read_hf_configs(directory)
+        template = jinja_template.from_hf(config, library_files.read_hf_chat_template(directory), str(directory))
+        return jinja_template.with_template(tok, template)
     except TokenizerError as err:
         raise PipelineError(f"{directory}: the tokenizer cannot be read ({err})") from None
 
