@@ -136,7 +136,7 @@ def _info_model(path: Path) -> None:
         base = prov.get("unigram_baseline")
         if isinstance(base, float):
             _row("unigram baseline", f"{base:.4f}")
-        if "corpus" in prov:
+        if "corpus" in prov or "chat" in prov:  # what it trained on: a corpus, or conversations
             _corpus_rows(prov)
         labels = {
             "corpus_sha256": "corpus sha256",
@@ -156,8 +156,14 @@ def _info_model(path: Path) -> None:
 
 def _corpus_rows(record: dict[str, Any], sizes: str = "") -> None:
     """The corpus a run recorded: its inputs and the flags that read them, and its --val."""
+    from tokenkit.pipeline import chat_data
     from tokenkit.pipeline.sources import CorpusSpec
 
+    if chat_data.CHAT_KEY in record:  # a run fine-tuned on conversations (train-model --chat)
+        chat = chat_data.spec_from_record(record, "the run")
+        _row("conversations", chat.describe() + sizes)
+        _row("val conversations", chat.describe(val=True) or "the last share of the conversations")
+        return
     try:
         spec = CorpusSpec.from_record(record)
     except PipelineError:

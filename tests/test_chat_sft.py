@@ -272,6 +272,12 @@ def test_val_file_is_used_recorded_and_checked_on_resume(files, base, tmp_path, 
     state = load_train_state(run / checkpoint.STATE_FILE)
     assert state.data["n_conversations"] == 60 and state.data["n_val_conversations"] == 8
     assert state.data["chat"] == {"path": str(files["chats"]), "val": str(files["val"])}
+    for shown in (run / checkpoint.STATE_FILE, run):  # tk info: the conversations, not "corpus: None"
+        code, out = tk("info", str(shown))
+        rows = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+        assert code == 0 and "corpus" not in rows, out
+        assert rows["conversations"].strip().startswith(str(files["chats"])), out
+        assert rows["val conversations"].strip() == str(files["val"]), out
     changed = write_jsonl(tmp_path / "other.jsonl", conversations(8, seed=2))
     capsys.readouterr()
     code, _ = tk("train-model", "--resume", str(run), "--val", str(changed), "--steps", "8")
