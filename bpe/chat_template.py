@@ -49,7 +49,7 @@ import numpy as np
 
 from tokenkit.bpe.conversations import Conversation, Message
 from tokenkit.bpe.errors import TokenizerError
-from tokenkit.bpe.jinja_template import CHAT_TEMPLATE
+from tokenkit.bpe.jinja_template import with_template
 from tokenkit.bpe.show import token_repr
 from tokenkit.bpe.tokenizer import Tokenizer
 
@@ -109,7 +109,8 @@ def add_chat_tokens(tok: Tokenizer) -> Tokenizer:
     """`tok` with the template's special tokens it lacks appended (ids vocab_size, vocab_size + 1,
     ... in CHAT_TOKENS order); every other id, merge and option unchanged, and a Jinja template it
     kept (bpe/jinja_template.py) dropped: a model of the grown tokenizer learns tk's template.
-    `tok` itself when it has them all (Phi-3's names: it keeps its own template)."""
+    `tok` itself when it has them all (Phi-3's names: it keeps its own template until fine-tuned
+    on tk's: pipeline/chat_start.py)."""
     new = missing(tok)
     if not new:
         return tok
@@ -119,13 +120,8 @@ def add_chat_tokens(tok: Tokenizer) -> Tokenizer:
     if tok.listed:  # a listed vocabulary gives each id its bytes, a special token's none
         offsets = tensors["vocab_offsets"]
         tensors = {**tensors, "vocab_offsets": np.concatenate([offsets, np.full(len(new), offsets[-1])])}
-    training = {k: v for k, v in tok.training.items() if k != CHAT_TEMPLATE}
-    metadata = {
-        **metadata,
-        "special_tokens": json.dumps(specials, sort_keys=True),
-        "training": json.dumps(training, sort_keys=True),
-    }
-    return Tokenizer.from_tensors(tensors, metadata)
+    metadata = {**metadata, "special_tokens": json.dumps(specials, sort_keys=True)}
+    return with_template(Tokenizer.from_tensors(tensors, metadata), None)
 
 
 def render(

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tokenkit.bpe.chat_template import add_chat_tokens, missing
+from tokenkit.bpe.jinja_template import with_template
 from tokenkit.pipeline import chat_data, checkpoint, rundir
 from tokenkit.pipeline.config import TrainConfig
 from tokenkit.pipeline.errors import PipelineError
@@ -40,8 +41,12 @@ def with_chat_tokens(init: StartFrom) -> tuple[StartFrom, str | None]:
     the note that says so): `init` itself and None when it has them all. A tokenizer reading one
     of them as text is a TokenizerError."""
     new = missing(init.tokenizer)
-    if not new:
-        return init, None
+    if not new:  # its own template, if it kept one, gives way to the one it now learns
+        plain = with_template(init.tokenizer, None)
+        if plain is init.tokenizer:
+            return init, None
+        note = "chat: the model has the chat tokens; its own chat template gives way to tk's, which it now learns"
+        return dataclasses.replace(init, tokenizer=plain), note
     tokenizer = add_chat_tokens(init.tokenizer)
     old = init.model_config.vocab_size
     params, config = grow_vocab(init.params, init.model_config, max(old, tokenizer.vocab_size))

@@ -499,3 +499,25 @@ def test_a_run_fine_tuned_from_an_imported_model_keeps_its_template_and_one_on_c
     assert code == 0, err
     tok = checkpoint.load_model(tmp_path / "sft").tokenizer
     assert jinja_template.template_of(tok) is None and template_ids.template_name(tok) == "tk"
+
+
+def test_a_model_with_tks_tokens_and_its_own_template_learns_tks_on_conversations(tmp_path):
+    """Phi-4-mini names its tokens as tk's: fine-tuned on conversations (rendered in tk's
+    template), its own template gives way to tk's, which `tk chat` then speaks."""
+    import dataclasses
+
+    from tokenkit.bpe.chat_template import add_chat_tokens
+    from tokenkit.pipeline.chat_start import with_chat_tokens
+    from tokenkit.pipeline.start_from import StartFrom
+    from tokenkit.transformer import GPT, GPTConfig
+
+    tok = add_chat_tokens(Tokenizer.train([b"the fox ran up a hill " * 40], vocab_size=270, quiet=True))
+    own = jinja_template.with_template(tok, jinja_template.ChatTemplate(LLAMA3, origin="a test"))
+    assert jinja_template.template_of(own).source == LLAMA3 and jinja_template.template_of(tok) is None
+    model = GPT(GPTConfig(vocab_size=own.vocab_size, context_length=16, d_model=16, n_layers=1, n_heads=2))
+    init = StartFrom(tmp_path / "m", model.params, own, model.config)
+    started, note = with_chat_tokens(init)
+    assert jinja_template.CHAT_TEMPLATE not in started.tokenizer.training and "gives way to tk's" in note
+    assert started.tokenizer.special_tokens == own.special_tokens and started.params is init.params
+    plain = dataclasses.replace(init, tokenizer=tok)
+    assert with_chat_tokens(plain) == (plain, None)
