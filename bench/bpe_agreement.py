@@ -19,6 +19,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bpe_large import gpt2_pieces  # noqa: E402
 
 from tokenkit.bpe import Tokenizer  # noqa: E402
 from tokenkit.bpe.patterns import GPT2_PATTERN  # noqa: E402
@@ -29,18 +32,8 @@ def rustbpe_tokens(text: str, vocab: int) -> list[bytes]:
     """rustbpe's merged tokens (ids 256 on), in rank order."""
     import rustbpe
 
-    def pieces():
-        start = 0
-        while start < len(text):
-            cut = text.find(" ", start + (1 << 20))
-            while cut > 0 and not ("!" <= text[cut - 1] <= "~"):
-                cut = text.find(" ", cut + 1)
-            end = len(text) if cut < 0 else cut
-            yield text[start:end]
-            start = end
-
     tok = rustbpe.Tokenizer()
-    tok.train_from_iterator(pieces(), vocab, pattern=GPT2_PATTERN)
+    tok.train_from_iterator(gpt2_pieces(text), vocab, pattern=GPT2_PATTERN)
     ranked = sorted(tok.get_mergeable_ranks(), key=lambda item: item[1])
     return [bytes(token) for token, rank in ranked if rank >= 256]
 

@@ -32,8 +32,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import python_corpus  # noqa: E402
 
-from tokenkit.bpe.patterns import GPT2_PATTERN  # noqa: E402
-
 
 def _children(pid: int) -> list[int]:
     out = []
@@ -110,6 +108,19 @@ def hf_train(corpus: str, vocab: int, out: str) -> None:
     print(json.dumps({"vocab": tok.get_vocab_size()}))
 
 
+def gpt2_pieces(text: str, size: int = 1 << 20):
+    """`text` in pieces of about `size` characters, each cut before a space that follows printable
+    ASCII (tk's first cut rule): split apart, they give the chunks of the whole text."""
+    start = 0
+    while start < len(text):
+        cut = text.find(" ", start + size)
+        while cut > 0 and not ("!" <= text[cut - 1] <= "~"):
+            cut = text.find(" ", cut + 1)
+        end = len(text) if cut < 0 else cut
+        yield text[start:end]
+        start = end
+
+
 def rust_train(corpus: str, vocab: int, out: str, pattern: str) -> None:
     """Child process: rustbpe (nanochat's trainer) on `corpus` with `pattern` (GPT-2's, given by
     the parent: this process imports nothing of tk's), its ranks saved to `out`. The text goes in
@@ -120,18 +131,8 @@ def rust_train(corpus: str, vocab: int, out: str, pattern: str) -> None:
     with open(corpus, encoding="utf-8", errors="replace") as f:
         text = f.read()
 
-    def pieces():
-        start = 0
-        while start < len(text):
-            cut = text.find(" ", start + (1 << 20))
-            while cut > 0 and not ("!" <= text[cut - 1] <= "~"):
-                cut = text.find(" ", cut + 1)
-            end = len(text) if cut < 0 else cut
-            yield text[start:end]
-            start = end
-
     tok = rustbpe.Tokenizer()
-    tok.train_from_iterator(pieces(), vocab, pattern=pattern)
+    tok.train_from_iterator(gpt2_pieces(text), vocab, pattern=pattern)
     ranks = tok.get_mergeable_ranks()
     with open(out, "w", encoding="ascii") as f:
         json.dump([[list(token), rank] for token, rank in ranks], f)
@@ -168,6 +169,8 @@ def compare(corpus: Path, vocab: int, repeats: int) -> None:
         f"\ntraining on {corpus} ({size_mb:.1f} MB), vocab {vocab}, GPT-2's pattern, {os.cpu_count()} cores, "
         f"medians of {repeats} whole processes taking turns; memory: peak PSS of the process tree"
     )
+    from tokenkit.bpe.patterns import GPT2_PATTERN  # here: a peer's child process imports nothing of tk's
+
     peers = {name: peer for name, peer in PEERS.items() if available(peer[1])}
     runs: dict[str, list[dict]] = {"ours": [], **{name: [] for name in peers}}
     with tempfile.TemporaryDirectory() as tmp:

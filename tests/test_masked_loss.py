@@ -9,7 +9,7 @@ unmasked loss's own checks are tests/test_model.py's.
 
 import numpy as np
 import pytest
-from test_model import TINY, VARIANTS, float64_model, rel_error
+from test_model import TINY, VARIANTS, float64_model, numeric_gradients, rel_error
 
 from tokenkit.transformer import GPT, GPTConfig, ModelError
 from tokenkit.transformer import reference as ref
@@ -31,18 +31,7 @@ def test_masked_loss_gradients_match_finite_differences(variant):
     plain = ref.softmax_xent(model.forward(ids).reshape(-1, 7), targets.reshape(-1))
     loss, grads = model.loss_and_grads(ids, targets)
     assert loss == pytest.approx(plain, rel=1e-12) and model.loss(ids, targets) == pytest.approx(plain, rel=1e-12)
-    eps = 1e-6
-    for name, p in model.params.items():
-        numeric = np.zeros_like(p)
-        flat, nflat = p.reshape(-1), numeric.reshape(-1)
-        for i in range(flat.size):
-            old = flat[i]
-            flat[i] = old + eps
-            up = model.loss(ids, targets)
-            flat[i] = old - eps
-            down = model.loss(ids, targets)
-            flat[i] = old
-            nflat[i] = (up - down) / (2 * eps)
+    for name, numeric in numeric_gradients(model, ids, targets).items():
         err = rel_error(grads[name], numeric)
         assert err < 1e-6, f"{variant} {name}: rel error {err:.2e}"
 
