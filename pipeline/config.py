@@ -304,7 +304,8 @@ def frozen_names(pattern: str, names) -> set[str]:
         if not matched:
             example = ", ".join(names[:3])
             raise PipelineError(
-                f"--freeze {glob!r} matches no parameter; the names are like {example}, ... (see `tk info MODEL`)"
+                f"--freeze {glob!r} matches no parameter; the names are like {example}, ..., h.N.attn.c_attn.weight, "
+                "ln_f.weight"
             )
         frozen = frozen - matched if keep else frozen | matched
     if frozen and len(frozen) == len(names):

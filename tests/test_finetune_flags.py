@@ -151,6 +151,11 @@ def test_workers_and_micro_batches_give_the_in_order_sum_of_the_same_shards(micr
     assert loss == plain[0] and _same(grads, plain[1])
     one = DataParallel(GPT(cfg, seed=1), workers=1).loss_and_grads(x, y, dropout=d, micro_batches=2 * micro)
     assert one[0] == plain[0] and _same(one[1], plain[1])
+    # and each row has the whole batch's masks: one shard of all 8 rows gives the same numbers
+    # but for the order of the sums
+    whole = GPT(cfg, seed=1).loss_and_grads(x, y, dropout=d)
+    assert abs(whole[0] - loss) < 1e-6
+    assert all(np.allclose(whole[1][k], grads[k], rtol=1e-4, atol=1e-7) for k in grads)
 
 
 def test_micro_batches_that_do_not_cut_evenly_are_refused():
@@ -278,6 +283,31 @@ def test_frozen_weights_stay_bit_identical_and_keep_no_moments(capsys, corpus, t
     code = main(["info", str(tuned / "train_state.safetensors")])
     out, _ = capsys.readouterr()
     assert "--freeze '*,!h.1.*,!ln_f.*'" in out
+
+
+def test_chat_fine_tuning_takes_the_flags_and_accumulates_as_the_larger_batch(capsys, corpus, tokenizer, tmp_path):
+    """--chat with all three: the masked loss's mean runs over the whole step's counted targets,
+    so 2 micro-batches of 3 conversations rows are the batch of 6 in 2 shards, bit for bit."""
+    from test_chat_sft import conversations, write_jsonl
+
+    chats = write_jsonl(tmp_path / "chats.jsonl", conversations(40))
+    base = tmp_path / "base"
+    shape = [*SHAPE[:6], *SHAPE[8:], "--context-length", "64"]  # a conversation fits a row
+    code = main(["train-model", str(corpus), "-t", str(tokenizer), "-o", str(base), *shape, "--steps", "2",
+                 "--eval-interval", "2", "--batch-size", "4", "--workers", "1"])  # fmt: skip
+    assert code == 0
+    tune = ["--steps", "3", "--eval-interval", "3", "--eval-batches", "1", "--dropout", "0.2",
+            "--freeze", "wpe.*,h.0.attn.*", "--quiet"]  # fmt: skip
+    runs = {"accum": ["--grad-accum", "2", "--batch-size", "3", "--workers", "1"],
+            "big": ["--batch-size", "6", "--workers", "2"]}  # fmt: skip
+    for name, flags in runs.items():
+        code = main(["train-model", "--chat", str(chats), "--init-from", str(base), "-o", str(tmp_path / name),
+                     *tune, *flags])  # fmt: skip
+        _, err = capsys.readouterr()
+        assert code == 0, err
+    a, b = _tensors(tmp_path / "accum" / "model.safetensors"), _tensors(tmp_path / "big" / "model.safetensors")
+    assert _same(a, b) and _steps(tmp_path / "accum") == _steps(tmp_path / "big")
+    assert np.array_equal(a["wpe.weight"], _tensors(base / "model.safetensors")["wpe.weight"])
 
 
 def test_the_memory_check_counts_moments_of_the_trained_parameters_only():

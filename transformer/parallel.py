@@ -83,7 +83,7 @@ def sum_of_shards(
     shares, grads, counted = [], None, batch_counted(targets)
     for rows in step_shards(ids.shape[0], n_shards, micro_batches):
         drop = None if dropout is None else dropout.shifted(rows.start)
-        share, more = model.shard_loss_and_grads(ids[rows], targets[rows], counted, dropout=drop)
+        share, more = model.shard_loss_and_grads(ids[rows], targets[rows], counted, **_given(drop))
         shares.append(share)
         if grads is None:
             grads = {name: more[name].copy() for name in model.params}
@@ -91,6 +91,11 @@ def sum_of_shards(
             for name, g in grads.items():
                 g += more[name]
     return float(sum(shares)), grads  # sum() as the executors add: Python 3.12's compensates, unlike +=
+
+
+def _given(dropout: Dropout | None) -> dict:
+    """A shard call's dropout keyword, only when there is one (without it, the call of old)."""
+    return {} if dropout is None else {"dropout": dropout}
 
 
 class _Wrapper:
@@ -185,7 +190,7 @@ class DataParallel(_Wrapper):
         if op == LOSS:
             here = lambda i, t, d: (self.model.shard_loss(i, t, batch_rows, batch_tokens), None)  # noqa: E731
         else:
-            here = lambda i, t, d: self.model.shard_loss_and_grads(i, t, batch_tokens, dropout=d)  # noqa: E731
+            here = lambda i, t, d: self.model.shard_loss_and_grads(i, t, batch_tokens, **_given(d))  # noqa: E731
         n = len(shards)
         with tuned():
             if n == 1 or self._pool is None:
