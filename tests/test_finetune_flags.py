@@ -365,3 +365,26 @@ def test_what_an_executor_does_not_build_is_one_line():
 def test_settings_files_take_the_flags():
     config = TrainConfig.from_dict(json.loads('{"dropout": 0.1, "grad-accum": 4, "freeze": "wte.*"}'))
     assert (config.dropout, config.grad_accum, config.freeze, config.step_rows) == (0.1, 4, "wte.*", 64)
+
+
+def test_dropout_on_two_mpi_ranks_is_one_process_of_two_workers(corpus, tokenizer, tmp_path):
+    """Each rank draws its own rows' masks (by their row in the whole batch): the files are the
+    one process's, byte for byte. Skipped without mpirun and mpi4py."""
+    import os
+    import subprocess
+    import sys
+
+    from test_mpi import _mpirun
+
+    mpirun = _mpirun()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    flags = [*SHAPE, "--steps", "4", "--eval-interval", "2", "--batch-size", "4", "--dropout", "0.3", "--seed", "2"]
+    tk = [sys.executable, "-m", "tokenkit.cli.main", "train-model", str(corpus), "-t", str(tokenizer), *flags]
+    runs = {"one": [*tk, "-o", str(tmp_path / "one"), "--workers", "2"],
+            "ranks": [mpirun, "-n", "2", *tk, "-o", str(tmp_path / "ranks"), "--workers", "1"]}  # fmt: skip
+    for name, cmd in runs.items():
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, (name, proc.stderr)
+    for name in ("model.safetensors", "train_state.safetensors"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "ranks" / name).read_bytes(), name
+    assert _steps(tmp_path / "one") == _steps(tmp_path / "ranks")
