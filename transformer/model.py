@@ -335,11 +335,10 @@ class GPT:
             if seen is not None and rope is not None:
                 seen.update(self._unrotated(qkv))
             op_seen = {} if seen is not None else None  # the op's names, without the block's "attn."
-            extra = (
-                {}
-                if drop is None
-                else {"drop": drop(ATTN_WEIGHTS, (qkv.shape[0], cfg.n_heads, *qkv.shape[1:2] * 2), qkv.dtype)}
-            )
+            extra = {}
+            if drop is not None:  # training's mask of the weights, (B, H, T, T)
+                B, T = qkv.shape[:2]
+                extra["drop"] = drop(ATTN_WEIGHTS, (B, cfg.n_heads, T, T), qkv.dtype)
             out, cache = self.ops.attention_forward(rotated, cfg.n_heads, cfg.causal, op_seen, cfg.n_kv_heads, **extra)
             if seen is not None:
                 seen.update({"attn." + name: value for name, value in op_seen.items()})

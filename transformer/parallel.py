@@ -12,6 +12,11 @@ worker processes (transformer/workers.py) at the same time, each with single-thr
 the same bits wherever the shards run, here, in workers or on other ranks
 (`ordered_allreduce`).
 
+Training's extras ride on the same split: a step's dropout (transformer/dropout.py) reaches each
+shard with the index of its first row in the step's batch, so a row draws the same masks wherever
+it is computed; and gradient accumulation (`micro_batches`) computes the batch a micro-batch at a
+time, every shard in one running sum in order (`step_shards`).
+
 DataParallel moves the wrapped model's parameters into shared memory (`params` is the model's
 own dict, now of shared arrays), so an optimizer's in-place updates reach the workers: wrap the
 model before creating its optimizer. An entry replaced by another array is copied in before the
