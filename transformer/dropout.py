@@ -60,7 +60,7 @@ class Dropout:
         scale = dtype.type(1.0 / (1.0 - self.p))
         for r in range(rows):
             rng = np.random.default_rng([self.seed, self.step, self.first_row + r, layer, site])
-            keep = rng.random(shape, dtype=np.float64) >= self.p
+            keep = rng.random(shape, dtype=np.float32) >= np.float32(self.p)  # float32 draws: half the bytes
             np.multiply(keep, scale, out=out[r])
         return out
 
