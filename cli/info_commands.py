@@ -151,7 +151,24 @@ def _info_model(path: Path) -> None:
             if key in prov:
                 _row(label, f"{prov[key]:,}" if isinstance(prov[key], int) else prov[key])
         if "train_config" in prov:
+            _fine_tuning_row(prov["train_config"])
             _row("training config", json.dumps(prov["train_config"]))
+
+
+def _fine_tuning_row(train_config: Any) -> None:
+    """The fine-tuning flags a run trained with (--dropout, --grad-accum, --freeze), when any is
+    not at its default: one row, as the flags are spelt."""
+    if not isinstance(train_config, dict):
+        return
+    shown = []
+    if train_config.get("dropout"):
+        shown.append(f"--dropout {train_config['dropout']}")
+    if train_config.get("grad_accum", 1) != 1:
+        shown.append(f"--grad-accum {train_config['grad_accum']}")
+    if train_config.get("freeze"):
+        shown.append(f"--freeze {train_config['freeze']!r}")
+    if shown:
+        _row("fine-tuning", " ".join(shown))
 
 
 def _corpus_rows(record: dict[str, Any], sizes: str = "") -> None:
@@ -197,6 +214,7 @@ def _info_state(path: Path) -> None:
         _row("rope scaling", scaling.describe())
     _row("parameters", f"{state.n_params:,}")
     _corpus_rows(state.data, f" ({state.data.get('n_train')} train / {state.data.get('n_val')} val tokens)")
+    _fine_tuning_row(state.train_config)
     _row("training config", json.dumps(state.train_config))
 
 

@@ -63,9 +63,12 @@ def _training_options(func):
             continue
         if isinstance(allowed, Range):
             typ = Number(int if f.type == "int" else float, allowed)
+        elif allowed is None:  # free text, checked by TrainConfig (--freeze's globs)
+            typ = str
         else:
             typ = click.Choice(allowed)
-        func = click.option(flag, f.name, type=typ, default=None, help=f"{text} [default: {f.default}]")(func)
+        shown = f.default if f.default != "" else "none"
+        func = click.option(flag, f.name, type=typ, default=None, help=f"{text} [default: {shown}]")(func)
     func = click.option(
         "--config",
         "config_file",

@@ -12,6 +12,7 @@ run anything (pipeline/start.py and pipeline/train.py do).
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from tokenkit.common import FileError, jsonsafe, processes, readfile
 from tokenkit.common.messages import short
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.transformer import GPTConfig
-from tokenkit.transformer.config import ARCHITECTURES, ROPE_SCALINGS, Range, RopeScaling, setting
+from tokenkit.transformer.config import ARCHITECTURES, ROPE_SCALINGS, Range, RopeScaling, param_shapes, setting
 
 try:  # Python >= 3.11
     import tomllib
@@ -108,6 +109,23 @@ class TrainConfig:
     beta1: float = setting(0.9, "AdamW beta1", Range(0, 1, high_open=True))
     beta2: float = setting(0.99, "AdamW beta2", Range(0, 1, high_open=True))
     grad_clip: float = setting(1.0, "global gradient-norm clip (0: off)", Range(0))
+    # fine-tuning as nanoGPT does it (transformer/dropout.py, the executors' micro-batches, `frozen_names`)
+    dropout: float = setting(
+        0.0,
+        "dropout on the attention weights and the residual branches while training (0: off; never at evaluation)",
+        Range(0, 1, high_open=True),
+    )
+    grad_accum: int = setting(
+        1,
+        "micro-batches of --batch-size windows per optimizer step (a step learns from N x B windows, "
+        "holding one micro-batch's activations at a time)",
+        Range(1, MAX_BATCH),
+    )
+    freeze: str = setting(
+        "",
+        "parameters not trained: comma-separated globs over their names, '!' keeping one trained "
+        "(e.g. 'wte.*,h.0.*'; '*,!h.3.*,!ln_f.*' trains only block 3 and the final norm)",
+    )
     # evaluation and data
     eval_interval: int = setting(100, "evaluate + checkpoint every N steps", Range(1, MAX_STEPS))
     eval_batches: int = setting(10, "validation batches per evaluation", Range(1, MAX_EVAL_BATCHES))
@@ -143,7 +161,17 @@ class TrainConfig:
         if self.warmup_steps > self.steps:
             raise PipelineError(f"--warmup-steps ({self.warmup_steps}) must not exceed --steps ({self.steps})")
         self._check_rope_scaling()
-        GPTConfig.from_dict(self.model_config(vocab_size=256))  # its own one-line ModelError, before any work
+        model = GPTConfig.from_dict(self.model_config(vocab_size=256))  # its own one-line ModelError, before any work
+        frozen_names(self.freeze, param_shapes(model))  # a pattern that matches nothing: one line, before any work
+
+    @property
+    def step_rows(self) -> int:
+        """Windows per optimizer step: --grad-accum micro-batches of --batch-size."""
+        return self.batch_size * self.grad_accum
+
+    def frozen(self, names) -> set[str]:
+        """The parameters of `names` that --freeze keeps as they are (`frozen_names`)."""
+        return frozen_names(self.freeze, names)
 
     def _check_rope_scaling(self) -> None:
         """A RoPE scaling's settings make sense together: its numbers given only with a type
@@ -254,6 +282,35 @@ def model_settings(config: GPTConfig) -> dict[str, Any]:
     if config.architecture in ARCHITECTURES:
         values["arch"] = config.architecture
     return values
+
+
+def frozen_names(pattern: str, names) -> set[str]:
+    """The names among `names` that --freeze `pattern` selects: comma-separated globs (fnmatch's
+    `*`, `?`, `[...]`) read in order, a glob adding the names it matches, a glob after '!' taking
+    them out again. A glob that matches nothing, or a pattern that freezes every parameter, is
+    one line (PipelineError). The names do not depend on the vocabulary, only on the shape.
+
+    >>> sorted(frozen_names("h.*,!h.1.*", ["wte.weight", "h.0.ln_1.weight", "h.1.ln_1.weight"]))
+    ['h.0.ln_1.weight']
+    """
+    names = list(names)
+    frozen: set[str] = set()
+    for piece in (p.strip() for p in pattern.split(",")):
+        if not piece:
+            continue
+        keep = piece.startswith("!")
+        glob = piece[1:].strip() if keep else piece
+        matched = set(fnmatch.filter(names, glob)) if glob else set()
+        if not matched:
+            example = ", ".join(names[:3])
+            raise PipelineError(
+                f"--freeze {glob!r} matches no parameter; the names are like {example}, ..., h.N.attn.c_attn.weight, "
+                "ln_f.weight"
+            )
+        frozen = frozen - matched if keep else frozen | matched
+    if frozen and len(frozen) == len(names):
+        raise PipelineError(f"--freeze {pattern!r} freezes every parameter, so nothing would train; keep some with '!'")
+    return frozen
 
 
 def _field(name: str) -> dataclasses.Field:

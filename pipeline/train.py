@@ -1,10 +1,14 @@
 """The training loop: AdamW on random windows, warmup + cosine LR, clipping, periodic evaluation.
 
 One step = one batch of (B, T) windows -> loss and gradients -> global-norm clip -> AdamW update
-at the scheduled learning rate. Fine-tuning on conversations (`tk train-model --chat`) draws
-packed rows instead (pipeline/chat_data.py): the loss counts the assistant's targets alone, each
-step's log record says what share of the batch's targets counted (`counted`), and an evaluation
-is the mean over every counted target of the held-out rows.
+at the scheduled learning rate. The fine-tuning flags shape a step: --grad-accum N makes it N
+micro-batches of B windows (one batch of N x B, computed B at a time), --dropout draws masks that
+depend on the seed, the step and the row alone, and --freeze leaves some parameters out of the
+update (AdamW holds no moments for them, and the clip's norm is the trained ones').
+Fine-tuning on conversations (`tk train-model --chat`) draws packed rows instead
+(pipeline/chat_data.py): the loss counts the assistant's targets alone, each step's log record
+says what share of the batch's targets counted (`counted`), and an evaluation is the mean over
+every counted target of the held-out rows.
 
 Every `eval_interval` steps (and at the last step) the model is evaluated on fixed validation
 windows, `train_state.safetensors` is rewritten (the full state, for `--resume`), and
@@ -55,8 +59,9 @@ from tokenkit.pipeline.config import TrainConfig
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.ranks import Ranks
 from tokenkit.pipeline.start_from import StartFrom
-from tokenkit.pipeline.train_memory import check_step_memory
+from tokenkit.pipeline.train_memory import check_fine_tuning_flags, check_step_memory
 from tokenkit.transformer import GPT, AdamW, GPTConfig, clip_grad_norm, cosine_schedule
+from tokenkit.transformer.dropout import Dropout
 from tokenkit.transformer.parallel import DataParallel, MPIDataParallel
 from tokenkit.transformer.runtime import available_cores
 
@@ -143,8 +148,9 @@ class TrainingRun:
             local_workers = config.workers if ranks is None else ranks.local_workers(config.workers)
         else:  # the batch, or under MPI one shard per rank, on the GPU (the recorded count serves a CPU resume)
             local_workers = 1
-        # one line, not a MemoryError
-        check_step_memory(self.model_config, config.batch_size, local_workers, config.workers, ranks, device)
+        # one line, not a MemoryError (nor a flag this executor does not build)
+        check_fine_tuning_flags(config, ranks, device)
+        check_step_memory(self.model_config, config, local_workers, config.workers, ranks, device)
         model = GPT(self.model_config, seed=config.seed, device=device)
         if ranks is None:
             self.model = DataParallel(model, workers=local_workers)
@@ -156,8 +162,11 @@ class TrainingRun:
         self.hf_architecture = init.hf_architecture if init is not None else state.hf_architecture if state else None
         if init is not None:  # a fresh run from given weights (its config is the weights' own)
             self.model.model.set_params(init.params)
+        # --freeze: the parameters kept as they are; AdamW holds no moments for them
+        self.frozen = config.frozen(self.model.params)
+        self.trained = [name for name in self.model.params if name not in self.frozen]
         self.opt = AdamW(
-            self.model.params,
+            {name: self.model.params[name] for name in self.trained},
             lr=config.lr,
             betas=(config.beta1, config.beta2),
             weight_decay=config.weight_decay,
@@ -175,6 +184,8 @@ class TrainingRun:
             self.best_val_loss = state.best_val_loss
             self.best_step = state.best_step
         self.rows = self.model.local_rows(config.batch_size)  # of each batch: all, or this rank's
+        # of each step's --grad-accum micro-batches together (one under MPI: `check_fine_tuning_flags`)
+        self.step_rows = self.model.local_rows(config.step_rows)
         # conversations (`tk train-model --chat`): only the assistant's targets count (pipeline/chat_data.py)
         self.chat = tokens if isinstance(tokens, chat_data.ChatData) else None
         if self.chat is not None:
@@ -343,7 +354,7 @@ class TrainingRun:
         if self.ranks is not None:
             session["ranks"] = self.ranks.size
         log.write(session)
-        tokens_per_step = cfg.batch_size * cfg.context_length
+        tokens_per_step = cfg.step_rows * cfg.context_length
         start = time.perf_counter()
         train_seconds = 0.0
         steps_done = 0
@@ -375,12 +386,7 @@ class TrainingRun:
                         warmup_steps=cfg.warmup_steps,
                         total_steps=cfg.steps,
                     )
-                    if self.chat is None:
-                        x, y = data.get_batch(self.train_ids, cfg.batch_size, cfg.context_length, self.rng, self.rows)
-                        counted = None  # every target
-                    else:
-                        x, y, counted = chat_data.get_batch(self.train_ids, cfg.batch_size, self.rng, self.rows)
-                    loss, grads = self.model.loss_and_grads(x, y, batch_rows=cfg.batch_size, counted=counted)
+                    loss, grads, counted = self.step_gradients()
                     norm = clip_grad_norm(grads, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
                     if not (math.isfinite(loss) and math.isfinite(norm)):
                         log.write({"type": "stop", "step": self.step + 1, "loss": str(loss), "grad_norm": str(norm)})
@@ -419,8 +425,26 @@ class TrainingRun:
             log.close()
         return self.result(start, train_seconds, steps_done, interrupted)
 
+    def step_gradients(self) -> tuple[float, dict[str, np.ndarray], int | None]:
+        """This step's (loss, gradients of the trained parameters, counted targets or None for
+        all): its --grad-accum x --batch-size rows drawn at once, as one batch of that many rows
+        draws them, and computed a micro-batch at a time, with this step's dropout masks
+        (transformer/dropout.py: a function of the seed, the step and each row)."""
+        cfg = self.config
+        if self.chat is None:
+            x, y = data.get_batch(self.train_ids, cfg.step_rows, cfg.context_length, self.rng, self.step_rows)
+            counted = None  # every target
+        else:
+            x, y, counted = chat_data.get_batch(self.train_ids, cfg.step_rows, self.rng, self.step_rows)
+        dropout = Dropout(cfg.dropout, cfg.seed, self.step) if cfg.dropout > 0 else None
+        extra = {"dropout": dropout} if dropout is not None else {}
+        if cfg.grad_accum > 1:
+            extra["micro_batches"] = cfg.grad_accum
+        loss, grads = self.model.loss_and_grads(x, y, batch_rows=cfg.step_rows, counted=counted, **extra)
+        return loss, {name: grads[name] for name in self.trained}, counted
+
     def result(self, start: float, train_seconds: float, steps_done: int, interrupted: bool) -> TrainResult:
-        tokens_per_step = self.config.batch_size * self.config.context_length
+        tokens_per_step = self.config.step_rows * self.config.context_length
         return TrainResult(
             run_dir=self.run_dir,
             step=self.step,

@@ -107,8 +107,23 @@ def _heads_first(a: np.ndarray) -> np.ndarray:
     return a.swapaxes(2, 3).reshape(B, Hkv * g, T, *a.shape[4:])
 
 
+def _tile_mask(drop: np.ndarray | None, lo: int, hi: int, keys: int, Hkv: int):
+    """Query tile lo:hi's part of a dropout mask (B, H, T, T), laid out as the tile's weights
+    (B, Hkv, (hi - lo) g, keys): head h = kv g + j's query t on row (t - lo) g + j."""
+    if drop is None:
+        return None
+    B, H, T, _ = drop.shape
+    m = drop.reshape(B, Hkv, H // Hkv, T, T)[:, :, :, lo:hi, :keys].transpose(0, 1, 3, 2, 4)
+    return m.reshape(B, Hkv, (hi - lo) * (H // Hkv), keys)
+
+
 def attention_forward(
-    qkv: np.ndarray, n_heads: int, causal: bool, trace: dict | None = None, n_kv_heads: int | None = None
+    qkv: np.ndarray,
+    n_heads: int,
+    causal: bool,
+    trace: dict | None = None,
+    n_kv_heads: int | None = None,
+    drop: np.ndarray | None = None,
 ):
     """qkv (B, T, (H + 2 Hkv) hd) fused projections -> out (B, T, H hd) =
     softmax(q k^T / sqrt(hd) + mask) v, each query head attending with its group's K/V head
@@ -122,7 +137,9 @@ def attention_forward(
     block masked. With `trace` (a dict) it records q, k, v, scores_raw, scores, weights and
     mix, each (B, H, ...) per query head (k and v as each query head sees them), the (T, T)
     ones whole (masked scores -inf, their weights 0).
-    Plain twin: `transformer.reference.attention`.
+    `drop` (B, H, T, T), training's dropout mask (0 or 1 / (1 - p), transformer/dropout.py),
+    multiplies the weights before they weigh v; the trace's weights are the undropped ones.
+    Plain twin: `transformer.reference.attention` (with `reference.dropout` on its weights).
     """
     B, T, _ = qkv.shape
     q, k, v = _split_heads(qkv, n_heads, n_kv_heads)
@@ -143,11 +160,13 @@ def attention_forward(
         if causal:
             scores[..., lo:hi] += causal_mask(hi - lo, scores.dtype.name, g)  # the diagonal block
         w = _softmax_rows(scores)
+        mask = _tile_mask(drop, lo, hi, keys, Hkv)
+        used = w if mask is None else w * mask
         if g == 1:
-            np.matmul(w, v[:, :, :keys], out=mix[:, :, lo:hi, 0])
+            np.matmul(used, v[:, :, :keys], out=mix[:, :, lo:hi, 0])
         else:
-            mix[:, :, lo:hi] = (w @ v[:, :, :keys]).reshape(B, Hkv, hi - lo, g, hd)
-        weights.append(w)
+            mix[:, :, lo:hi] = (used @ v[:, :, :keys]).reshape(B, Hkv, hi - lo, g, hd)
+        weights.append(w if mask is None else (w, mask))
         if trace is not None:
             scores5[:, :, lo:hi, :, :keys] = scores.reshape(B, Hkv, hi - lo, g, keys)
             weights5[:, :, lo:hi, :, :keys] = w.reshape(B, Hkv, hi - lo, g, keys)
@@ -182,7 +201,10 @@ def attention_backward(dout: np.ndarray, cache) -> np.ndarray:
     for (lo, hi, keys), w in reversed(list(zip(tiles, weights, strict=True))):
         rows = (hi - lo) * g
         dm = dmix[:, :, lo:hi, 0] if g == 1 else np.ascontiguousarray(dmix[:, :, lo:hi]).reshape(B, Hkv, rows, hd)
+        w, mask = w if isinstance(w, tuple) else (w, None)
         ds = dm @ v[:, :, :keys].swapaxes(-1, -2)  # (B, Hkv, rows, keys) d weights
+        if mask is not None:
+            ds *= mask  # now d(the softmax's weights)
         ds -= row_dot[:, :, lo:hi].reshape(B, Hkv, rows, 1)
         ds *= w  # now the gradient of the scaled scores
         if g == 1:
@@ -190,11 +212,12 @@ def attention_backward(dout: np.ndarray, cache) -> np.ndarray:
         else:
             dq[:, :, lo:hi] = (ds @ k[:, :, :keys]).reshape(B, Hkv, hi - lo, g, hd)
         q_rows = qs[:, :, lo:hi].reshape(B, Hkv, rows, hd)
+        used = w if mask is None else w * mask  # the weights that weighed v
         if keys == T:
-            np.matmul(w.swapaxes(-1, -2), dm, out=dv)
+            np.matmul(used.swapaxes(-1, -2), dm, out=dv)
             np.matmul(ds.swapaxes(-1, -2), q_rows, out=dk)
         else:
-            dv[:, :, :keys] += w.swapaxes(-1, -2) @ dm
+            dv[:, :, :keys] += used.swapaxes(-1, -2) @ dm
             dk[:, :, :keys] += ds.swapaxes(-1, -2) @ q_rows
     dq *= scale
     return dqkv

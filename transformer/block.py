@@ -6,13 +6,16 @@
 - `GPT2Block`: `PreNormBlock` with LayerNorm and GELU, over the ops that fuse its elementwise
   passes on a GPU. The same math in the same order: on the CPU its numbers are PreNormBlock's bits.
 
-`block_for(ops, config)` picks one. Each block's `forward(p, x, attend, grad, record)` takes the
+`block_for(ops, config)` picks one. Each block's `forward(p, x, attend, grad, record, drop=None)` takes the
 layer's parameters as (weight, bias or None) pairs under short names ("ln_1", "attn.c_attn", ...),
 x (B, T, C) and `attend(qkv) -> (y, cache)`, the attention op the caller chose (full-sequence for
 training, against a KV cache for generation; it rotates q and k when the positions are rotary).
 It returns (x (B, T, C), cache, seen), `seen` being the block's trace entries under their short
 names (transformer/trace.py; None values when `record` is off). `backward(dx, cache, g)` returns
-d(input) and writes the layer's gradients into `g` under the same short names.
+d(input) and writes the layer's gradients into `g` under the same short names. `drop`, in a
+training step with dropout (transformer/dropout.py's `for_layer`), makes the masks that multiply
+each residual branch before it joins the stream (the attention weights' mask is `attend`'s);
+GPT2Block then runs as PreNormBlock, whose unfused branches it can multiply (the same math).
 
 What this module does not do: the ops themselves (ops.py, or a GPU's device_ops.py), the
 attention's caches and positions (model.py), the names of the whole model's parameters.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from tokenkit.transformer.config import GPTConfig
+from tokenkit.transformer.dropout import ATTN_OUT, MLP_OUT
 
 
 def norm_forward(ops, config: GPTConfig, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None):
@@ -106,40 +110,62 @@ class Block:
         return dm
 
 
+def _dropped(branch: np.ndarray, drop, site: int):
+    """(branch times its dropout mask, the mask), or (branch, None) without dropout."""
+    if drop is None:
+        return branch, None
+    mask = drop(site, branch.shape, branch.dtype)
+    return branch * mask, mask
+
+
+def _undropped(dbranch: np.ndarray, mask):
+    """d(a dropped branch) -> d(the branch): the same mask (a new array: dbranch may be dx)."""
+    return dbranch if mask is None else dbranch * mask
+
+
+class _Unfused(tuple):
+    """A PreNormBlock's cache (GPT2Block's backward tells its own fused ones from it)."""
+
+
 class PreNormBlock(Block):
     """x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)). The residuals add in place (x is in no
     cache), so a recorded residual stream is a copy."""
 
-    def forward(self, p, x, attend, grad: bool, record: bool):
+    def forward(self, p, x, attend, grad: bool, record: bool, drop=None):
         a, ln_1 = self.norm(x, *p["ln_1"])
         ao, attn = self.attention_half(p, a, attend)
+        ao, attn_mask = _dropped(ao, drop, ATTN_OUT)
         x, _ = self.ops.residual_forward(x, ao, inplace=True)
         resid_1 = x.copy() if record else None
         m, ln_2 = self.norm(x, *p["ln_2"])
         mo, mlp, (pre, act) = self.mlp_half(p, m, grad)
+        mo, mlp_mask = _dropped(mo, drop, MLP_OUT)
         x, _ = self.ops.residual_forward(x, mo, inplace=True)
-        return x, (ln_1, *attn, ln_2, *mlp), _pre_norm_seen(a, ao, resid_1, m, pre, act, mo, x, record)
+        cache = _Unfused((ln_1, *attn, ln_2, *mlp, (attn_mask, mlp_mask)))
+        return x, cache, _pre_norm_seen(a, ao, resid_1, m, pre, act, mo, x, record)
 
     def backward(self, dx: np.ndarray, cache, g) -> np.ndarray:
         """The MLP half (x2 = x1 + mlp(ln_2(x1))), then the attention half."""
-        ln_1, c_attn, attn, c_proj, ln_2, c_fc, act_cache, mlp_proj = cache
+        ln_1, c_attn, attn, c_proj, ln_2, c_fc, act_cache, mlp_proj, (attn_mask, mlp_mask) = cache
         dx, dbranch = self.ops.residual_backward(dx, None)
-        dm = self.mlp_half_backward(dbranch, (c_fc, act_cache, mlp_proj), g)
+        dm = self.mlp_half_backward(_undropped(dbranch, mlp_mask), (c_fc, act_cache, mlp_proj), g)
         dm, g["ln_2.weight"], g["ln_2.bias"] = self.norm_backward(dm, ln_2)
         dx += dm  # x1 reaches x2 both through the skip and through the MLP
         dx, dbranch = self.ops.residual_backward(dx, None)
-        da = self.attention_half_backward(dbranch, (c_attn, attn, c_proj), g)
+        da = self.attention_half_backward(_undropped(dbranch, attn_mask), (c_attn, attn, c_proj), g)
         da, g["ln_1.weight"], g["ln_1.bias"] = self.norm_backward(da, ln_1)
         dx += da
         return dx
 
 
-class GPT2Block(Block):
+class GPT2Block(PreNormBlock):
     """PreNormBlock with LayerNorm and GELU, over the ops that fuse its elementwise passes: c_fc
     with its GELU; each c_proj's GEMM without its bias, which is added with the residual; the
-    attention's residual with ln_2. x is updated in place."""
+    attention's residual with ln_2. x is updated in place. With dropout it is PreNormBlock."""
 
-    def forward(self, p, x, attend, grad: bool, record: bool):
+    def forward(self, p, x, attend, grad: bool, record: bool, drop=None):
+        if drop is not None:  # the branches are multiplied before they join: PreNormBlock's unfused order
+            return super().forward(p, x, attend, grad, record, drop)
         eps = self.config.norm_eps
         (w_attn, b_attn), (w_mlp, b_mlp) = p["attn.c_proj"], p["mlp.c_proj"]
         a, ln_1 = self.ops.layernorm_forward(x, *p["ln_1"], eps)
@@ -159,6 +185,8 @@ class GPT2Block(Block):
     def backward(self, dx: np.ndarray, cache, g) -> np.ndarray:
         """The MLP's residual, c_proj, c_fc with GELU, then ln_2 with the attention's residual,
         c_proj, attention and c_attn, ln_1 with the skip (dx in place)."""
+        if isinstance(cache, _Unfused):
+            return super().backward(dx, cache, g)
         ln_1, c_attn, attn, c_proj, ln_2, c_fc, mlp_proj, resid_2 = cache
         dx, dbranch, g["mlp.c_proj.bias"] = self.ops.bias_residual_backward(dx, resid_2)
         dact, g["mlp.c_proj.weight"], _ = self.ops.linear_backward(dbranch, mlp_proj)
@@ -173,26 +201,28 @@ class GPT2Block(Block):
 class PostNormBlock(Block):
     """x = ln_1(x + attn(x)); x = ln_2(x + mlp(x)), the original encoder's order (seed 001)."""
 
-    def forward(self, p, x, attend, grad: bool, record: bool):
+    def forward(self, p, x, attend, grad: bool, record: bool, drop=None):
         ao, attn = self.attention_half(p, x, attend)
+        ao, attn_mask = _dropped(ao, drop, ATTN_OUT)
         r1, _ = self.ops.residual_forward(x, ao)  # not in place: x is in c_attn's cache
         x1, ln_1 = self.norm(r1, *p["ln_1"])
         mo, mlp, (pre, act) = self.mlp_half(p, x1, grad)
+        mo, mlp_mask = _dropped(mo, drop, MLP_OUT)
         r2, _ = self.ops.residual_forward(x1, mo)
         x2, ln_2 = self.norm(r2, *p["ln_2"])
         seen = {"attn.out": ao, "resid_1": r1, "ln_1": x1, "mlp.pre": pre, "mlp.act": act}
         seen |= {"mlp.out": mo, "resid_2": r2, "ln_2": x2}
-        return x2, (ln_1, *attn, ln_2, *mlp), seen
+        return x2, (ln_1, *attn, ln_2, *mlp, (attn_mask, mlp_mask)), seen
 
     def backward(self, dx: np.ndarray, cache, g) -> np.ndarray:
         """x2 = ln_2(x1 + mlp(x1)) read backwards, then x1 = ln_1(x0 + attn(x0))."""
-        ln_1, c_attn, attn, c_proj, ln_2, c_fc, act_cache, mlp_proj = cache
+        ln_1, c_attn, attn, c_proj, ln_2, c_fc, act_cache, mlp_proj, (attn_mask, mlp_mask) = cache
         dx, g["ln_2.weight"], g["ln_2.bias"] = self.norm_backward(dx, ln_2)
         dx, dbranch = self.ops.residual_backward(dx, None)
-        dx += self.mlp_half_backward(dbranch, (c_fc, act_cache, mlp_proj), g)
+        dx += self.mlp_half_backward(_undropped(dbranch, mlp_mask), (c_fc, act_cache, mlp_proj), g)
         dx, g["ln_1.weight"], g["ln_1.bias"] = self.norm_backward(dx, ln_1)
         dx, dbranch = self.ops.residual_backward(dx, None)
-        dx += self.attention_half_backward(dbranch, (c_attn, attn, c_proj), g)
+        dx += self.attention_half_backward(_undropped(dbranch, attn_mask), (c_attn, attn, c_proj), g)
         return dx
 
 

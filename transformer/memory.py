@@ -27,7 +27,7 @@ _TRANSIENT = 16  # floats per token and unit of width alive besides: residual st
 _SCRATCH = 2 << 20  # the ops' row-block buffers and other small arrays of a step
 
 
-def activation_bytes(config: GPTConfig, rows: int, fused_attention: bool = False) -> int:
+def activation_bytes(config: GPTConfig, rows: int, fused_attention: bool = False, dropout: bool = False) -> int:
     """Bytes one process holds at the peak of a training step over `rows` rows of context_length
     tokens (N = rows x T, width C, L layers, H heads, vocabulary V), besides the parameters:
 
@@ -42,6 +42,8 @@ def activation_bytes(config: GPTConfig, rows: int, fused_attention: bool = False
 
     `fused_attention` (a GPU's fused kernels, transformer/backends/attention_source.py): no
     weights and no scaled q are kept, only each row's log-sum-exp (H floats per token).
+    `dropout` (training's, transformer/dropout.py): each layer keeps its masks too, one beside
+    the attention weights and two of N x C for the residual branches.
 
     >>> activation_bytes(GPTConfig(), rows=8) / 1e9  # GPT-2 small, 8 rows of 1024 tokens
     9.953640448
@@ -56,6 +58,8 @@ def activation_bytes(config: GPTConfig, rows: int, fused_attention: bool = False
     tiles = [(hi - lo) * keys for lo, hi, keys in query_tiles(T, config.causal, rows * H)]
     weights = rows * H * sum(tiles)
     floats = N * (cached_per_token(config) * L + _TRANSIENT * C) + weights * L + rows * H * max(tiles)
+    if dropout:
+        floats += (weights + 2 * N * C) * L
     return _F32 * (floats + N * config.vocab_size) + _SCRATCH
 
 
@@ -83,6 +87,8 @@ def estimate_bytes(
     batch_rows: int = 0,
     fused_attention: bool = False,
     run: bool = True,
+    trainable: int | None = None,
+    dropout: bool = False,
 ) -> int:
     """Bytes a model of `config` needs (`run` False: its float32 weights alone, as a conversion
     holds them, `tk import-hf`'s: no table or caches).
@@ -94,7 +100,8 @@ def estimate_bytes(
     parameters; None or 0: one per available core, as GPT and TrainConfig read them) + the
     sinusoid table + the activations of a step over `batch_rows` rows (0: not counted), which
     the processes share between them (`activation_bytes` of each one's rows; `fused_attention`
-    as there).
+    and `dropout` as there). `trainable`: the parameters AdamW updates (None: all); the frozen
+    ones (`--freeze`) keep no moments.
 
     >>> estimate_bytes(GPTConfig()) / 1e9  # GPT-2 small: 498 MB of weights + 75 MB of K/V caches
     0.573256704
@@ -114,8 +121,9 @@ def estimate_bytes(
         activations = 0
         if batch_rows > 0:
             per_process = -(-batch_rows // n)  # shard_rows' largest share
-            activations = min(n, batch_rows) * activation_bytes(config, per_process, fused_attention)
-        return (4 + n) * params + table + activations
+            activations = min(n, batch_rows) * activation_bytes(config, per_process, fused_attention, dropout)
+        moments = 2 * (params if trainable is None else _F32 * trainable)
+        return (2 + n) * params + moments + table + activations
     kv_caches = 2 * _F32 * config.n_layers * config.context_length * config.kv_heads * config.head_dim
     return params + table + kv_caches
 
@@ -205,12 +213,15 @@ def check_memory(
     batch_rows: int = 0,
     device: str = "cpu",
     run: bool = True,
+    trainable: int | None = None,
+    dropout: bool = False,
 ) -> int:
     """Raise a one-line ModelError when a model of `config` would not fit in the memory available
     now; returns the estimate in bytes. `loaded`: its parameters are already in memory (read from
     a file), so only what comes on top of them is checked. `batch_rows`: training steps over
     that many rows of context_length tokens (their activations count). `run` False: the weights
-    are only held, to be converted (`tk import-hf`), never run.
+    are only held, to be converted (`tk import-hf`), never run. `trainable`, `dropout`: as
+    `estimate_bytes`.
 
     Call it before allocating: GPT does for inference (construction and from_params); training
     calls it with training=True and its batch before anything else; a model file's reader
@@ -222,7 +233,14 @@ def check_memory(
     workers = 1 if gpu else workers
     fused = gpu and _fused_attention(config, device)
     need = estimate_bytes(
-        config, training=training, workers=workers, batch_rows=batch_rows, fused_attention=fused, run=run
+        config,
+        training=training,
+        workers=workers,
+        batch_rows=batch_rows,
+        fused_attention=fused,
+        run=run,
+        trainable=trainable,
+        dropout=dropout,
     )
     if loaded and not gpu:
         need -= _F32 * config.n_params()
@@ -231,7 +249,7 @@ def check_memory(
         if loaded:
             what = f"beyond its loaded weights: caches for a context of {config.context_length:,}"
         elif training:
-            state = estimate_bytes(config, training=True, workers=workers)
+            state = estimate_bytes(config, training=True, workers=workers, trainable=trainable)
             what = f"{config.n_params():,} parameters with their gradients and AdamW's state: {state / 1e9:,.1f} GB"
             if batch_rows > 0:
                 what += (

@@ -47,6 +47,7 @@ from tokenkit.transformer import generation, io
 from tokenkit.transformer.backends import Backend, as_host, get_backend
 from tokenkit.transformer.block import Block, block_kind, norm_backward, norm_forward
 from tokenkit.transformer.config import GPTConfig, param_shapes
+from tokenkit.transformer.dropout import ATTN_WEIGHTS, Dropout, for_layer
 from tokenkit.transformer.errors import ModelError
 from tokenkit.transformer.loss import IGNORE, batch_counted, head_backward, head_forward
 from tokenkit.transformer.memory import check_memory
@@ -288,18 +289,20 @@ class GPT:
         k = x[:, :, H : H + Hkv].transpose(0, 2, 1, 3).repeat(H // Hkv, axis=1)
         return {"attn.q_pre": q, "attn.k_pre": k}
 
-    def _block_forward(self, i: int, x: np.ndarray, trace: dict | None, attend, grad: bool = False):
+    def _block_forward(self, i: int, x: np.ndarray, trace: dict | None, attend, grad: bool = False, drop=None):
         """Block i: x (B, T, C) -> (B, T, C), cache. `attend(qkv, seen=None)` is the attention op:
         full-sequence for training, incremental with a KV cache for generation; given a dict `seen`,
         it records its entries there. `grad`: a backward will follow (the activation then caches
         its derivative). The block's trace is filled here, the one place, from what its attention
-        and the block saw."""
+        and the block saw. `drop`: the layer's dropout masks (`dropout.for_layer`), training only."""
         block = self._block()
+        if drop is not None:
+            attend = partial(attend, drop=drop)
         if trace is None:
-            x, cache, _ = block.forward(self._layer(i), x, attend, grad, False)
+            x, cache, _ = block.forward(self._layer(i), x, attend, grad, False, drop)
             return x, cache
         attention_seen: dict[str, np.ndarray] = {}
-        x, cache, seen = block.forward(self._layer(i), x, partial(attend, seen=attention_seen), grad, True)
+        x, cache, seen = block.forward(self._layer(i), x, partial(attend, seen=attention_seen), grad, True, drop)
         trace.update({layer_key(i, name): value for name, value in (attention_seen | seen).items()})
         return x, cache
 
@@ -321,24 +324,31 @@ class GPT:
             trace["tok_emb"], trace["pos_emb"], trace["x0"] = tok, pos.copy(), x.copy()
         return x, (emb, pos_cache)
 
-    def _forward(self, ids: np.ndarray, trace: dict | None, keep_cache: bool):
-        """ids (B, T) -> final LayerNorm output (B, T, C), caches (None unless keep_cache)."""
+    def _forward(self, ids: np.ndarray, trace: dict | None, keep_cache: bool, dropout: Dropout | None = None):
+        """ids (B, T) -> final LayerNorm output (B, T, C), caches (None unless keep_cache).
+        `dropout`: a training step's (transformer/dropout.py), for these rows of its batch."""
         cfg = self.config
         x, embed_cache = self._embed(ids, trace)
 
-        def attend(qkv, seen: dict | None = None):
+        def attend(qkv, seen: dict | None = None, drop=None):
             rotated, rope = self._rope(qkv, 0)
             if seen is not None and rope is not None:
                 seen.update(self._unrotated(qkv))
             op_seen = {} if seen is not None else None  # the op's names, without the block's "attn."
-            out, cache = self.ops.attention_forward(rotated, cfg.n_heads, cfg.causal, op_seen, cfg.n_kv_heads)
+            extra = {}
+            if drop is not None:  # training's mask of the weights, (B, H, T, T)
+                B, T = qkv.shape[:2]
+                extra["drop"] = drop(ATTN_WEIGHTS, (B, cfg.n_heads, T, T), qkv.dtype)
+            out, cache = self.ops.attention_forward(rotated, cfg.n_heads, cfg.causal, op_seen, cfg.n_kv_heads, **extra)
             if seen is not None:
                 seen.update({"attn." + name: value for name, value in op_seen.items()})
             return out, (rope, cache)
 
         blocks = []
         for i in range(cfg.n_layers):
-            x, cache = self._block_forward(i, x, trace, attend, grad=keep_cache)
+            x, cache = self._block_forward(
+                i, x, trace, attend, grad=keep_cache, drop=for_layer(dropout, i, self.backend)
+            )
             if keep_cache:
                 blocks.append(cache)
             del cache  # without keep_cache, a block's intermediates die with the block
@@ -381,12 +391,13 @@ class GPT:
         loss, n, _ = head_forward(self, xf, targets)
         return loss * (n / (n_total or batch_rows * ids.shape[1]))
 
-    def shard_loss_and_grads(self, ids: np.ndarray, targets: np.ndarray, n_total: int, into=None):
+    def shard_loss_and_grads(self, ids: np.ndarray, targets: np.ndarray, n_total: int, into=None, dropout=None):
         """A shard's (loss share, grads), both scaled for the mean over the n_total counted positions
         of the whole batch, so that the shards' results add up to the batch's. With `into` (arrays keyed
         like params, e.g. a worker's shared buffers) each gradient is copied there as soon as it
-        is computed and its own array freed, so no second full set is ever held."""
-        xf, caches = self._forward(ids, None, keep_cache=True)
+        is computed and its own array freed, so no second full set is ever held. `dropout`: a
+        training step's (transformer/dropout.py), its `first_row` this shard's in the step's batch."""
+        xf, caches = self._forward(ids, None, keep_cache=True, dropout=dropout)
         loss, n, head = head_forward(self, xf, targets)
         grads = _CopyInto(into) if into is not None else {}
         return loss * (n / n_total), self._backward(head, caches, n_total, grads)
@@ -397,10 +408,11 @@ class GPT:
         ids, targets = self.check_pair(ids, targets)
         return float(self.shard_loss(ids, targets, ids.shape[0], batch_counted(targets)))
 
-    def loss_and_grads(self, ids, targets) -> tuple[float, dict[str, np.ndarray]]:
-        """-> (mean cross-entropy loss over the counted positions, grads keyed and ordered like params)."""
+    def loss_and_grads(self, ids, targets, dropout: Dropout | None = None) -> tuple[float, dict[str, np.ndarray]]:
+        """-> (mean cross-entropy loss over the counted positions, grads keyed and ordered like params);
+        with a training step's `dropout` (transformer/dropout.py) for these rows."""
         ids, targets = self.check_pair(ids, targets)
-        loss, grads = self.shard_loss_and_grads(ids, targets, batch_counted(targets))
+        loss, grads = self.shard_loss_and_grads(ids, targets, batch_counted(targets), dropout=dropout)
         return float(loss), {name: grads[name] for name in self.params}  # drops the absent biases' None
 
     # ------------------------------------------------------------------------- backward

@@ -12,6 +12,11 @@ worker processes (transformer/workers.py) at the same time, each with single-thr
 the same bits wherever the shards run, here, in workers or on other ranks
 (`ordered_allreduce`).
 
+Training's extras ride on the same split: a step's dropout (transformer/dropout.py) reaches each
+shard with the index of its first row in the step's batch, so a row draws the same masks wherever
+it is computed; and gradient accumulation (`micro_batches`) computes the batch a micro-batch at a
+time, every shard in one running sum in order (`step_shards`).
+
 DataParallel moves the wrapped model's parameters into shared memory (`params` is the model's
 own dict, now of shared arrays), so an optimizer's in-place updates reach the workers: wrap the
 model before creating its optimizer. An entry replaced by another array is copied in before the
@@ -34,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from tokenkit.common.mpi import wait
+from tokenkit.transformer.dropout import Dropout
 from tokenkit.transformer.errors import ModelError
 from tokenkit.transformer.loss import batch_counted, counted_positions
 from tokenkit.transformer.model import GPT
@@ -53,15 +59,36 @@ def shard_rows(batch_rows: int, n_shards: int) -> list[slice]:
     return [slice(int(cuts[k]), int(cuts[k + 1])) for k in range(n)]
 
 
-def sum_of_shards(model: GPT, ids, targets, n_shards: int) -> tuple[float, dict[str, np.ndarray]]:
-    """(mean loss, grads keyed like params) of `model` over `shard_rows(B, n_shards)`, each shard
-    computed in turn in this process, on the model's device, and summed in shard order: the plain
+def step_shards(batch_rows: int, n_shards: int, micro_batches: int = 1) -> list[slice]:
+    """The shards of a step's `batch_rows` rows computed as `micro_batches` equal micro-batches,
+    each cut by `shard_rows`: in the order they are summed.
+
+    >>> step_shards(8, 2, micro_batches=2)
+    [slice(0, 2, None), slice(2, 4, None), slice(4, 6, None), slice(6, 8, None)]
+    """
+    if micro_batches < 1 or batch_rows % micro_batches:
+        raise ModelError(f"a batch of {batch_rows} rows does not cut into {micro_batches} equal micro-batches")
+    size = batch_rows // micro_batches
+    return [
+        slice(k * size + rows.start, k * size + rows.stop)
+        for k in range(micro_batches)
+        for rows in shard_rows(size, n_shards)
+    ]
+
+
+def sum_of_shards(
+    model: GPT, ids, targets, n_shards: int, dropout: Dropout | None = None, micro_batches: int = 1
+) -> tuple[float, dict[str, np.ndarray]]:
+    """(mean loss, grads keyed like params) of `model` over `step_shards(B, n_shards, micro_batches)`,
+    each shard computed in turn in this process, on the model's device, and summed in shard order: the plain
     version of what the executors compute. DataParallel(workers=n_shards) gives these bits on the
-    CPU, and MPIDataParallel on n_shards ranks gives them on the CPU or on GPUs of one kind."""
+    CPU, and MPIDataParallel on n_shards ranks gives them on the CPU or on GPUs of one kind.
+    `dropout`: a training step's, for the batch from its row 0 (each shard's masks are its rows')."""
     ids, targets = model.check_pair(ids, targets)
     shares, grads, counted = [], None, batch_counted(targets)
-    for rows in shard_rows(ids.shape[0], n_shards):
-        share, more = model.shard_loss_and_grads(ids[rows], targets[rows], counted)
+    for rows in step_shards(ids.shape[0], n_shards, micro_batches):
+        drop = None if dropout is None else dropout.shifted(rows.start)
+        share, more = model.shard_loss_and_grads(ids[rows], targets[rows], counted, **_given(drop))
         shares.append(share)
         if grads is None:
             grads = {name: more[name].copy() for name in model.params}
@@ -69,6 +96,11 @@ def sum_of_shards(model: GPT, ids, targets, n_shards: int) -> tuple[float, dict[
             for name, g in grads.items():
                 g += more[name]
     return float(sum(shares)), grads  # sum() as the executors add: Python 3.12's compensates, unlike +=
+
+
+def _given(dropout: Dropout | None) -> dict:
+    """A shard call's dropout keyword, only when there is one (without it, the call of old)."""
+    return {} if dropout is None else {"dropout": dropout}
 
 
 class _Wrapper:
@@ -145,34 +177,45 @@ class DataParallel(_Wrapper):
         return slice(0, batch_rows)
 
     def shard_results(
-        self, op: int, ids: np.ndarray, targets: np.ndarray, shards: list[slice], batch_rows: int, batch_tokens: int
+        self,
+        op: int,
+        ids: np.ndarray,
+        targets: np.ndarray,
+        shards: list[slice],
+        batch_rows: int,
+        batch_tokens: int,
+        dropout: Dropout | None = None,
     ) -> list:
         """[(loss share, grads or None)] of each of `shards` (row slices of `ids`), in order, each
         scaled for a whole batch of `batch_rows` rows / `batch_tokens` counted positions. This process
         computes the first shard while the workers compute the others (or every shard, one after
-        the other, without workers)."""
+        the other, without workers). `dropout` (training's, LOSS_AND_GRADS only): its first_row
+        is the step batch's row of ids[0]; each shard draws its own rows' masks."""
+        drops = [None if dropout is None else dropout.shifted(rows.start) for rows in shards]
         if op == LOSS:
-            here = lambda i, t: (self.model.shard_loss(i, t, batch_rows, batch_tokens), None)  # noqa: E731
+            here = lambda i, t, d: (self.model.shard_loss(i, t, batch_rows, batch_tokens), None)  # noqa: E731
         else:
-            here = lambda i, t: self.model.shard_loss_and_grads(i, t, batch_tokens)  # noqa: E731
+            here = lambda i, t, d: self.model.shard_loss_and_grads(i, t, batch_tokens, **_given(d))  # noqa: E731
         n = len(shards)
         with tuned():
             if n == 1 or self._pool is None:
-                return [here(ids[rows], targets[rows]) for rows in shards]
+                return [here(ids[rows], targets[rows], d) for rows, d in zip(shards, drops, strict=True)]
             if not self._pool.usable_with(self.params):  # e.g. float64 params, or this is a forked copy
                 self._pool.close()
                 self._pool = self._new_pool(self.params)
             pool = self._pool
             try:
                 pool.sync(self.params)
-                pool.submit(op, [(ids[rows], targets[rows]) for rows in shards[1:]], batch_tokens, batch_rows)
-                results = [here(ids[shards[0]], targets[shards[0]]), *pool.collect(n - 1, op)]
+                work = [(ids[rows], targets[rows], d) for rows, d in zip(shards[1:], drops[1:], strict=True)]
+                pool.submit(op, work, batch_tokens, batch_rows)
+                results = [here(ids[shards[0]], targets[shards[0]], drops[0]), *pool.collect(n - 1, op)]
             except BaseException:  # e.g. Ctrl-C: replies may still be on their way; fresh workers next time
                 pool.close()
                 raise
             # a shard whose worker had just left idle is computed here (same arithmetic, same numbers)
             return [
-                r if r is not None else here(ids[rows], targets[rows]) for r, rows in zip(results, shards, strict=True)
+                r if r is not None else here(ids[rows], targets[rows], d)
+                for r, rows, d in zip(results, shards, drops, strict=True)
             ]
 
     def _check_rows(self, ids, batch_rows: int | None) -> None:
@@ -199,20 +242,41 @@ class DataParallel(_Wrapper):
         return ids, targets, n
 
     def loss_and_grads(
-        self, ids, targets, batch_rows: int | None = None, counted: int | None = None
+        self,
+        ids,
+        targets,
+        batch_rows: int | None = None,
+        counted: int | None = None,
+        dropout: Dropout | None = None,
+        micro_batches: int = 1,
     ) -> tuple[float, dict[str, np.ndarray]]:
         """(mean loss, grads keyed like params), as `GPT.loss_and_grads`: the shards' gradients
         summed in shard order. The arrays are valid until the next call. `batch_rows`, `counted`:
-        as `loss`."""
+        as `loss`. `dropout`: a training step's (transformer/dropout.py), for the batch from row 0.
+
+        `micro_batches` N (gradient accumulation): the batch's rows are computed as N equal
+        micro-batches one after the other, each cut over the workers, so a step holds one
+        micro-batch's activations. Every shard is scaled for the whole batch's mean and the
+        shards are summed in order, one running sum (`step_shards`): bit for bit what
+        DataParallel(workers=N x workers) computes of the whole batch where both cut the rows
+        alike, that is when the workers divide a micro-batch's rows."""
         ids, targets, counted = self._whole(ids, targets, batch_rows, counted)
-        shards = self.shard_results(
-            LOSS_AND_GRADS, ids, targets, shard_rows(ids.shape[0], self.workers), ids.shape[0], counted
-        )
-        grads = {name: shards[0][1][name] for name in self.params}  # drops the absent biases' None
-        for _, more in shards[1:]:
-            for name, g in grads.items():
-                g += more[name]
-        return float(sum(loss for loss, _ in shards)), grads
+        every = step_shards(ids.shape[0], self.workers, micro_batches)
+        per = len(every) // micro_batches
+        shares: list[float] = []
+        grads: dict[str, np.ndarray] | None = None
+        for k in range(micro_batches):
+            results = self.shard_results(
+                LOSS_AND_GRADS, ids, targets, every[k * per : (k + 1) * per], ids.shape[0], counted, dropout
+            )
+            shares += [loss for loss, _ in results]
+            if grads is None:  # this process's first shard: arrays of its own, the running sum
+                grads = {name: results[0][1][name] for name in self.params}  # drops the absent biases' None
+                results = results[1:]
+            for _, more in results:  # a worker's buffers are read before its next shard overwrites them
+                for name, g in grads.items():
+                    g += more[name]
+        return float(sum(shares)), grads
 
     def close(self) -> None:
         """Stop the workers now (they also stop when this object goes, or after a minute idle)."""
@@ -324,17 +388,28 @@ class MPIDataParallel(_Wrapper):
         return float(sum(self._gather(shares)[:n].tolist()))
 
     def loss_and_grads(
-        self, ids, targets, batch_rows: int | None = None, counted: int | None = None
+        self,
+        ids,
+        targets,
+        batch_rows: int | None = None,
+        counted: int | None = None,
+        dropout: Dropout | None = None,
+        micro_batches: int = 1,
     ) -> tuple[float, dict[str, np.ndarray]]:
         """(mean loss, grads keyed like params), as `GPT.loss_and_grads` (`batch_rows`, `counted`:
-        see the class)."""
+        see the class). `dropout`: a training step's, for the whole batch from its row 0 (each
+        rank's shards draw their own rows' masks). Micro-batches are not cut here: 1 only."""
+        if micro_batches != 1:
+            raise ModelError("gradient accumulation is not built for MPI ranks; run one process, or drop it")
+        if dropout is not None:  # this rank's rows start at its first shard's row
+            dropout = dropout.shifted(self.local_rows(batch_rows if batch_rows is not None else len(ids)).start)
         ids, targets, batch_rows, batch_tokens, local, n = self._local_batch(ids, targets, batch_rows, counted)
         names = list(self.params)
         sizes = [self.params[name].size for name in names]
         flat = np.zeros((self.workers, sum(sizes)), dtype=self.params[names[0]].dtype)  # this rank's shards
         shares = np.zeros(self.workers, dtype=np.float64)
         if local:
-            results = self._local.shard_results(LOSS_AND_GRADS, ids, targets, local, batch_rows, batch_tokens)
+            results = self._local.shard_results(LOSS_AND_GRADS, ids, targets, local, batch_rows, batch_tokens, dropout)
             for k, (loss, grads) in enumerate(results):
                 shares[k] = loss
                 if self.model.device == "cpu":

@@ -245,6 +245,17 @@ def residual_backward(dout: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return dout.copy(), dout.copy()
 
 
+def dropout(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """x times a dropout mask of the same shape, whose elements are 0 (dropped) or 1 / (1 - p)
+    (kept, scaled so that the expectation is x): transformer/dropout.py draws it."""
+    return x * mask
+
+
+def dropout_backward(dout: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """d(x * mask) / dx = mask, element by element: the same mask multiplies the gradient."""
+    return dout * mask
+
+
 # ----------------------------------------------------------------------------- fused pieces of GPT-2's block
 # The fast ops fuse these for fewer passes over memory; plainly, each is the unfused ops one after the other.
 
@@ -299,10 +310,13 @@ def _heads(qkv_row: np.ndarray, n_heads: int, n_kv: int, h: int):
     return q, k, v
 
 
-def attention(qkv: np.ndarray, n_heads: int, causal: bool, n_kv_heads: int | None = None) -> np.ndarray:
+def attention(
+    qkv: np.ndarray, n_heads: int, causal: bool, n_kv_heads: int | None = None, drop: np.ndarray | None = None
+) -> np.ndarray:
     """(B, T, (H + 2 Hkv) hd) fused q|k|v -> (B, T, H hd): one (batch, head, query) at a time,
     the weights the softmax of the scaled scores q_t . k_j / sqrt(hd) over the keys it sees.
-    Query head h reads K/V head h // (H / Hkv); Hkv defaults to H."""
+    Query head h reads K/V head h // (H / Hkv); Hkv defaults to H. `drop` (B, H, T, T): a
+    dropout mask on the weights (`dropout`) before they weigh v."""
     B, T, W = qkv.shape
     n_kv = n_heads if n_kv_heads is None else n_kv_heads
     hd = W // (n_heads + 2 * n_kv)
@@ -313,12 +327,19 @@ def attention(qkv: np.ndarray, n_heads: int, causal: bool, n_kv_heads: int | Non
             for t in range(T):
                 seen = t + 1 if causal else T
                 w = softmax(np.array([q[t] @ k[j] / math.sqrt(hd) for j in range(seen)]))
+                if drop is not None:
+                    w = dropout(w, drop[b, h, t, :seen])
                 out[b, t, h * hd : (h + 1) * hd] = sum(w[j] * v[j] for j in range(seen))
     return out
 
 
 def attention_backward(
-    dout: np.ndarray, qkv: np.ndarray, n_heads: int, causal: bool, n_kv_heads: int | None = None
+    dout: np.ndarray,
+    qkv: np.ndarray,
+    n_heads: int,
+    causal: bool,
+    n_kv_heads: int | None = None,
+    drop: np.ndarray | None = None,
 ) -> np.ndarray:
     """dout (B, T, H hd), the forward's qkv -> dqkv (B, T, (H + 2 Hkv) hd).
 
@@ -327,7 +348,9 @@ def attention_backward(
         out_t = sum_j w_j v_j               so  dv_j += w_j dout_t,  dw_j = dout_t . v_j
         w = softmax(s)                      so  ds_j = w_j (dw_j - sum_i w_i dw_i)
         s_j = q_t . k_j / sqrt(hd)          so  dq_t += ds_j k_j / sqrt(hd),  dk_j += ds_j q_t / sqrt(hd)
-    A K/V head shared by a group of query heads adds up the group's gradients.
+    A K/V head shared by a group of query heads adds up the group's gradients. With a dropout
+    mask m on the weights, v is weighed by w m (dv_j += w_j m_j dout_t) and dw_j = m_j dout_t . v_j
+    (`dropout_backward`).
     """
     B, T, W = qkv.shape
     n_kv = n_heads if n_kv_heads is None else n_kv_heads
@@ -341,10 +364,11 @@ def attention_backward(
                 seen = t + 1 if causal else T
                 do = dout[b, t, h * hd : (h + 1) * hd]
                 w = softmax(np.array([q[t] @ k[j] / math.sqrt(hd) for j in range(seen)]))
-                dw = np.array([do @ v[j] for j in range(seen)])
+                m = np.ones(seen) if drop is None else drop[b, h, t, :seen]
+                dw = dropout_backward(np.array([do @ v[j] for j in range(seen)]), m)
                 ds = w * (dw - w @ dw)
                 for j in range(seen):
-                    dv[j] += w[j] * do
+                    dv[j] += dropout(w, m)[j] * do
                     dq[t] += ds[j] * k[j] / math.sqrt(hd)
                     dk[j] += ds[j] * q[t] / math.sqrt(hd)
     return dqkv

@@ -39,10 +39,13 @@ import numpy as np
 
 from tokenkit.common.pool import kill_and_reap
 from tokenkit.common.processes import die_with_parent, signals_held
+from tokenkit.transformer.dropout import Dropout
 from tokenkit.transformer.errors import ModelError
 
 LOSS, LOSS_AND_GRADS = 0, 1
-_REQUEST = struct.Struct("<BqqqQ")  # op, rows, T, n_total (counted positions of the whole batch), B total
+# op, rows, T, n_total (counted positions of the whole batch), B total; dropout's p (0: none), seed,
+# step and the shard's first row (transformer/dropout.py)
+_REQUEST = struct.Struct("<BqqqQdQqq")
 _REPLY = struct.Struct("<Bd")  # status (below), loss share
 _OK, _ERROR, _BYE = 0, 1, 2  # _ERROR: a message follows; _BYE: the worker left idle, unasked
 _ALIGN = 64  # bytes: each array starts on a cache line (and an AVX-512 vector)
@@ -154,15 +157,17 @@ class WorkerPool:
         finally:
             os._exit(code)
 
-    def submit(self, op: int, shards: list[tuple[np.ndarray, np.ndarray]], n_total: int, batch: int) -> None:
-        """Send shard k to worker k (at most n shards); `collect` gathers the results."""
+    def submit(self, op: int, shards: list[tuple], n_total: int, batch: int) -> None:
+        """Send shard k, (ids, targets) or (ids, targets, dropout), to worker k (at most n shards);
+        `collect` gathers the results."""
         self._start()
         self._replies = [None] * len(shards)  # replies already read (a goodbye, found on a failed send)
-        for k, (ids, targets) in enumerate(shards):
+        for k, (ids, targets, *more) in enumerate(shards):
             rows, T = ids.shape
+            drop = more[0] if more and more[0] is not None else Dropout(0.0, 0, 0)
             try:
                 self._conns[k].send_bytes(
-                    _REQUEST.pack(op, rows, T, n_total, batch)
+                    _REQUEST.pack(op, rows, T, n_total, batch, drop.p, drop.seed, drop.step, drop.first_row)
                     + ids.astype(np.int64).tobytes()
                     + targets.astype(np.int64).tobytes()
                 )
@@ -228,7 +233,8 @@ def _serve(shard_loss, shard_loss_and_grads, conn: Connection, grads_out: dict[s
             msg = conn.recv_bytes()
         except (EOFError, OSError):
             return
-        op, rows, T, n_total, batch = _REQUEST.unpack_from(msg)
+        op, rows, T, n_total, batch, p, seed, step, first_row = _REQUEST.unpack_from(msg)
+        drop = {"dropout": Dropout(p, seed, step, first_row)} if p > 0 else {}
         n = rows * T
         ids = np.frombuffer(msg, np.int64, n, _REQUEST.size).reshape(rows, T)
         targets = np.frombuffer(msg, np.int64, n, _REQUEST.size + 8 * n).reshape(rows, T)
@@ -236,7 +242,7 @@ def _serve(shard_loss, shard_loss_and_grads, conn: Connection, grads_out: dict[s
             if op == LOSS:
                 reply = _REPLY.pack(_OK, shard_loss(ids, targets, batch, n_total))
             else:
-                reply = _REPLY.pack(_OK, shard_loss_and_grads(ids, targets, n_total, grads_out)[0])
+                reply = _REPLY.pack(_OK, shard_loss_and_grads(ids, targets, n_total, grads_out, **drop)[0])
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it; the worker lives on
             reply = _REPLY.pack(_ERROR, float("nan")) + f"{type(exc).__name__}: {exc}".encode()
         try:
