@@ -10,8 +10,8 @@
   const {el, visible, visibleNodes} = TK;
   const {colour, ink, fmt, full} = TK.explain;
 
-  // A cell's width by the text's length: wide enough for a token's text up to 64 tokens, a stripe beyond.
-  const cellWidth = (T) => (T <= 24 ? 64 : T <= 64 ? 46 : 16);
+  // A cell's width: the window's room shared by the positions, from a stripe (no text) to a token's text.
+  const cellWidth = (T) => Math.max(16, Math.min(64, Math.floor((window.innerWidth - 260) / T)));
   const shown = (text) => (text === "" ? "∅" : visible(text));
   const boundary = (layer) => (layer.layer === 0 ? "embeddings" : `after block ${layer.layer - 1}`);
 
@@ -42,7 +42,7 @@
 
   // The grid: a row per boundary (the embeddings first, the model's output last), a column per position.
   function grid(answer, position, pick) {
-    const T = answer.tokens.length, width = cellWidth(T), words = width > 20;
+    const T = answer.tokens.length, width = cellWidth(T), words = width >= 28;
     const box = el("div", {class: "lens-grid", id: "lens-grid", role: "grid", "aria-label": "logit lens: layers by positions"});
     box.style.gridTemplateColumns = `max-content repeat(${T}, ${width}px)`;
     box.append(el("div", {class: "lens-corner muted"}, "position →"));
