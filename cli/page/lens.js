@@ -43,7 +43,7 @@
   // The grid: a row per boundary (the embeddings first, the model's output last), a column per position.
   function grid(answer, position, pick) {
     const T = answer.tokens.length, width = cellWidth(T), words = width >= 28;
-    const box = el("div", {class: "lens-grid", id: "lens-grid", role: "grid", "aria-label": "logit lens: layers by positions"});
+    const box = el("div", {class: "lens-grid", id: "lens-grid", role: "group", "aria-label": "logit lens: layers by positions"});
     box.style.gridTemplateColumns = `max-content repeat(${T}, ${width}px)`;
     box.append(el("div", {class: "lens-corner muted"}, "position →"));
     answer.tokens.forEach((token, t) => box.append(el("button", {type: "button", class: "lens-pos" + (t === position ? " selected" : ""),
@@ -158,9 +158,14 @@
       const position = state.position === "" ? T - 1 : Number(state.position);
       const asked = TK.api("/api/attribution", {...ofText, position: state.position === "" ? T - 1 : state.position})
         .catch((error) => ({error: error.message}));
-      const pick = (t) => TK.explain.goKeep({position: String(t)}, `.lens-cell[data-layer="${answer.lens.length - 1}"][data-pos="${t}"]`);
+      // a position picked: drawn again (the lens is kept), the keyboard's focus back on what was clicked
+      const pick = (t, l) => TK.explain.goKeep({position: String(t)},
+        l == null ? `.lens-pos[data-pos="${t}"]` : `.lens-cell[data-layer="${l}"][data-pos="${t}"]`);
       const box = grid(answer, position, pick);
-      box.addEventListener("click", (event) => { const cell = event.target.closest(".lens-cell"); if (cell) pick(+cell.dataset.pos); });
+      box.addEventListener("click", (event) => {
+        const cell = event.target.closest(".lens-cell");
+        if (cell) pick(+cell.dataset.pos, +cell.dataset.layer);
+      });
       const tip = tipFor(answer, box);
       ctx.onLeave(() => tip.remove());
       document.body.append(tip);
