@@ -111,10 +111,14 @@
       bar("norm_bias", cfg.norm === "post" ? "the norms' biases" : "ln_f's bias", b.norm, {group: "biases"});
     }
     const most = Math.max(1e-12, ...rows.map((r) => Math.abs(r.value || 0)));
-    const chart = el("div", {class: "attr-chart", id: "attr-bars", role: "list"});
-    let group = null;
+    // a model of many heads (GPT-2's 144) lays its groups side by side, in columns, rather than one long list
+    const chart = el("div", {class: "attr-chart" + (rows.length > 40 ? " attr-columns" : ""), id: "attr-bars", role: "list"});
+    let box = null;
     for (const r of rows) {
-      if (r.group !== group) { group = r.group; chart.append(el("div", {class: "attr-group muted"}, group)); }
+      if (!box || box.dataset.group !== r.group) {
+        box = el("div", {class: "attr-rows", dataset: {group: r.group}});
+        chart.append(el("section", {class: "attr-box"}, el("div", {class: "attr-group muted"}, r.group), box));
+      }
       const v = r.value || 0, half = (50 * Math.abs(v) / most).toFixed(2) + "%";
       const fill = el("span", {class: "attr-fill " + (v < 0 ? "neg" : "pos")});
       Object.assign(fill.style, v < 0 ? {right: "50%", width: half} : {left: "50%", width: half});
@@ -122,7 +126,7 @@
         title: `${r.group} ${r.label}: ${full(r.value)}`};
       const body = [el("span", {class: "attr-label"}, r.label), el("span", {class: "attr-track"}, el("span", {class: "attr-zero"}), fill),
         el("span", {class: "attr-value num"}, fmt(r.value, 4))];
-      chart.append(r.part === "head"
+      box.append(r.part === "head"
         ? TK.linkTo({view: "attention", layer: String(r.layer), head: String(r.head), query: String(position)},
           {...attrs, "aria-label": `block ${r.layer} head ${r.head}: ${fmt(r.value, 4)}; open its attention at query ${position}`}, ...body)
         : el("div", attrs, ...body));
