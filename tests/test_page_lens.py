@@ -17,11 +17,15 @@ from urllib.parse import urlencode
 
 import pytest
 from browser import open_page, shot
+from test_lens import random_model
 from test_page_html import goto, offline
 from test_serve import Running, train_files
 
+from tokenkit.bpe import Tokenizer
 from tokenkit.cli import serve
 from tokenkit.cli.main import main
+from tokenkit.pipeline import checkpoint
+from tokenkit.transformer.config import llama_config
 
 TEXT = "Once upon a time, there was a little cat."
 FAILED_400 = "Failed to load resource: the server responded with a status of 400 (Bad Request)"
@@ -109,15 +113,18 @@ def bars(p) -> list[tuple]:
     ]
 
 
-def api_bars(doc: dict) -> list[tuple]:
-    """The attribution's shares in the page's order: embeddings, then each block's heads and MLP,
-    then the biases (when the model has any)."""
+def api_bars(doc: dict, rotary: bool = False) -> list[tuple]:
+    """The attribution's shares in the page's order: embeddings (no position's with rotary
+    positions), then each block's heads and MLP, then the biases (when the model has any)."""
     out = [("token_embedding", None, None, doc["embeddings"]["token"])]
-    out.append(("position_embedding", None, None, doc["embeddings"]["position"]))  # a learned-position model
+    if not rotary:
+        out.append(("position_embedding", None, None, doc["embeddings"]["position"]))
     for layer in range(doc["n_layers"]):
         out += [("head", layer, h, share) for h, share in enumerate(doc["heads"][layer])]
         out.append(("mlp", layer, None, doc["mlps"][layer]))
     biases = doc["biases"]
+    if not any(biases["attn"]) and not any(biases["mlp"]) and not biases["norm"]:
+        return out
     for layer in range(doc["n_layers"]):
         out += [("attn_bias", layer, None, biases["attn"][layer]), ("mlp_bias", layer, None, biases["mlp"][layer])]
     return [*out, ("norm_bias", None, None, biases["norm"])]
@@ -205,6 +212,30 @@ def test_typing_a_new_text_forgets_the_position(page):
     wait_address(p, "!q.has('position')")
     n = p.locator(".lens-pos").count()
     assert p.locator(f'.lens-pos.selected[data-pos="{n - 1}"]').count() == 1  # the last position again
+
+
+def test_a_llama_model_has_no_position_or_bias_bars(browser, files, tmp_path):  # noqa: F811
+    """Rotary positions, RMSNorm, no biases, K/V heads shared: the bars are its parts, no others."""
+    tok = Tokenizer.load(files["tok"])
+    cfg = llama_config(vocab_size=tok.vocab_size, context_length=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2)
+    model = random_model(cfg)
+    path = tmp_path / "llama.safetensors"
+    saved = {"config": cfg.to_dict(), "step": 0, "val_loss": None, "best_val_loss": None, "provenance": {}}
+    checkpoint.save_model(path, model.params, tok, **saved)
+    running = Running(serve.make_server(path, port=0))
+    try:
+        p = open_page(browser, f"http://127.0.0.1:{running.port}/?" + urlencode({"view": "lens", "text": TEXT}))
+        doc = running.ok("/api/attribution", text=TEXT)
+        got = bars(p)
+        assert got == api_bars(doc, rotary=True) and {part for part, *_ in got} == {"token_embedding", "head", "mlp"}
+        assert sum(v for *_, v in got) == pytest.approx(doc["logit"], abs=1e-4)
+        assert "1/rms" in p.inner_text("#attr-frozen")
+        lens = running.ok("/api/lens", text=TEXT)
+        assert [float(c["p"]) for c in cells(p)] == [x for n in lens["lens"] for x in n["predicted_probability"]]
+        assert p.tk_errors == []
+        p.context.close()
+    finally:
+        running.stop()
 
 
 # ----------------------------------------------------------------------------- bad input
