@@ -12,13 +12,16 @@
 
 Each returns plain JSON-ready dicts, as pipeline/views.py describes; a value JSON cannot hold (a
 damaged model's NaN) is None. What it deliberately does not do: compute the lens or the shares
-(transformer/ does), read request parameters (cli/serve_api.py does), ablate, or draw.
+(transformer/ does), read request parameters (cli/serve_api.py does), ablate, or draw. It keeps
+one thing between calls, per model and dropped with it: the last text's trace (what both read),
+when small, so that the page's lens and each position it clicks cost one forward pass.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import weakref
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,8 +30,14 @@ from tokenkit.pipeline.forward_views import ATTENTION_NUMBERS, model_ids
 from tokenkit.pipeline.token_views import REFUSE, token_entries, token_pieces
 from tokenkit.transformer import attribution, lens
 from tokenkit.transformer.explain import LENS_TOP_K
+from tokenkit.transformer.trace import stream_keys
 
 LENS_TOP_K_MAX = 10  # candidates per boundary and position /api/lens sends at most (the page shows 5)
+KEEP_BYTES = 64 << 20  # the last text's trace is kept up to this size (GPT-2 124M at 64 tokens: 28 MB)
+
+# model -> (ids, trace, logits) of the last text a lens or an attribution ran: the page asks a text's lens,
+# then the attribution of each position clicked, of the same pass. A served model never changes in place.
+_LAST_PASS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def lens_tokens(config) -> int:
@@ -50,6 +59,22 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _pass(model, ids: Sequence[int]) -> tuple[dict, np.ndarray]:
+    """(trace, logits (T, V)) of one forward pass of `ids` keeping what the lens and the attribution
+    read (`lens.record`): the model's last pass when it was of these ids, else a new one, kept
+    when its trace is at most KEEP_BYTES."""
+    key = tuple(int(i) for i in ids)
+    last = _LAST_PASS.get(model)
+    if last is not None and last[0] == key:
+        return last[1], last[2]
+    _LAST_PASS.pop(model, None)  # not held while the new pass runs
+    wanted = set(stream_keys(model.config)) | attribution.keys(model.config)
+    trace, logits = lens.record(model, np.asarray(key, dtype=np.int64), wanted)
+    if sum(a.nbytes for a in trace.values()) + logits.nbytes <= KEEP_BYTES:
+        _LAST_PASS[model] = (key, trace, logits)
+    return trace, logits
+
+
 def lens_view(
     model, tokenizer, text: str, *, top_k: int = LENS_TOP_K, policy: Mapping[str, Any] = REFUSE
 ) -> dict[str, Any]:
@@ -59,7 +84,8 @@ def lens_view(
     `lens` and `predicted` name, by id (a padded vocabulary's id as `<pad id N>`)."""
     cfg = model.config
     ids = model_ids(model, tokenizer, text, policy, lens_tokens(cfg))
-    found = lens.logit_lens(model, ids, top_k)
+    trace, logits = _pass(model, ids)
+    found = lens.logit_lens(model, ids, top_k, trace=trace, logits=logits)
     layers = found.to_json()
     named = {int(i) for layer in layers for row in layer["top"] for i, _ in row} | set(found.predicted.tolist())
     shown = sorted(named)
@@ -90,7 +116,7 @@ def attribution_view(
     token outside the vocabulary is a one-line ModelError."""
     cfg = model.config
     ids = model_ids(model, tokenizer, text, policy)
-    trace, logits = lens.record(model, ids, attribution.keys(cfg))
+    trace, logits = _pass(model, ids)
     at = len(ids) - 1 if position is None else position
     found = attribution.attribution_from_trace(model, trace, logits, at, token)
     return {

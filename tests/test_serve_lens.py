@@ -131,6 +131,30 @@ def test_a_llama_model_with_a_padded_vocabulary():
     assert found["sum"] == pytest.approx(found["logit"], abs=1e-4)
 
 
+def test_a_texts_lens_and_each_positions_attribution_cost_one_forward_pass(loaded, monkeypatch):
+    model, tok = loaded
+    passes = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **k: passes.append(1) or forward(*a, **k))
+    text = "Once upon a time, there was"
+    lens_doc = views.lens_view(model, tok, text)
+    ids = [t["id"] for t in lens_doc["tokens"]]
+    shown = [views.attribution_view(model, tok, text, position=t) for t in range(len(ids))]
+    assert len(passes) == 1  # the lens's pass, kept
+    monkeypatch.setattr(model, "forward", forward)
+    for t, doc in enumerate(shown):  # the same numbers as a pass of their own
+        fresh = attribution.attribute(model, np.array(ids), t).to_json()
+        assert {k: doc[k] for k in fresh} == fresh
+    assert lens_doc["lens"] == lens.logit_lens(model, np.array(ids), 5).to_json()
+    monkeypatch.setattr(model, "forward", lambda *a, **k: passes.append(1) or forward(*a, **k))
+    views.attribution_view(model, tok, "The cat sat", position=0)  # another text: a pass of its own
+    assert len(passes) == 2
+    monkeypatch.setattr(lens_views, "KEEP_BYTES", 0)  # a trace too large to keep: every answer its own pass
+    views.lens_view(model, tok, text)
+    views.attribution_view(model, tok, text)
+    assert len(passes) == 4
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
