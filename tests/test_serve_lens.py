@@ -155,6 +155,15 @@ def test_a_texts_lens_and_each_positions_attribution_cost_one_forward_pass(loade
     assert len(passes) == 4
 
 
+def test_a_damaged_models_nan_is_null_never_a_500(files):
+    model, tok = load_model_and_tokenizer(files["run"])  # a copy of its own: damaged here only
+    model.params["h.1.mlp.c_fc.weight"][...] = 3e38  # overflows float32: inf, then NaN downstream
+    text = "Once upon a time"
+    written = [json.dumps(doc, allow_nan=False) for doc in (views.lens_view(model, tok, text),
+                                                           views.attribution_view(model, tok, text))]  # fmt: skip
+    assert all('"logit": null' in w or "null]" in w for w in written)  # the NaN reached both, as null
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
