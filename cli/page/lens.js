@@ -8,7 +8,10 @@
 "use strict";
 (() => {
   const {el, visible, visibleNodes} = TK;
-  const {colour, ink, fmt, full} = TK.explain;
+  const {colour, ink} = TK.explain;
+  // A number as the server sent it: null is a damaged model's NaN (JSON holds none), never a masked −∞ here.
+  const full = (x) => (x == null ? "NaN" : String(x));
+  const fmt = (x, digits) => (x == null ? "NaN" : TK.explain.fmt(x, digits));
 
   // A cell's width: the window's room shared by the positions, from a stripe (no text) to a token's text.
   const cellWidth = (T) => Math.max(16, Math.min(64, Math.floor((window.innerWidth - 260) / T)));
