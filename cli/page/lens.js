@@ -34,7 +34,7 @@
     return [
       el("div", {class: "tip-head"}, el("b", {}, boundary(layer)), ` · position ${t} `, el("span", {class: "tok"}, shown(tokens[t].text))),
       el("table", {class: "tip-top"}, el("tbody", {}, layer.top[t].map(([id, p]) => el("tr", {dataset: {id, p: full(p)},
-        class: id === predicted ? "is-predicted" : null},
+        class: [id === predicted ? "is-predicted" : "", t + 1 < tokens.length && id === tokens[t + 1].id ? "is-next" : ""].join(" ").trim() || null},
       el("td", {}, el("span", {class: "tok"}, visibleNodes(label(id) === "" ? "∅" : label(id)))), el("td", {class: "num"}, TK.pct(p)))))),
       el("div", {class: "muted"}, "p(", el("span", {class: "tok"}, shown(label(predicted))), ") = ",
         el("span", {class: "num"}, TK.pct(layer.predicted_probability[t]))),
