@@ -173,6 +173,22 @@ def test_hovering_a_cell_shows_the_apis_top_tokens(page, srv):
     p.wait_for_selector("#lens-tip", state="hidden")
 
 
+def test_the_keyboard_moves_through_the_grid_and_picks_a_position(page):
+    p = page(text=TEXT)
+    T, N = p.locator(".lens-pos").count(), p.locator(".lens-label").count() - 1
+    assert p.locator('.lens-cell[tabindex="0"]').count() == 1  # one stop in the tab order: the last position's output
+    p.focus('.lens-cell[tabindex="0"]')
+    for key in ("ArrowUp", "ArrowLeft", "ArrowLeft", "ArrowDown", "ArrowDown"):  # down stays within the grid
+        p.keyboard.press(key)
+    assert p.evaluate("[document.activeElement.dataset.layer, document.activeElement.dataset.pos]") == [
+        str(N - 1),
+        str(T - 3),
+    ]
+    assert p.get_attribute("#lens-tip", "data-pos") == str(T - 3) and p.is_visible("#lens-tip")
+    p.keyboard.press("Enter")
+    wait_position(p, T - 3)
+
+
 # ----------------------------------------------------------------------------- the attribution
 
 

@@ -50,14 +50,16 @@
     box.style.gridTemplateColumns = `max-content repeat(${T}, ${width}px)`;
     box.append(el("div", {class: "lens-corner muted"}, "position →"));
     answer.tokens.forEach((token, t) => box.append(el("button", {type: "button", class: "lens-pos" + (t === position ? " selected" : ""),
-      dataset: {pos: t}, title: `position ${t}: ${JSON.stringify(token.text)} (click: its attribution)`, onclick: () => pick(t)},
+      dataset: {pos: t}, tabindex: "-1", title: `position ${t}: ${JSON.stringify(token.text)} (click: its attribution)`, onclick: () => pick(t)},
     el("span", {class: "pos"}, t), words ? el("span", {class: "lens-pos-text"}, shown(token.text)) : null)));
     answer.lens.forEach((layer, l) => {
       box.append(el("div", {class: "lens-label muted", dataset: {layer: l}}, l === answer.lens.length - 1 ? [boundary(layer), el("br"),
         el("span", {class: "small"}, "(the model's output)")] : boundary(layer)));
       for (let t = 0; t < T; t++) {
         const p = layer.predicted_probability[t], top = layer.top[t][0][0], rank = layer.next_rank[t];
+        // one cell in the tab order (the chosen position's output); the arrow keys move between the others
         const cell = el("button", {type: "button", class: "lens-cell" + (t === position ? " selected" : ""),
+          tabindex: l === answer.lens.length - 1 && t === position ? "0" : "-1",
           dataset: {layer: l, pos: t, p: full(p), rank: rank == null ? "" : rank, top},
           "aria-label": `${boundary(layer)}, position ${t}: first choice ${shown(answer.labels[String(top)])}, ` +
             `p(prediction) ${TK.pct(p)}` + (rank == null ? "" : `, next token's rank ${rank}`)},
@@ -71,6 +73,17 @@
     for (let t = 0; t < T; t++) {
       box.append(el("div", {class: "lens-next", dataset: {pos: t}}, words && t + 1 < T ? shown(answer.tokens[t + 1].text) : ""));
     }
+    box.addEventListener("keydown", (event) => {
+      const cell = event.target.closest(".lens-cell"), step = {ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1]}[event.key];
+      if (!cell || !step) return;
+      const l = Math.max(0, Math.min(answer.lens.length - 1, +cell.dataset.layer + step[0]));
+      const t = Math.max(0, Math.min(T - 1, +cell.dataset.pos + step[1]));
+      const next = box.querySelector(`.lens-cell[data-layer="${l}"][data-pos="${t}"]`);
+      cell.tabIndex = -1;
+      next.tabIndex = 0;
+      next.focus();
+      event.preventDefault();
+    });
     return box;
   }
 
