@@ -21,6 +21,8 @@ them (grep `TK.api` and `ask(` in cli/page/*.js):
                   /api/thumbnails text, specials
                   /api/explain    text, layer, head, query, specials   (once a query is chosen; the file holds
                                   whole explanations, and core.js answers any query from one)
+    lens.js       /api/lens       text, specials
+                  /api/attribution text, position, specials   (position: the one clicked, else the last)
     next.js       /api/next       text, top_k=10, specials
                   /api/generate   text, n, temperature, top_k, top_p, seed, show=10, specials
                                   (the page's defaults: n 20, temperature 1, seed 0; top_k, top_p empty)
@@ -33,8 +35,10 @@ them (grep `TK.api` and `ask(` in cli/page/*.js):
 for a text of at most views.THUMBNAIL_CELLS tokens, whose thumbnails are its heads' weights (the
 page draws each head from them); /api/explain for every layer and head when there are at most
 ALL_HEADS_COMBOS and they keep it under that too; else each for the --layer/--head given only.
-/api/generate: the default settings only. A part that several answers hold (the tokens, the
-embeddings each head's arithmetic shows) is stored once (`TK_DATA.shared`, referenced as {"$ref": n}).
+/api/lens, and /api/attribution for every position while they keep the file under ALL_HEADS_BYTES
+(else for the last position only). /api/generate: the default settings only. A part that several
+answers hold (the tokens, the embeddings each head's arithmetic shows) is stored once
+(`TK_DATA.shared`, referenced as {"$ref": n}).
 
 What it deliberately does not do: compute a view (pipeline/views.py does, through
 cli/serve_api.py), or write the file (cli/explain_commands.py does, atomically).
@@ -192,6 +196,7 @@ def model_page(
     )
     page.ask(held, "/api/model")
     _examples(page, held)
+    _lens(page, held, {"text": text, "specials": policy}, serve)
     heads = [(i, h) for i in range(model.config.n_layers) for h in range(model.config.n_heads)]
     shown = f"layer {layer}, head {head} only (tk explain --layer {layer} --head {head})"
     shown += f"; run `{serve}` for the other heads'."
@@ -257,6 +262,30 @@ def _every_head(
                     page.errors.pop(key, None)
                 return False
     return True
+
+
+def _lens(page: Page, held, params: dict[str, Any], serve: str) -> None:
+    """/api/lens, and /api/attribution at the last position, then at every other while the file
+    stays under ALL_HEADS_BYTES (else it says in one line that it holds the last one only)."""
+    found = page.ask(held, "/api/lens", params)
+    if found is None:
+        return  # refused: the page shows the lens's one-line error, and asks no attribution
+    last = len(found["tokens"]) - 1
+    size = _Estimate()
+    for answer in page.answers.values():
+        size.add(answer)
+    asked = []
+    for position in [last, *range(last)]:
+        asked.append(request("/api/attribution", {**params, "position": position}))
+        page.ask(held, "/api/attribution", {**params, "position": position})
+        if size.add(page.answers.get(asked[-1])) > ALL_HEADS_BYTES and position != last:
+            for key in asked[1:]:
+                page.answers.pop(key, None)
+                page.errors.pop(key, None)
+            page.missing["/api/attribution"] = (
+                f"This file holds the attribution at the last position ({last}) only; run `{serve}` for the others."
+            )
+            return
 
 
 def example_page(name: str, view: str = "examples") -> Page:

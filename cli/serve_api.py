@@ -252,6 +252,19 @@ def _explain(held: Holdings, q: Query) -> dict[str, Any]:
     )
 
 
+def _lens(held: Holdings, q: Query) -> dict[str, Any]:
+    loaded = held.need_model()
+    top_k = q.integer("top_k", Range(1, views.LENS_TOP_K_MAX), 5)
+    return views.lens_view(loaded.model, loaded.tokenizer, q.text(), top_k=top_k, policy=q.policy())
+
+
+def _attribution(held: Holdings, q: Query) -> dict[str, Any]:
+    loaded = held.need_model()
+    # within the text and the vocabulary: the view checks, saying which positions and ids there are
+    at = {"position": q.integer("position", Range(0), None), "token": q.integer("token", Range(0), None)}
+    return views.attribution_view(loaded.model, loaded.tokenizer, q.text(), **at, policy=q.policy())
+
+
 def _example(held: Holdings, q: Query) -> dict[str, Any]:
     return views.example_doc(q.choice("name", tuple(EXAMPLES), "attention-lookup"))
 
@@ -305,6 +318,8 @@ ENDPOINTS: dict[str, tuple[Callable[[Holdings, Query], dict[str, Any]], tuple[st
     "/api/attention": (_attention, ("text", "layer", "head", "specials")),
     "/api/thumbnails": (_thumbnails, ("text", "specials")),
     "/api/explain": (_explain, ("text", "layer", "head", "top_k", "query", "specials")),
+    "/api/lens": (_lens, ("text", "top_k", "specials")),
+    "/api/attribution": (_attribution, ("text", "position", "token", "specials")),
     "/api/example": (_example, ("name",)),
     "/api/next": (_next, ("text", "top_k", "specials")),
     "/api/generate": (_generate, ("text", "n", "temperature", "top_k", "top_p", "seed", "show", "specials")),

@@ -12,6 +12,8 @@ and the commands:
   `bpe_view` (merge by merge), and how the page shows one token (`piece`, ...);
 - pipeline/forward_views.py, one forward pass's: `attention_view`, `thumbnails_view`,
   `explain_doc`, `example_doc` (transformer/explain.py), the attention maps' packing;
+- pipeline/lens_views.py, inside the model: `lens_view` (the logit lens), `attribution_view`
+  (direct logit attribution);
 - here, the rest: `next_view`, `generate_view` (the next-token distribution; generation step by
   step), `training_view` (a run's log, `pipeline.live.TrainingLog`), `model_view` (a model's
   blocks) and `info_view` (what the server holds, and the limits of what it answers).
@@ -50,6 +52,7 @@ from tokenkit.pipeline.forward_views import (
     thumbnails_view,
     unpack_weights,
 )
+from tokenkit.pipeline.lens_views import LENS_TOP_K_MAX, attribution_view, lens_tokens, lens_view
 from tokenkit.pipeline.live import TrainingLog
 from tokenkit.pipeline.names import VIEWS
 from tokenkit.pipeline.run import generate_ids, predict_next
@@ -70,10 +73,12 @@ from tokenkit.transformer.sampling import softmax
 __all__ = [
     "ATTENTION_NUMBERS",
     "FIRST_MERGES",
+    "LENS_TOP_K_MAX",
     "SPECIALS",
     "THUMBNAIL_CELLS",
     "attention_tokens",
     "attention_view",
+    "attribution_view",
     "block_edges",
     "bpe_view",
     "compare_view",
@@ -81,6 +86,8 @@ __all__ = [
     "explain_doc",
     "explain_run",
     "explain_tokens",
+    "lens_tokens",
+    "lens_view",
     "model_doc",
     "model_ids",
     "pack_weights",
@@ -369,7 +376,7 @@ def limits(config=None) -> dict[str, Any]:
     out.update(show=TOP_K_MAX, temperature=TEMPERATURE_MAX, seed=SEED_MAX)
     if config is not None:
         out.update(context_length=config.context_length, attention_tokens=attention_tokens(config))
-        out.update(explain_tokens=explain_tokens(config))
+        out.update(explain_tokens=explain_tokens(config), lens_tokens=lens_tokens(config))
     return out
 
 

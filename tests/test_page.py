@@ -34,11 +34,12 @@ from tokenkit.pipeline import checkpoint, trainlog, views
 from tokenkit.pipeline.run import load_model_and_tokenizer
 from tokenkit.transformer import GPT, GPTConfig
 
-VIEWS = ("tokens", "bpe", "attention", "next", "training", "model", "examples")
+VIEWS = ("tokens", "bpe", "attention", "lens", "next", "training", "model", "examples")
 DRAWN = {  # what each view draws, once it has drawn
     "tokens": '.panel[data-role="main"] .chip',
     "bpe": "#bpe-seq .chip",
     "attention": ".heatmap .cell",
+    "lens": "#attr-bars .attr-bar",
     "next": "#next-bars .bar",
     "training": '#loss-chart .curve-point[data-kind="train"]',
     "model": ".block[data-parameters]",
@@ -47,7 +48,7 @@ DRAWN = {  # what each view draws, once it has drawn
 DEFAULTS = {  # cli/page/core.js's: the address leaves these out
     "view": "tokens", "text": "Once upon a time, there was a little cat.", "layer": "0", "head": "0", "query": "",
     "example": "attention-lookup", "step": "", "temperature": "1", "top_k": "", "top_p": "", "seed": "0", "n": "20",
-    "specials": "",
+    "specials": "", "position": "",
 }  # fmt: skip
 FAILED_400 = "Failed to load resource: the server responded with a status of 400 (Bad Request)"
 

@@ -7,11 +7,11 @@
 // first view and settings (defaults), what it holds fixed (fixed: text, specials) and what it says of the rest.
 "use strict";
 const TK = (() => {
-  const VIEWS = ["tokens", "bpe", "attention", "next", "training", "model", "examples"];
+  const VIEWS = ["tokens", "bpe", "attention", "lens", "next", "training", "model", "examples"];
   // Parameters the address may hold, with their defaults (docs/serve.md "The page's address").
   const DEFAULTS = {view: "tokens", text: "Once upon a time, there was a little cat.", layer: "0", head: "0",
     query: "", example: "attention-lookup", step: "", temperature: "1", top_k: "", top_p: "", seed: "0", n: "20",
-    specials: ""};
+    specials: "", position: ""};
   const NO_CACHE = new Set(["/api/info", "/api/training"]);  // answers that change while the server runs
   const CACHE_SIZE = 24;                  // answers kept at most ...
   const CACHE_BYTES = 32 * 1024 * 1024;   // ... and their bytes (as the server sent them) at most
@@ -339,7 +339,7 @@ const TK = (() => {
     let typing = null;
     document.getElementById("text").addEventListener("input", (event) => {
       clearTimeout(typing);  // redraw once typing pauses, not at every key
-      typing = setTimeout(() => go({text: event.target.value, query: "", step: ""}), 150);
+      typing = setTimeout(() => go({text: event.target.value, query: "", step: "", position: ""}), 150);
     });
     window.addEventListener("popstate", draw);
     await draw();

@@ -3,7 +3,7 @@
 "use strict";
 (() => {
   const {el} = TK;
-  const TITLES = {tokens: "Tokens", bpe: "BPE replay", attention: "Attention", next: "Next token", training: "Training",
+  const TITLES = {tokens: "Tokens", bpe: "BPE replay", attention: "Attention", lens: "Lens", next: "Next token", training: "Training",
     model: "Model", examples: "Examples"};
 
   // The layer a block belongs to: its `layer`, else the number in a name like "h.3.attn"; null outside the layers.
