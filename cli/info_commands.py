@@ -200,9 +200,9 @@ def _corpus_rows(record: dict[str, Any], sizes: str = "") -> None:
 
 
 def _info_state(path: Path) -> None:
-    from tokenkit.pipeline import checkpoint
+    from tokenkit.pipeline import checkpoint, train_state
 
-    state = checkpoint.describe_train_state(path)  # the header: no tensor is read
+    state = train_state.describe_train_state(path)  # the header: no tensor is read
     _row("file", path)
     _row("format", f"{checkpoint.STATE_FORMAT} v{checkpoint.FORMAT_VERSION} (state for --resume)")
     _row("training step", f"{state.step} of {state.train_config.get('steps')}")

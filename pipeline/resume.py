@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tokenkit.pipeline import chat_data, checkpoint, data, names, rundir, sources, trainlog
+from tokenkit.pipeline import chat_data, checkpoint, data, names, rundir, sources, train_state, trainlog
 from tokenkit.pipeline.config import TrainConfig, coerce_setting, flag_of
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.join import describe_split, train_joined
@@ -72,7 +72,7 @@ def resume_training(
             raise PipelineError(
                 f"nothing to resume in {run_dir}: no {checkpoint.STATE_FILE}; start a run with `tk train-model`"
             )
-        state = checkpoint.load_train_state(state_path)
+        state = train_state.load_train_state(state_path)
         try:
             config = TrainConfig.from_dict(state.train_config)
         except PipelineError as err:  # no run records these: the file is damaged
@@ -130,7 +130,7 @@ def resume_training(
         return train_joined(run)
 
 
-def _resumed_corpus(run_dir: Path, state: checkpoint.TrainState, corpus, overrides, ranks, say) -> sources.RunCorpus:
+def _resumed_corpus(run_dir: Path, state: train_state.TrainState, corpus, overrides, ranks, say) -> sources.RunCorpus:
     """The corpus a resumed run reads: the recorded one, or what the caller gave in its place,
     checked against the recorded fingerprints (one line when it is not the same corpus). A
     stream given in its place is copied into the run directory first (pending until the run

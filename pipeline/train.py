@@ -54,7 +54,7 @@ from tokenkit import __version__
 from tokenkit.bpe.tokenizer_eval import token_lengths
 from tokenkit.common import progress
 from tokenkit.common.processes import note_interrupt
-from tokenkit.pipeline import chat_data, checkpoint, data, rundir, trainlog, val_bytes
+from tokenkit.pipeline import chat_data, checkpoint, data, rundir, train_state, trainlog, val_bytes
 from tokenkit.pipeline.config import TrainConfig
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.ranks import Ranks
@@ -126,7 +126,7 @@ class TrainingRun:
         config: TrainConfig,
         *,
         quiet: bool,
-        state: checkpoint.TrainState | None = None,
+        state: train_state.TrainState | None = None,
         init: StartFrom | None = None,
         ranks: Ranks | None = None,
         device: str = "cpu",
@@ -250,9 +250,9 @@ class TrainingRun:
         }
 
     def save_state(self) -> None:
-        checkpoint.save_train_state(
+        train_state.save_train_state(
             self.files.dir / checkpoint.STATE_FILE,
-            checkpoint.TrainState(
+            train_state.TrainState(
                 step=self.step,
                 params=self.model.host_params(),
                 optimizer=self.opt.state_dict(),

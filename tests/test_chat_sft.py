@@ -29,8 +29,9 @@ from tokenkit.bpe import Tokenizer
 from tokenkit.bpe.chat_template import CHAT_TOKENS, add_chat_tokens
 from tokenkit.cli.main import main
 from tokenkit.pipeline import chat_data, checkpoint, trainlog
-from tokenkit.pipeline.checkpoint import load_model, load_train_state
+from tokenkit.pipeline.checkpoint import load_model
 from tokenkit.pipeline.errors import PipelineError
+from tokenkit.pipeline.train_state import load_train_state
 from tokenkit.transformer import GPT
 from tokenkit.transformer import reference as ref
 from tokenkit.transformer.loss import IGNORE

@@ -21,7 +21,8 @@ from conftest import signal_at_step
 
 from tokenkit.cli.main import main
 from tokenkit.pipeline import checkpoint, trainlog
-from tokenkit.pipeline.checkpoint import load_model, load_train_state
+from tokenkit.pipeline.checkpoint import load_model
+from tokenkit.pipeline.train_state import load_train_state
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["--n-layers", "2", "--n-heads", "2", "--d-model", "64", "--context-length", "16"]

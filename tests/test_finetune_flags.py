@@ -18,9 +18,10 @@ from conftest import signal_at_step
 
 from tokenkit.cli.main import main
 from tokenkit.pipeline import PipelineError, trainlog
-from tokenkit.pipeline.checkpoint import load_model, load_train_state
+from tokenkit.pipeline.checkpoint import load_model
 from tokenkit.pipeline.config import TrainConfig, frozen_names
 from tokenkit.pipeline.train_memory import check_fine_tuning_flags
+from tokenkit.pipeline.train_state import load_train_state
 from tokenkit.transformer import GPT, GPTConfig, reference
 from tokenkit.transformer.config import llama_config, param_shapes
 from tokenkit.transformer.dropout import ATTN_WEIGHTS, MLP_OUT, Dropout

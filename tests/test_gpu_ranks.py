@@ -67,7 +67,7 @@ def test_train_model_on_gpu_ranks_stops_resumes_and_stays_close_to_one_gpu(
     sessions = [json.loads(line) for line in (runs[2] / "log.jsonl").read_text().splitlines() if '"session"' in line]
     assert [s["ranks"] for s in sessions] == [2]
 
-    from tokenkit.pipeline.checkpoint import load_train_state
+    from tokenkit.pipeline.train_state import load_train_state
 
     one, two = (load_train_state(runs[n] / "train_state.safetensors") for n in (1, 2))
     for name, p in one.params.items():

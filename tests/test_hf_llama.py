@@ -34,7 +34,7 @@ from tokenkit.bpe import Tokenizer, TokenizerError
 from tokenkit.bpe.hf_import import QWEN2_PATTERN
 from tokenkit.cli.main import main
 from tokenkit.common import safetensors_file
-from tokenkit.pipeline import PipelineError, checkpoint, hf_llama, trainlog
+from tokenkit.pipeline import PipelineError, checkpoint, hf_llama, train_state, trainlog
 from tokenkit.transformer import GPT, GPTConfig
 from tokenkit.transformer.config import llama_config
 
@@ -332,7 +332,7 @@ def test_a_scaled_model_fine_tunes_scaled_resumes_bit_exactly_and_exports(scalin
     assert code == 0, err
     tuned = checkpoint.load_model(tmp_path / "whole").model
     assert tuned.config == original and tuned.config.rope_scaling.to_dict() == scaling
-    state = checkpoint.load_train_state(tmp_path / "whole" / checkpoint.STATE_FILE)
+    state = train_state.load_train_state(tmp_path / "whole" / checkpoint.STATE_FILE)
     recorded = state.train_config
     assert (recorded["rope_scaling"], recorded["rope_factor"]) == (scaling["type"], scaling["factor"])
     one_line_error(train("m.safetensors", "x", "--rope-factor", "2"), "--rope-factor 2.0 contradicts the model",

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenkit.common import safetensors_file
-from tokenkit.pipeline import PipelineError, checkpoint, data, sources, trainlog
+from tokenkit.pipeline import PipelineError, checkpoint, data, sources, train_state, trainlog
 from tokenkit.pipeline.config import TrainConfig, load_config_file, model_settings
 from tokenkit.transformer import GPTConfig, ModelError
 
@@ -352,7 +352,7 @@ def test_train_state_round_trip_restores_generator_and_optimizer(tmp_path):
     opt.step(grads)
     rng = np.random.default_rng(5)
     rng.random()
-    state = checkpoint.TrainState(
+    state = train_state.TrainState(
         step=1,
         params=model.params,
         optimizer=opt.state_dict(),
@@ -364,8 +364,8 @@ def test_train_state_round_trip_restores_generator_and_optimizer(tmp_path):
         data={"corpus": "c"},
         tokenizer=tok,
     )
-    checkpoint.save_train_state(tmp_path / "s.safetensors", state)
-    back = checkpoint.load_train_state(tmp_path / "s.safetensors")
+    train_state.save_train_state(tmp_path / "s.safetensors", state)
+    back = train_state.load_train_state(tmp_path / "s.safetensors")
     assert back.step == 1 and back.train_config == {"steps": 3} and back.best_val_loss is None
     assert back.optimizer.keys() == opt.state_dict().keys()
     assert all(

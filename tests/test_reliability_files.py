@@ -35,8 +35,9 @@ from tokenkit.bpe import Tokenizer
 from tokenkit.cli.main import main
 from tokenkit.common import FileError, atomic, atomic_dir, safetensors_file
 from tokenkit.pipeline import checkpoint, trainlog
-from tokenkit.pipeline.checkpoint import STAGED_DIR, load_model, load_train_state
+from tokenkit.pipeline.checkpoint import STAGED_DIR, load_model
 from tokenkit.pipeline.rundir import RUN_FILES, RunDir
+from tokenkit.pipeline.train_state import load_train_state
 from tokenkit.transformer import GPT, GPTConfig, memory
 from tokenkit.transformer.config import llama_config
 

@@ -38,7 +38,7 @@ from conftest import HILL_WORDS  # the twelve words of test_run_dir's corpus
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli.main import main
 from tokenkit.common import atomic, readfile, safetensors_file
-from tokenkit.pipeline import checkpoint, trainlog
+from tokenkit.pipeline import checkpoint, train_state, trainlog
 from tokenkit.pipeline.config import MAX_WORKERS
 
 CALL_SECONDS = 20
@@ -71,9 +71,9 @@ def base(tmp_path_factory) -> dict[str, Path]:
     quiet = ["-q"]
     assert main(["train-model", str(corpus), "-t", str(tok), "-o", str(run), *TINY, "--steps", "4", *quiet]) == 0
     # resumable: the recorded run asks for more steps than it has trained
-    state = checkpoint.load_train_state(run / checkpoint.STATE_FILE)
+    state = train_state.load_train_state(run / checkpoint.STATE_FILE)
     state.train_config["steps"] = 8
-    checkpoint.save_train_state(run / checkpoint.STATE_FILE, state)
+    train_state.save_train_state(run / checkpoint.STATE_FILE, state)
     assert main(["pipeline", str(corpus), "-o", str(pipe), "--vocab-size", "300", *TINY, "--steps", "2", *quiet]) == 0
     for argv in (
         ["export-hf", run, "-o", root / "hf"],

@@ -41,7 +41,7 @@ from tokenkit.bpe import Tokenizer
 from tokenkit.bpe.library_files import TOKENIZER_JSON_ITEMS
 from tokenkit.cli.main import main
 from tokenkit.common import readfile, safetensors_file
-from tokenkit.pipeline import checkpoint
+from tokenkit.pipeline import checkpoint, train_state
 from tokenkit.transformer import GPTConfig
 from tokenkit.transformer.config import param_shapes
 
@@ -255,7 +255,7 @@ def _sparse_state(path: Path, like: Path, config: GPTConfig) -> int:
     kept = AdamW(small.model.params, lr=1e-3).state_dict()  # AdamW's state: its step and betas,
     moments = {k: v for k, v in kept.items() if k.partition(".")[0] not in ("m", "v")}
     moments.update({f"{kind}.{name}": zeros for name, zeros in params.items() for kind in ("m", "v")})  # two moments
-    state = checkpoint.TrainState(
+    state = train_state.TrainState(
         step=3,
         params=params,
         optimizer=moments,
@@ -268,7 +268,7 @@ def _sparse_state(path: Path, like: Path, config: GPTConfig) -> int:
         tokenizer=small.tokenizer,
     )
     staged = path.with_suffix(".staged")
-    tensors, meta = checkpoint.train_state_tensors(state)
+    tensors, meta = train_state.train_state_tensors(state)
     written = {n: a for n, a in tensors.items() if a.ndim == 0 or any(a.strides)}  # the zeros are broadcast: holes
     _sparse(staged, tensors, meta, written)
     staged.rename(path)

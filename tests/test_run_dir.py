@@ -22,8 +22,9 @@ from conftest import HILL_WORDS, TINY_MODEL, signal_at_step  # the tiny model an
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli.main import main
 from tokenkit.pipeline import checkpoint, train
-from tokenkit.pipeline.checkpoint import load_model, load_train_state
+from tokenkit.pipeline.checkpoint import load_model
 from tokenkit.pipeline.rundir import RunDir
+from tokenkit.pipeline.train_state import load_train_state
 from tokenkit.transformer import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parents[1]

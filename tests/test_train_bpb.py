@@ -29,7 +29,8 @@ from tokenkit.bpe import Tokenizer
 from tokenkit.bpe.tokenizer_eval import token_lengths
 from tokenkit.cli.main import main
 from tokenkit.pipeline import checkpoint, data, trainlog, val_bytes, views
-from tokenkit.pipeline.checkpoint import load_model, load_train_state
+from tokenkit.pipeline.checkpoint import load_model
+from tokenkit.pipeline.train_state import load_train_state
 from tokenkit.transformer import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,8 +20,9 @@ from conftest import signal_at_step
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.cli.main import main
-from tokenkit.pipeline import checkpoint, data, trainlog
-from tokenkit.pipeline.checkpoint import load_model, load_train_state
+from tokenkit.pipeline import checkpoint, data, train_state, trainlog
+from tokenkit.pipeline.checkpoint import load_model
+from tokenkit.pipeline.train_state import load_train_state
 
 REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"
@@ -270,7 +271,7 @@ def _to_v1(run: Path, corpus: Path) -> None:
         "n_train": d["n_train"],
         "n_val": d["n_val"],
     }
-    checkpoint.save_train_state(run / checkpoint.STATE_FILE, state)
+    train_state.save_train_state(run / checkpoint.STATE_FILE, state)
     entry = json.loads((run / "tokens.json").read_text(encoding="utf-8"))["tokens.npy"]
     (run / "tokens.json").write_text(
         json.dumps(
@@ -385,7 +386,7 @@ def _drop_specials(run: Path) -> None:
     """Rewrite a run's records as tokenkit wrote them before the special-token policy was recorded."""
     state = load_train_state(run / checkpoint.STATE_FILE)
     del state.data["specials"], state.data["corpus"]["specials"]
-    checkpoint.save_train_state(run / checkpoint.STATE_FILE, state)
+    train_state.save_train_state(run / checkpoint.STATE_FILE, state)
     entries = json.loads((run / "tokens.json").read_text(encoding="utf-8"))
     for entry in entries.values():
         del entry["specials"]

@@ -278,7 +278,7 @@ def test_device_cuda_on_ranks_trains_one_shard_per_rank(twin_runs):
     """Each rank's shard on its device, gradients summed on the host: the one-process device run
     computes the batch whole, so the numbers are close, not the same bits (those are the executor's
     test: test_mpi.py), and the files are of the same kind."""
-    from tokenkit.pipeline.checkpoint import load_train_state
+    from tokenkit.pipeline.train_state import load_train_state
 
     one, two = (load_train_state(twin_runs[n] / "train_state.safetensors") for n in (1, 2))
     assert two.step == 40

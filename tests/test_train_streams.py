@@ -30,7 +30,7 @@ from test_train_inputs import EOT, REPO, TINY, cli, one_line_error
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.pipeline import checkpoint, trainlog
-from tokenkit.pipeline.checkpoint import load_train_state
+from tokenkit.pipeline.train_state import load_train_state
 
 STREAM = checkpoint.CORPUS_STREAM_FILE
 
