@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tokenkit.cli.options import check_device, device_option, json_option, model_option, top_k_option
+from tokenkit.cli.options import (
+    ablation_options,
+    check_device,
+    device_option,
+    json_option,
+    model_option,
+    top_k_option,
+)
 from tokenkit.cli.params import count
 from tokenkit.cli.specials import special_options
 from tokenkit.pipeline.names import VIEWS
@@ -52,6 +59,7 @@ if TYPE_CHECKING:
               " self-contained file, no server or network needed")  # fmt: skip
 @click.option("--view", type=click.Choice(VIEWS), help="the view the --html page opens in"
               "  [default: attention; examples with --example]")  # fmt: skip
+@ablation_options
 @special_options
 @device_option
 def explain_command(
@@ -70,6 +78,10 @@ def explain_command(
     plot_path,
     html_path,
     view,
+    ablate,
+    ablate_mode,
+    ablate_text,
+    ablate_file,
     special_policy,
     device,
 ) -> int:
@@ -83,6 +95,7 @@ def explain_command(
       tk explain -m runs/demo "The cat sat" --plot attention.png
       tk explain -m runs/demo "The cat sat" --html cat.html --view next
       tk explain -m runs/demo "The end.<|endoftext|>Once" --allow-special
+      tk explain -m runs/demo "Once upon a time" --ablate 0.1,0.3 --json
       tk explain --example chai --precision 3
       tk explain --example chai --html chai.html
     \b
@@ -95,12 +108,17 @@ def explain_command(
     from tokenkit.bpe.show import token_repr
     from tokenkit.cli import page_file
     from tokenkit.cli.explain_render import render, render_tokens
+    from tokenkit.cli.model_commands import ablation_flags, ablation_for
     from tokenkit.common import atomic
     from tokenkit.pipeline import views
     from tokenkit.pipeline.checkpoint import load_model, write_bytes
+    from tokenkit.transformer.ablation import ablated
     from tokenkit.transformer.explain_examples import explain_example
 
     check_device(device)  # first, as in every command: a missing CuPy or GPU is the one line
+    flags = ablation_flags(ablate, ablate_mode, ablate_text, ablate_file)
+    if flags is not None and (example is not None or html_path is not None):
+        raise click.UsageError("--ablate knocks parts out of a model's pass; the --html page and --example have none")
     attributing = attribute_position is not None or attribute_token is not None
     if attributing and (not as_json or example is not None):
         raise click.UsageError("--attribute-position and --attribute-token choose the --json attribution of a model")
@@ -125,13 +143,21 @@ def explain_command(
         if model_path is None or text is None:
             raise click.UsageError('give -m MODEL "TEXT" to explain a model, or --example NAME for a worked example')
         model, tok, _ = load_model(model_path, device=device)
-        expl, ids, raw = views.explain_run(model, tok, text, layer=layer, head=head, top_k=top_k, policy=special_policy)
-        # The lens and the default attribution are in every model's --json (docs/inside.md): only built for it.
-        doc = views.model_doc(expl, ids, raw, tok, text, str(model_path), query) if as_json else None
-        if attributing and doc is not None:
-            position = -1 if attribute_position is None else attribute_position
-            doc["attribution"] = expl.inside.attribution(position, attribute_token)
+        knocked = ablation_for(model, tok, flags, special_policy)
+        with ablated(model, knocked):  # the lens and attribution read the pass as it ran (docs/inside.md)
+            expl, ids, raw = views.explain_run(
+                model, tok, text, layer=layer, head=head, top_k=top_k, policy=special_policy
+            )  # fmt: skip
+            # The lens and the default attribution are in every model's --json (docs/inside.md): only built for it.
+            doc = views.model_doc(expl, ids, raw, tok, text, str(model_path), query) if as_json else None
+            if attributing and doc is not None:
+                position = -1 if attribute_position is None else attribute_position
+                doc["attribution"] = expl.inside.attribution(position, attribute_token)
+        if knocked is not None and doc is not None:
+            doc["ablation"] = knocked.to_json()
         header = render_tokens(ids, [token_repr(b) for b in raw], raw) + "\n"
+        if knocked is not None:
+            header = f"ablated ({knocked.mode}): {', '.join(map(str, knocked.parts))}\n" + header
         if html_path is not None:
             policy = next(name for name, p in views.SPECIALS.items() if p == special_policy)
             page = page_file.model_page(

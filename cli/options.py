@@ -192,3 +192,37 @@ def quiet_option(help: str):
 def json_option(help: str):
     """--json (as `as_json`): print a JSON document in place of the table or text."""
     return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+# --- ablation -------------------------------------------------------------------------------------
+
+
+def ablation_options(command):
+    """--ablate SPEC, --ablate-mode, --ablate-text and --ablate-file: heads and MLPs knocked out
+    (as `ablate`, `ablate_mode`, `ablate_text`, `ablate_file`; transformer/ablation.py). SPEC and
+    the reference text are checked against the model by `cli.model_commands.ablation_from_flags`."""
+    for option in reversed(
+        [
+            click.option(
+                "--ablate",
+                metavar="SPEC",
+                help="knock out heads and MLPs: L.H is block L's head H, L.mlp its MLP, comma-separated"
+                " (e.g. 1.1,1.3,0.mlp; counted from 0)",
+            ),
+            click.option(
+                "--ablate-mode",
+                type=click.Choice(["zero", "mean"]),
+                default="zero",
+                show_default=True,
+                help="replace each part's output with zeros, or with its mean over a reference text's positions",
+            ),
+            click.option("--ablate-text", metavar="TEXT", help="--ablate-mode mean: the reference text"),
+            click.option(
+                "--ablate-file",
+                type=click.Path(path_type=Path),
+                help="--ablate-mode mean: the reference text, read from this UTF-8 file",
+            ),
+        ]
+    ):
+        command = option(command)
+    return command

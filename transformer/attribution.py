@@ -35,7 +35,11 @@ Shapes: L n_layers, H n_heads, hd head_dim, C d_model, F the MLP's width, V voca
 float64 on the host from the trace of the model's own forward pass (transformer/trace.py), the
 parameters brought to the host.
 
-What it deliberately does not do: ablate (running a model with parts knocked out is the caller's),
+A model run with an ablation (`GPT.ablation`) is attributed as it ran: a knocked-out head's share
+is its replaced weighted sum's (0 when zeroed), a knocked-out MLP's its replacement's, bias and
+all (its bias's share is then 0).
+
+What it deliberately does not do: ablate (running a model with parts knocked out is ablation.py's),
 follow indirect paths (path patching), or draw.
 """
 
@@ -45,6 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tokenkit.transformer.ablation import Part
 from tokenkit.transformer.backends import as_host
 from tokenkit.transformer.errors import ModelError
 from tokenkit.transformer.lens import one_sequence, record
@@ -172,8 +177,12 @@ def attribution_from_trace(model, trace: dict, logits: np.ndarray, position: int
         if cfg.norm == "post":  # block output = ln_2(resid_2)
             norm_biases += bias_share(h + "ln_2.bias")
             d, _ = _through_norm(cfg, _f64(trace[h + "resid_2"][t]), _f64(p[h + "ln_2.weight"]), d)
-        mlps[layer] = _f64(trace[h + "mlp.act"][t]) @ (_f64(p[h + "mlp.c_proj.weight"]) @ d)
-        mlp_biases[layer] = bias_share(h + "mlp.c_proj.bias")
+        knocked = None if model.ablation is None else model.ablation.replacement(Part(layer, None))
+        if knocked is not None:  # an ablated MLP's output is its replacement, bias and all (transformer/ablation.py)
+            mlps[layer] = knocked @ d
+        else:
+            mlps[layer] = _f64(trace[h + "mlp.act"][t]) @ (_f64(p[h + "mlp.c_proj.weight"]) @ d)
+            mlp_biases[layer] = bias_share(h + "mlp.c_proj.bias")
         if cfg.norm == "post":  # the MLP's input = ln_1(resid_1)
             norm_biases += bias_share(h + "ln_1.bias")
             d, _ = _through_norm(cfg, _f64(trace[h + "resid_1"][t]), _f64(p[h + "ln_1.weight"]), d)

@@ -17,6 +17,10 @@ training step with dropout (transformer/dropout.py's `for_layer`), makes the mas
 each residual branch before it joins the stream (the attention weights' mask is `attend`'s);
 GPT2Block then runs as PreNormBlock, whose unfused branches it can multiply (the same math).
 
+A block made with a `knockout` (transformer/ablation.py's, for this layer) replaces the outputs of
+the heads and the MLP it names, after the attention (before c_proj) and after the MLP; without one
+(the default) the forward is the plain one. Ablation is inference only: no backward follows it.
+
 What this module does not do: the ops themselves (ops.py, or a GPU's device_ops.py), the
 attention's caches and positions (model.py), the names of the whole model's parameters.
 """
@@ -59,8 +63,8 @@ class Block:
     """The halves every kind is made of: attention (c_attn, attend, c_proj) and MLP (c_fc, the
     activation, c_proj), each with its backward."""
 
-    def __init__(self, ops, config: GPTConfig):
-        self.ops, self.config = ops, config
+    def __init__(self, ops, config: GPTConfig, knockout=None):
+        self.ops, self.config, self.knockout = ops, config, knockout
 
     def norm(self, x, weight, bias):
         return norm_forward(self.ops, self.config, x, weight, bias)
@@ -83,6 +87,8 @@ class Block:
         """a (B, T, C) -> attention(c_attn(a)) (B, T, H hd), caches (c_attn, attention)."""
         qkv, c_attn = self.ops.linear_forward(a, *p["attn.c_attn"])  # (B, T, (H + 2 Hkv) hd)
         y, attn = attend(qkv)
+        if self.knockout is not None:
+            self.knockout.replace_heads(y)
         return y, (c_attn, attn)
 
     def qkv_attention_backward(self, dy: np.ndarray, cache, g) -> np.ndarray:
@@ -100,6 +106,8 @@ class Block:
         pre, c_fc = self.ops.linear_forward(m, *p["mlp.c_fc"])  # (B, T, F), or (B, T, 2F) with SwiGLU
         act, act_cache = getattr(self.ops, f"{self.config.activation}_forward")(pre, grad=grad)
         out, c_proj = self.ops.linear_forward(act, *p["mlp.c_proj"])
+        if self.knockout is not None:
+            self.knockout.replace_mlp(out)
         return out, (c_fc, act_cache, c_proj), (pre, act)
 
     def mlp_half_backward(self, dout: np.ndarray, cache, g) -> np.ndarray:
@@ -177,6 +185,8 @@ class GPT2Block(PreNormBlock):
         mlp_trace = {} if record else None
         act, c_fc = self.ops.linear_gelu_forward(m, *p["mlp.c_fc"], grad, mlp_trace)
         h, mlp_proj = self.ops.linear_forward(act, w_mlp, None)
+        if self.knockout is not None and self.knockout.replace_mlp(h):
+            b_mlp = None  # the replacement is the MLP's whole output, its bias included
         mo = _with_bias(h, b_mlp) if record else None
         x, resid_2_cache = self.ops.bias_residual_forward(x, h, b_mlp)
         seen = _pre_norm_seen(a, ao, resid_1, m, mlp_trace["pre"] if record else None, act, mo, x, record)

@@ -132,6 +132,8 @@ class GPT:
     backend: Backend = get_backend("cpu")
     ops = backend.ops
     xp = backend.xp
+    # Heads and MLPs knocked out in every forward (transformer/ablation.py's Ablation); None: none.
+    ablation = None
 
     def __init__(self, config: GPTConfig, seed: int = 0, device: str = "cpu"):
         if not isinstance(config, GPTConfig):
@@ -294,8 +296,11 @@ class GPT:
         full-sequence for training, incremental with a KV cache for generation; given a dict `seen`,
         it records its entries there. `grad`: a backward will follow (the activation then caches
         its derivative). The block's trace is filled here, the one place, from what its attention
-        and the block saw. `drop`: the layer's dropout masks (`dropout.for_layer`), training only."""
+        and the block saw. `drop`: the layer's dropout masks (`dropout.for_layer`), training only. With an
+        `ablation`, the block gets its layer's knockout, and the trace's per-head weighted sums show
+        the heads as the ablation left them."""
         block = self._block()
+        knockout = block.knockout = None if self.ablation is None else self.ablation.layers.get(i)
         if drop is not None:
             attend = partial(attend, drop=drop)
         if trace is None:
@@ -303,12 +308,14 @@ class GPT:
             return x, cache
         attention_seen: dict[str, np.ndarray] = {}
         x, cache, seen = block.forward(self._layer(i), x, partial(attend, seen=attention_seen), grad, True, drop)
+        if knockout is not None:
+            knockout.replace_mix(attention_seen["attn.mix"])
         trace.update({layer_key(i, name): value for name, value in (attention_seen | seen).items()})
         return x, cache
 
-    def _block(self) -> Block:
+    def _block(self, knockout=None) -> Block:
         """The config's kind of block (transformer/block.py) over this model's ops."""
-        return block_kind(self.config)(self.ops, self.config)
+        return block_kind(self.config)(self.ops, self.config, knockout)
 
     def _embed(self, ids: np.ndarray, trace: dict | None):
         """ids (B, T) -> x0 (B, T, C) = token embedding + positional encoding, cache. Rotary
@@ -328,6 +335,8 @@ class GPT:
         """ids (B, T) -> final LayerNorm output (B, T, C), caches (None unless keep_cache).
         `dropout`: a training step's (transformer/dropout.py), for these rows of its batch."""
         cfg = self.config
+        if keep_cache and self.ablation is not None:
+            raise ModelError("an ablated model runs forward only; set its ablation to None to train or take gradients")
         x, embed_cache = self._embed(ids, trace)
 
         def attend(qkv, seen: dict | None = None, drop=None):
