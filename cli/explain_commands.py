@@ -157,7 +157,7 @@ def explain_command(
             doc["ablation"] = knocked.to_json()
         header = render_tokens(ids, [token_repr(b) for b in raw], raw) + "\n"
         if knocked is not None:
-            header = f"ablated ({knocked.mode}): {', '.join(map(str, knocked.parts))}\n" + header
+            header = f"ablated: {knocked}\n" + header
         if html_path is not None:
             policy = next(name for name, p in views.SPECIALS.items() if p == special_policy)
             page = page_file.model_page(

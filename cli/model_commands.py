@@ -82,8 +82,7 @@ def predict_next_command(
     best_id, best_p = pred.top[0]
     moved = None if knocked is None else shift(model, pred.prompt_ids, knocked)
     if moved is not None:
-        how = "zeroed" if knocked.mode == "zero" else f"replaced by their means over {knocked.reference_tokens} tokens"
-        click.echo(f"ablated: {', '.join(map(str, knocked.parts))} ({how}); KL from the unablated: {moved.kl:.4f} nats")
+        click.echo(f"ablated: {knocked}; KL divergence from the unablated distribution: {moved.kl:.4f} nats")
     click.echo(f"next token: {token_text(tok, best_id)} (id {best_id}, p = {best_p:.4f})")
     click.echo("")
     before = "" if moved is None else f"  {'unablated':>11}"
@@ -141,12 +140,12 @@ def ablation_for(model, tok, flags, special_policy):
 
 
 def _named(tok, doc: dict) -> dict:
-    """`Shift.to_json`'s entries with each id's token text, as "top"'s entries have it."""
+    """`Shift.to_json`'s entries with each id's token text after the id, as "top"'s entries have it."""
     from tokenkit.pipeline.token_views import token_pieces
 
     for key in ("before", "moved"):
-        for entry, text in zip(doc[key], token_pieces(tok, [e["id"] for e in doc[key]]), strict=True):
-            entry["token"] = text
+        texts = token_pieces(tok, [e["id"] for e in doc[key]])
+        doc[key] = [{"id": e.pop("id"), "token": text, **e} for e, text in zip(doc[key], texts, strict=True)]
     return doc
 
 

@@ -63,8 +63,8 @@ BAD_SPECS = {
     "-1.0": "is not L.H",
     "1.MLP": "is not L.H",
     "1.²": "is not L.H",
-    "1.1,,0.mlp": "an empty part",
-    "1.1,": "an empty part",
+    "1.1,,0.mlp": "has an empty part",
+    "1.1,": "has an empty part",
     "1.1,1.1": "named twice",
     "0.mlp,1.0,0.mlp": "named twice",
     "01.1,1.1": "named twice",
@@ -395,9 +395,12 @@ def test_predict_next_json_gives_the_ablated_distribution_the_kl_and_what_moved(
         assert doc["kl"] == pytest.approx(moved.kl, abs=1e-6) and doc["kl"] > 0
         assert [e["id"] for e in doc["moved"]] == moved.moved(4)
         assert all(e["token"] == tok.token_pieces([e["id"]])[0] for e in doc["moved"] + doc["before"])
+        assert [list(e) for e in doc["before"]] == [["id", "token", "p"]] * 4
+        assert [list(e) for e in doc["moved"]] == [["id", "token", "before", "after"]] * 4
     code = main(["predict-next", "-m", str(path), "Once upon a time", "--ablate", "1.2"])
     out = capsys.readouterr().out
-    assert code == 0 and out.startswith("ablated: 1.2 (zeroed); KL from the unablated: ") and "unablated" in out
+    assert code == 0 and out.startswith("ablated: 1.2 zeroed; KL divergence from the unablated distribution: ")
+    assert out.splitlines()[3].split() == ["rank", "id", "probability", "unablated", "text"]
 
 
 def test_explain_with_ablate_explains_the_ablated_pass(capsys, saved):
@@ -417,7 +420,7 @@ def test_explain_with_ablate_explains_the_ablated_pass(capsys, saved):
     assert abs(doc["attribution"]["sum"] - doc["attribution"]["logit"]) < 1e-4
     assert doc["attribution"]["mlps"][1] == 0.0
     assert main(["explain", "-m", str(path), text, "--ablate", "0.3"]) == 0
-    assert capsys.readouterr().out.startswith("ablated (zero): 0.3\n")
+    assert capsys.readouterr().out.startswith("ablated: 0.3 zeroed\n")
 
 
 # ----------------------------------------------------------------------------- PyTorch

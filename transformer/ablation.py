@@ -74,10 +74,11 @@ def parse(spec: str) -> tuple[Part, ...]:
         raise ModelError(f"the ablation SPEC is empty: name the parts to knock out, {EXAMPLE}")
     parts: list[Part] = []
     for text in spec.split(","):
+        if not text.strip(" "):
+            raise ModelError(f"the ablation SPEC {spec!r} has an empty part (a comma too many); name parts {EXAMPLE}")
         match = _PART.fullmatch(text.strip(" "))
         if match is None:
-            shown = repr(text.strip(" ")) if text.strip(" ") else "an empty part (two commas in a row?)"
-            raise ModelError(f"ablation part {shown} is not L.H (a head) or L.mlp (an MLP), {EXAMPLE}")
+            raise ModelError(f"ablation part {text.strip(' ')!r} is not L.H (a head) or L.mlp (an MLP), {EXAMPLE}")
         layer, head = match.groups()
         part = Part(int(layer), None if head == "mlp" else int(head))
         if part in parts:
@@ -154,6 +155,14 @@ class Ablation:
     def replacement(self, part: Part) -> np.ndarray | None:
         """A knocked-out part's replacement (float64, on the host), or None when `part` is kept."""
         return self.values.get(part)
+
+    def __str__(self) -> str:
+        """The parts and what replaced them, as the commands say it: "1.1, 0.mlp zeroed"."""
+        parts = ", ".join(map(str, self.parts))
+        if self.mode == "zero":
+            return f"{parts} zeroed"
+        means = "its mean" if len(self.parts) == 1 else "their means"
+        return f"{parts} replaced by {means} over {self.reference_tokens:,} reference tokens"
 
     def to_json(self) -> dict:
         """{"spec", "parts" (as strings), "mode", "reference_tokens"}."""
