@@ -17,9 +17,9 @@ training step with dropout (transformer/dropout.py's `for_layer`), makes the mas
 each residual branch before it joins the stream (the attention weights' mask is `attend`'s);
 GPT2Block then runs as PreNormBlock, whose unfused branches it can multiply (the same math).
 
-A block made with a `knockout` (transformer/ablation.py's, for this layer) replaces the outputs of
-the heads and the MLP it names, after the attention (before c_proj) and after the MLP; without one
-(the default) the forward is the plain one. Ablation is inference only: no backward follows it.
+A block given a `knockout` (transformer/ablation.py's, for this layer) replaces the outputs of the
+heads and the MLP it names, after the attention (before c_proj) and after the MLP; without one (the
+default) the forward is the plain one. Ablation is inference only: no backward follows it.
 
 What this module does not do: the ops themselves (ops.py, or a GPU's device_ops.py), the
 attention's caches and positions (model.py), the names of the whole model's parameters.
@@ -63,8 +63,10 @@ class Block:
     """The halves every kind is made of: attention (c_attn, attend, c_proj) and MLP (c_fc, the
     activation, c_proj), each with its backward."""
 
-    def __init__(self, ops, config: GPTConfig, knockout=None):
-        self.ops, self.config, self.knockout = ops, config, knockout
+    knockout = None  # this layer's parts knocked out (transformer/ablation.py's Knockout), set when ablated
+
+    def __init__(self, ops, config: GPTConfig):
+        self.ops, self.config = ops, config
 
     def norm(self, x, weight, bias):
         return norm_forward(self.ops, self.config, x, weight, bias)

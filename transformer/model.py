@@ -313,9 +313,9 @@ class GPT:
         trace.update({layer_key(i, name): value for name, value in (attention_seen | seen).items()})
         return x, cache
 
-    def _block(self, knockout=None) -> Block:
+    def _block(self) -> Block:
         """The config's kind of block (transformer/block.py) over this model's ops."""
-        return block_kind(self.config)(self.ops, self.config, knockout)
+        return block_kind(self.config)(self.ops, self.config)
 
     def _embed(self, ids: np.ndarray, trace: dict | None):
         """ids (B, T) -> x0 (B, T, C) = token embedding + positional encoding, cache. Rotary
