@@ -132,8 +132,7 @@ class GPT:
     backend: Backend = get_backend("cpu")
     ops = backend.ops
     xp = backend.xp
-    # Heads and MLPs knocked out in every forward (transformer/ablation.py's Ablation); None: none.
-    ablation = None
+    ablation = None  # heads and MLPs knocked out in every forward (transformer/ablation.py), or None
 
     def __init__(self, config: GPTConfig, seed: int = 0, device: str = "cpu"):
         if not isinstance(config, GPTConfig):
