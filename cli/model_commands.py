@@ -115,7 +115,13 @@ def ablation_flags(spec: str | None, mode: str, text: str | None, file: Path | N
     if text == "":
         raise click.UsageError("--ablate-text is empty; give the reference text of --ablate-mode mean")
     if file is not None:
-        data = readfile.read_bytes(file, MAX_REFERENCE_BYTES, "a UTF-8 text file")
+        with readfile.open_regular(file, None, "a UTF-8 text file") as (f, size):
+            if size > MAX_REFERENCE_BYTES:  # a real text, only longer than a mean needs: said as such
+                raise click.ClickException(
+                    f"{file} is {size:,} bytes; a reference text for --ablate-mode mean is at most 1 MiB:"
+                    " give part of it"
+                )
+            data = f.read(size)
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as err:

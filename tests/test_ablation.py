@@ -101,6 +101,8 @@ BAD_FLAGS = [
     (["--ablate", "0.1", "--ablate-mode", "mean", "--ablate-file", "LATIN1"], "not UTF-8"),
     (["--ablate", "0.1", "--ablate-mode", "mean", "--ablate-file", "EMPTY"], "is empty"),
     (["--ablate", "0.1", "--ablate-mode", "mean", "--ablate-file", "MISSING"], "no such file"),
+    (["--ablate", "0.1", "--ablate-mode", "mean", "--ablate-file", "BIG"], "at most 1 MiB"),
+    (["--ablate", "0.1", "--ablate-mode", "mean", "--ablate-file", "/dev/zero"], "not a regular file"),
 ]
 
 
@@ -109,7 +111,8 @@ def test_bad_ablation_flags_are_one_line(flags, message, capsys, saved, tmp_path
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
     (tmp_path / "empty.txt").write_bytes(b"")
     where = {"DIR": tmp_path, "LATIN1": tmp_path / "latin1.txt", "EMPTY": tmp_path / "empty.txt"}
-    where["MISSING"] = tmp_path / "missing.txt"
+    (tmp_path / "big.txt").write_bytes(b"a" * ((1 << 20) + 1))
+    where["MISSING"], where["BIG"] = tmp_path / "missing.txt", tmp_path / "big.txt"
     flags = [str(where.get(flag, flag)) for flag in flags]
     for command in (["predict-next"], ["generate", "-n", "2"], ["explain"]):
         code = main([*command, "-m", str(saved[0]), "Once upon a time", *flags])
