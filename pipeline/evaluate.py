@@ -76,16 +76,16 @@ def default_stride(context: int) -> int:
     return max(1, context // 2)
 
 
-def token_losses(model, ids: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """ids, targets (B, T) -> each target's cross-entropy in nats (B, T), float64 on the host:
-    log-sum-exp of the logits minus the target's logit (the sums in float64)."""
-    xp = model.xp
-    logits = model.forward(ids)  # (B, T, V), the model's dtype
+def row_losses(xp, logits, targets) -> np.ndarray:
+    """logits (K, V), targets (K,) on the model's device -> each row's cross-entropy in nats (K,),
+    float64 on the host: log-sum-exp minus the target's logit, the sums in float64. `logits` is
+    overwritten (exponentiated in place: no second array of its size)."""
+    picked = xp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0].astype(xp.float64)
     peak = logits.max(axis=-1, keepdims=True)
-    shifted = logits - peak
-    log_total = xp.log(xp.exp(shifted).sum(axis=-1, dtype=xp.float64))
-    picked = xp.take_along_axis(shifted, xp.asarray(targets)[..., None], axis=-1)[..., 0]
-    return as_host(log_total - picked.astype(xp.float64))
+    logits -= peak
+    xp.exp(logits, out=logits)
+    log_total = xp.log(logits.sum(axis=-1, dtype=xp.float64)) + peak[:, 0].astype(xp.float64)
+    return as_host(log_total - picked)
 
 
 @dataclass
@@ -160,11 +160,17 @@ def passes(
 
 
 def pass_nats(model, group: Group) -> np.ndarray:
-    """One forward pass over `group` -> each window's summed nats of its scored tokens (len(group),) float64."""
+    """One forward pass over `group` -> each window's summed nats of its scored tokens (len(group),)
+    float64. Only the scored positions are unembedded: with the default stride, half the window."""
+    xp = model.xp
     x = np.stack([ids[w.begin : w.end - 1] for ids, w in group])
-    y = np.stack([ids[w.begin + 1 : w.end] for ids, w in group])
-    losses = token_losses(model, x, y)
-    return np.array([row[w.first - w.begin - 1 :].sum() for row, (_, w) in zip(losses, group, strict=True)])
+    counts = np.array([w.end - w.first for _, w in group])
+    rows = np.repeat(np.arange(len(group)), counts)
+    positions = np.concatenate([np.arange(w.first - w.begin - 1, w.end - w.begin - 1) for _, w in group])
+    targets = np.concatenate([ids[w.first : w.end] for ids, w in group])
+    logits = model.logits_at(x, xp.asarray(rows), xp.asarray(positions))  # (scored, V)
+    losses = row_losses(xp, logits, xp.asarray(targets))
+    return np.add.reduceat(losses, np.concatenate([[0], np.cumsum(counts)[:-1]]))
 
 
 def window_nats(
