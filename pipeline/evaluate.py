@@ -18,7 +18,8 @@ apart, so no prediction reads across a boundary.
 
 How: `passes` groups the windows of one width into forward passes of up to LOGITS_BYTES of
 logits, decided by the documents alone; `window_nats` runs them (all, or one MPI rank's share:
-pipeline/eval_ranks.py) and keeps each window's sum; `summed` adds the windows with math.fsum,
+pipeline/eval_ranks.py), unembedding only the positions each window scores (`GPT.logits_at`:
+half of them at the default stride), and keeps each window's sum; `summed` adds the windows with math.fsum,
 whose correctly rounded total is the same bits whatever the order or the split.
 
 What it does not do: read files or flags (cli/eval_commands.py does, through bpe.corpus), or
@@ -36,7 +37,7 @@ import numpy as np
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.transformer.backends import as_host
 
-LOGITS_BYTES = 256 << 20  # a forward pass's logits, (windows, T, V) float32: the memory scoring takes
+LOGITS_BYTES = 256 << 20  # a forward pass's logits at most, (windows, T, V) float32: the memory scoring takes
 
 
 @dataclass(frozen=True)
