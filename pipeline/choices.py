@@ -42,6 +42,7 @@ from tokenkit.bpe.errors import TokenizerError
 from tokenkit.common import FileError, jsonsafe, readfile
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.transformer.backends import as_host
+from tokenkit.transformer.runtime import keep_freed_memory
 
 MAX_TASK_BYTES = 256 << 20  # HellaSwag's validation split, 10,042 items, is ~12 MB as such lines
 MAX_LINE_ITEMS = 100_000  # JSON values on a line: an item holds its choices, a few to a few dozen
@@ -318,6 +319,7 @@ def plan(model, tokenizer, items: Sequence[Item], policy: dict | None = None) ->
     """The rows and passes that score `items` under the special-token `policy`."""
     from tokenkit.pipeline.run import eos_id
 
+    keep_freed_memory()  # each pass frees and allocates the same activation-sized arrays: no page faults anew
     prefix = eos_id(tokenizer)  # what an empty context reads, where the tokenizer has no BOS
     rows, truncated = rows_of(items, tokenizer, model.config.context_length, policy or {}, prefix)
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i].ids))  # longest first, like lengths together

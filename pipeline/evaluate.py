@@ -36,6 +36,7 @@ import numpy as np
 
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.transformer.backends import as_host
+from tokenkit.transformer.runtime import keep_freed_memory
 
 LOGITS_BYTES = 256 << 20  # a forward pass's logits at most, (windows, T, V) float32: the memory scoring takes
 
@@ -190,6 +191,7 @@ def window_nats(
     stride = default_stride(context) if stride is None else stride
     per_pass = max(1, LOGITS_BYTES // (context * model.config.vocab_size * 4))
     k, n = share
+    keep_freed_memory()  # each pass frees and allocates the same activation-sized arrays: no page faults anew
     score, parts = Score(), []
     for i, group in enumerate(passes(documents, context, stride, per_pass, score, progress)):
         if i % n == k:
