@@ -111,7 +111,7 @@ class LazyGroup(click.Group):
 
 # The commands that run on MPI ranks together (common.mpi.end_together); under a launcher, the
 # others stop at once when a signal held since the start comes (see cli.main).
-_ON_RANKS = frozenset({"bpe-train", "encode", "train-model", "pipeline"})
+_ON_RANKS = frozenset({"bpe-train", "encode", "train-model", "pipeline", "eval"})
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import click
 
+from tokenkit.cli.launch import end_together, mpi_world
 from tokenkit.cli.notes import note, notes, warn
 from tokenkit.cli.options import (
     check_device,
@@ -35,6 +36,7 @@ from tokenkit.cli.options import (
 from tokenkit.cli.params import count
 from tokenkit.cli.specials import special_options
 from tokenkit.common import progress
+from tokenkit.common.launcher import launched_size
 
 # NumPy, the model and the codec are imported when the command runs, not for its --help.
 
@@ -150,6 +152,8 @@ def eval_command(
             raise click.UsageError("give -m MODEL to score a model, or -t TOK (repeatable) to compare tokenizers")
         if stride is not None or device != "cpu":
             raise click.UsageError("--stride and --device are for a model (-m); -t alone compares tokenizers")
+        if launched_size() > 1:
+            raise click.UsageError("tk eval -t compares tokenizers in one process; run it without mpirun")
         return _eval_tokenizers(
             tokenizer_paths, corpus, by_language, group_by, pattern, glob, text_field, binary, as_json, quiet,
             special_policy,
@@ -159,30 +163,61 @@ def eval_command(
             "with -m, -t names the model's tokenizer (one); to compare tokenizers, give -t without -m"
         )
     tokenizer_path = Path(tokenizer_paths[0]) if tokenizer_paths else None
-    if task is not None:
-        return _eval_task(model_path, tokenizer_path, task, group_by, as_json, quiet, special_policy, device)
-    if by_language or group_by is not None or pattern is not None:
+    if task is None and (by_language or group_by is not None or pattern is not None):
         raise click.UsageError(
             "--by-language, --group-by and --pattern are for comparing tokenizers (-t without -m) and --group-by "
             "for a task too (--task)"
         )
+    comm = mpi_world()  # under mpirun: the forward passes shared over the ranks (pipeline/eval_ranks.py)
+    with end_together(comm):
+        if comm is not None and device != "cpu":  # this rank's own GPU, before anything runs on one
+            from tokenkit.pipeline.eval_ranks import local_rank
+            from tokenkit.transformer.backends import use_gpu
+
+            use_gpu(local_rank(comm))
+        if task is not None:
+            return _eval_task(comm, model_path, tokenizer_path, task, group_by, as_json, quiet, special_policy, device)
+        return _eval_text(
+            comm, model_path, tokenizer_path, corpus, stride, glob, text_field, binary, as_json, quiet, special_policy,
+            device,
+        )  # fmt: skip
+
+
+def _eval_text(
+    comm, model_path, tokenizer_path, corpus, stride, glob, text_field, binary, as_json, quiet, special_policy, device
+) -> int:
     from tokenkit.bpe import Corpus
     from tokenkit.pipeline.eval_record import EvalRecord
     from tokenkit.pipeline.evaluate import default_stride, score_texts
     from tokenkit.pipeline.run import load_model_and_tokenizer
 
+    lead = comm is None or comm.Get_rank() == 0  # under MPI rank 0 alone warns, prints and records
     check_device(device)
-    inputs = Corpus(list(corpus), glob=glob, text_field=text_field, binary=binary, warn=warn)
+    if comm is not None:
+        from tokenkit.pipeline.eval_ranks import check_inputs
+
+        check_inputs(corpus)
+    inputs = Corpus(list(corpus), glob=glob, text_field=text_field, binary=binary, warn=warn if lead else None)
     model, tok = load_model_and_tokenizer(model_path, tokenizer_path, device=device)
-    record = EvalRecord.open(model_path, corpus, glob, text_field, binary, special_policy, warn=warn)  # eval.json
+    if lead:
+        record = EvalRecord.open(model_path, corpus, glob, text_field, binary, special_policy, warn=warn)  # eval.json
     context = model.config.context_length
     if stride is not None and stride > context:
         raise click.UsageError(
             f"--stride {stride} is more than the model's context ({context}); give at most {context}"
         )
-    hide = quiet or as_json
+    hide = quiet or as_json or not lead
     with progress.bar(total=inputs.size, desc="scoring", quiet=hide) as bar:
-        score = score_texts(model, tok, inputs.documents(), special_policy, stride=stride, progress=bar.update)
+        if comm is None:
+            score = score_texts(model, tok, inputs.documents(), special_policy, stride=stride, progress=bar.update)
+        else:
+            from tokenkit.pipeline import eval_ranks
+
+            score = eval_ranks.score_texts(
+                comm, model, tok, inputs.documents(), special_policy, stride=stride, progress=bar.update
+            )
+    if not lead:
+        return 0
     stride = stride or default_stride(context)
     if as_json:
         click.echo(json.dumps({**score.to_dict(), "stride": stride, "context": context, "model": str(model_path)}))
@@ -195,6 +230,8 @@ def eval_command(
         click.echo(f"loss:           {score.loss:.4f} nats per token")
         click.echo(f"bits per byte:  {score.bits_per_byte:.4f}")
         click.echo(f"perplexity:     {score.perplexity:.3f}")
+        if comm is not None:
+            click.echo(f"scored on {comm.Get_size()} MPI ranks")
     record.write(score, stride=stride, context=context, say=notes(quiet), warn=warn)  # a run directory's eval.json
     return 0
 
@@ -202,17 +239,27 @@ def eval_command(
 # --- --task: a multiple-choice task -----------------------------------------------------------------
 
 
-def _eval_task(model_path, tokenizer_path, task, group_by, as_json, quiet, special_policy, device) -> int:
+def _eval_task(comm, model_path, tokenizer_path, task, group_by, as_json, quiet, special_policy, device) -> int:
     from tokenkit.pipeline.choices import read_task, score_items
     from tokenkit.pipeline.run import load_model_and_tokenizer
 
+    lead = comm is None or comm.Get_rank() == 0
     check_device(device)
     items = read_task(task, group_by)  # before the model loads: a bad line is said at once
     model, tok = load_model_and_tokenizer(model_path, tokenizer_path, device=device)
     context = model.config.context_length
     rows = sum(len(item.choices) for item in items)
-    with progress.bar(total=rows, desc="scoring", unit="choice", quiet=quiet or as_json) as bar:
-        scores = score_items(model, tok, items, special_policy, progress=bar.update)
+    # under MPI the bar counts rank 0's own choices (its share of the passes)
+    hide = quiet or as_json or not lead
+    with progress.bar(total=rows if comm is None else None, desc="scoring", unit="choice", quiet=hide) as bar:
+        if comm is None:
+            scores = score_items(model, tok, items, special_policy, progress=bar.update)
+        else:
+            from tokenkit.pipeline import eval_ranks
+
+            scores = eval_ranks.score_items(comm, model, tok, items, special_policy, progress=bar.update)
+    if not lead:
+        return 0
     doc = scores.to_dict()
     if as_json:
         head = {**doc, "context": context, "task": str(task), "model": str(model_path)}

@@ -42,6 +42,7 @@ from tokenkit.bpe.errors import TokenizerError
 from tokenkit.common import FileError, jsonsafe, readfile
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.transformer.backends import as_host
+from tokenkit.transformer.runtime import keep_freed_memory
 
 MAX_TASK_BYTES = 256 << 20  # HellaSwag's validation split, 10,042 items, is ~12 MB as such lines
 MAX_LINE_ITEMS = 100_000  # JSON values on a line: an item holds its choices, a few to a few dozen
@@ -303,6 +304,47 @@ def _stderr(right: np.ndarray) -> float | None:
     return math.sqrt(sum((float(r) - mean) ** 2 for r in right) / (n - 1) / n)
 
 
+@dataclass(frozen=True)
+class Plan:
+    """Every choice's row, how many items lost the start of their context, and the forward
+    passes: each a list of row indices, longest rows first, as many as LOGITS_BYTES of logits
+    allow. It depends on the items alone: every MPI rank makes the same (pipeline/eval_ranks.py)."""
+
+    rows: list[Row]
+    truncated: int
+    batches: list[list[int]]
+
+
+def plan(model, tokenizer, items: Sequence[Item], policy: dict | None = None) -> Plan:
+    """The rows and passes that score `items` under the special-token `policy`."""
+    from tokenkit.pipeline.run import eos_id
+
+    keep_freed_memory()  # each pass frees and allocates the same activation-sized arrays: no page faults anew
+    prefix = eos_id(tokenizer)  # what an empty context reads, where the tokenizer has no BOS
+    rows, truncated = rows_of(items, tokenizer, model.config.context_length, policy or {}, prefix)
+    order = sorted(range(len(rows)), key=lambda i: -len(rows[i].ids))  # longest first, like lengths together
+    batches, start = [], 0
+    while start < len(order):
+        width = len(rows[order[start]].ids) - 1  # the longest left: it sets the pass's width
+        take = max(1, LOGITS_BYTES // (max(1, width) * model.config.vocab_size * 4))
+        batches.append(order[start : start + take])
+        start += take
+    return Plan(rows, truncated, batches)
+
+
+def assemble(items: Sequence[Item], plan: Plan, sums: np.ndarray, greedy: np.ndarray) -> Scores:
+    """The Scores of `items` from every row's log-likelihood and greedy flag (in `plan.rows` order)."""
+    scores = Scores(list(items), truncated=plan.truncated)
+    at = 0
+    for item in items:
+        k = len(item.choices)
+        scores.loglikelihoods.append(sums[at : at + k])
+        scores.greedy.append(greedy[at : at + k])
+        scores.tokens.append(np.array([r.n for r in plan.rows[at : at + k]]))
+        at += k
+    return scores
+
+
 def score_items(
     model,
     tokenizer,
@@ -313,29 +355,10 @@ def score_items(
 ) -> Scores:
     """Every choice of every item scored (the module's docstring) under the special-token
     `policy` (`encode`'s arguments); `progress(n)` is told the rows as each pass ends."""
-    from tokenkit.pipeline.run import eos_id
-
-    policy = policy or {}
-    prefix = eos_id(tokenizer)  # what an empty context reads, where the tokenizer has no BOS
-    context = model.config.context_length
-    rows, truncated = rows_of(items, tokenizer, context, policy, prefix)
-    sums = np.zeros(len(rows), dtype=np.float64)
-    greedy = np.zeros(len(rows), dtype=bool)
-    order = sorted(range(len(rows)), key=lambda i: -len(rows[i].ids))  # longest first, like lengths together
-    start = 0
-    while start < len(order):
-        width = len(rows[order[start]].ids) - 1  # the longest left: it sets the pass's width
-        take = max(1, LOGITS_BYTES // (max(1, width) * model.config.vocab_size * 4))
-        batch = order[start : start + take]
-        sums[batch], greedy[batch] = row_logprobs(model, [rows[i] for i in batch])
+    passes = plan(model, tokenizer, items, policy)
+    sums = np.zeros(len(passes.rows), dtype=np.float64)
+    greedy = np.zeros(len(passes.rows), dtype=bool)
+    for batch in passes.batches:
+        sums[batch], greedy[batch] = row_logprobs(model, [passes.rows[i] for i in batch])
         progress(len(batch))
-        start += len(batch)
-    scores = Scores(list(items), truncated=truncated)
-    at = 0
-    for item in items:
-        k = len(item.choices)
-        scores.loglikelihoods.append(sums[at : at + k])
-        scores.greedy.append(greedy[at : at + k])
-        scores.tokens.append(np.array([r.n for r in rows[at : at + k]]))
-        at += k
-    return scores
+    return assemble(items, passes, sums, greedy)

@@ -559,6 +559,12 @@ class GPT:
         xf, _ = self._forward(ids, None, keep_cache=False)
         return self._last_logits(xf[:, -1])
 
+    def logits_at(self, ids, rows, positions) -> np.ndarray:
+        """ids (B, T) -> the logits (K, V) at the K positions (rows[k], positions[k]): the whole
+        windows computed, only those positions unembedded (held-out scoring: pipeline/evaluate.py)."""
+        xf, _ = self._forward(self._check_ids(ids), None, keep_cache=False)
+        return self._last_logits(xf[rows, positions])
+
     def _last_logits(self, xf_last: np.ndarray) -> np.ndarray:
         """xf_last (B, C) final-normed last positions -> logits (B, V)."""
         return self.ops.unembed(xf_last, self._unembedding())
