@@ -155,7 +155,7 @@ class ChatSession:
         reason = not_for_chat(tok, where)
         if reason:
             raise PipelineError(reason)
-        check_sampling(temperature, top_k, top_p)
+        check_sampling(temperature, top_k, top_p, seed)
         if isinstance(max_new_tokens, bool) or not 0 <= int(max_new_tokens) <= MAX_NEW_TOKENS:
             raise PipelineError(f"--max-new-tokens must be in [0, {MAX_NEW_TOKENS:,}], got {max_new_tokens}")
         self.model, self.tok = model, tok

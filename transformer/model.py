@@ -52,7 +52,7 @@ from tokenkit.transformer.errors import ModelError
 from tokenkit.transformer.loss import IGNORE, batch_counted, head_backward, head_forward
 from tokenkit.transformer.memory import check_memory
 from tokenkit.transformer.sampling import check_sampling, mask_from, sample_next
-from tokenkit.transformer.trace import layer_key
+from tokenkit.transformer.trace import layer_key, unrotated
 
 # ----------------------------------------------------------------------------- the model
 
@@ -278,18 +278,6 @@ class GPT:
         cfg = self.config
         return self.ops.rope_forward(qkv, cfg.n_heads, cfg.n_kv_heads, cfg.rope_theta, start, scaling=cfg.rope_scaling)
 
-    def _unrotated(self, qkv: np.ndarray) -> dict[str, np.ndarray]:
-        """q and k before the rotation, as the trace names them (transformer/trace.py): attn.q_pre
-        (B, H, T, hd) per query head, attn.k_pre (B, H, T, hd) as each query head sees it (its
-        group's K/V head), like the trace's attn.k."""
-        cfg = self.config
-        H, Hkv = cfg.n_heads, cfg.kv_heads
-        B, T, W = qkv.shape
-        x = qkv.reshape(B, T, H + 2 * Hkv, W // (H + 2 * Hkv))
-        q = x[:, :, :H].transpose(0, 2, 1, 3).copy()
-        k = x[:, :, H : H + Hkv].transpose(0, 2, 1, 3).repeat(H // Hkv, axis=1)
-        return {"attn.q_pre": q, "attn.k_pre": k}
-
     def _block_forward(self, i: int, x: np.ndarray, trace: dict | None, attend, grad: bool = False, drop=None):
         """Block i: x (B, T, C) -> (B, T, C), cache. `attend(qkv, seen=None)` is the attention op:
         full-sequence for training, incremental with a KV cache for generation; given a dict `seen`,
@@ -341,7 +329,7 @@ class GPT:
         def attend(qkv, seen: dict | None = None, drop=None):
             rotated, rope = self._rope(qkv, 0)
             if seen is not None and rope is not None:
-                seen.update(self._unrotated(qkv))
+                seen.update(unrotated(cfg, qkv))
             op_seen = {} if seen is not None else None  # the op's names, without the block's "attn."
             extra = {}
             if drop is not None:  # training's mask of the weights, (B, H, T, T)
@@ -497,9 +485,7 @@ class GPT:
         if prompt.ndim != 1 or prompt.size == 0:
             raise ModelError(f"generate takes one non-empty prompt (T,) or (1, T), got shape {prompt.shape}")
         self._check_generation(prompt[None, :], max_new_tokens, n_tokens)
-        check_sampling(temperature, top_k, top_p)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
-            raise ModelError(f"seed must be a non-negative integer or None, got {seed!r}")
+        check_sampling(temperature, top_k, top_p, seed)
         rng = np.random.default_rng(seed)
 
         def pick(logits) -> int:  # sampling runs on the host
@@ -561,7 +547,7 @@ class GPT:
 
     def logits_at(self, ids, rows, positions) -> np.ndarray:
         """ids (B, T) -> the logits (K, V) at the K positions (rows[k], positions[k]): the whole
-        windows computed, only those positions unembedded (held-out scoring: pipeline/evaluate.py)."""
+        windows computed, only those unembedded (held-out scoring: pipeline/evaluate.py)."""
         xf, _ = self._forward(self._check_ids(ids), None, keep_cache=False)
         return self._last_logits(xf[rows, positions])
 

@@ -18,8 +18,10 @@ from tokenkit.transformer.errors import ModelError
 from tokenkit.transformer.reference import softmax  # the one vector softmax: (V,) -> (V,) in float64
 
 
-def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    """Raise ModelError (one line) for settings no sampler can honour."""
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None, seed: int | None = None) -> None:
+    """Raise ModelError (one line) for settings no sampler can honour (a seed included)."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        raise ModelError(f"seed must be a non-negative integer or None, got {seed!r}")
     if not np.isfinite(temperature) or temperature < 0:
         raise ModelError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
     if top_k is not None and (isinstance(top_k, bool) or int(top_k) != top_k or top_k < 1):

@@ -111,6 +111,18 @@ def stream_keys(config) -> list[str]:
     return ["x0"] + [layer_key(layer, out) for layer in range(config.n_layers)]
 
 
+def unrotated(config, qkv) -> dict[str, Any]:
+    """q and k before the rotary rotation, from the packed qkv (B, T, (H + 2 Hkv) hd): attn.q_pre
+    (B, H, T, hd) per query head and attn.k_pre (B, H, T, hd) as each query head sees it (its
+    group's K/V head), like attn.k. Recorded where positions are rotary."""
+    H, Hkv = config.n_heads, config.kv_heads
+    B, T, W = qkv.shape
+    x = qkv.reshape(B, T, H + 2 * Hkv, W // (H + 2 * Hkv))
+    q = x[:, :, :H].transpose(0, 2, 1, 3).copy()
+    k = x[:, :, H : H + Hkv].transpose(0, 2, 1, 3).repeat(H // Hkv, axis=1)
+    return {"attn.q_pre": q, "attn.k_pre": k}
+
+
 def shapes(config, B: int, T: int) -> dict[str, tuple[int, ...]]:
     """Every entry `GPT.forward` records for `config` on ids (B, T), with its shape.
 
