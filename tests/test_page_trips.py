@@ -6,7 +6,10 @@ system's Chromium, through Playwright):
 - with `tk serve -c OTHER`, either tokenizer can be replayed, and the address keeps the choice;
 - the Model view at 1280 px keeps each layer's blocks on one row, no label wrapped or clipped, and
   every MLP block opens the lens view (its attribution bars), for a small run and for models with
-  GPT-2's and Llama's names and parameter counts.
+  GPT-2's and Llama's names and parameter counts;
+- the worked examples name no file a pip-installed tokenkit lacks (they say the exact values in
+  place), and a slip of rounding in what an example printed is told from a wrong number, by a rule
+  checked against a Decimal reference on every printed row, in the text output and on the page.
 
 One server (tests/test_serve.py's small run, with a second tokenizer to compare) and one browser
 serve the module; without Playwright or a Chromium it skips (tests/browser.py).
@@ -14,17 +17,23 @@ serve the module; without Playwright or a Chromium it skips (tests/browser.py).
 
 from __future__ import annotations
 
+import re
+from decimal import ROUND_HALF_UP, Decimal
 from urllib.parse import parse_qs, urlencode, urlsplit
 
+import numpy as np
 import pytest
 from browser import open_page, shot, wait_drawn
-from test_serve import Running, train_files
+from test_serve import Running, cli_json, train_files
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.bpe.show import token_str
 from tokenkit.cli import serve
+from tokenkit.cli.main import main
 from tokenkit.transformer import GPT, GPTConfig
 from tokenkit.transformer.config import llama_config
+from tokenkit.transformer.explain_examples import EXAMPLES, explain_example
+from tokenkit.transformer.explanation import parse_printed, printed
 
 TEXT = "Once upon a time, there was a little cat."
 FEW = "zq"  # two bytes no merge of a tales tokenizer touches: every first merge's pieces are absent
@@ -225,3 +234,105 @@ def test_wide_models_fit_1280_px(browser, files, opened, tmp_path, arch):
         shot(p, f"trips-model-{arch}-1280")
     finally:
         running.stop()
+
+
+# ----------------------------------------------------------------------------- the worked examples
+
+# What a pip-installed tokenkit has: the package. A name of a file beside it (ERRATA.md,
+# ../shared/..., docs/...) is one the reader cannot open.
+FILE_NAME = re.compile(r"[\w./-]*\.(?:md|txt|py|json|ipynb)\b|\bERRATA\b|shared/|seeds/", re.IGNORECASE)
+
+
+def reference_verdict(text: str, exact) -> str:
+    """Printed.verdict worked with Decimal: each number's exact value rounded half-up to the printed
+    digits, k = how many units of the last digit the print is off; agrees when every k is 0, rounding
+    when every k <= 1 and the print is within 1% of the exact value, else differs."""
+    ks, near = [], True
+    for (p, d), x in zip(parse_printed(text), np.asarray(exact, dtype=np.float64).reshape(-1), strict=True):
+        unit = Decimal(1).scaleb(-d)
+        rounded = Decimal(repr(float(x))).quantize(unit, rounding=ROUND_HALF_UP)
+        ks.append(abs(rounded - Decimal(repr(p))) / unit)
+        near = near and abs(p - x) <= 0.01 * abs(x)
+    if all(k == 0 for k in ks):
+        return "agrees"
+    return "rounding" if all(k <= 1 for k in ks) and near else "differs"
+
+
+def cli_text(capsys, *argv: str) -> str:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+def printed_rows():
+    """Every row a worked example printed: (example, step key, row, Printed, exact row)."""
+    for name in EXAMPLES:
+        for step in explain_example(name).steps:
+            for row, p in step.seed.items():
+                yield name, step.key, row, p, step.value if row is None else step.value[row]
+
+
+def test_a_rounding_slip_is_told_from_a_wrong_number():
+    verdicts = {}
+    for name, key, row, p, exact in printed_rows():
+        assert p.verdict == reference_verdict(p.text, exact), (name, key, row)
+        assert p.agrees == (p.verdict == "agrees")
+        verdicts[name, key, row] = p.verdict
+    # the slips the examples hold: chai's 1.826 for 1.8250, sitting's weights and output a digit off
+    assert {k for k, v in verdicts.items() if v == "rounding"} == {
+        ("chai", "scores", 0), ("sitting", "weights", 0), ("sitting", "output", 0)}  # fmt: skip
+    assert verdicts["one-layer", "v", 0] == "differs"  # -0.1 for -0.2: one unit, but half the value
+    assert verdicts["chai", "weights", 0] == "differs" and verdicts["chai", "x", 0] == "agrees"
+
+
+def test_the_text_output_says_rounded_differently_or_differs(capsys):
+    for name in EXAMPLES:
+        out = cli_text(capsys, "explain", "--example", name, "--precision", "4", "--full")
+        rows = [r for r in printed_rows() if r[0] == name]
+        for verdict, said in (
+            ("rounding", "(rounded differently; exact at left)"),
+            ("differs", "(differs; exact at left)"),
+        ):
+            assert out.count(said) == sum(r[3].verdict == verdict for r in rows), (name, verdict)
+
+
+def test_the_examples_name_no_file_a_user_lacks(capsys):
+    for name in EXAMPLES:
+        doc = cli_json(capsys, "explain", "--example", name, "--json")
+        words = [doc["title"], *doc["notes"], *(s["title"] for s in doc["steps"]), *(s["note"] for s in doc["steps"])]
+        words += [EXAMPLES[name][0]]
+        assert [w for w in words if FILE_NAME.search(w)] == [], name
+        out = cli_text(capsys, "explain", "--example", name)
+        assert not FILE_NAME.search(out), name
+
+
+def test_a_note_that_gives_exact_values_gives_the_steps_own():
+    """A note quoting `name = [...]` for token 3 of the one-layer toy quotes that step's row, rounded."""
+    expl = explain_example("one-layer")
+    exactly = " ".join(expl.notes).split("exactly:")[1]
+    quoted = dict(re.findall(r"([a-z]_?3?|x\(1\)) = (\[[^\]]+\])", exactly))
+    steps = {"v_3": "v", "a": "scores", "w": "weights", "r": "r", "x(1)": "x1"}
+    assert set(quoted) == set(steps)
+    for said, key in steps.items():
+        assert printed(quoted[said], expl.step(key).value[2]).verdict == "agrees", said
+
+
+def test_the_page_badges_each_row_by_its_verdict(browser, srv, opened):
+    p = visit(browser, srv.base, opened, view="examples")
+    for name in EXAMPLES:
+        p.goto(srv.base + "?" + urlencode({"view": "examples", "example": name}))
+        wait_drawn(p)
+        want = sorted((key, row, said.verdict) for n, key, row, said, _ in printed_rows() if n == name)
+        assert all(row is not None for _, row, _ in want)  # every printed row is a row of a matrix
+        got = p.eval_on_selector_all(
+            ".example-step",
+            """steps => steps.flatMap(s => [...s.querySelectorAll('table.matrix tbody tr')].map((tr, i) => {
+                 const b = tr.querySelector('.badge'); return b && [s.dataset.key, i, b.dataset.verdict, b.textContent];
+               }).filter(Boolean))""",
+        )
+        assert sorted((key, i, v) for key, i, v, _ in got) == want, name
+        words = {"agrees": "✓ agrees", "rounding": "≈ rounded differently", "differs": "≠ differs"}
+        assert all(words[v] == t for _, _, v, t in got)
+        assert not FILE_NAME.search(p.inner_text("main")), name
+    shot(p, "trips-examples-one-layer")
