@@ -19,7 +19,7 @@ import click
 import numpy as np
 
 from tokenkit.pipeline.checkpoint import atomic_path
-from tokenkit.transformer.explanation import Explanation, Step
+from tokenkit.transformer.explanation import ROUNDING, Explanation, Step
 
 CORNER = 8  # rows and columns shown of a large matrix without --full
 LABEL_WIDTH = 16  # longest column label shown before it is cut
@@ -72,11 +72,11 @@ def render_step(step: Step, *, precision: int, full: bool) -> list[str]:
     notes = []
     for i in range(n_rows):
         p = step.seed.get(None if v.ndim == 1 else i)
-        notes.append(
-            ""
-            if p is None
-            else ("   example: same" if p.agrees else f"   example printed {p.text} (differs; exact at left)")
-        )
+        if p is None or p.agrees:
+            notes.append("" if p is None else "   example: same")
+        else:  # a slip of rounding is not an error of the example's arithmetic (Printed.verdict)
+            how = "rounded differently" if p.verdict == ROUNDING else "differs"
+            notes.append(f"   example printed {p.text} ({how}; exact at left)")
     lines += _table(rows[:n_rows], col_labels, cells, notes)
     if n_rows < m.shape[0] or n_cols < m.shape[1]:
         lines.append(f"   (showing {n_rows} of {m.shape[0]} rows, {n_cols} of {m.shape[1]} columns; --full for all)")

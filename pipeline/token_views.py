@@ -131,10 +131,10 @@ def bpe_view(
     tokenizer, text: str, *, name: str, policy: Mapping[str, Any] = REFUSE, first: int = FIRST_MERGES
 ) -> dict[str, Any]:
     """/api/bpe: the text from bytes to tokens, merge by merge (`Tokenizer.replay`), the pieces
-    of every id it shows, and the tokenizer's `first` merges with the pair counts it recorded
-    when it learned them (None when it did not: imported, or made before tk recorded them)."""
+    of every id it shows (the first merges' pairs and new ids too, whether in the text or not),
+    and the tokenizer's `first` merges with the pair counts it recorded when it learned them
+    (None when it did not: imported, or made before tk recorded them)."""
     replay = tokenizer.replay(text, **policy)
-    shown = sorted(set(replay.initial) | {s.new_id for s in replay.steps})
     counts = merge_counts(tokenizer) or []
     first_merges = []
     for rank, (a, b) in enumerate(tokenizer.merges[:first]):
@@ -142,12 +142,15 @@ def bpe_view(
         made = piece(tokenizer.decode_bytes([new_id]))["text"]
         count = counts[rank] if rank < len(counts) else None
         first_merges.append({"rank": rank, "pair": [a, b], "new_id": new_id, "text": made, "count": count})
+    # every id the page labels: the text's, and the first merges' parts (most are not in the text)
+    shown = set(replay.initial) | {s.new_id for s in replay.steps}
+    shown |= {i for m in first_merges for i in (*m["pair"], m["new_id"])}
     return {
         "tokenizer": name,
         "initial": replay.initial,
         "chunks": [list(c) for c in replay.chunks],
         "steps": [{"rank": s.rank, "pair": list(s.pair), "new_id": s.new_id, "at": s.at} for s in replay.steps],
-        "pieces": {str(i): piece(tokenizer.decode_bytes([i])) for i in shown},
+        "pieces": {str(i): piece(tokenizer.decode_bytes([i])) for i in sorted(shown)},
         "ids": replay.ids,
         "first_merges": first_merges,
     }

@@ -312,9 +312,10 @@ def _block(params: Mapping[str, Any], name: str, what: str, view: str, shape=Non
 def model_view(config, params: Mapping[str, Any]) -> dict[str, Any]:
     """/api/model: the model's blocks in the order data flows through them, each with its tensors'
     shapes and parameter count (from `params`, the model's own), and the page view that shows it
-    at work. The counts add up to the model's parameters. The pieces are named as the config
-    says: learned, sinusoidal or rotary positions; LayerNorm or RMSNorm; a GELU/ReLU or SwiGLU MLP;
-    K/V heads shared by groups of query heads; the head tied to wte or its own lm_head."""
+    at work (an MLP's: the lens, whose attribution gives its share of the prediction). The counts
+    add up to the model's parameters. The pieces are named as the config says: learned, sinusoidal
+    or rotary positions; LayerNorm or RMSNorm; a GELU/ReLU or SwiGLU MLP; K/V heads shared by
+    groups of query heads; the head tied to wte or its own lm_head."""
     C, H, V, T = config.d_model, config.n_heads, config.vocab_size, config.context_length
     pre, hd, kv = config.norm == "pre", config.head_dim, config.kv_heads
     norm = "RMSNorm" if config.norm_type == "rmsnorm" else "LayerNorm"
@@ -350,7 +351,12 @@ def model_view(config, params: Mapping[str, Any]) -> dict[str, Any]:
             ("mlp.c_fc", up, {}),
             ("mlp.c_proj", f"MLP: back down to {C} dimensions", {}),
         ]
-        blocks += [_block(params, h + name, what, "attention", layer=i, **extra) for name, what, extra in layer]
+        # an MLP's effect shows in the lens view (its attribution bar); the rest of a block, in its attention
+        shown_in = {"mlp.c_fc": "lens", "mlp.c_proj": "lens"}
+        blocks += [
+            _block(params, h + name, what, shown_in.get(name, "attention"), layer=i, **extra)
+            for name, what, extra in layer
+        ]
     blocks.append(_block(params, "ln_f", f"final {norm}", "next"))
     if config.tie_embeddings:
         head = _block(

@@ -17,8 +17,8 @@ from browser import browser  # noqa: E402, F401 -- the system Chromium, for test
 # suite's time. `python -m pytest -q -m "not slow"` runs the rest, for the edit-test loop; CI
 # and the README's command run everything.
 SLOW_MODULES = {
-    "test_page", "test_page_html", "test_page_llama", "test_page_eval", "test_page_lens", "test_cuda_emulator",
-    "test_fused_attention", "test_mpi", "test_train_mpi", "test_run_dir", "test_children",
+    "test_page", "test_page_html", "test_page_llama", "test_page_eval", "test_page_lens", "test_page_trips",
+    "test_cuda_emulator", "test_fused_attention", "test_mpi", "test_train_mpi", "test_run_dir", "test_children",
     "test_reliability_signals", "test_reliability_runs", "test_reliability_files", "test_reliability_hangs",
     "test_reliability_mounts", "test_reliability_sizes", "test_interop", "test_workers", "test_gpu_ranks",
     "test_eval_mpi",

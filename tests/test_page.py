@@ -48,7 +48,7 @@ DRAWN = {  # what each view draws, once it has drawn
 DEFAULTS = {  # cli/page/core.js's: the address leaves these out
     "view": "tokens", "text": "Once upon a time, there was a little cat.", "layer": "0", "head": "0", "query": "",
     "example": "attention-lookup", "step": "", "temperature": "1", "top_k": "", "top_p": "", "seed": "0", "n": "20",
-    "specials": "", "position": "",
+    "specials": "", "position": "", "which": "",
 }  # fmt: skip
 FAILED_400 = "Failed to load resource: the server responded with a status of 400 (Bad Request)"
 
@@ -591,8 +591,11 @@ def test_model_blocks_add_up_and_link_to_their_views(page, srv, files):
         p.click(f'.block[data-name="{name}"]')
         wait_state(p, view=view)
         p.wait_for_selector(DRAWN[view])
-        if layer is not None:  # a layer's block: that layer's attention
+        if layer is not None and view == "attention":  # a layer's norm or attention: that layer's attention
             assert state(p)["layer"] == layer
+        elif layer is not None:  # a layer's MLP: the lens, with that MLP's attribution bar
+            assert view == "lens" and ".mlp." in name
+            assert p.query_selector(f'#attr-bars .attr-bar[data-part="mlp"][data-layer="{layer}"]') is not None
         p.go_back()
         wait_state(p, view="model")
     shot(p, "model")

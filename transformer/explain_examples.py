@@ -2,8 +2,10 @@
 
 Each `example_*` sets the example's weights by hand (its data: embeddings, W_Q, W_K, W_V, ...),
 runs them through `transformer.ops` in float64, and returns an `Explanation` whose steps carry
-what the example printed (`_seeded`); ../shared/seeds/ERRATA.md lists where its arithmetic was
-wrong. `EXAMPLES` names them for `tk explain --example NAME` and the page.
+what the example printed (`_seeded`), each row judged against the exact value (`Printed.verdict`:
+agrees, rounded differently, differs). `EXAMPLES` names them for `tk explain --example NAME` and
+the page. What it shows stands on its own: every exact value is in its step, and a note that
+says where an example went wrong gives the exact numbers there, naming no file a user lacks.
 
 What it deliberately does not do: read a model (transformer/explain.py does), or print.
 """
@@ -204,7 +206,7 @@ def example_chai() -> Explanation:
                 X,
                 toks,
                 d4,
-                "the worked example's later numbers (and ERRATA's) are computed from this rounded X.",
+                "the worked example's later numbers (and the exact ones here) are computed from this rounded X.",
             ),
             dict(enumerate(X_PRINTED)),
         ),  # fmt: skip
@@ -399,8 +401,10 @@ def example_one_layer() -> Explanation:
         notes=[
             "n = 3, d_vocab = 10, d_model = 5, d_head = 2; causal; the worked example follows token 3 (row t3).",
             "Column convention v = W_V x is computed as the library's row convention x W_V^T: same numbers.",
-            "The example's arithmetic goes wrong from v on (its v = [0.1, 0.2] . x is not W_V x) and carries through; "
-            "ERRATA.md has the exact values.",
+            "The example's arithmetic goes wrong from v on (its v = [0.1, 0.2] . x is not W_V x) and carries "
+            "through; each step shows the exact value, the example's print beside it. For token 3, exactly: "
+            "v_3 = [-0.5, -0.6], a = [0.1556, -0.5869, 0.4313], w = [0.3580, 0.1704, 0.4716], "
+            "r = [-0.1882, -0.2183], x(1) = [-0.0625, 0.8969, -1.1438, -1.1844, -0.2250].",
         ],
     )
 

@@ -2,7 +2,7 @@
 intermediate of a forward pass with its labels and a note, JSON-ready through `to_dict`.
 
 A step of a worked example may carry what the example printed (`Printed`) and whether that is the
-exact value rounded to the printed digits.
+exact value rounded to the printed digits, a slip of rounding, or wrong (`Printed.verdict`).
 
 What it deliberately does not do: run anything (transformer/explain.py reads a model's trace,
 transformer/explain_examples.py runs the worked examples), or print (cli/explain_render.py does).
@@ -19,17 +19,31 @@ import numpy as np
 
 from tokenkit.transformer.errors import ModelError
 
+# How a printed row compares with the exact one (`Printed.verdict`).
+AGREES, ROUNDING, DIFFERS = "agrees", "rounding", "differs"
+SLIP_UNITS = 1.5  # a rounding slip: the exact value rounded to the printed digits, off by one in the last
+SLIP_SHARE = 0.01  # ... and by under 1% of the value (-0.1 printed for -0.2 is one unit, but wrong)
+
 
 @dataclass(frozen=True)
 class Printed:
     """A value as a seed document printed it, e.g. "[0.291, 0.454, 0.199, 0.056]".
 
-    `agrees` is True when every printed number is the exact value rounded to the digits printed
-    (half a unit of the last digit), i.e. the worked example's arithmetic holds at its own precision.
+    `verdict`, for the row's every number p against the exact x, in units u of p's last digit:
+    - AGREES: |p - x| <= u/2, p is x rounded to the digits printed (the example's arithmetic holds
+      at its own precision);
+    - ROUNDING ("rounded differently"): not that, but every |p - x| <= 1.5 u (x rounded to the
+      printed digits is p or one unit off) and <= 1% of |x|: a slip of rounding (the example
+      rounded a step before and carried it on), the number right to its precision but one;
+    - DIFFERS: any number further: the example's arithmetic went wrong.
     """
 
     text: str
-    agrees: bool
+    verdict: str
+
+    @property
+    def agrees(self) -> bool:
+        return self.verdict == AGREES
 
 
 _NUMBER = re.compile(r"-?\d+(?:\.(\d+))?")
@@ -51,8 +65,12 @@ def printed(text: str, exact: np.ndarray) -> Printed:
     if len(numbers) != exact.size:
         raise ValueError(f"printed {text!r} has {len(numbers)} numbers, the value has {exact.size}")
     # 1e-9 absorbs float64 noise on values that sit exactly on a rounding boundary
-    agrees = all(abs(p - x) <= 0.5 * 10.0**-d + 1e-9 for (p, d), x in zip(numbers, exact, strict=True))
-    return Printed(text, agrees)
+    pairs = [(abs(p - x), 10.0**-d, abs(x)) for (p, d), x in zip(numbers, exact, strict=True)]
+    if all(off <= 0.5 * unit + 1e-9 for off, unit, _ in pairs):
+        return Printed(text, AGREES)
+    if all(off <= SLIP_UNITS * unit + 1e-9 and off <= SLIP_SHARE * size for off, unit, size in pairs):
+        return Printed(text, ROUNDING)
+    return Printed(text, DIFFERS)
 
 
 @dataclass
@@ -88,7 +106,8 @@ class Step:
         }
         if self.seed:
             out["example_printed"] = [
-                {"row": row, "text": p.text, "agrees": p.agrees} for row, p in sorted(self.seed.items(), key=_row_key)
+                {"row": row, "text": p.text, "agrees": p.agrees, "verdict": p.verdict}
+                for row, p in sorted(self.seed.items(), key=_row_key)
             ]
         return out
 

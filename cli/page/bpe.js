@@ -1,5 +1,6 @@
 // bpe.js: the BPE replay: the text going from bytes to tokens merge by merge (step buttons, a slider,
-// the `step` address parameter), and the training's first merges with their counts.
+// the `step` address parameter), and the training's first merges with their counts. With a second tokenizer
+// (`tk serve -c`), a switch replays either one (the `which` address parameter: "" the main one, "compare").
 "use strict";
 (() => {
   const {el} = TK;
@@ -70,12 +71,22 @@
     };
   }
 
+  // The switch between the two tokenizers of `tk serve -c`: the replay starts again at the last step.
+  function chooser(info, which) {
+    const select = el("select", {id: "bpe-which", onchange: (event) => TK.go({which: event.target.value, step: ""})},
+      el("option", {value: ""}, info.tokenizer.name), el("option", {value: "compare"}, info.compare.name));
+    select.value = which;
+    return el("div", {class: "controls"}, el("label", {for: "bpe-which"}, "Replay the tokenizer "), select);
+  }
+
   TK.register("bpe", {
     title: "BPE replay",
     needs: ["tokenizer"],
     async render(target, state, info, ctx) {
       if (state.text === "") { target.append(el("p", {class: "muted"}, "Type some text above to watch it go from bytes to tokens.")); return; }
-      const answer = await TK.api("/api/bpe", {text: state.text, specials: state.specials});
+      // with -c, either tokenizer can be replayed (`which`, kept in the address); without, the main one
+      const which = info.compare && state.which === "compare" ? "compare" : "";
+      const answer = await TK.api("/api/bpe", {text: state.text, specials: state.specials, which});
       const {steps, pieces} = answer;
       const at = replayer(answer);
       // colour each piece by the final token it ends up in, so colours stay put while pieces merge
@@ -177,7 +188,7 @@
           caption.replaceChildren(el("b", {}, "Step 0: the bytes. "),
             `${TK.int(answer.initial.length)} bytes, one token each, in ${TK.int(answer.chunks.length)} pre-token chunks ` +
             "(the tokenizer's pattern cuts the text first; a merge never crosses a chunk's edge).",
-            last ? el("span", {class: "muted"}, " Next: ", pairLabel(pieces, steps[0].pair), ` (rank ${steps[0].rank}).`) : null);
+            last ? el("span", {class: "muted"}, " Next: ", pairLabel(pieces, steps[0].pair), ` (rank ${steps[0].rank}).`) : "");  // not null: replaceChildren would write "null"
         } else {
           const step = steps[k - 1];
           caption.replaceChildren(el("b", {}, `Step ${k}: merge rank ${step.rank}. `),
@@ -207,6 +218,7 @@
       ctx.onLeave(() => document.removeEventListener("keydown", keys));
 
       const bytesN = answer.initial.length, tokensN = answer.ids.length;
+      if (info.compare) target.append(chooser(info, which));
       target.append(
         el("p", {class: "lead"}, "BPE starts from the text's bytes and merges the pair with the lowest rank " +
           "(the pair learned first) wherever it occurs, again and again, until no pair left was learned. " +

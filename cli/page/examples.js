@@ -62,6 +62,8 @@
               "exact (hover for all its digits)."),
             printed ? el("p", {}, "Beside a row the example worked by hand: what it printed, ",
               el("span", {class: "badge agrees"}, "✓ agrees"), " when that is the exact value rounded to the digits printed, ",
+              el("span", {class: "badge rounding"}, "≈ rounded differently"), " when each number is off by at most one in its " +
+              "last digit and by under 1% (a slip of rounding, the arithmetic right), ",
               el("span", {class: "badge differs"}, "≠ differs"), " when its arithmetic went wrong (the exact value is at left).") : null,
             el("p", {class: "muted"}, "Click a row of the heatmap to mark that query in every step."))),
         el("div", {class: "example-steps"}, steps));

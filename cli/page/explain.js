@@ -74,6 +74,13 @@
   const tokenChip = (text, position) => el("span", {class: "tok", title: JSON.stringify(text)},
     position == null ? null : el("span", {class: "pos"}, position), visible(text));
 
+  // What a worked example printed beside the exact row: its verdict (transformer/explanation.py's Printed) as a badge.
+  const VERDICTS = {agrees: "✓ agrees", rounding: "≈ rounded differently", differs: "≠ differs"};
+  function badge(p) {
+    const verdict = p.verdict in VERDICTS ? p.verdict : p.agrees ? "agrees" : "differs";
+    return el("span", {class: "badge " + verdict, dataset: {agrees: p.agrees ? "1" : "0", verdict}}, VERDICTS[verdict]);
+  }
+
   // ---------------------------------------------------------------- matrices (an explain step)
   // A step {key, title, note, rows, cols, value, example_printed} as a labelled table. opts.query: the row
   // to mark; opts.heat: colour the cells by value (attention weights); opts.max: rows/cols before "show all".
@@ -110,9 +117,7 @@
         if (sums) tr.append(el("td", {}, value(m[i].reduce((a, b) => a + (b || 0), 0), {derived: "row-sum", row: i})));
         if (hasPrinted) {
           const p = printed[i];
-          tr.append(el("td", {class: "printed"}, p ? [el("span", {class: "mono"}, p.text), " ",
-            el("span", {class: "badge " + (p.agrees ? "agrees" : "differs"), dataset: {agrees: p.agrees ? "1" : "0"}},
-              p.agrees ? "✓ agrees" : "≠ differs")] : ""));
+          tr.append(el("td", {class: "printed"}, p ? [el("span", {class: "mono"}, p.text), " ", badge(p)] : ""));
         }
         body.push(tr);
       }

@@ -1,5 +1,6 @@
 // model.js: the loaded model drawn as its blocks (embeddings, each layer's attention and MLP, the head)
-// with their shapes and parameter counts, each a link to the view that shows it at work.
+// with their shapes and parameter counts, each a link to the view that shows it at work (an MLP: the lens view,
+// whose attribution bars give each MLP's share of the prediction).
 "use strict";
 (() => {
   const {el} = TK;
@@ -18,19 +19,25 @@
     const view = TK.VIEWS.includes(block.view) ? block.view : null;
     const share = total ? block.parameters / total : 0;
     const minor = block.parameters > 0 && share < 0.01;  // layer norms: a few hundred numbers
-    const patch = view ? {view, ...(view === "attention" && layer != null ? {layer: String(layer), head: "0", query: ""} : {})} : null;
+    // a block's own place in its view: the attention of its layer, or (an MLP) the lens with its attribution bar
+    const patch = !view ? null : view === "attention" && layer != null ? {view, layer: String(layer), head: "0", query: ""}
+      : view === "lens" ? {view, position: ""} : {view};
+    const where = view === "attention" && layer != null && !minor ? ` · layer ${layer}`
+      : view === "lens" && layer != null ? ` · block ${layer}'s MLP` : "";
     const body = [
       el("span", {class: "block-name"}, block.name),
       el("span", {class: "block-what"}, block.what),
       block.shape && block.shape.length ? el("span", {class: "block-shape", title: "shape"}, block.shape.join(" × ")) : null,
+      // the count and its share each kept whole: a narrow block breaks the line between them only
       el("span", {class: "block-params", title: `${(100 * share).toFixed(2)}% of the model's parameters`},
-        !block.parameters ? "no parameters of its own" : minor ? `${TK.int(block.parameters)} parameters`
-          : `${TK.int(block.parameters)} parameters · ${(100 * share).toFixed(1)}%`),
+        !block.parameters ? "no parameters of its own" : el("span", {}, `${TK.int(block.parameters)} parameters`),
+        block.parameters && !minor ? el("span", {}, ` · ${(100 * share).toFixed(1)}%`) : null),
       minor ? null : el("span", {class: "block-share"}, el("div", {style: {width: (100 * share).toFixed(1) + "%"}})),
-      view ? el("span", {class: "block-go"}, `${TITLES[view] || view}${patch.layer != null && !minor ? " · layer " + patch.layer : ""} →`) : null,
+      view ? el("span", {class: "block-go"}, `${TITLES[view] || view}${where} →`) : null,
     ];
     const attrs = {class: "block" + (minor ? " small" : ""), dataset: {name: block.name, parameters: block.parameters, layer: layer == null ? null : layer, view: view || null},
-      title: view ? `see ${block.name} at work in the ${TITLES[view] || view} view` : null};
+      title: !view ? null : view === "lens" ? `see ${block.name}'s share of the prediction in the Lens view's attribution`
+        : `see ${block.name} at work in the ${TITLES[view] || view} view`};
     return view ? TK.linkTo(patch, attrs, ...body) : el("div", attrs, ...body);
   }
 
