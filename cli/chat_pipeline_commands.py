@@ -39,7 +39,8 @@ def chat_options(func):
             "--chat",
             "chat",
             is_flag=True,
-            help=f"the whole road: pretrain on CORPUS (default {STORIES}), fine-tune on --dialogues, then "
+            help=f"the whole road: pretrain on CORPUS (default {STORIES}; the training flags are the "
+            "pretraining's, with --context-length 288 and --steps 600 unless given), fine-tune on --dialogues, "
             "report the held-out answer accuracy before and after, and end with a conversation",
         ),
         click.option(

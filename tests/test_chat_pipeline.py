@@ -197,3 +197,14 @@ def test_bad_input_is_one_line_before_anything_is_written(files, tmp_path, monke
     code, _, err = tk("pipeline", "--chat", "-o", str(run))
     one_line(code, err, "corpora/tiny_tales.txt not found")
     assert not run.exists()
+
+
+def test_the_help_says_the_defaults_the_road_uses():
+    from tokenkit.pipeline.chat_pipeline import PRETRAIN, ChatSettings
+
+    code, out, _ = tk("pipeline", "--help")
+    text = " ".join(out.split())
+    assert code == 0
+    assert f"--context-length {PRETRAIN['context_length']} and --steps {PRETRAIN['steps']} unless given" in text
+    assert f"fine-tuning steps [default: {ChatSettings().steps}]" in text
+    assert f"peak learning rate [default: {ChatSettings().lr}]" in text
