@@ -59,7 +59,7 @@ def chat_options(func):
         click.option(
             "--chat-steps",
             type=Number(int, Range(1, MAX_STEPS)),
-            help="with --chat: fine-tuning steps [default: 400]",
+            help="with --chat: fine-tuning steps [default: 800]",
         ),
         click.option(
             "--chat-lr",

@@ -75,7 +75,7 @@ class ChatSettings:
     """The fine-tuning's own settings; the rest (the shape) comes from the base model, and the
     batch size, evaluation batches, seed and workers from the pretraining's."""
 
-    steps: int = 400
+    steps: int = 800
     lr: float = 2e-3
     warmup_steps: int = 20
     eval_interval: int = 100
