@@ -5,10 +5,10 @@ has its keys and equals pipeline/chat_accuracy.py recomputed on the saved models
 for the chat tokens, and the fine-tuned one), its baseline the majority baseline; the answers
 through ChatSession see exactly the template's rendering of each held-out prompt and are the
 greedy answers of the model rerun on the whole sequence for each token; a second run reuses every
-stage; a run interrupted in pretraining or in fine-tuning, run again, ends with the weights of the
-uninterrupted run; and each bad input (a missing or damaged dialogues file, a damaged held-out
-line, a chat flag without --chat, the defaults outside a checkout) is one line that leaves no
-run directory behind.
+stage, and new fine-tuning settings are refused until --overwrite; a run interrupted in
+pretraining or in fine-tuning, run again, ends with the weights of the uninterrupted run; and
+each bad input (a missing or damaged dialogues file, a damaged held-out line, a chat flag without
+--chat, the defaults outside a checkout) is one line that leaves no run directory behind.
 """
 
 from __future__ import annotations
@@ -208,3 +208,22 @@ def test_the_help_says_the_defaults_the_road_uses():
     assert f"--context-length {PRETRAIN['context_length']} and --steps {PRETRAIN['steps']} unless given" in text
     assert f"fine-tuning steps [default: {ChatSettings().steps}]" in text
     assert f"peak learning rate [default: {ChatSettings().lr}]" in text
+
+
+def test_new_fine_tuning_settings_are_refused_until_overwrite(whole, files, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(whole[0], run)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    code, _, err = road(files, run, "--chat-steps", "5")
+    last = err.strip().splitlines()[-1]  # after the notes of the stages kept
+    assert code == 1 and last.startswith("error: ") and "Traceback" not in err, err
+    assert "fine-tuning settings changed" in last and "--overwrite" in last
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    code, _, err = road(files, run, "--chat-steps", "5", "--overwrite")
+    assert code == 0, err
+    assert "train: up to date" in err and "fine-tuning again (--overwrite)" in err
+    assert load_model(run / CHAT_DIR).metadata["step"] == 5
+    record = json.loads((run / ACCURACY_FILE).read_text())
+    assert record["chat_model_sha256"] != json.loads((whole[0] / ACCURACY_FILE).read_text())["chat_model_sha256"]
