@@ -19,6 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from tokenkit.cli.chat_pipeline_commands import chat_options
+from tokenkit.cli.chat_pipeline_commands import run as run_chat_pipeline
+from tokenkit.cli.chat_pipeline_commands import take as take_chat_options
 from tokenkit.cli.launch import end_together, mpi_world
 from tokenkit.cli.model_commands import stream_text
 from tokenkit.cli.notes import note, notes, once, warn
@@ -391,7 +394,7 @@ def train_model_command(
 
 
 @click.command("pipeline")
-@click.argument("corpus", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("corpus", nargs=-1, type=click.Path(path_type=Path))
 @out_option("run_dir", "run directory")
 @click.option(
     "--vocab-size",
@@ -403,7 +406,8 @@ def train_model_command(
 @_training_options
 @_run_corpus_options
 @click.option("--prompt", default=None, help="prompt for the final sample (default: words from the validation text)")
-@max_new_tokens_option("tokens in the final sample  [default: what fills the model's context]")
+@max_new_tokens_option("tokens in the final sample  [default: what fills the model's context; --chat: 32 an answer]")
+@chat_options
 @overwrite_option("redo stages whose outputs are stale, and replace files not made by the pipeline")
 @quiet_option("no progress bars or notes")
 @device_option
@@ -437,18 +441,32 @@ def pipeline_command(
     inputs changed (a new corpus, another vocabulary size or training settings) would replace
     its output: that needs --overwrite.
 
+    --chat goes on to a model you can talk to: RUN_DIR/base is the pipeline's run on CORPUS
+    (default corpora/tiny_tales.txt; the training flags are its), RUN_DIR/chat that model
+    fine-tuned on --dialogues (default corpora/tiny_dialogues.jsonl), RUN_DIR/accuracy.json the
+    held-out answer accuracy (--held-out) of both; it ends with a conversation about a held-out
+    story. Rerunning continues it as above.
+
     \b
     Example:
       tk pipeline corpora/tiny_tales.txt -o runs/demo
+      tk pipeline --chat -o runs/road
     """
     from tokenkit.pipeline import checkpoint
     from tokenkit.pipeline.run import generate, predict_next, run_pipeline, token_text
 
+    road = take_chat_options(kwargs, corpus)
     say = notes(quiet)
     check_device(device)
     given = _given(kwargs, ranks=ranks)
     _check_val(val, given)
     _check_workers_on(device, given, ranks)
+    if road is not None:
+        spec = functools.partial(_corpus_spec, val=val, eot=eot, glob=glob, text_field=text_field, binary=binary,
+                                 special_policy=special_policy)  # fmt: skip
+        return run_chat_pipeline(ranks, corpus, run_dir, road, given, vocab_size=vocab_size, prompt=prompt,
+                                 max_new_tokens=max_new_tokens, overwrite=overwrite, quiet=quiet, device=device,
+                                 spec=lambda c: spec(c).open(warn=warn))  # fmt: skip
     config = TrainConfig.from_dict(given)
     inputs = _corpus_spec(corpus, val, eot, glob, text_field, binary, special_policy).open(warn=warn)
     result = run_pipeline(

@@ -128,8 +128,8 @@ def not_for_chat(tok, where: str = "the model") -> str | None:
         return None
     return (
         f"{where} was not fine-tuned for chat: its tokenizer lacks the chat template's tokens "
-        f"{', '.join(lacks)}; a model learns them by fine-tuning on conversations (tk train-model --chat, "
-        "coming), from a tokenizer given them by tk encode -t TOK --add-chat-tokens NEW.safetensors"
+        f"{', '.join(lacks)}; a model learns them by fine-tuning on conversations: "
+        "tk train-model --chat DATA.jsonl --init-from MODEL -o RUN (or tk pipeline --chat)"
     )
 
 

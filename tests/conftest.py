@@ -21,7 +21,7 @@ SLOW_MODULES = {
     "test_cuda_emulator", "test_fused_attention", "test_mpi", "test_train_mpi", "test_run_dir", "test_children",
     "test_reliability_signals", "test_reliability_runs", "test_reliability_files", "test_reliability_hangs",
     "test_reliability_mounts", "test_reliability_sizes", "test_interop", "test_workers", "test_gpu_ranks",
-    "test_eval_mpi",
+    "test_eval_mpi", "test_chat_pipeline",
 }  # fmt: skip
 
 
