@@ -79,6 +79,7 @@ import numpy as np
 from tokenkit.transformer import ops as cpu_ops
 from tokenkit.transformer.backends import attention_source
 from tokenkit.transformer.backends.cuda_source import SKINNY_ROWS
+from tokenkit.transformer.errors import ModelError
 
 LN_EPS = cpu_ops.LN_EPS
 
@@ -293,14 +294,17 @@ class DeviceOps:
         B, H, T, hd = y.shape
         return self.xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(B, T, H * hd)
 
-    def attention_forward(self, qkv, n_heads: int, causal: bool, trace: dict | None = None, n_kv_heads=None):
+    def attention_forward(self, qkv, n_heads: int, causal: bool, trace: dict | None = None, n_kv_heads=None, drop=None):
         """qkv (B, T, (H + 2 Hkv) hd) -> out (B, T, H hd) = softmax(q k^T / sqrt(hd) + mask) v.
 
         Fused where `fused_attention_applies` (one kernel; the cache keeps the rows' log-sum-exp,
         no weights). Otherwise two batched GEMMs around one softmax kernel that masks in place;
         k and v are made contiguous once (repeated for their groups of query heads), since a
         batched GEMM needs one stride per batch. `trace` records what the CPU op records.
+        `drop` (the CPU op's dropout mask) is refused: training refuses --dropout on a GPU first.
         """
+        if drop is not None:
+            raise ModelError("dropout runs on the CPU only: the GPU's fused attention takes no mask")
         xp = self.xp
         Hkv = cpu_ops.kv_heads(n_heads, n_kv_heads)
         hd = qkv.shape[-1] // (n_heads + 2 * Hkv)
