@@ -146,9 +146,14 @@ def _inside(frame, code) -> bool:
 
 def _deliver_again(signum: int) -> None:
     """Signal `signum` to the main thread again in a moment, from another thread: the main
-    thread has left the finalizer and the hook by then (if not, this repeats)."""
+    thread has left the finalizer and the hook by then (if not, this repeats). A real signal
+    (pthread_kill), where the system has one: it also wakes a main thread that went on to block
+    in a read (`tk chat` waiting for a line), which `_thread.interrupt_main` only flags."""
+    main = threading.main_thread().ident
+    kill = hasattr(signal, "pthread_kill")
+    again = (signal.pthread_kill, (main, signum)) if kill else (_thread.interrupt_main, (signum,))
     try:
-        threading.Timer(_AGAIN_S, _thread.interrupt_main, (signum,)).start()
+        threading.Timer(_AGAIN_S, *again).start()
     except RuntimeError:  # no new threads at the interpreter's shutdown: the process is ending anyway
         pass
 

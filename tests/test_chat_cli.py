@@ -408,7 +408,7 @@ def test_a_model_without_the_chat_tokens_is_one_line(base, tmp_path, monkeypatch
     code, out, err = tk_chat(monkeypatch, capsys, ["-m", str(path)], b"hi\n")
     assert code == 1 and out == ""
     assert err.count("\n") == 1 and err.startswith(f"error: {path} was not fine-tuned for chat")
-    assert "tk encode -t TOK --add-chat-tokens" in err
+    assert "tk train-model --chat DATA.jsonl --init-from MODEL" in err  # the way to a model that chats
 
 
 def test_lines_are_bounded_and_a_long_one_is_skipped_whole():

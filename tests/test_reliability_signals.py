@@ -330,3 +330,33 @@ def test_a_signal_after_the_ranks_agreed_they_finished_is_too_late_to_count(file
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stderr) == (0, ""), proc.stdout + proc.stderr
     assert out.is_file()
+
+
+def test_a_signal_delivered_again_wakes_a_main_thread_blocked_in_a_read():
+    """An interrupt raised inside a finalizer cannot propagate, so `cli.main` delivers it again
+    from a timer thread. Found under load in `tk chat`: if the main thread has gone on to block
+    in a read (waiting for the next line), only a real signal wakes it; `_thread.interrupt_main`
+    only flagged it, and tk waited for a line that never came."""
+    from tokenkit.cli import main as cli_main
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    def too_late(signum, frame):
+        raise TimeoutError
+
+    read, write = os.pipe()
+    previous = signal.signal(signal.SIGINT, stop), signal.signal(signal.SIGALRM, too_late)
+    try:
+        signal.alarm(5)  # the guard: a read the delivery does not wake ends here
+        start = time.monotonic()
+        cli_main._deliver_again(signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):
+            os.read(read, 1)  # nothing is ever written: only a signal ends this
+        assert time.monotonic() - start < 2
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGALRM, previous[1])
+        os.close(read)
+        os.close(write)
