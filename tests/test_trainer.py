@@ -364,8 +364,9 @@ def test_a_short_buffer_is_never_cut_without_the_context_after_the_cut():
     assert list(cut_pieces([data[i : i + 1] for i in range(len(data))], 1)) == [data]
 
 
+@pytest.mark.parametrize("held", [None, 8])
 @pytest.mark.parametrize("workers", [1, 2])
-def test_gpt2_counts_through_words_equal_the_whole_texts_split(monkeypatch, workers):
+def test_gpt2_counts_through_words_equal_the_whole_texts_split(monkeypatch, workers, held):
     """GPT-2's chunks are counted through its words (each distinct word split once, words of the
     same count joined, ASCII ones by the stdlib's re): equal to splitting each whole text, on
     texts whose words repeat a lot, mix scripts and whitespace, and start or end oddly."""
@@ -377,4 +378,10 @@ def test_gpt2_counts_through_words_equal_the_whole_texts_split(monkeypatch, work
         words = [rng.choice(vocabulary) + rng.choice(spaces) for _ in range(rng.randint(1, 400))]
         docs.append((rng.choice(["", " ", "\n"]) + "".join(words)).encode())
     monkeypatch.setattr(pretokenize, "_PIECE_BYTES", 256)  # many pieces, each with a first word of its own
+    splits = []
+    if held is not None:  # words split into chunks and dropped whenever more than `held` are held
+        monkeypatch.setattr(pretokenize, "_WORDS_HELD", held)
+        real = pretokenize._as_chunks
+        monkeypatch.setattr(pretokenize, "_as_chunks", lambda *a: splits.append(1) or real(*a))
     assert count_chunks(docs, "gpt2", workers=workers, quiet=True) == naive_counts(docs, "gpt2")
+    assert held is None or workers > 1 or len(splits) > 1  # in this process: split on the way, not once
