@@ -88,7 +88,7 @@ def main() -> None:
     if args.output == "-":
         sys.stdout.write(data)
     else:
-        Path(args.output).write_text(data, encoding="utf-8")
+        _tales().write_atomic(Path(args.output), data)  # the corpora's one writer
 
 
 if __name__ == "__main__":

@@ -40,9 +40,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import random
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -199,21 +197,6 @@ def jsonl(records: list[dict]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """`text` at `path`, written beside it and moved into place, so a reader never sees half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~umask)  # as a plain open would make it, not mkstemp's 0600
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-o", "--output", type=Path, default=HERE / "tiny_dialogues.jsonl")
@@ -228,8 +211,8 @@ def main() -> None:
     for path in (args.output, args.held_out):
         if not path.parent.is_dir() or path.is_dir():
             parser.error(f"{path} is not a file in an existing folder; give one")
-    write_atomic(args.output, jsonl(train(args.conversations, args.seed)))
-    write_atomic(args.held_out, jsonl(held_out()))
+    tales.write_atomic(args.output, jsonl(train(args.conversations, args.seed)))
+    tales.write_atomic(args.held_out, jsonl(held_out()))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ in tiny_tales.txt.
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import tempfile
 from pathlib import Path
 
 CHARACTERS = [  # (kind, pronoun, possessive)
@@ -147,10 +149,24 @@ def tale_and_facts(rng: random.Random) -> tuple[str, dict[str, str]]:
     return " ".join(lines), facts
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """`text` at `path`, written beside it and moved into place, so a reader never sees half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~umask)  # as a plain open would make it, not mkstemp's 0600
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
 def write_corpus(path: Path, stories: int, seed: int) -> None:
     rng = random.Random(seed)
-    text = "\n\n".join(tale(rng) for _ in range(stories)) + "\n"
-    path.write_text(text, encoding="utf-8")
+    write_atomic(path, "\n\n".join(tale(rng) for _ in range(stories)) + "\n")
 
 
 def main() -> None:
