@@ -110,8 +110,9 @@ _TIMING = re.compile(r"\d[\d,.]*\s*(?:ms|s|[\w ]*/s)\b")
 
 def untimed(line: str) -> str:
     """`line` with its timings masked: what `--check` compares (ids, counts, messages and, on the
-    machine the pages name, losses are the same in every run)."""
-    return _TIMING.sub("<time>", line)
+    machine the pages name, losses are the same in every run). Runs of spaces count as one: a
+    table's column is as wide as its widest timing."""
+    return " ".join(_TIMING.sub("<time>", line).split())
 
 
 def differences(old: list[str], new: list[str]) -> list[str]:
