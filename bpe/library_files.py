@@ -134,11 +134,19 @@ def write_files(directory: str | os.PathLike, files: dict[str, bytes], *, overwr
     change: a reader sees all the old ones or all the new ones (`common.atomic_dir.replace_files`;
     in a mount point a crash still ends so, a reader during the moves may see a mix), and the
     directory's other files stay. Files of the same names already there are replaced only
-    with `overwrite`; a path that is a file is refused, never replaced. Returns the paths."""
+    with `overwrite`; a path that is a file is refused, never replaced. An export with a chat
+    template is refused where a chat_template.jinja (not ours: we never write one) would win over
+    it in transformers 5. Returns the paths."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise TokenizerError(f"{directory}: exists and is not a directory")
     present = [name for name in files if os.path.lexists(directory / name)]
+    if "tokenizer_config.json" in files and os.path.lexists(directory / CHAT_TEMPLATE_FILE):
+        if "chat_template" in json.loads(files["tokenizer_config.json"]):
+            raise TokenizerError(
+                f"{directory / CHAT_TEMPLATE_FILE} is not this export's, and transformers would read its template "
+                "before the one in tokenizer_config.json; move it away or choose another directory"
+            )
     if present and not overwrite:
         raise TokenizerError(
             f"{directory} already holds {', '.join(present)}; choose another directory, "

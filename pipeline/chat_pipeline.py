@@ -47,12 +47,10 @@ from tokenkit.pipeline.config import DEFAULT_VOCAB_SIZE, TrainConfig
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.pipeline.resume import resume_training
 from tokenkit.pipeline.run import run_pipeline
+from tokenkit.pipeline.rundir import ACCURACY_FILE, BASE_DIR, CHAT_DIR, CHAT_STAMP
 from tokenkit.pipeline.start_from import StartFrom
 from tokenkit.pipeline.train import TrainResult
 
-BASE_DIR, CHAT_DIR = "base", "chat"
-CHAT_STAMP = "chat.json"  # what RUN/chat started from
-ACCURACY_FILE = "accuracy.json"
 OWN_FILES = (CHAT_STAMP, ACCURACY_FILE)
 RULE = "exact match of the key word (pipeline/chat_accuracy.py), greedy answers"
 MODEL_LIMIT = 64 * readfile.GIB  # a model file hashed for the record: read in chunks, bounded

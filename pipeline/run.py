@@ -338,6 +338,12 @@ def run_pipeline(
     check_training_memory(config, vocab_size, ranks, device)
     with rundir.RunDir(run_dir) as rd:
         run_dir = rd.path
+        road = rd.present(rundir.CHAT_ROAD_FILES)
+        if road:  # even with --overwrite: its runs are in subdirectories, which this run would not replace
+            raise PipelineError(
+                f"{run_dir} holds `tk pipeline --chat`'s files ({', '.join(road)}); run tk pipeline --chat "
+                "there, or choose another -o"
+            )
         if not overwrite and not (run_dir / checkpoint.PIPELINE_FILE).exists():
             rundir.refuse_conflicts(run_dir, rd.present(), what="a run not made by `tk pipeline`")
         corpus = sources.store_streams(corpus, run_dir, say)  # validated and locked: now a stream may be read

@@ -57,6 +57,9 @@ RUN_FILES = (
 
 # A run that saved either can be resumed; the log and the token cache's record are written by tk alone.
 CHECKPOINT_FILES = (checkpoint.MODEL_FILE, checkpoint.STATE_FILE)
+# `tk pipeline --chat`'s RUN (pipeline/chat_pipeline.py): two runs in subdirectories and its own records
+BASE_DIR, CHAT_DIR, CHAT_STAMP, ACCURACY_FILE = "base", "chat", "chat.json", "accuracy.json"
+CHAT_ROAD_FILES = (BASE_DIR, CHAT_DIR, CHAT_STAMP, ACCURACY_FILE)
 _RUN_MARKS = (checkpoint.LOG_FILE, checkpoint.TOKENS_META_FILE)
 
 

@@ -227,3 +227,13 @@ def test_new_fine_tuning_settings_are_refused_until_overwrite(whole, files, tmp_
     assert load_model(run / CHAT_DIR).metadata["step"] == 5
     record = json.loads((run / ACCURACY_FILE).read_text())
     assert record["chat_model_sha256"] != json.loads((whole[0] / ACCURACY_FILE).read_text())["chat_model_sha256"]
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_a_plain_pipeline_into_the_road_s_directory_is_one_line_and_touches_nothing(whole, files, overwrite):
+    # the road's runs are in base/ and chat/: a plain run beside them would be a third, mixed in
+    run = whole[0]
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    code, _, err = tk("pipeline", str(files["tales"]), "-o", str(run), *TINY[:-4], *overwrite)
+    one_line(code, err, "tk pipeline --chat", "base")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before

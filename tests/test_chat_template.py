@@ -332,3 +332,22 @@ def test_the_modules_examples_hold():
     for module in (chat_template, conversations, model_vocab):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+def test_bpe_export_of_a_template_refuses_a_stranger_s_template_file_that_would_win(tok, base, tmp_path, capsys):
+    # transformers 5 reads chat_template.jinja before tokenizer_config.json's template: an export
+    # with a template beside one would be read with the other template; the file is not ours to remove
+    tok.save(tmp_path / "chat.safetensors")
+    base.save(tmp_path / "plain.safetensors")
+    for name in ("chat", "plain"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "chat_template.jinja").write_text("theirs", encoding="utf-8")
+    assert main(["bpe-export", str(tmp_path / "chat.safetensors"), "--format", "hf", "-o", str(tmp_path / "chat")]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "chat_template.jinja" in err and "Traceback" not in err, err
+    assert sorted(p.name for p in (tmp_path / "chat").iterdir()) == ["chat_template.jinja"]
+    # a tokenizer without a template leaves the choice to the file, as before
+    plain = ["bpe-export", str(tmp_path / "plain.safetensors"), "--format", "hf", "-o", str(tmp_path / "plain")]
+    assert main(plain) == 0
+    for name in ("chat", "plain"):
+        assert (tmp_path / name / "chat_template.jinja").read_text(encoding="utf-8") == "theirs"
