@@ -168,7 +168,7 @@ def _bpe_train(comm, corpus, vocab_size, min_frequency, pattern, specials, worke
     "--chat",
     type=click.Path(path_type=Path),
     help='Render each conversation of this JSONL file ({"messages": [...]}) with the chat template: its ids and '
-    "the mask of the tokens fine-tuning learns (docs/chat.md).",
+    "the mask of the tokens fine-tuning learns (each assistant turn and its end).",
 )
 @click.option(
     "--generation-prompt", is_flag=True, help="With --chat: end each conversation with the assistant's opening."
@@ -200,7 +200,7 @@ def encode_command(
     """Turn text into token ids.
 
     With --chat: each conversation of a JSONL file as tk's chat template renders it, with the
-    tokens fine-tuning learns marked (docs/chat.md).
+    tokens fine-tuning learns (each assistant turn and its end) marked.
 
     \b
     Examples:
