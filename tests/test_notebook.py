@@ -232,6 +232,8 @@ def test_frames_on_one_page_each_show_their_own_and_their_tabs_work(tok, browser
 
 # ----------------------------------------------------------------------------- docs/notebook.ipynb
 
+KERNEL = "tokenkit-test-python"  # this interpreter's ipykernel
+
 # Run after the notebook's cells, in its kernel: what the Python API says of its objects.
 CHECK = """\
 import json as _json
@@ -244,7 +246,7 @@ print(_json.dumps({"text": tok.encode(text), "story": tok.encode(story),
 
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory) -> dict:
-    """docs/notebook.ipynb executed in a python3 kernel of this interpreter, with CHECK after it:
+    """docs/notebook.ipynb executed in a kernel of this interpreter, with CHECK after it:
     its outputs' HTML in one page (as a notebook shows them), and CHECK's numbers."""
     nbformat = pytest.importorskip("nbformat", reason="pip install -e '.[test]' to run the notebook")
     nbclient = pytest.importorskip("nbclient", reason="pip install -e '.[test]' to run the notebook")
@@ -252,10 +254,17 @@ def executed(tmp_path_factory) -> dict:
     nb = nbformat.read(NOTEBOOK, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells)  # kept without outputs: small, and each run fresh
     nb.cells.append(nbformat.v4.new_code_cell(CHECK))
+    # A kernel spec of its own, first on JUPYTER_PATH: a "python3" the user installed may be another Python's.
+    kernels = tmp_path_factory.mktemp("jupyter")
+    spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"], "language": "python"}
+    (kernels / "kernels" / KERNEL).mkdir(parents=True)
+    (kernels / "kernels" / KERNEL / "kernel.json").write_text(json.dumps({**spec, "display_name": KERNEL}))
     client = nbclient.NotebookClient(
-        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(REPO / "docs")}}
+        nb, timeout=120, kernel_name=KERNEL, resources={"metadata": {"path": str(REPO / "docs")}}
     )
-    client.execute()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("JUPYTER_PATH", os.pathsep.join(filter(None, [str(kernels), os.environ.get("JUPYTER_PATH")])))
+        client.execute()
     outputs = [o for c in nb.cells for o in c.get("outputs", [])]
     assert not [o for o in outputs if o["output_type"] == "error"]
     frames = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
