@@ -464,9 +464,10 @@ def csp(inline: list[tuple[str, str]]) -> str:
     )
 
 
-def page_html(page: Page, root: Path = PAGE_DIR) -> bytes:
+def page_html(page: Page, root: Path = PAGE_DIR, first: str = "") -> bytes:
     """The page (cli/page/index.html with every file it loads inline) holding `page`'s answers,
-    under a Content-Security-Policy that allows its own inline scripts and styles only."""
+    under a Content-Security-Policy that allows its own inline scripts and styles only. `first`:
+    a script run after the answers and before the page's own (tokenkit.show's frame, cli/notebook.py)."""
     doc = _asset("index.html", root)
     for needed in (_DATA_SLOT, _TITLE, _CHARSET):
         if doc.count(needed) != 1:
@@ -482,7 +483,10 @@ def page_html(page: Page, root: Path = PAGE_DIR) -> bytes:
     doc = _CSS.sub(lambda m: put("style", _inline(_asset(m.group(1), root), "style", m.group(1))), doc)
     doc = _SCRIPT.sub(lambda m: put("script", _inline(_asset(m.group(1), root), "script", m.group(1))), doc)
     _check_markup(doc)  # tk's own markup, before the user's text goes in (escaped: data, never markup)
-    doc = doc.replace(_DATA_SLOT, put("script", data_script(page)), 1)  # one line, no "<" (data_script)
+    data = put("script", data_script(page))  # one line, no "<" (data_script)
+    if first:
+        data += "\n" + put("script", _inline(first, "script", "the first script"))
+    doc = doc.replace(_DATA_SLOT, data, 1)
     doc = doc.replace(_TITLE, f"<title>{html.escape(page.title)}</title>", 1)
     policy = f'<meta http-equiv="Content-Security-Policy" content="{csp(inline)}">'
     doc = doc.replace(_CHARSET, f"{_CHARSET}\n{policy}", 1)  # first in <head>: before any script or style

@@ -6,7 +6,8 @@ The public API in one place; each name lives in the subpackage that owns it:
 - `tokenkit.transformer`: arrays in, arrays out (`GPT`, `GPTConfig`, `llama_config`, `DataParallel`, `AdamW`).
 - `tokenkit.pipeline`: corpora to token files, training runs and their files.
 - `tokenkit.common`: file safety and process hygiene the packages share.
-- `tokenkit.cli`: the `tk` command, a thin layer over the above.
+- `tokenkit.cli`: the `tk` command, a thin layer over the above; `show`, `tk serve`'s page for one
+  text inline in a Jupyter notebook (`tokenkit.cli.notebook`).
 
 >>> from tokenkit import Tokenizer
 >>> tok = Tokenizer.train([b"aaabdaaabac"], vocab_size=259, min_frequency=1, quiet=True)
@@ -22,7 +23,7 @@ __version__ = "0.1.0"  # the one place: pyproject.toml reads it, `tk --version` 
 import importlib as _importlib
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing at tk's start; type checkers read the block
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # `show` is left out: tokenkit.cli reads this package's __version__ (tests/test_layers.py's cycle)
     from tokenkit.bpe import Corpus, Tokenizer, TokenizerError
     from tokenkit.common import FileError
     from tokenkit.pipeline import PipelineError
@@ -52,6 +53,7 @@ __all__ = [
     "clip_grad_norm",
     "cosine_schedule",
     "llama_config",
+    "show",
 ]
 
 # Imported on first use (PEP 562), not here: every entry to `tk` imports this package first, and
@@ -70,6 +72,7 @@ _HOMES = {
     "clip_grad_norm": "transformer",
     "cosine_schedule": "transformer",
     "llama_config": "transformer",
+    "show": "cli.notebook",
 }
 _SUBPACKAGES = frozenset({"bpe", "cli", "common", "pipeline", "transformer"})
 
