@@ -33,6 +33,7 @@ from tokenkit.cli.options import (
     max_new_tokens_option,
     out_option,
     overwrite_option,
+    path_option,
     quiet_option,
     tokenizer_option,
 )
@@ -135,11 +136,9 @@ def _run_corpus_options(func):
         "Put this special token between documents (files, JSONL records) in the token files; "
         "a tokenizer trained here gets it, a given one (-t) must have it."
     )(command)
-    command = click.option(
+    command = path_option(
         "--val",
-        "val",
         multiple=True,
-        type=click.Path(path_type=Path),
         metavar="FILE",
         help="Validate on this corpus (repeatable; files, directories, compressed, JSONL, - or a pipe "
         "as CORPUS) instead of the last --val-fraction of CORPUS.",
@@ -257,18 +256,14 @@ def _interrupted(result: TrainResult) -> int:
     metavar="[RUN_DIR]",
     help="continue the run in RUN_DIR (or -o) exactly where it stopped",
 )
-@click.option(
+@path_option(
     "--init-from",
-    "init_from",
-    type=click.Path(path_type=Path),
     metavar="MODEL",
     help="start a new run from MODEL's weights and tokenizer (a run directory or model file, "
     "e.g. one `tk import-hf` wrote); the model's shape comes from it",
 )
-@click.option(
+@path_option(
     "--chat",
-    "chat",
-    type=click.Path(path_type=Path),
     metavar="DATA.jsonl",
     help='fine-tune --init-from MODEL on these conversations (JSONL of {"messages": [...]}), in place of '
     "CORPUS: only the assistant's tokens count in the loss; --val FILE holds conversations out",
