@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from tokenkit.cli.options import path_option
 from tokenkit.cli.params import Number
 from tokenkit.pipeline.config import MAX_STEPS, Range
 
@@ -43,16 +44,13 @@ def chat_options(func):
             "pretraining's, with --context-length 288 and --steps 600 unless given), fine-tune on --dialogues, "
             "report the held-out answer accuracy before and after, and end with a conversation",
         ),
-        click.option(
+        path_option(
             "--dialogues",
-            type=click.Path(path_type=Path),
             metavar="FILE.jsonl",
             help=f"with --chat: the conversations to fine-tune on [default: {DIALOGUES}]",
         ),
-        click.option(
+        path_option(
             "--held-out",
-            "held_out",
-            type=click.Path(path_type=Path),
             metavar="FILE.jsonl",
             help=f"with --chat: held-out conversations with kind, key and choices, scored [default: {HELD_OUT}]",
         ),

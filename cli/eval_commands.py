@@ -31,6 +31,7 @@ from tokenkit.cli.options import (
     device_option,
     json_option,
     model_option,
+    path_option,
     quiet_option,
 )
 from tokenkit.cli.params import count
@@ -54,9 +55,8 @@ from tokenkit.common.launcher import launched_size
     "model's tokenizer, for a model file without one embedded (GPT.save's)",
 )
 @click.argument("corpus", nargs=-1, type=click.Path(path_type=Path))
-@click.option(
+@path_option(
     "--task",
-    type=click.Path(path_type=Path),
     metavar="TASK.jsonl",
     help='with -m, instead of FILE...: a multiple-choice task, one item a line {"context": "...", "choices": '
     '["...", ...], "gold": i}; prints acc and acc_norm (lm-evaluation-harness\'s)',

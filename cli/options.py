@@ -61,6 +61,12 @@ def output_option(help: str, *, required: bool = False, default: Path | None = N
     return click.option("-o", "--output", required=required, type=click.Path(path_type=Path), help=help, **shown)
 
 
+def path_option(*names: str, metavar: str | None = None, multiple: bool = False, help: str):
+    """A flag that takes a path, kept a `Path` (`names` as click.option's: the flag, and the
+    parameter's name where the flag's own would not do)."""
+    return click.option(*names, type=click.Path(path_type=Path), metavar=metavar, multiple=multiple, help=help)
+
+
 def file_option(help: str):
     """-f/--file PATH (as `file`): the input read in place of the command's argument."""
     return click.option("-f", "--file", "file", type=click.Path(path_type=Path), help=help)
@@ -217,11 +223,7 @@ def ablation_options(command):
                 help="replace each part's output with zeros, or with its mean over a reference text's positions",
             ),
             click.option("--ablate-text", metavar="TEXT", help="--ablate-mode mean: the reference text"),
-            click.option(
-                "--ablate-file",
-                type=click.Path(path_type=Path),
-                help="--ablate-mode mean: the reference text, read from this UTF-8 file",
-            ),
+            path_option("--ablate-file", help="--ablate-mode mean: the reference text, read from this UTF-8 file"),
         ]
     ):
         command = option(command)

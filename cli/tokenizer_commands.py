@@ -26,6 +26,7 @@ from tokenkit.cli.options import (
     json_option,
     output_option,
     overwrite_option,
+    path_option,
     pattern_option,
     quiet_option,
     special_tokens_option,
@@ -164,19 +165,17 @@ def _bpe_train(comm, corpus, vocab_size, min_frequency, pattern, specials, worke
 @quiet_option("No progress bar.")
 @eot_option("With -f: put this special token's id between documents (files, JSONL records).")
 @corpus_options
-@click.option(
+@path_option(
     "--chat",
-    type=click.Path(path_type=Path),
     help='Render each conversation of this JSONL file ({"messages": [...]}) with the chat template: its ids and '
     "the mask of the tokens fine-tuning learns (each assistant turn and its end).",
 )
 @click.option(
     "--generation-prompt", is_flag=True, help="With --chat: end each conversation with the assistant's opening."
 )
-@click.option(
+@path_option(
     "--add-chat-tokens",
     "chat_tokens_output",
-    type=click.Path(path_type=Path),
     help="Write the tokenizer with the chat template's special tokens appended (other ids unchanged) to this new file.",
 )
 def encode_command(

@@ -33,6 +33,7 @@ from tokenkit.cli.options import (
     max_new_tokens_option,
     out_option,
     overwrite_option,
+    path_option,
     quiet_option,
     tokenizer_option,
 )
@@ -97,37 +98,52 @@ def _given(kwargs: dict[str, Any], fresh: bool = True, ranks: Ranks | None = Non
     return values
 
 
+@dataclasses.dataclass(frozen=True)
+class _Reading:
+    """How CORPUS and --val are read: `_run_corpus_options`' flags, passed on as one value."""
+
+    val: tuple[Path, ...]
+    eot: str | None
+    glob: str | None
+    text_field: str | None
+    binary: bool
+
+    def spec(self, corpus, special_policy) -> CorpusSpec:
+        """CORPUS read with these flags, text that looks like a special token as `special_policy` says."""
+        from tokenkit.pipeline.sources import CorpusSpec
+
+        return CorpusSpec(
+            tuple(str(p) for p in corpus),
+            glob=self.glob,
+            text_field=self.text_field,
+            binary=self.binary,
+            eot=self.eot,
+            val=tuple(str(p) for p in self.val),
+            specials=policy_name(special_policy),
+        )
+
+
 def _run_corpus_options(func):
-    """CORPUS's reading flags (--glob, --text-field, --binary, as bpe-train's), --eot and --val."""
-    func = corpus_options(func)
-    func = eot_option(
+    """CORPUS's reading flags (--glob, --text-field, --binary, as bpe-train's), --eot and --val;
+    the command receives them as one `reading` (`_Reading`)."""
+
+    @functools.wraps(func)
+    def command(*args, val, eot, glob, text_field, binary, **kwargs):
+        return func(*args, reading=_Reading(val, eot, glob, text_field, binary), **kwargs)
+
+    command = corpus_options(command)
+    command = eot_option(
         "Put this special token between documents (files, JSONL records) in the token files; "
         "a tokenizer trained here gets it, a given one (-t) must have it."
-    )(func)
-    func = click.option(
+    )(command)
+    command = path_option(
         "--val",
-        "val",
         multiple=True,
-        type=click.Path(path_type=Path),
         metavar="FILE",
         help="Validate on this corpus (repeatable; files, directories, compressed, JSONL, - or a pipe "
         "as CORPUS) instead of the last --val-fraction of CORPUS.",
-    )(func)
-    return func
-
-
-def _corpus_spec(corpus, val, eot, glob, text_field, binary, special_policy) -> CorpusSpec:
-    from tokenkit.pipeline.sources import CorpusSpec
-
-    return CorpusSpec(
-        tuple(str(p) for p in corpus),
-        glob=glob,
-        text_field=text_field,
-        binary=binary,
-        eot=eot,
-        val=tuple(str(p) for p in val),
-        specials=policy_name(special_policy),
-    )
+    )(command)
+    return command
 
 
 def _check_val(val, given: dict[str, Any]) -> None:
@@ -135,7 +151,7 @@ def _check_val(val, given: dict[str, Any]) -> None:
         raise click.UsageError("--val and --val-fraction exclude each other: --val validates on its own corpus")
 
 
-def _check_chat(corpus, tokenizer_path, init_from, resume, val, eot, glob, text_field, binary, special_policy) -> None:
+def _check_chat(corpus, tokenizer_path, init_from, resume, reading: _Reading, special_policy) -> None:
     """--chat's refusals: what reads a corpus, and a fresh run without its base model."""
     if corpus:
         raise click.UsageError("--chat DATA.jsonl is the run's data: drop CORPUS (or drop --chat to train on CORPUS)")
@@ -143,12 +159,17 @@ def _check_chat(corpus, tokenizer_path, init_from, resume, val, eot, glob, text_
         raise click.UsageError("--chat fine-tunes a model: give the base with --init-from MODEL (a run or model file)")
     if tokenizer_path is not None:
         raise click.UsageError("--chat uses the base model's tokenizer, with the chat tokens added: drop -t")
-    given = {"--eot": eot is not None, "--glob": glob is not None, "--text-field": bool(text_field), "--binary": binary}
+    given = {
+        "--eot": reading.eot is not None,
+        "--glob": reading.glob is not None,
+        "--text-field": bool(reading.text_field),
+        "--binary": reading.binary,
+    }
     given["--allow-special/--specials-as-text"] = special_policy != SPECIALS["refuse"]
     for flag, present in given.items():
         if present:
             raise click.UsageError(f"{flag} reads a corpus; --chat reads conversations (JSONL): drop {flag}")
-    if len(val) > 1:
+    if len(reading.val) > 1:
         raise click.UsageError("with --chat, --val takes one JSONL file of held-out conversations")
 
 
@@ -235,18 +256,14 @@ def _interrupted(result: TrainResult) -> int:
     metavar="[RUN_DIR]",
     help="continue the run in RUN_DIR (or -o) exactly where it stopped",
 )
-@click.option(
+@path_option(
     "--init-from",
-    "init_from",
-    type=click.Path(path_type=Path),
     metavar="MODEL",
     help="start a new run from MODEL's weights and tokenizer (a run directory or model file, "
     "e.g. one `tk import-hf` wrote); the model's shape comes from it",
 )
-@click.option(
+@path_option(
     "--chat",
-    "chat",
-    type=click.Path(path_type=Path),
     metavar="DATA.jsonl",
     help='fine-tune --init-from MODEL on these conversations (JSONL of {"messages": [...]}), in place of '
     "CORPUS: only the assistant's tokens count in the loss; --val FILE holds conversations out",
@@ -268,11 +285,7 @@ def train_model_command(
     chat,
     overwrite,
     quiet,
-    val,
-    eot,
-    glob,
-    text_field,
-    binary,
+    reading,
     device,
     special_policy,
     **kwargs,
@@ -317,11 +330,10 @@ def train_model_command(
     say = notes(quiet)
     check_device(device)
     given = _given(kwargs, fresh=resume is None, ranks=ranks)
-    _check_val(val, given)
+    _check_val(reading.val, given)
     _check_workers_on(device, given, ranks)
     if chat is not None:
-        _check_chat(corpus if resume is None else (), tokenizer_path, init_from, resume, val, eot, glob, text_field,
-                    binary, special_policy)  # fmt: skip
+        _check_chat(corpus if resume is None else (), tokenizer_path, init_from, resume, reading, special_policy)
     if resume is not None:
         target = Path(resume) if resume else run_dir
         if target is None:
@@ -337,11 +349,11 @@ def train_model_command(
         tok = load_tokenizer(tokenizer_path) if tokenizer_path is not None else None
         flags = {
             "inputs": corpus,
-            "val": val,
-            "glob": glob,
-            "text_field": text_field,
-            "binary": binary or None,
-            "eot": eot,
+            "val": reading.val,
+            "glob": reading.glob,
+            "text_field": reading.text_field,
+            "binary": reading.binary or None,
+            "eot": reading.eot,
             "specials": policy_name(special_policy) if special_policy != SPECIALS["refuse"] else None,
         }
         changes = {name: value for name, value in flags.items() if value}  # what was given: in place of the recorded
@@ -364,7 +376,7 @@ def train_model_command(
             raise click.UsageError("missing -o RUN_DIR: where the checkpoints and logs go")
         init = StartFrom.load(init_from)
         config = TrainConfig.from_dict(init.settings(given))
-        spec = ChatSpec(str(chat), str(val[0]) if val else None)
+        spec = ChatSpec(str(chat), str(reading.val[0]) if reading.val else None)
         result = train_chat(
             spec, run_dir, init, config, overwrite=overwrite, ranks=ranks, device=device, quiet=quiet, say=say
         )
@@ -375,7 +387,7 @@ def train_model_command(
             raise click.UsageError("missing -o RUN_DIR: where the checkpoints and logs go")
         init = StartFrom.load(init_from) if init_from is not None else None
         config = TrainConfig.from_dict(init.settings(given) if init is not None else given)
-        inputs = _corpus_spec(corpus, val, eot, glob, text_field, binary, special_policy).open(warn=warn)
+        inputs = reading.spec(corpus, special_policy).open(warn=warn)
         tok = load_tokenizer(tokenizer_path) if tokenizer_path is not None else None
         result = train_model(
             inputs,
@@ -422,11 +434,7 @@ def pipeline_command(
     max_new_tokens,
     overwrite,
     quiet,
-    val,
-    eot,
-    glob,
-    text_field,
-    binary,
+    reading,
     device,
     special_policy,
     **kwargs,
@@ -459,16 +467,14 @@ def pipeline_command(
     say = notes(quiet)
     check_device(device)
     given = _given(kwargs, ranks=ranks)
-    _check_val(val, given)
+    _check_val(reading.val, given)
     _check_workers_on(device, given, ranks)
     if road is not None:
-        spec = functools.partial(_corpus_spec, val=val, eot=eot, glob=glob, text_field=text_field, binary=binary,
-                                 special_policy=special_policy)  # fmt: skip
         return run_chat_pipeline(ranks, corpus, run_dir, road, given, vocab_size=vocab_size, prompt=prompt,
                                  max_new_tokens=max_new_tokens, overwrite=overwrite, quiet=quiet, device=device,
-                                 spec=lambda c: spec(c).open(warn=warn))  # fmt: skip
+                                 spec=lambda c: reading.spec(c, special_policy).open(warn=warn))  # fmt: skip
     config = TrainConfig.from_dict(given)
-    inputs = _corpus_spec(corpus, val, eot, glob, text_field, binary, special_policy).open(warn=warn)
+    inputs = reading.spec(corpus, special_policy).open(warn=warn)
     result = run_pipeline(
         inputs,
         run_dir,

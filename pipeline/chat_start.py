@@ -24,15 +24,14 @@ from pathlib import Path
 
 from tokenkit.bpe.chat_template import add_chat_tokens, missing
 from tokenkit.bpe.jinja_template import with_template
-from tokenkit.pipeline import chat_data, checkpoint, rundir
+from tokenkit.pipeline import chat_data, rundir
 from tokenkit.pipeline.config import TrainConfig
-from tokenkit.pipeline.errors import PipelineError
-from tokenkit.pipeline.join import describe_split, train_joined
+from tokenkit.pipeline.join import describe_split
 from tokenkit.pipeline.ranks import Ranks
+from tokenkit.pipeline.start import new_run, train_fresh
 from tokenkit.pipeline.start_from import StartFrom
 from tokenkit.pipeline.train import TrainingRun, TrainResult
 from tokenkit.pipeline.train_memory import check_training_memory
-from tokenkit.transformer import GPTConfig
 from tokenkit.transformer.vocab import grow_vocab
 
 
@@ -76,43 +75,15 @@ def train_chat(
     `run_dir`. `config` must have the model's shape (`StartFrom.settings`). A directory holding
     another run's files is refused unless `overwrite`. `ranks`, `device`: as `train_model`'s."""
     init, grown = with_chat_tokens(init)
-    if GPTConfig.from_dict(config.model_config(init.model_config.vocab_size)) != init.model_config:
-        raise PipelineError(
-            f"the run's model settings differ from the shape of {init.path}; take them from it (StartFrom.settings)"
-        )
-    vocab_size = init.model_config.vocab_size
-    check_training_memory(config, vocab_size, ranks, device)
+    init.check_shape(config)
+    check_training_memory(config, init.model_config.vocab_size, ranks, device)
     chat = chat_data.ChatData.load(spec, init.tokenizer, config.context_length, config.val_fraction)
     with rundir.RunDir(run_dir) as rd:
-        run_dir = rd.path
-        own = [checkpoint.MODEL_FILE, checkpoint.STATE_FILE, checkpoint.LOG_FILE, checkpoint.EVAL_FILE]
-        stopped = rd.stopped_first_run()  # nothing to resume there: this run takes its place (staged)
-        if stopped is not None:
-            overwrite = True
-            say(f"{run_dir} holds a run that stopped {stopped or 'early'}, before its first checkpoint: starting again")
-        if not overwrite:
-            rundir.refuse_conflicts(run_dir, rd.present(own))
-        run = TrainingRun(
-            run_dir,
-            chat,
-            init.tokenizer,
-            config,
-            quiet=quiet,
-            init=init,
-            ranks=ranks,
-            device=device,
-            vocab_size=vocab_size,
-        )  # checks
-        # the run starts: its files go into the directory, or beside another run's until its first checkpoint
-        run.files = new = rundir.NewRun(run_dir, staged=bool(rd.present()))
-        if grown is not None:  # said once everything is checked: a refusal is one line
-            say(grown)
-        try:
-            checkpoint.write_text(new.dir / checkpoint.LOG_FILE, "")
-            describe(run, say)
-            return train_joined(run)
-        finally:
-            new.discard()  # staged only when the run ended before its first checkpoint: the old run stays
+        rd.replaced(rundir.TRAINED_FILES, overwrite, say)
+        with new_run(rd, chat, init.tokenizer, config, init=init, ranks=ranks, device=device, quiet=quiet) as run:
+            if grown is not None:  # said once everything is checked: a refusal is one line
+                say(grown)
+            return train_fresh(run, describe, say)
 
 
 def describe(run: TrainingRun, say: Callable[[str], None]) -> None:

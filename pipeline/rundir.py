@@ -9,9 +9,9 @@ processes close their inherited copy of the lock at fork. Taking the lock again 
 process nests (the pipeline holds it while it calls `train_model`).
 
 `refuse_conflicts(...)` names the files of another run that a fresh run would replace: callers
-refuse to start unless the user asked to overwrite. A first run that stopped before its first
-checkpoint (`stopped_first_run`) is not another run: the same command started again replaces
-it. When the run fails before it wrote anything, a directory this process created is removed
+refuse to start unless the user asked to overwrite (`RunDir.replaced`). A first run that stopped
+before its first checkpoint (`stopped_first_run`) is not another run: the same command started
+again replaces it. When the run fails before it wrote anything, a directory this process created is removed
 again, so a failed first run leaves nothing behind.
 
 A fresh run that replaces another's files writes its own into `checkpoint.STAGED_DIR` inside the
@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from tokenkit.common import FileError, atomic, readfile, staging
@@ -54,6 +55,9 @@ RUN_FILES = (
     checkpoint.VAL_STREAM_FILE,
     checkpoint.EVAL_FILE,
 )
+
+# What every fresh run writes (one trained without a given tokenizer its tokenizer.json too): another run's are refused.
+TRAINED_FILES = (checkpoint.MODEL_FILE, checkpoint.STATE_FILE, checkpoint.LOG_FILE, checkpoint.EVAL_FILE)
 
 # A run that saved either can be resumed; the log and the token cache's record are written by tk alone.
 CHECKPOINT_FILES = (checkpoint.MODEL_FILE, checkpoint.STATE_FILE)
@@ -209,6 +213,21 @@ class RunDir:
             records = []
         steps = [r["step"] for r in records if isinstance(r, dict) and type(r.get("step")) is int]
         return f"at step {max(steps)}" if steps and max(steps) > 0 else ""
+
+    def replaced(self, own: list[str] | tuple[str, ...], overwrite: bool, say: Callable[[str], None]) -> bool:
+        """Whether a fresh run here replaces the files it finds: `overwrite`, or a first run that
+        stopped before its first checkpoint (said: the new run takes its place). Otherwise one
+        line (`refuse_conflicts`) when the directory holds any of `own` (the files the run writes)."""
+        stopped = self.stopped_first_run()  # nothing to resume there: this run takes its place (staged)
+        if stopped is not None:
+            say(
+                f"{self.path} holds a run that stopped {stopped or 'early'}, before its first checkpoint: "
+                "starting again"
+            )
+            return True
+        if not overwrite:
+            refuse_conflicts(self.path, self.present(own))
+        return overwrite
 
 
 class NewRun:

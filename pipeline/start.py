@@ -12,8 +12,10 @@ loads them; `train_model` takes them as `init`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenkit.bpe import Tokenizer
 from tokenkit.pipeline import checkpoint, data, rundir, sources
@@ -24,7 +26,9 @@ from tokenkit.pipeline.ranks import Ranks
 from tokenkit.pipeline.start_from import StartFrom
 from tokenkit.pipeline.train import TrainingRun, TrainResult
 from tokenkit.pipeline.train_memory import check_training_memory
-from tokenkit.transformer import GPTConfig
+
+if TYPE_CHECKING:
+    from tokenkit.pipeline.chat_data import ChatData
 
 
 def fit_tokenizer(corpus, vocab_size: int = DEFAULT_VOCAB_SIZE, *, quiet: bool = False) -> Tokenizer:
@@ -80,10 +84,7 @@ def train_model(
         if tokenizer is not None and tokenizer.fingerprint() != init.tokenizer.fingerprint():
             raise PipelineError(f"the given tokenizer is not the one in {init.path}; drop -t to use the model's own")
         tokenizer = init.tokenizer
-        if GPTConfig.from_dict(config.model_config(init.model_config.vocab_size)) != init.model_config:
-            raise PipelineError(
-                f"the run's model settings differ from the shape of {init.path}; take them from it (StartFrom.settings)"
-            )
+        init.check_shape(config)
     if tokenizer is not None:
         sources.check_eot(tokenizer, corpus.spec)
     vocab_size = init.model_config.vocab_size if init is not None else None  # padded beyond the tokenizer's, maybe
@@ -92,15 +93,10 @@ def train_model(
     )
     with rundir.RunDir(run_dir) as rd:
         run_dir = rd.path
-        own = [checkpoint.MODEL_FILE, checkpoint.STATE_FILE, checkpoint.LOG_FILE, checkpoint.EVAL_FILE]
+        own = list(rundir.TRAINED_FILES)
         if tokenizer is None:
             own.append(checkpoint.TOKENIZER_FILE)
-        stopped = rd.stopped_first_run()  # nothing to resume there: this run takes its place (staged)
-        if stopped is not None:
-            overwrite = True
-            say(f"{run_dir} holds a run that stopped {stopped or 'early'}, before its first checkpoint: starting again")
-        if not overwrite:
-            rundir.refuse_conflicts(run_dir, rd.present(own))
+        overwrite = rd.replaced(own, overwrite, say)
         corpus = sources.store_streams(corpus, run_dir, say)  # validated and locked: now a stream may be read
         try:
             corpus.val_fingerprint()  # a malformed --val stops the run here, before any training
@@ -118,36 +114,60 @@ def train_model(
         try:
             if not overwrite and tokens.pending:  # the cache holds another corpus's ids
                 rundir.refuse_conflicts(run_dir, rd.present(list(tokens.pending)))
-            run = TrainingRun(
-                run_dir,
-                tokens,
-                tokenizer,
-                config,
-                quiet=quiet,
-                init=init,
-                ranks=ranks,
-                device=device,
-                vocab_size=vocab_size,
-            )  # checks
-            # the run starts: its files go into the directory, or beside another run's until its first checkpoint
-            run.files = new = rundir.NewRun(run_dir, staged=bool(rd.present()))
-        except BaseException:
-            tokens.discard()
-            raise
-        try:
-            if on_start is not None:
-                on_start(new.dir)
-            if checkpoint.TOKENIZER_FILE in own:
-                tokenizer.save(new.dir / checkpoint.TOKENIZER_FILE)
-                say(f"tokenizer: saved {run_dir / checkpoint.TOKENIZER_FILE} (vocab {tokenizer.vocab_size})")
-            data.commit_tokens(tokens, run_dir, into=new.dir)
-            say(encode_note(tokens, run_dir))
-            checkpoint.write_text(new.dir / checkpoint.LOG_FILE, "")
-            _describe(run, say)
-            return train_joined(run)
+            with new_run(rd, tokens, tokenizer, config, init=init, ranks=ranks, device=device, quiet=quiet) as run:
+                if on_start is not None:
+                    on_start(run.files.dir)
+                if checkpoint.TOKENIZER_FILE in own:
+                    tokenizer.save(run.files.dir / checkpoint.TOKENIZER_FILE)
+                    say(f"tokenizer: saved {run_dir / checkpoint.TOKENIZER_FILE} (vocab {tokenizer.vocab_size})")
+                data.commit_tokens(tokens, run_dir, into=run.files.dir)
+                say(encode_note(tokens, run_dir))
+                return train_fresh(run, _describe, say)
         finally:
             tokens.discard()  # pending only when the run did not start
-            new.discard()  # staged only when the run ended before its first checkpoint: the old run stays
+
+
+@contextlib.contextmanager
+def new_run(
+    rd: rundir.RunDir,
+    tokens: data.TokenData | ChatData,
+    tokenizer: Tokenizer,
+    config: TrainConfig,
+    *,
+    init: StartFrom | None,
+    ranks: Ranks | None,
+    device: str,
+    quiet: bool,
+) -> Iterator[TrainingRun]:
+    """A fresh run in `rd`'s directory (`TrainingRun` checks it first), its files written there
+    (`run.files`), or beside another run's until its first checkpoint (`rundir.NewRun`): staged
+    files of a run that ends before its first checkpoint go again, and the old run stays."""
+    vocab_size = init.model_config.vocab_size if init is not None else None  # padded beyond the tokenizer's, maybe
+    run = TrainingRun(
+        rd.path,
+        tokens,
+        tokenizer,
+        config,
+        quiet=quiet,
+        init=init,
+        ranks=ranks,
+        device=device,
+        vocab_size=vocab_size,
+    )  # checks
+    run.files = new = rundir.NewRun(rd.path, staged=bool(rd.present()))
+    try:
+        yield run
+    finally:
+        new.discard()  # staged only when the run ended before its first checkpoint
+
+
+def train_fresh(
+    run: TrainingRun, describe: Callable[[TrainingRun, Callable[[str], None]], None], say: Callable[[str], None]
+) -> TrainResult:
+    """Train `new_run`'s run from its first step: its log begun empty, its summary said (`describe`)."""
+    checkpoint.write_text(run.files.dir / checkpoint.LOG_FILE, "")
+    describe(run, say)
+    return train_joined(run)
 
 
 def refuse_streams_under_mpi(spec: sources.CorpusSpec, ranks: Ranks | None) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from tokenkit.pipeline import checkpoint
 from tokenkit.pipeline.config import flag_of, model_settings
 from tokenkit.pipeline.errors import PipelineError
 from tokenkit.transformer import GPTConfig
+
+if TYPE_CHECKING:
+    from tokenkit.pipeline.config import TrainConfig
 
 
 @dataclass
@@ -51,3 +54,10 @@ class StartFrom:
                     "drop the flag: --init-from takes the model's shape"
                 )
         return {**given, **shape}
+
+    def check_shape(self, config: TrainConfig) -> None:
+        """One line when `config`'s model settings are not the model's shape (`settings` gives them)."""
+        if GPTConfig.from_dict(config.model_config(self.model_config.vocab_size)) != self.model_config:
+            raise PipelineError(
+                f"the run's model settings differ from the shape of {self.path}; take them from it (StartFrom.settings)"
+            )
