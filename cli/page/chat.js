@@ -116,6 +116,11 @@
     needs: ["model"],
     noText: true,
     async render(target, state, info, ctx) {
+      if (TK.FILE) {  // a `tk explain --html` file: no model runs here
+        target.append(el("p", {class: "muted", id: "chat-absent"},
+          "This file holds no model to talk with: the Chat view needs the server (tk serve RUN_OR_MODEL)."));
+        return;
+      }
       const status = await TK.api("/api/chat", {}, {fresh: true});
       if (!status.available) { target.append(el("p", {class: "muted", id: "chat-absent"}, status.why)); return; }
       if (!convo || convo.key !== storeKey(info)) convo = load(storeKey(info));
@@ -262,8 +267,9 @@
       target.append(el("div", {class: "chat-grid"},
         el("section", {class: "card", id: "chat-card"},
           el("h2", {}, "Chat"),
-          el("p", {class: "muted"}, `A conversation with the model in ${template}, as tk chat holds one. Each answer token is ` +
-            "a chip: click it for the distribution it was drawn from. The conversation stays in this tab, not in the address."),
+          el("p", {class: "muted"}, `A conversation with the model in ${template}, answered as tk chat answers. Each ` +
+            "answer token is a chip: click one for the distribution it was drawn from. The conversation stays in this tab " +
+            "(not in the address)."),
           el("div", {class: "controls sampling"}, Object.values(fields).map((f) => f.box)),
           el("details", {id: "chat-system-box", open: convo.system.trim() ? true : null},
             el("summary", {}, "System message"), system),
