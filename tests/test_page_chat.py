@@ -388,6 +388,30 @@ def test_sampled_answers_show_the_distribution_drawn_from(page, srv):
 
 
 @pytest.mark.slow
+def test_a_conversation_past_one_request_sends_its_latest_turns(page, srv, chat):
+    p, tok = page, chat[2]
+    turns = [{"user": f"the key {i}", "answer": {"content": "Tom", "ids": tok.encode("Tom"), "stop": "end",
+              "steps": [], "end_step": None, "settings": {"temperature": "0"}}} for i in range(40)]  # fmt: skip
+    p.evaluate(  # a conversation kept in the tab, as the page keeps it, longer than one request holds
+        "turns => sessionStorage.setItem(`tk-chat:${TK.info.model.name}:${TK.info.model.config.vocab_size}`,"
+        " JSON.stringify({system: '', turns}))",
+        turns,
+    )
+    p.goto(srv.base + "?" + urlencode({"view": "chat", "temperature": "0", "n": "5"}))
+    wait_drawn(p)
+    assert p.locator(".bubble.user").count() == 40
+    send(p, "a day")
+    sent = [m for t in turns[-32:] for m in ({"role": "user", "content": t["user"]}, {"role": "assistant",
+            "content": "Tom", "ids": t["answer"]["ids"]})]  # fmt: skip
+    doc = ask(srv, [*sent, {"role": "user", "content": "a day"}], temperature=0, n=5)
+    assert chips(p, 40) == doc["ids"]  # the 32 latest turns, within the 65 messages a request holds
+    assert "the 8 oldest not sent" in p.text_content('.bubble.assistant[data-turn="40"] .bubble-meta')
+    inside(p)
+    shot(p, "chat-long")
+    p.click("#chat-reset")
+
+
+@pytest.mark.slow
 def test_a_refused_message_is_one_line_and_stays_to_edit(page, srv):
     p = page
     p.tk_allowed.append(FAILED)

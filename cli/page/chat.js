@@ -107,7 +107,7 @@
     if (answer.dropped_turns) meta.push(`the ${answer.dropped_turns} oldest turn${answer.dropped_turns === 1 ? "" : "s"} dropped for the context`);
     if (answer.left_out) meta.push(`the ${answer.left_out} oldest not sent (one request holds no more)`);
     return el("div", {class: "bubble assistant", dataset: {turn: i}},
-      el("div", {class: "chips"}, chips.length ? chips : el("span", {class: "muted"}, "(no tokens)")),
+      el("div", {class: "chips"}, chips.length ? chips : el("span", {class: "muted"}, answer.content || "(no tokens)")),
       el("div", {class: "bubble-meta"}, meta.join(" · ")));
   }
 
@@ -212,7 +212,7 @@
           chip.classList.toggle("selected", on);
           chip.setAttribute("aria-pressed", on ? "true" : "false");
         }
-        send.disabled = !!pending;
+        send.disabled = reset.disabled = !!pending;  // an answer on its way belongs to the conversation it was asked in
         note.className = "small" + (convo.error ? " error" : " muted");
         note.textContent = convo.error || (convo.turns.length ? `${convo.turns.length} turn${convo.turns.length === 1 ? "" : "s"}; ` +
           `the model reads at most ${TK.int(status.context_length)} tokens, the oldest turns dropped first.` : "");
