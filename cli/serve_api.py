@@ -22,8 +22,10 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from tokenkit.bpe import Tokenizer
+from tokenkit.common import jsonsafe
+from tokenkit.common.errors import FileError
 from tokenkit.common.messages import short
-from tokenkit.pipeline import PipelineError, checkpoint, views
+from tokenkit.pipeline import PipelineError, chat_views, checkpoint, views
 from tokenkit.pipeline.checkpoint import load_tokenizer
 from tokenkit.pipeline.config import Range
 from tokenkit.pipeline.live import LiveModel, Loaded, TrainingLog
@@ -162,6 +164,19 @@ class Query:
             raise Refused(f"{name} must be a number, got {short(value, quoted=False)!r}")
         return _checked(name, float(value), allowed)
 
+    def json(self, name: str, limit: int) -> Any:
+        """The JSON value of parameter `name` (None when absent): at most `limit` characters, so
+        at most as many values, and nested no deeper than `common.jsonsafe` allows."""
+        value = self._values.get(name)
+        if value is None:
+            return None
+        if len(value) > limit:
+            raise Refused(f"{name} is {len(value):,} characters; at most {limit:,}")
+        try:
+            return jsonsafe.loads(value, name, max_items=limit)
+        except FileError as err:
+            raise Refused(str(err)) from None
+
     def choice(self, name: str, options, default: str) -> str:
         value = self._values.get(name, default)
         if value not in options:
@@ -298,6 +313,28 @@ def _generate(held: Holdings, q: Query) -> dict[str, Any]:
     return views.generate_view(loaded.model, loaded.tokenizer, text, policy=policy, **settings)
 
 
+def _chat(held: Holdings, q: Query) -> dict[str, Any]:
+    """Without `messages`, whether the model can chat; with them (a JSON list, at most TEXT_CHARS
+    characters), the assistant's answer, each token with its distribution (pipeline/chat_views.py):
+    404 for a model without a chat template."""
+    loaded = held.need_model()
+    settings = {
+        "n": q.integer("n", Range(0, views.NEW_TOKENS_MAX), 40),
+        "temperature": q.real("temperature", Range(0, views.TEMPERATURE_MAX), 1.0),
+        "top_k": q.integer("top_k", Range(1, views.TOP_K_MAX), None),
+        "top_p": q.real("top_p", Range(0, 1, low_open=True), None),
+        "seed": q.integer("seed", Range(0, views.SEED_MAX), 0),
+        "show": q.integer("show", Range(1, views.TOP_K_MAX), 10),
+    }
+    messages = q.json("messages", views.TEXT_CHARS)
+    if messages is None:
+        return chat_views.chat_status(loaded.model, loaded.tokenizer)
+    why = chat_views.unavailable(loaded.tokenizer)
+    if why:
+        raise Refused(why, 404)
+    return chat_views.chat_view(loaded.model, loaded.tokenizer, messages, **settings)
+
+
 def _training(held: Holdings, q: Query) -> dict[str, Any]:
     if held.run_dir is None:
         raise Refused("no run directory was given; start tk serve with one to see its training", 404)
@@ -323,6 +360,7 @@ ENDPOINTS: dict[str, tuple[Callable[[Holdings, Query], dict[str, Any]], tuple[st
     "/api/example": (_example, ("name",)),
     "/api/next": (_next, ("text", "top_k", "specials")),
     "/api/generate": (_generate, ("text", "n", "temperature", "top_k", "top_p", "seed", "show", "specials")),
+    "/api/chat": (_chat, ("messages", "n", "temperature", "top_k", "top_p", "seed", "show")),
     "/api/training": (_training, ()),
     "/api/model": (_model, ()),
 }

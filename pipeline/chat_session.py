@@ -40,7 +40,7 @@ render tools or documents. It runs one conversation: no batching of several.
 from __future__ import annotations
 
 import codecs
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -184,6 +184,9 @@ class ChatSession:
         self._v: list | None = None
         self._fed: list[int] = []  # the ids whose keys and values the caches hold, positions 0..
         self._step = None  # the captured one-position step, where the backend has graphs
+        # observe(token, logits, probs): each pick, its (V,) float64 logits (a padded vocabulary's extra
+        # ids at -inf) and the distribution it was drawn from: the page's bars (pipeline/chat_views.py)
+        self.observe: Callable[[int, np.ndarray, np.ndarray], None] | None = None
         if system is not None:
             self.set_system(system)
 
@@ -272,6 +275,31 @@ class ChatSession:
         self.system, self._prefix = text, prefix + ids
         return ids
 
+    def add_turn(self, text: str, reply_ids) -> None:
+        """Append a finished turn given whole, not generated: the user's `text` and the assistant's
+        answer `reply_ids` as a client kept them (the server, which keeps no session, replays a
+        conversation so). The oldest turns go at the next reply when they no longer fit. PipelineError,
+        the session unchanged, when the text is not a message or an id is none of the tokenizer's or
+        one that ends a turn (an answer never holds one)."""
+        reply = list(reply_ids)
+        for i in reply:
+            if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+                raise PipelineError(f"an assistant's answer holds a {type(i).__name__}, where token ids go")
+            if not 0 <= i < self.tok.vocab_size:
+                raise PipelineError(
+                    f"an assistant's answer holds id {i}, not one of the tokenizer's (0 to {self.tok.vocab_size - 1})"
+                )
+            if i in self._stops:
+                raise PipelineError(f"an assistant's answer holds id {i}, which ends a turn: an answer never holds it")
+        if self.template is None:
+            user_ids = self._turn_ids("user", text) + [self.tok.special_tokens[ROLE_TOKENS["assistant"]]]
+        else:
+            self._text_ids(text, "user message")
+            user_ids = []  # the template renders the whole conversation (`ids`)
+        if self.turns and not self.turns[-1].stop:  # an earlier reply never consumed: close it
+            self.turns[-1].stop = "interrupted"
+        self.turns.append(Turn(text, user_ids, [int(i) for i in reply], stop="end"))
+
     def reset(self) -> None:
         """Forget the turns; the system message stays, and so do its cached positions."""
         self.turns = []
@@ -326,7 +354,12 @@ class ChatSession:
 
     def _pick(self, logits) -> int:
         choose = logits if self._n_tokens is None else mask_from(logits, self._n_tokens)
-        return sample_next(choose, self._rng, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+        drawn_from: list[np.ndarray] = []
+        sampling = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+        token = sample_next(choose, self._rng, **sampling, observe=None if self.observe is None else drawn_from.append)
+        if self.observe is not None:
+            self.observe(token, np.asarray(choose, dtype=np.float64), drawn_from[0])
+        return token
 
     def reply(self, text: str) -> Iterator[Token | Dropped | Reply]:
         """The assistant's answer to the user's `text`: Token events as they come, a Dropped event

@@ -20,6 +20,6 @@ SPECIAL_FLAGS = {
 }
 
 # The page's views (docs/serve.md).
-VIEWS = ("tokens", "bpe", "attention", "lens", "next", "training", "model", "examples")
+VIEWS = ("tokens", "bpe", "attention", "lens", "next", "chat", "training", "model", "examples")
 
 MAX_NEW_TOKENS = 1_000_000  # tokens one generation may ask for: each is a forward pass and a list entry

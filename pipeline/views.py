@@ -130,6 +130,22 @@ def next_view(
     return {"top": top, "prompt_ids": pred.prompt_ids}
 
 
+def drawn_step(tokenizer, token: int, logits, probs, show: int) -> dict[str, Any]:
+    """One generated token and the distribution it was drawn from, as /api/generate and /api/chat
+    send it: the token (`id`, its text `token`, `p` its probability when drawn) and the `show` most
+    likely tokens by the (V,) `logits`, each with `p` in `probs` (the (V,) distribution drawn from:
+    after temperature, top-k and top-p; one-hot when greedy) and `p_model` (the logits' softmax)."""
+    logits = np.asarray(logits, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        model_p = softmax(logits)
+    best = np.argsort(-logits, kind="stable")[:show].tolist()  # ties: the smaller id first
+    top = [
+        {"id": i, "token": t, "p": _finite(probs[i]), "p_model": _finite(model_p[i])}
+        for i, t in zip(best, token_pieces(tokenizer, best), strict=True)
+    ]
+    return {"id": token, "token": tokenizer.token_pieces([token])[0], "p": _finite(probs[token]), "top": top}
+
+
 def generate_view(
     model,
     tokenizer,
@@ -166,15 +182,7 @@ def generate_view(
     steps = []
     for token in tokens:
         logits, probs = seen.pop()  # one distribution per token, just before it
-        logits = np.asarray(logits, dtype=np.float64)
-        with np.errstate(over="ignore", invalid="ignore"):
-            model_p = softmax(logits)
-        best = np.argsort(-logits, kind="stable")[:show].tolist()  # ties: the smaller id first
-        top = [
-            {"id": i, "token": t, "p": _finite(probs[i]), "p_model": _finite(model_p[i])}
-            for i, t in zip(best, token_pieces(tokenizer, best), strict=True)
-        ]
-        steps.append({"id": token, "token": tokenizer.token_pieces([token])[0], "p": _finite(probs[token]), "top": top})
+        steps.append(drawn_step(tokenizer, token, logits, probs, show))
     new_ids = [s["id"] for s in steps]
     return {"prompt_ids": prompt_ids, "steps": steps, "text": tokenizer.decode(new_ids)}
 

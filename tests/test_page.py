@@ -34,13 +34,14 @@ from tokenkit.pipeline import checkpoint, trainlog, views
 from tokenkit.pipeline.run import load_model_and_tokenizer
 from tokenkit.transformer import GPT, GPTConfig
 
-VIEWS = ("tokens", "bpe", "attention", "lens", "next", "training", "model", "examples")
+VIEWS = ("tokens", "bpe", "attention", "lens", "next", "chat", "training", "model", "examples")
 DRAWN = {  # what each view draws, once it has drawn
     "tokens": '.panel[data-role="main"] .chip',
     "bpe": "#bpe-seq .chip",
     "attention": ".heatmap .cell",
     "lens": "#attr-bars .attr-bar",
     "next": "#next-bars .bar",
+    "chat": "#chat-absent",  # the run's tokenizer has no chat template (tests/test_page_chat.py chats)
     "training": '#loss-chart .curve-point[data-kind="train"]',
     "model": ".block[data-parameters]",
     "examples": ".example-step",

@@ -7,7 +7,7 @@
 // first view and settings (defaults), what it holds fixed (fixed: text, specials) and what it says of the rest.
 "use strict";
 const TK = (() => {
-  const VIEWS = ["tokens", "bpe", "attention", "lens", "next", "training", "model", "examples"];
+  const VIEWS = ["tokens", "bpe", "attention", "lens", "next", "chat", "training", "model", "examples"];
   // Parameters the address may hold, with their defaults (docs/serve.md "The page's address").
   const DEFAULTS = {view: "tokens", text: "Once upon a time, there was a little cat.", layer: "0", head: "0",
     query: "", example: "attention-lookup", step: "", temperature: "1", top_k: "", top_p: "", seed: "0", n: "20",
