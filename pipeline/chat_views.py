@@ -43,7 +43,7 @@ __all__ = ["MESSAGES_MAX", "NO_TEMPLATE", "chat_status", "chat_view", "unavailab
 
 MESSAGES_MAX = 65  # a system message and 32 turns: each turn is replayed at every answer
 _AS_TEXT = {"allowed_special": (), "disallowed_special": ()}  # an answer's special-looking text stays text
-NO_TEMPLATE = "this model has no chat template; fine-tune one with tk train-model --chat (docs/chat.md)"
+NO_TEMPLATE = "this model has no chat template; fine-tune one with tk train-model --chat"
 
 
 def unavailable(tok) -> str | None:
