@@ -299,16 +299,21 @@ def _next(held: Holdings, q: Query) -> dict[str, Any]:
     return views.next_view(loaded.model, loaded.tokenizer, text, top_k=top_k, policy=policy)
 
 
-def _generate(held: Holdings, q: Query) -> dict[str, Any]:
-    loaded = held.need_model()
-    settings = {
-        "n": q.integer("n", Range(0, views.NEW_TOKENS_MAX), 20),
+def _sampling(q: Query, *, n: int) -> dict[str, Any]:
+    """The sampling settings `/api/generate` and `/api/chat` take, each bounded (`n` tokens by default)."""
+    return {
+        "n": q.integer("n", Range(0, views.NEW_TOKENS_MAX), n),
         "temperature": q.real("temperature", Range(0, views.TEMPERATURE_MAX), 1.0),
         "top_k": q.integer("top_k", Range(1, views.TOP_K_MAX), None),
         "top_p": q.real("top_p", Range(0, 1, low_open=True), None),
         "seed": q.integer("seed", Range(0, views.SEED_MAX), 0),
         "show": q.integer("show", Range(1, views.TOP_K_MAX), 10),
     }
+
+
+def _generate(held: Holdings, q: Query) -> dict[str, Any]:
+    loaded = held.need_model()
+    settings = _sampling(q, n=20)
     text, policy = _prompt(loaded, q)
     return views.generate_view(loaded.model, loaded.tokenizer, text, policy=policy, **settings)
 
@@ -318,14 +323,7 @@ def _chat(held: Holdings, q: Query) -> dict[str, Any]:
     characters), the assistant's answer, each token with its distribution (pipeline/chat_views.py):
     404 for a model without a chat template."""
     loaded = held.need_model()
-    settings = {
-        "n": q.integer("n", Range(0, views.NEW_TOKENS_MAX), 40),
-        "temperature": q.real("temperature", Range(0, views.TEMPERATURE_MAX), 1.0),
-        "top_k": q.integer("top_k", Range(1, views.TOP_K_MAX), None),
-        "top_p": q.real("top_p", Range(0, 1, low_open=True), None),
-        "seed": q.integer("seed", Range(0, views.SEED_MAX), 0),
-        "show": q.integer("show", Range(1, views.TOP_K_MAX), 10),
-    }
+    settings = _sampling(q, n=40)
     messages = q.json("messages", views.TEXT_CHARS)
     if messages is None:
         return chat_views.chat_status(loaded.model, loaded.tokenizer)
