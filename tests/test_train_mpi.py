@@ -242,35 +242,39 @@ def test_pipeline_on_ranks_is_the_one_process_pipeline(corpus, tmp_path):
 
 
 # On each rank: MPIDataParallel with micro-batches against the plain in-order sum of the same
-# shards (`sum_of_shards`), some targets IGNORE, with and without dropout, the batch given whole or
-# as this rank's rows; 3 ranks over micro-batches of 5 rows (uneven shards) and of 2 (a rank without rows).
+# shards (`sum_of_shards`), some targets IGNORE, the batch given whole or as this rank's rows;
+# 3 ranks over micro-batches of 5 rows (uneven shards) and of 2 (a rank without rows). On the CPU
+# with and without dropout, and on a "GPU" (the CUDA kernels' NumPy twins: the device branch).
 ACCUM_ON_RANKS = """
 import numpy as np
 from mpi4py import MPI
-from tokenkit.transformer import GPT, GPTConfig
+from tokenkit.transformer import GPT, GPTConfig, backends
+from tokenkit.transformer.backends.cuda_twins import twin_backend
 from tokenkit.transformer.dropout import Dropout
 from tokenkit.transformer.loss import IGNORE
 from tokenkit.transformer.parallel import MPIDataParallel, sum_of_shards
 
+backends._BACKENDS["cuda"] = twin_backend()
 config = GPTConfig(vocab_size=23, context_length=8, d_model=16, n_layers=1, n_heads=2)
-model = MPIDataParallel(GPT(config, seed=4), MPI.COMM_WORLD)
 rng = np.random.default_rng(0)
-for B, N in ((5, 2), (2, 3)):
-    for dropout in (None, Dropout(0.3, 1, 2)):
-        ids, targets = rng.integers(0, 23, (B * N, 8)), rng.integers(0, 23, (B * N, 8))
-        targets[rng.random(targets.shape) < 0.4] = IGNORE
-        want = sum_of_shards(model.model, ids, targets, model.shards, dropout, micro_batches=N)
-        rows = model.local_rows(B * N, N)
-        counted = int((targets != IGNORE).sum())
-        for got in (
-            model.loss_and_grads(ids, targets, dropout=dropout, micro_batches=N),
-            model.loss_and_grads(ids[rows], targets[rows], B * N, counted, dropout, micro_batches=N),
-        ):
-            assert got[0] == want[0], (B, N, got[0], want[0])
-            assert all(np.array_equal(got[1][k], want[1][k]) for k in want[1]), (B, N)
+runs = [("cpu", None), ("cpu", Dropout(0.3, 1, 2)), ("cuda", None)]
+for (B, N), (device, dropout) in [(shape, run) for shape in ((5, 2), (2, 3)) for run in runs]:
+    model = MPIDataParallel(GPT(config, seed=4, device=device), MPI.COMM_WORLD)
+    ids, targets = rng.integers(0, 23, (B * N, 8)), rng.integers(0, 23, (B * N, 8))
+    targets[rng.random(targets.shape) < 0.4] = IGNORE
+    want = sum_of_shards(model.model, ids, targets, model.shards, dropout, micro_batches=N)
+    rows = model.local_rows(B * N, N)
+    counted = int((targets != IGNORE).sum())
+    for got in (
+        model.loss_and_grads(ids, targets, dropout=dropout, micro_batches=N),
+        model.loss_and_grads(ids[rows], targets[rows], B * N, counted, dropout, micro_batches=N),
+    ):
+        assert got[0] == want[0], (B, N, device, got[0], want[0])
+        host = backends.as_host
+        assert all(np.array_equal(host(got[1][k]), host(want[1][k])) for k in want[1]), (B, N, device)
 ok = np.empty(1, dtype=np.int64)
 MPI.COMM_WORLD.Allreduce(np.ones(1, dtype=np.int64), ok)  # every rank got here: a failing one ends the job
-if model.rank == 0:
+if MPI.COMM_WORLD.Get_rank() == 0:
     print(f"{int(ok[0])} ranks ok")
 """
 
