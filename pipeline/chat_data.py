@@ -136,10 +136,10 @@ def pack(conversations: list[tuple[np.ndarray, np.ndarray]], context_length: int
     return Packed(out, mask, counted, len(conversations))
 
 
-def get_batch(packed: Packed, batch_size: int, rng: np.random.Generator, rows: slice | None = None):
+def get_batch(packed: Packed, batch_size: int, rng: np.random.Generator, rows: slice | np.ndarray | None = None):
     """x (B, T) int64, y (B, T) int64 with IGNORE where a target does not count, and the number of
-    targets that count in the whole batch: `batch_size` rows drawn with replacement. With `rows`,
-    only those rows of the batch are returned (an MPI rank's share); the count is still the
+    targets that count in the whole batch: `batch_size` rows drawn with replacement. With `rows`
+    (a slice or row indices), only those rows of the batch are returned (an MPI rank's share); the count is still the
     whole batch's, and the generator draws every row, so every rank stays on the same sequence."""
     picks = rng.integers(0, len(packed), size=batch_size)
     counted = int(packed.counted[picks].sum())

@@ -405,13 +405,18 @@ def rng_from_array(words: np.ndarray) -> np.random.Generator:
 
 
 def get_batch(
-    ids: np.ndarray, batch_size: int, context_length: int, rng: np.random.Generator, rows: slice | None = None
+    ids: np.ndarray,
+    batch_size: int,
+    context_length: int,
+    rng: np.random.Generator,
+    rows: slice | np.ndarray | None = None,
 ):
     """Random windows: x (B, T) int64 and y (B, T) = x shifted by one token.
 
     Window starts are uniform over every position that leaves room for T + 1 tokens. With
-    `rows`, only those rows of the batch are read (an MPI rank's share): the generator still
-    draws the whole batch's starts, so every rank stays on the same sequence.
+    `rows` (a slice, or row indices: a rank's rows of each micro-batch), only those rows of the
+    batch are read (an MPI rank's share): the generator still draws the whole batch's starts, so
+    every rank stays on the same sequence.
     """
     starts = rng.integers(0, len(ids) - context_length, size=batch_size)
     if rows is not None:

@@ -149,7 +149,7 @@ class TrainingRun:
         else:  # the batch, or under MPI one shard per rank, on the GPU (the recorded count serves a CPU resume)
             local_workers = 1
         # one line, not a MemoryError (nor a flag this executor does not build)
-        check_fine_tuning_flags(config, ranks, device)
+        check_fine_tuning_flags(config, device)
         check_step_memory(self.model_config, config, local_workers, config.workers, ranks, device)
         model = GPT(self.model_config, seed=config.seed, device=device)
         if ranks is None:
@@ -184,8 +184,8 @@ class TrainingRun:
             self.best_val_loss = state.best_val_loss
             self.best_step = state.best_step
         self.rows = self.model.local_rows(config.batch_size)  # of each batch: all, or this rank's
-        # of each step's --grad-accum micro-batches together (one under MPI: `check_fine_tuning_flags`)
-        self.step_rows = self.model.local_rows(config.step_rows)
+        # of each step's --grad-accum micro-batches together (under MPI, this rank's rows of each)
+        self.step_rows = self.model.local_rows(config.step_rows, config.grad_accum)
         # conversations (`tk train-model --chat`): only the assistant's targets count (pipeline/chat_data.py)
         self.chat = tokens if isinstance(tokens, chat_data.ChatData) else None
         if self.chat is not None:

@@ -30,22 +30,16 @@ def check_training_memory(
     an upper bound of the one still to be trained; under MPI, this rank's share of the workers and
     rows), or on `device` (a missing CuPy or GPU)."""
     get_backend(device)
-    check_fine_tuning_flags(config, ranks, device)
+    check_fine_tuning_flags(config, device)
     model_config = GPTConfig.from_dict(config.model_config(vocab_size))
     total = config.workers or available_cores()  # no MPI call: the other ranks are not listening yet
     workers = total if ranks is None else max(1, total // ranks.size)
     check_step_memory(model_config, config, workers, total, ranks, device)
 
 
-def check_fine_tuning_flags(config: TrainConfig, ranks: Ranks | None, device: str) -> None:
-    """One line when --grad-accum or --dropout asks for what this executor does not build:
-    micro-batches across MPI ranks (their in-order sum is one process's), dropout on a GPU (its
-    fused attention takes no mask)."""
-    if config.grad_accum > 1 and ranks is not None:
-        raise PipelineError(
-            "--grad-accum is not built for mpirun yet; run one process (its --workers cut each micro-batch), "
-            "or raise --batch-size instead"
-        )
+def check_fine_tuning_flags(config: TrainConfig, device: str) -> None:
+    """One line when a fine-tuning flag asks for what this executor does not build: dropout on a
+    GPU (its fused attention takes no mask)."""
     if config.dropout > 0 and device != "cpu":
         raise PipelineError(
             f"--dropout trains on the CPU only (the GPU's attention takes no mask); drop --device {device}"

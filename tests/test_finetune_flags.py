@@ -353,14 +353,10 @@ def test_bad_flags_are_one_line_before_any_work(capsys, corpus, tokenizer, tmp_p
 
 
 def test_what_an_executor_does_not_build_is_one_line():
-    class TwoRanks:
-        size = 2
-
-    with pytest.raises(PipelineError, match="--grad-accum is not built for mpirun"):
-        check_fine_tuning_flags(TrainConfig(grad_accum=2), TwoRanks(), "cpu")
     with pytest.raises(PipelineError, match="--dropout trains on the CPU only"):
-        check_fine_tuning_flags(TrainConfig(dropout=0.1), None, "cuda")
-    check_fine_tuning_flags(TrainConfig(dropout=0.1, grad_accum=2), None, "cpu")
+        check_fine_tuning_flags(TrainConfig(dropout=0.1), "cuda")
+    check_fine_tuning_flags(TrainConfig(dropout=0.1, grad_accum=2), "cpu")
+    check_fine_tuning_flags(TrainConfig(grad_accum=2), "cuda")
 
 
 def test_settings_files_take_the_flags():

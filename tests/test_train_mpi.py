@@ -238,6 +238,110 @@ def test_pipeline_on_ranks_is_the_one_process_pipeline(corpus, tmp_path):
     assert "train: up to date" in again.stderr and sample(again.stdout) == sample(a.stdout)
 
 
+# --- --grad-accum on ranks: each rank's rows of every micro-batch, one running sum ---------------
+
+
+# On each rank: MPIDataParallel with micro-batches against the plain in-order sum of the same
+# shards (`sum_of_shards`), some targets IGNORE, the batch given whole or as this rank's rows;
+# 3 ranks over micro-batches of 5 rows (uneven shards) and of 2 (a rank without rows). On the CPU
+# with and without dropout, and on a "GPU" (the CUDA kernels' NumPy twins: the device branch).
+ACCUM_ON_RANKS = """
+import numpy as np
+from mpi4py import MPI
+from tokenkit.transformer import GPT, GPTConfig, backends
+from tokenkit.transformer.backends.cuda_twins import twin_backend
+from tokenkit.transformer.dropout import Dropout
+from tokenkit.transformer.loss import IGNORE
+from tokenkit.transformer.parallel import MPIDataParallel, sum_of_shards
+
+backends._BACKENDS["cuda"] = twin_backend()
+config = GPTConfig(vocab_size=23, context_length=8, d_model=16, n_layers=1, n_heads=2)
+rng = np.random.default_rng(0)
+runs = [("cpu", None), ("cpu", Dropout(0.3, 1, 2)), ("cuda", None)]
+for (B, N), (device, dropout) in [(shape, run) for shape in ((5, 2), (2, 3)) for run in runs]:
+    model = MPIDataParallel(GPT(config, seed=4, device=device), MPI.COMM_WORLD)
+    ids, targets = rng.integers(0, 23, (B * N, 8)), rng.integers(0, 23, (B * N, 8))
+    targets[rng.random(targets.shape) < 0.4] = IGNORE
+    want = sum_of_shards(model.model, ids, targets, model.shards, dropout, micro_batches=N)
+    rows = model.local_rows(B * N, N)
+    counted = int((targets != IGNORE).sum())
+    for got in (
+        model.loss_and_grads(ids, targets, dropout=dropout, micro_batches=N),
+        model.loss_and_grads(ids[rows], targets[rows], B * N, counted, dropout, micro_batches=N),
+    ):
+        assert got[0] == want[0], (B, N, device, got[0], want[0])
+        host = backends.as_host
+        assert all(np.array_equal(host(got[1][k]), host(want[1][k])) for k in want[1]), (B, N, device)
+ok = np.empty(1, dtype=np.int64)
+MPI.COMM_WORLD.Allreduce(np.ones(1, dtype=np.int64), ok)  # every rank got here: a failing one ends the job
+if MPI.COMM_WORLD.Get_rank() == 0:
+    print(f"{int(ok[0])} ranks ok")
+"""
+
+
+def test_micro_batches_on_ranks_are_the_in_order_sum_of_their_shards():
+    cmd = [_mpirun(), "-n", "3", sys.executable, "-c", ACCUM_ON_RANKS]
+    proc = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "3 ranks ok", proc.stdout
+
+
+def _same_runs(runs: dict[str, Path], names=("model.safetensors", "train_state.safetensors")) -> None:
+    first, *others = runs.values()
+    for other in others:
+        for name in names:
+            assert (first / name).read_bytes() == (other / name).read_bytes(), (other.parent.name, name)
+        assert _steps(first) == _steps(other), other.parent.name
+
+
+def test_grad_accum_on_ranks_is_one_process_and_the_larger_batch(corpus, tokenizer, tmp_path):
+    """mpirun -n 2 --grad-accum 2 --workers 1 is one process's --grad-accum 2 --workers 2, which
+    is --batch-size 12 --workers 4 (test_finetune_flags.py): the same shards summed in the same
+    order, micro-batch after micro-batch, byte for byte."""
+    flags = [f for f in SMALL if f != "--batch-size"]
+    flags.remove("6")  # --batch-size's value: each run gives its own
+    tk = ["train-model", str(corpus), "-t", str(tokenizer), "--steps", "6", "--eval-interval", "3", "-q", *flags]
+    runs = {
+        "ranks": (2, "--grad-accum", "2", "--batch-size", "6", "--workers", "1"),
+        "one": (1, "--grad-accum", "2", "--batch-size", "6", "--workers", "2"),
+        "larger": (1, "--batch-size", "12", "--workers", "4"),
+    }
+    for name, (ranks, *more) in runs.items():
+        proc = _tk(ranks, *tk, "-o", str(tmp_path / name / "run"), *more)
+        assert proc.returncode == 0, (name, proc.stderr)
+    _same_runs({name: tmp_path / name / "run" for name in ("ranks", "one")})
+    # the larger batch's files record other settings: its tensors and losses are the same
+    from safetensors.numpy import load_file
+
+    for name in ("model.safetensors", "train_state.safetensors"):
+        a, b = (load_file(str(tmp_path / run / "run" / name)) for run in ("ranks", "larger"))
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), name
+    assert _steps(tmp_path / "ranks" / "run") == _steps(tmp_path / "larger" / "run")
+
+
+def test_chat_grad_accum_on_ranks_is_one_process(corpus, tokenizer, tmp_path):
+    """--chat: the masked loss's mean runs over the whole step's counted targets on every rank
+    (each reads only its rows of each micro-batch), and dropout's masks go by the row in the
+    step: 2 ranks write the one process's files, byte for byte."""
+    from test_chat_sft import conversations, write_jsonl
+
+    chats = write_jsonl(tmp_path / "chats.jsonl", conversations(40))
+    base = tmp_path / "base"
+    shape = ["--d-model", "32", "--n-heads", "2", "--n-layers", "1", "--context-length", "64", "--seed", "3"]
+    from tokenkit.cli.main import main  # the base in this process: a second saved
+
+    assert main(["train-model", str(corpus), "-t", str(tokenizer), "-o", str(base), "--steps", "1", *shape, "-q"]) == 0
+    tune = ["train-model", "--chat", str(chats), "--init-from", str(base), "--steps", "4", "--eval-interval", "2",
+            "--eval-batches", "1", "--batch-size", "3", "--grad-accum", "2", "--dropout", "0.2", "-q"]  # fmt: skip
+    runs = {"ranks": (2, "1"), "one": (1, "2")}
+    for name, (ranks, workers) in runs.items():
+        proc = _tk(ranks, *tune, "-o", str(tmp_path / name), "--workers", workers)
+        assert proc.returncode == 0, (name, proc.stderr)
+    _same_runs({name: tmp_path / name for name in runs})
+    counted = [r["counted"] for r in map(json.loads, (tmp_path / "ranks" / "log.jsonl").open()) if r["type"] == "step"]
+    assert len(counted) == 4 and all(0 < c < 1 for c in counted)  # the assistant's targets alone
+
+
 # --- --device cuda on ranks, each rank's "GPU" the CUDA kernels' NumPy twins ----------------------
 
 # `tk` with the twins standing in for the cuda backend, in every rank (a monkeypatch stays in its process)

@@ -15,7 +15,8 @@ the same bits wherever the shards run, here, in workers or on other ranks
 Training's extras ride on the same split: a step's dropout (transformer/dropout.py) reaches each
 shard with the index of its first row in the step's batch, so a row draws the same masks wherever
 it is computed; and gradient accumulation (`micro_batches`) computes the batch a micro-batch at a
-time, every shard in one running sum in order (`step_shards`).
+time, every shard in one running sum in order (`step_shards`): under MPI each rank keeps adding
+its segment of the parameters micro-batch after micro-batch, and the sums are gathered once.
 
 DataParallel moves the wrapped model's parameters into shared memory (`params` is the model's
 own dict, now of shared arrays), so an optimizer's in-place updates reach the workers: wrap the
@@ -66,14 +67,19 @@ def step_shards(batch_rows: int, n_shards: int, micro_batches: int = 1) -> list[
     >>> step_shards(8, 2, micro_batches=2)
     [slice(0, 2, None), slice(2, 4, None), slice(4, 6, None), slice(6, 8, None)]
     """
-    if micro_batches < 1 or batch_rows % micro_batches:
-        raise ModelError(f"a batch of {batch_rows} rows does not cut into {micro_batches} equal micro-batches")
-    size = batch_rows // micro_batches
+    size = micro_rows(batch_rows, micro_batches)
     return [
         slice(k * size + rows.start, k * size + rows.stop)
         for k in range(micro_batches)
         for rows in shard_rows(size, n_shards)
     ]
+
+
+def micro_rows(batch_rows: int, micro_batches: int) -> int:
+    """Rows of each of a step's `micro_batches` equal micro-batches; ModelError when they do not cut."""
+    if micro_batches < 1 or batch_rows % micro_batches:
+        raise ModelError(f"a batch of {batch_rows} rows does not cut into {micro_batches} equal micro-batches")
+    return batch_rows // micro_batches
 
 
 def sum_of_shards(
@@ -172,8 +178,9 @@ class DataParallel(_Wrapper):
 
         return WorkerPool(params, self.workers - 1, make_worker)
 
-    def local_rows(self, batch_rows: int) -> slice:
-        """The rows of a batch this process needs: all of them (the workers get theirs from it)."""
+    def local_rows(self, batch_rows: int, micro_batches: int = 1) -> slice:
+        """The rows of a batch (of a step of `micro_batches`) this process needs: all of them (the
+        workers get theirs from it)."""
         return slice(0, batch_rows)
 
     def shard_results(
@@ -337,35 +344,45 @@ class MPIDataParallel(_Wrapper):
         first = self.rank * self.workers
         return len(shards), shards[first : first + self.workers]
 
-    def local_rows(self, batch_rows: int) -> slice:
-        """The rows of a `batch_rows`-row batch whose shards this rank computes (maybe none)."""
+    def local_rows(self, batch_rows: int, micro_batches: int = 1) -> slice | np.ndarray:
+        """The rows of a `batch_rows`-row batch whose shards this rank computes (maybe none); of a
+        step of `micro_batches` micro-batches, this rank's rows of each in turn (an index array)."""
+        if micro_batches != 1:
+            size = micro_rows(batch_rows, micro_batches)
+            mine = self.local_rows(size)
+            return (np.arange(micro_batches)[:, None] * size + np.arange(mine.start, mine.stop)).reshape(-1)
         _, mine = self._my_shards(batch_rows)
         return slice(mine[0].start, mine[-1].stop) if mine else slice(0, 0)
 
-    def _local_batch(self, ids, targets, batch_rows: int | None, counted: int | None):
-        """(ids, targets, batch rows, the batch's counted positions, this rank's shards as rows of
-        `ids`, number of shards), `ids` cut down to this rank's rows when the whole batch was
-        given. Given only its rows, a rank cannot count the others': `counted` says how many
-        positions of the whole batch count (default: all)."""
-        if batch_rows is None:  # the whole batch: keep this rank's rows
+    def _local_batch(self, ids, targets, batch_rows: int | None, counted: int | None, micro_batches: int = 1):
+        """(ids, targets, batch rows, the batch's counted positions, this rank's shards of each
+        micro-batch as rows of its block of `ids`, number of shards of each micro-batch), `ids`
+        cut down to this rank's rows (`local_rows`: a block of each micro-batch in turn) when the
+        whole batch was given. Given only its rows, a rank cannot count the others': `counted`
+        says how many positions of the whole batch count (default: all)."""
+        whole = batch_rows is None
+        if whole:
             ids, targets = self.model.check_pair(ids, targets)
             counted = batch_counted(targets) if counted is None else counted
             batch_rows = ids.shape[0]
-            rows = self.local_rows(batch_rows)
+        n, mine = self._my_shards(micro_rows(batch_rows, micro_batches))
+        first = mine[0].start if mine else 0
+        if whole:
+            rows = self.local_rows(batch_rows, micro_batches)
             ids, targets = ids[rows], targets[rows]
         else:
-            rows = self.local_rows(batch_rows)
-            if np.shape(ids)[0] != rows.stop - rows.start:
+            block = mine[-1].stop - first if mine else 0
+            if np.shape(ids)[0] != micro_batches * block:
+                where = f"rows {first}..{first + block}" if micro_batches == 1 else f"{block} rows of each micro-batch"
                 raise ModelError(
-                    f"rank {self.rank} computes rows {rows.start}..{rows.stop} of a {batch_rows}-row batch "
+                    f"rank {self.rank} computes {where} of a {batch_rows}-row batch "
                     f"(local_rows), got {np.shape(ids)[0]} rows"
                 )
-            if rows.stop > rows.start:
+            if block:
                 ids, targets = self.model.check_pair(ids, targets)
                 if counted is None and counted_positions(targets) != targets.size:
                     raise ModelError("targets with IGNORE among a rank's rows need counted=: the whole batch's count")
-        n, mine = self._my_shards(batch_rows)
-        local = [slice(s.start - rows.start, s.stop - rows.start) for s in mine]
+        local = [slice(s.start - first, s.stop - first) for s in mine]
         counted = counted or batch_rows * ids.shape[1]
         batch_tokens = counted if local else 0  # only a rank with rows computes a share
         return ids, targets, batch_rows, batch_tokens, local, n
@@ -398,29 +415,46 @@ class MPIDataParallel(_Wrapper):
     ) -> tuple[float, dict[str, np.ndarray]]:
         """(mean loss, grads keyed like params), as `GPT.loss_and_grads` (`batch_rows`, `counted`:
         see the class). `dropout`: a training step's, for the whole batch from its row 0 (each
-        rank's shards draw their own rows' masks). Micro-batches are not cut here: 1 only."""
-        if micro_batches != 1:
-            raise ModelError("gradient accumulation is not built for MPI ranks; run one process, or drop it")
-        if dropout is not None:  # this rank's rows start at its first shard's row
-            dropout = dropout.shifted(self.local_rows(batch_rows if batch_rows is not None else len(ids)).start)
-        ids, targets, batch_rows, batch_tokens, local, n = self._local_batch(ids, targets, batch_rows, counted)
+        rank's shards draw their own rows' masks).
+
+        `micro_batches` N (gradient accumulation): the rows are N equal micro-batches, each cut
+        as a batch of its own (`local_rows(batch_rows, N)`: this rank's rows of each), computed
+        one after the other; every shard is scaled for the whole batch, and each rank adds its
+        segment of the parameters on, shard by shard in order across the micro-batches, before
+        the sums are gathered once: bit for bit `DataParallel(workers=size * workers)` with the
+        same micro_batches."""
+        ids, targets, batch_rows, batch_tokens, local, n = self._local_batch(
+            ids, targets, batch_rows, counted, micro_batches
+        )
+        size = batch_rows // micro_batches
+        block = local[-1].stop if local else 0  # this rank's rows of each micro-batch
+        first = self.local_rows(size).start  # their first row in a micro-batch
         names = list(self.params)
         sizes = [self.params[name].size for name in names]
         flat = np.zeros((self.workers, sum(sizes)), dtype=self.params[names[0]].dtype)  # this rank's shards
-        shares = np.zeros(self.workers, dtype=np.float64)
-        if local:
-            results = self._local.shard_results(LOSS_AND_GRADS, ids, targets, local, batch_rows, batch_tokens, dropout)
-            for k, (loss, grads) in enumerate(results):
-                shares[k] = loss
-                if self.model.device == "cpu":
-                    np.concatenate([grads[name].reshape(-1) for name in names], out=flat[k])
-                else:  # from the GPU in one transfer
-                    flat[k] = self.model.backend.to_host(
-                        self.model.xp.concatenate([grads[name].reshape(-1) for name in names])
-                    )
+        shares = np.zeros((self.workers, micro_batches), dtype=np.float64)
+        segment = None  # this rank's segment of the running sum
+        for k in range(micro_batches):
+            if local:
+                drop = None if dropout is None else dropout.shifted(k * size + first)
+                mb = slice(k * block, (k + 1) * block)
+                results = self._local.shard_results(
+                    LOSS_AND_GRADS, ids[mb], targets[mb], local, batch_rows, batch_tokens, drop
+                )
+                for j, (loss, grads) in enumerate(results):
+                    shares[j, k] = loss
+                    if self.model.device == "cpu":
+                        np.concatenate([grads[name].reshape(-1) for name in names], out=flat[j])
+                    else:  # from the GPU in one transfer
+                        flat[j] = self.model.backend.to_host(
+                            self.model.xp.concatenate([grads[name].reshape(-1) for name in names])
+                        )
+            with tuned():
+                segment = ordered_reduce_scatter(self.comm, flat, n, segment)
         with tuned():
-            total = ordered_allreduce(self.comm, flat, n)
-        loss = float(sum(self._gather(shares)[:n].tolist()))
+            total = gather_segments(self.comm, segment, flat.shape[1])
+        # the shards' shares, micro-batch after micro-batch, in shard order: as one process lists them
+        loss = float(sum(self._gather(shares)[:n].T.reshape(-1).tolist()))
         offsets = np.cumsum([0, *sizes])
         # on the CPU views of `total`; to a GPU each tensor goes as an array of its own, as the model's own gradients
         put = self.model.backend.to_device
@@ -440,13 +474,26 @@ def ordered_allreduce(comm, flat: np.ndarray, n: int) -> np.ndarray:
 
     An allreduce whose result does not depend on how many ranks there are: the vector is cut
     into one segment per rank; `Alltoallv` brings every shard's piece of segment j to rank j,
-    which adds them in shard order (what one process does, element by element); `Allgatherv`
-    hands the sums to every rank. Each rank sends and receives about 2 (size - 1) / size of P
-    (W times that for the first half), as a ring allreduce does.
+    which adds them in shard order (what one process does, element by element:
+    `ordered_reduce_scatter`); `Allgatherv` hands the sums to every rank (`gather_segments`).
+    Each rank sends and receives about 2 (size - 1) / size of P (W times that for the first
+    half), as a ring allreduce does.
     """
+    return gather_segments(comm, ordered_reduce_scatter(comm, flat, n), flat.shape[1])
+
+
+def _segments(comm, P: int) -> np.ndarray:
+    """(size + 1,): where each rank's segment of a P-vector starts, and P."""
+    return np.linspace(0, P, comm.Get_size() + 1).round().astype(np.int64)
+
+
+def ordered_reduce_scatter(comm, flat: np.ndarray, n: int, segment: np.ndarray | None = None) -> np.ndarray:
+    """This rank's segment of the sum of the first `n` shards of `flat` (as `ordered_allreduce`),
+    added in shard order onto `segment` when given: the running sum of earlier micro-batches,
+    updated in place."""
     size, rank = comm.Get_size(), comm.Get_rank()
     W, P = flat.shape
-    cuts = np.linspace(0, P, size + 1).round().astype(np.int64)
+    cuts = _segments(comm, P)
     lengths = np.diff(cuts)
     if W == 1:  # the segments already lie in destination order
         send = np.ascontiguousarray(flat).reshape(-1)
@@ -458,9 +505,18 @@ def ordered_allreduce(comm, flat: np.ndarray, n: int) -> np.ndarray:
     recv_counts = np.full(size, W * mine, dtype=np.int64)
     send_displs, recv_displs = np.cumsum(send_counts) - send_counts, np.arange(size, dtype=np.int64) * W * mine
     wait(comm.Ialltoallv([send, (send_counts, send_displs)], [received, (recv_counts, recv_displs)]))
-    segment = received[0].copy()
-    for k in range(1, n):  # in shard order, as DataParallel sums
-        segment += received[k]
-    total = np.empty(P, dtype=flat.dtype)
-    wait(comm.Iallgatherv(segment, [total, (lengths, cuts[:-1])]))
+    if segment is None:
+        segment, received = received[0].copy(), received[1:n]
+    else:
+        received = received[:n]
+    for shard in received:  # in shard order, as DataParallel sums
+        segment += shard
+    return segment
+
+
+def gather_segments(comm, segment: np.ndarray, P: int) -> np.ndarray:
+    """(P,): every rank's `segment` (`ordered_reduce_scatter`'s) in rank order, on every rank."""
+    cuts = _segments(comm, P)
+    total = np.empty(P, dtype=segment.dtype)
+    wait(comm.Iallgatherv(segment, [total, (np.diff(cuts), cuts[:-1])]))
     return total
