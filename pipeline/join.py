@@ -100,7 +100,7 @@ def follow(ranks: Ranks, *, device: str = "cpu", quiet: bool = True) -> TrainRes
 
 
 def describe_split(run: TrainingRun) -> str:
-    """How each step's batch is shared (the summary's line under MPI)."""
+    """How each step's batch (each of its --grad-accum micro-batches) is shared (the summary's line under MPI)."""
     m, B = run.model, run.config.batch_size
     shards = shard_rows(B, m.shards)
     per_rank = [sum(s.stop - s.start for s in shards[r * m.workers : (r + 1) * m.workers]) for r in range(m.size)]
@@ -108,5 +108,5 @@ def describe_split(run: TrainingRun) -> str:
     where = "" if m.model.device == "cpu" else ", each on its rank's GPU (gradients summed on the host)"
     return (
         f"mpi: {m.size} ranks x {m.workers} worker{'s' * (m.workers != 1)} = {m.shards} shards of each "
-        f"{B}-row batch (rows {rows}){where}; rank 0 writes"
+        f"{B}-row {'micro-batch' if run.config.grad_accum > 1 else 'batch'} (rows {rows}){where}; rank 0 writes"
     )

@@ -300,15 +300,18 @@ def test_grad_accum_on_ranks_is_one_process_and_the_larger_batch(corpus, tokeniz
     order, micro-batch after micro-batch, byte for byte."""
     flags = [f for f in SMALL if f != "--batch-size"]
     flags.remove("6")  # --batch-size's value: each run gives its own
-    tk = ["train-model", str(corpus), "-t", str(tokenizer), "--steps", "6", "--eval-interval", "3", "-q", *flags]
+    tk = ["train-model", str(corpus), "-t", str(tokenizer), "--steps", "6", "--eval-interval", "3", *flags]
     runs = {
         "ranks": (2, "--grad-accum", "2", "--batch-size", "6", "--workers", "1"),
         "one": (1, "--grad-accum", "2", "--batch-size", "6", "--workers", "2"),
         "larger": (1, "--batch-size", "12", "--workers", "4"),
     }
     for name, (ranks, *more) in runs.items():
-        proc = _tk(ranks, *tk, "-o", str(tmp_path / name / "run"), *more)
+        quiet = ["-q"] if ranks == 1 else []  # the ranks' run says how a step is split
+        proc = _tk(ranks, *tk, *quiet, "-o", str(tmp_path / name / "run"), *more)
         assert proc.returncode == 0, (name, proc.stderr)
+        if ranks > 1:
+            assert "2 shards of each 6-row micro-batch (rows rank 0: 3, rank 1: 3)" in proc.stderr, proc.stderr
     _same_runs({name: tmp_path / name / "run" for name in ("ranks", "one")})
     # the larger batch's files record other settings: its tensors and losses are the same
     from safetensors.numpy import load_file
