@@ -86,17 +86,33 @@ def chat_command(
         max_new_tokens=max_new_tokens,
         where=str(model_path),
     )
-    stdin = sys.stdin.buffer
     try:
-        if as_json:
-            return _json_session(session, stdin)
-        at_terminal = stdin.isatty()
-        if at_terminal:
-            note(f"chatting with {model_path} (a context of {session.context} tokens); {COMMANDS_HELP}, Ctrl-D ends")
-        _text_session(session, stdin, at_terminal)
-        return 0
+        with _signal_reader(sys.stdin.buffer) as stdin:
+            if as_json:
+                return _json_session(session, stdin)
+            at_terminal = stdin.isatty()
+            if at_terminal:
+                where = f"{model_path} (a context of {session.context} tokens)"
+                note(f"chatting with {where}; {COMMANDS_HELP}, Ctrl-D ends")
+            _text_session(session, stdin, at_terminal)
+            return 0
     finally:
         session.close()
+
+
+def _signal_reader(stream):
+    """`stream` read so that Ctrl-C always interrupts the wait for a line (common/signal_reads.py);
+    a stream without a descriptor (a test's bytes) as it is."""
+    import contextlib
+    import io
+
+    from tokenkit.common.signal_reads import SignalReader
+
+    try:
+        stream.fileno()
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return contextlib.nullcontext(stream)
+    return SignalReader(stream)
 
 
 def read_lines(stream, limit: int = MAX_LINE_BYTES):
