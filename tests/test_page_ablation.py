@@ -162,6 +162,8 @@ def test_clicks_knock_parts_out_and_the_address_carries_them(browser, srv, files
         check_card(p, files, "0.mlp,1.1")
         names = p.eval_on_selector_all(".block.knocked", "bs => bs.map(b => b.dataset.name)")
         assert names == ["h.0.mlp.c_fc", "h.0.mlp.c_proj"]
+        assert p.inner_text('.block[data-name="h.1.attn.c_attn"] .block-knocked') == "head 1 knocked out"
+        assert p.locator(".block-knocked").count() == 1  # the one layer with a head out
         no_overflow(p)
         shot(p, "ablation-model")
 

@@ -77,7 +77,8 @@ TK.ablation = (() => {
 
   // The card of what the address's ablation does to the next token after the text; without one, null, or with
   // `empty` (what a click knocks out there) the card saying so, which keeps its place on the page.
-  async function panel(state, empty = null) {
+  // `quote`: say the text (a view that does not show it: the Model view's).
+  async function panel(state, empty = null, quote = false) {
     const list = parts(state);
     if (!list.length) {
       return empty && el("section", {class: "card abl-card", id: "abl-card", "aria-label": "ablation"},
@@ -97,8 +98,10 @@ TK.ablation = (() => {
       return card;
     }
     const mode = doc.ablation.mode === "zero" ? "each zeroed" : "each replaced by its mean";
+    const text = state.text.length > 60 ? state.text.slice(0, 59) + "…" : state.text;
     card.append(
-      el("p", {class: "abl-kl"}, `The next token after the text, ${mode}: KL divergence (unablated ‖ ablated) `,
+      el("p", {class: "abl-kl"}, "The next token after ", quote ? el("span", {class: "abl-text", title: state.text}, `“${text}”`)
+        : "the text", `, ${mode}: KL divergence (unablated ‖ ablated) `,
         el("b", {id: "abl-kl", class: "num", dataset: {kl: doc.kl}, title: String(doc.kl)}, nats(doc.kl))),
       el("div", {class: "abl-grid"},
         el("div", {}, el("h3", {}, "after (bars), before (lines)"),

@@ -20,6 +20,9 @@
     const view = TK.VIEWS.includes(block.view) ? block.view : null;
     const mlp = view === "lens" && layer != null ? `${layer}.mlp` : null;  // an MLP's blocks link to the lens
     const out = mlp != null && TK.ablation.has(state, mlp), knocking = mlp != null && TK.ablation.clicking;
+    // the attention's blocks name the heads knocked out of their layer (a click on a thumbnail does that)
+    const heads = view === "attention" && block.heads && layer != null
+      ? TK.ablation.parts(state).filter((p) => p.startsWith(`${layer}.`) && p !== `${layer}.mlp`).map((p) => p.split(".")[1]) : [];
     const share = total ? block.parameters / total : 0;
     const minor = block.parameters > 0 && share < 0.01;  // layer norms: a few hundred numbers
     // a block's own place in its view: the attention of its layer, or (an MLP) the lens with its attribution bar
@@ -36,6 +39,7 @@
         !block.parameters ? "no parameters of its own" : el("span", {}, `${TK.int(block.parameters)} parameters`),
         block.parameters && !minor ? el("span", {}, ` · ${(100 * share).toFixed(1)}%`) : null),
       minor ? null : el("span", {class: "block-share"}, el("div", {style: {width: (100 * share).toFixed(1) + "%"}})),
+      heads.length ? el("span", {class: "block-knocked"}, `${heads.length === 1 ? "head" : "heads"} ${heads.join(", ")} knocked out`) : null,
       knocking ? el("span", {class: "block-go"}, out ? `put block ${layer}'s MLP back` : `knock out block ${layer}'s MLP`)
         : view ? el("span", {class: "block-go"}, `${TITLES[view] || view}${where} →`) : null,
     ];
@@ -67,7 +71,7 @@
     needs: ["model"],
     noText: true,
     async render(target, state, info) {
-      const effectAsked = TK.ablation.panel(state, TK.ablation.clicking ? "an MLP's blocks" : null);
+      const effectAsked = TK.ablation.panel(state, TK.ablation.clicking ? "an MLP's blocks" : null, true);
       const model = await TK.api("/api/model");
       const c = model.config || {};
       const total = model.parameters;
