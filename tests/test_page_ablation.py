@@ -136,6 +136,7 @@ def no_overflow(p) -> None:
     assert p.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
 
 
+@pytest.mark.slow  # a browser, as tests/conftest.py's SLOW_MODULES; the API tests above stay in the quick loop
 def test_clicks_knock_parts_out_and_the_address_carries_them(browser, srv, files):
     p = open_page(browser, srv.base + "?view=attention&text=" + TEXT.replace(" ", "+"))
     p.set_default_timeout(15_000)
