@@ -3,6 +3,7 @@ browser, and a GPT-2-124M-shaped model explained, side by side with transformers
 
     python bench/page.py [--run runs/demo] [--repeats 15] [--no-gpt2] [--no-log]
     python bench/page.py --log-only [--log-steps 1000000]
+    python bench/page.py --inside-only [--run runs/demo] [--repeats 15]
 
 1. Server: `tk serve RUN` in a child process; each endpoint asked `--repeats` times for a
    64-token text from the run's corpus (the wall time of one HTTP request from this process,
@@ -19,7 +20,15 @@ browser, and a GPT-2-124M-shaped model explained, side by side with transformers
    HEADS_VISITED heads (each click's time to redrawn, and the JS heap after them, garbage
    collected); and, where transformers and torch are installed, the same checkpoint's forward
    with output_attentions=True (what bertviz draws from) on the same ids. Bar: explain within 2 s.
-4. A long training log (issue 36): a `log.jsonl` of `--log-steps` step records (1M by default,
+4. Inside the model (issue 33), alone with --inside-only: on GPT-2 124M shapes at 64 tokens, the
+   server time of /api/lens, of /api/attribution (the last position's) and of one ablation
+   (/api/next?ablate=L.H: two forward passes and the shift), each on a text not asked before
+   (the server keeps the last text's trace, which the lens and the attribution share: the
+   attribution asked after its text's lens is timed too); and on the run's model, the page's
+   ablation click: the switch on, a head's thumbnail (Attention view) or an MLP's block (Model
+   view) clicked, from the click to redrawn with the card of the next token before and after,
+   each time on a new text (nothing cached). Bars: 2 s each on GPT-2's shapes, 500 ms a click.
+5. A long training log (issue 36): a `log.jsonl` of `--log-steps` step records (1M by default,
    an evaluation every 1,000, written as tk writes them) read whole by `pipeline.live.TrainingLog`,
    then 1,000 new lines read incrementally, then /api/training's JSON made from it (the view and
    the server's json.dumps), and the process's peak memory after. The server reads the log under
@@ -245,13 +254,9 @@ def gpt2_times(repeats: int) -> dict[str, float] | None:
     if not (GPT2 / "vocab.json").is_file():
         print("GPT-2 part skipped: ../shared/data/gpt2 is absent")
         return None
-    from hf_import_memory import make_checkpoint
-
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        hf_dir, model = Path(tmp) / "hf", Path(tmp) / "gpt2.safetensors"
-        make_checkpoint(hf_dir, "F32")
-        subprocess.run([sys.executable, "-m", "tokenkit", "import-hf", str(hf_dir), "-o", str(model)], check=True)
+        hf_dir, model = gpt2_model(tmp)
         tok = load_tokenizer(model)
         source = (REPO / "corpora" / "tiny_tales.txt").read_text(encoding="utf-8")
         text = text_of(tok, source, 64)
@@ -305,6 +310,100 @@ def gpt2_times(repeats: int) -> dict[str, float] | None:
         out["transformers forward, output_attentions (64 tokens)"] = median_ms(took)
         out["torch threads"] = torch.get_num_threads()
     return out
+
+
+def ablation_clicks(base: str, texts: list[str]) -> dict[str, float]:
+    """Section 4's page part: median ms from a click that knocks a part out to the view redrawn
+    with the ablation's card, each repeat on a new text of `texts` (its answers not yet asked)."""
+    from playwright.sync_api import sync_playwright
+
+    clicks = {  # name: (view, the part's selector, by repeat)
+        "attention: a head knocked out": ("attention", lambda i: f'.thumb[data-layer="{i % 2}"][data-head="{i % 4}"]'),
+        "model: an MLP knocked out": ("model", lambda i: f'button.block[data-name="h.{i % 2}.mlp.c_fc"]'),
+    }
+    out = {}
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        for name, (view, selector) in clicks.items():
+            times = []
+            for i, text in enumerate(texts):
+                page.goto(base + f"?view={view}&text={urllib.parse.quote(text)}")
+                page.wait_for_selector('body[data-ready="1"]')
+                page.check("#ablate-switch")
+                page.wait_for_selector("#abl-card:not([data-parts]) >> nth=0", state="attached")
+                page.wait_for_selector('body[data-ready="1"]')
+                click = f"document.querySelector({json.dumps(selector(i))}).click()"
+                times.append(page.evaluate(timed_js(click, "document.getElementById('abl-kl') !== null")))
+            out[name] = statistics.median(times) if all(t == t for t in times) else float("nan")
+        browser.close()
+    return out
+
+
+def inside_times(served: Served, texts: list[str], repeats: int) -> dict[str, float]:
+    """Section 4's server part: median ms of /api/lens, /api/attribution and one ablation, each
+    repeat on a text not asked before (texts: at least 3 x repeats + 1 of them)."""
+    fresh = iter(texts)
+    served.get("/api/next", text=next(fresh))  # a first answer warms what a first view does
+    asks = {
+        "lens (64 tokens)": lambda t, i: ("/api/lens", {"text": t}),
+        "attribution (64 tokens, the last position)": lambda t, i: ("/api/attribution", {"text": t}),
+        "one ablation (64 tokens, next?ablate=L.H)": lambda t, i: (
+            "/api/next",
+            {"text": t, "ablate": f"{i % 12}.{5 * i % 12}"},
+        ),
+    }
+    out: dict[str, float] = {}
+    for name, ask in asks.items():
+        took = []
+        for i in range(repeats):
+            path, params = ask(next(fresh), i)
+            took.append(served.get(path, **params)[0])
+        out[name] = median_ms(took)
+    after = []
+    for _ in range(repeats):  # the page's order: a text's lens, then its attribution from the same pass
+        text = next(fresh)
+        served.get("/api/lens", text=text)
+        after.append(served.get("/api/attribution", text=text)[0])
+    out["attribution after its text's lens"] = median_ms(after)
+    return out
+
+
+def gpt2_model(tmp: str) -> tuple[Path, Path]:
+    """(the transformers checkpoint folder, the tk model imported from it): GPT-2 124M shapes, random."""
+    from hf_import_memory import make_checkpoint
+
+    hf_dir, model = Path(tmp) / "hf", Path(tmp) / "gpt2.safetensors"
+    make_checkpoint(hf_dir, "F32")
+    subprocess.run([sys.executable, "-m", "tokenkit", "import-hf", str(hf_dir), "-o", str(model)], check=True)
+    return hf_dir, model
+
+
+def windows(tok, n: int, count: int) -> list[str]:
+    """`count` different n-token texts of the default corpus (from every 1,000th character on)."""
+    source = (REPO / "corpora" / "tiny_tales.txt").read_text(encoding="utf-8")
+    return [text_of(tok, source[1000 * k :], n) for k in range(count)]
+
+
+def print_inside(run: Path, repeats: int, with_gpt2: bool) -> None:
+    """Section 4, printed: GPT-2's shapes on the server, then the run's model on the page."""
+    if with_gpt2 and (GPT2 / "vocab.json").is_file():
+        with tempfile.TemporaryDirectory() as tmp:
+            _, model = gpt2_model(tmp)
+            texts = windows(load_tokenizer(model), 64, 4 * repeats + 1)
+            with Served(str(model)) as served:
+                print(
+                    f"\n## inside the model, GPT-2 124M shapes, server time (ms; bar: 2000; {repeats} new texts each)"
+                )
+                for name, ms in inside_times(served, texts, repeats).items():
+                    print(f"{name:<48} {ms:8.1f}  {'ok' if ms < 2000 else 'OVER'}")
+    elif with_gpt2:
+        print("GPT-2 part skipped: ../shared/data/gpt2 is absent")
+    texts = windows(load_tokenizer(run), 64, max(5, repeats // 2))
+    with Served(str(run)) as served:
+        print(f"\n## ablation on the page, {run}: click to redrawn with the card (ms; bar: 500; 64 tokens)")
+        for name, ms in ablation_clicks(served.base, texts).items():
+            print(f"{name:<32} {ms:8.1f}  {'ok' if ms < 500 else 'OVER'}")
 
 
 def write_log(path: Path, steps: int, start: int = 1) -> None:
@@ -370,6 +469,9 @@ def main() -> None:
     parser.add_argument("--no-log", action="store_true", help="skip the long training log")
     parser.add_argument("--log-only", action="store_true", help="only the long training log (no run needed)")
     parser.add_argument("--log-steps", type=int, default=1_000_000, help="steps of the long training log")
+    parser.add_argument(
+        "--inside-only", action="store_true", help="only the lens, attribution and ablation (section 4)"
+    )
     args = parser.parse_args()
     if args.log_only:
         print_log_times(args.log_steps)
@@ -379,6 +481,9 @@ def main() -> None:
         raise SystemExit(
             f"{run} holds no model: run the Quick start first (tk pipeline corpora/tiny_tales.txt -o {run})"
         )
+    if args.inside_only:
+        print_inside(run, args.repeats, not args.no_gpt2)
+        return
     tok = load_tokenizer(run)
     text = text_of(tok, (REPO / "corpora" / "tiny_tales.txt").read_text(encoding="utf-8")[5000:], 64)
     print(f"# tk serve {run}: a {len(tok.encode(text))}-token text, {args.repeats} repeats, medians")
@@ -403,6 +508,7 @@ def main() -> None:
                     times["attention (64 tokens, head 5.7)"] + times["thumbnails (64 tokens, 12 x 12, after that head)"]
                 )
                 print(f"attention: tk serve (request + JSON) / transformers forward alone = {ours / peer:.2f}x")
+    print_inside(run, args.repeats, not args.no_gpt2)
     if not args.no_log:
         print_log_times(args.log_steps)
 

@@ -62,6 +62,7 @@ def predict_next_command(
       tk predict-next -m runs/demo "Once upon a time" --ablate 0.mlp --ablate-mode mean --ablate-file tales.txt
     """
     from tokenkit.pipeline import views
+    from tokenkit.pipeline.ablation_views import ablated_next_view
     from tokenkit.pipeline.run import load_model_and_tokenizer, predict_next, token_text
     from tokenkit.transformer.ablation import ablated, shift
 
@@ -70,11 +71,10 @@ def predict_next_command(
     model, tok = load_model_and_tokenizer(model_path, tokenizer_path, device=device)
     knocked = ablation_for(model, tok, flags, special_policy)
     if as_json:  # tk serve's /api/next; a token that is part of a character shows its bytes escaped, e.g. "\\xc3"
-        with ablated(model, knocked):
+        if knocked is None:
             doc = views.next_view(model, tok, text, top_k=top_k, policy=special_policy, say=note)
-        if knocked is not None:
-            moved = shift(model, doc["prompt_ids"], knocked).to_json(top_k)
-            doc |= {"ablation": knocked.to_json(), **_named(tok, moved)}
+        else:  # tk serve's /api/next?ablate=SPEC
+            doc = ablated_next_view(model, tok, text, knocked, top_k=top_k, policy=special_policy, say=note)
         click.echo(json.dumps(doc, ensure_ascii=False))
         return 0
     with ablated(model, knocked):
@@ -143,16 +143,6 @@ def ablation_for(model, tok, flags, special_policy):
     if mode == "zero":
         return zero_ablation(model, parts)
     return mean_ablation(model, parts, tok.encode_for_model(text, **special_policy))
-
-
-def _named(tok, doc: dict) -> dict:
-    """`Shift.to_json`'s entries with each id's token text after the id, as "top"'s entries have it."""
-    from tokenkit.pipeline.token_views import token_pieces
-
-    for key in ("before", "moved"):
-        texts = token_pieces(tok, [e["id"] for e in doc[key]])
-        doc[key] = [{"id": e.pop("id"), "token": text, **e} for e, text in zip(doc[key], texts, strict=True)]
-    return doc
 
 
 @click.command("generate")

@@ -26,12 +26,17 @@ from tokenkit.common import jsonsafe
 from tokenkit.common.errors import FileError
 from tokenkit.common.messages import short
 from tokenkit.pipeline import PipelineError, chat_views, checkpoint, views
+from tokenkit.pipeline.ablation_views import ablated_next_view, zero_parts
 from tokenkit.pipeline.checkpoint import load_tokenizer
 from tokenkit.pipeline.config import Range
 from tokenkit.pipeline.live import LiveModel, Loaded, TrainingLog
+from tokenkit.transformer.ablation import Ablation, ablated
+from tokenkit.transformer.errors import ModelError
 from tokenkit.transformer.explain_examples import EXAMPLES
 
 MAX_FIELDS = 16  # query parameters in one request; every endpoint takes fewer
+ABLATE_PARTS = 1024  # parts one `ablate` SPEC names at most: a 32-layer model of 31 heads has that many
+ABLATE_CHARS = 8 * ABLATE_PARTS  # its characters at most ("31.31," is 6)
 _INTEGER = re.compile(r"-?[0-9]{1,20}")
 _REAL = re.compile(r"-?([0-9]{1,20}(\.[0-9]{0,20})?|\.[0-9]{1,20})([eE][-+]?[0-9]{1,3})?")  # no nan, inf, 1_0
 
@@ -147,6 +152,10 @@ class Query:
         if len(text) > limit:
             raise Refused(f"text is {len(text):,} characters; at most {limit:,}")
         return text
+
+    def optional(self, name: str) -> str | None:
+        """A string parameter as given, or None when absent (the caller bounds it)."""
+        return self._values.get(name)
 
     def integer(self, name: str, allowed: Range, default: int | None) -> int | None:
         value = self._values.get(name)
@@ -292,10 +301,29 @@ def _prompt(loaded: Loaded, q: Query) -> tuple[str, dict[str, Any]]:
     return text, policy
 
 
+def _ablation(q: Query, model) -> Ablation | None:
+    """The `ablate` SPEC's parts zeroed in the model, or None when not given: bounded in length and
+    in parts before it is read, and each part checked against the model (a one-line 400)."""
+    spec = q.optional("ablate")
+    if spec is None:
+        return None
+    if len(spec) > ABLATE_CHARS:
+        raise Refused(f"ablate is {len(spec):,} characters; at most {ABLATE_CHARS:,}")
+    if spec.count(",") >= ABLATE_PARTS:
+        raise Refused(f"ablate names {spec.count(',') + 1:,} parts; at most {ABLATE_PARTS:,}")
+    try:
+        return zero_parts(model, spec)
+    except ModelError as err:
+        raise Refused(str(err)) from None
+
+
 def _next(held: Holdings, q: Query) -> dict[str, Any]:
     loaded = held.need_model()
     top_k = q.integer("top_k", Range(1, views.TOP_K_MAX), 10)
+    knocked = _ablation(q, loaded.model)  # before the text is encoded and run
     text, policy = _prompt(loaded, q)
+    if knocked is not None:
+        return ablated_next_view(loaded.model, loaded.tokenizer, text, knocked, top_k=top_k, policy=policy)
     return views.next_view(loaded.model, loaded.tokenizer, text, top_k=top_k, policy=policy)
 
 
@@ -314,8 +342,10 @@ def _sampling(q: Query, *, n: int) -> dict[str, Any]:
 def _generate(held: Holdings, q: Query) -> dict[str, Any]:
     loaded = held.need_model()
     settings = _sampling(q, n=20)
+    knocked = _ablation(q, loaded.model)
     text, policy = _prompt(loaded, q)
-    return views.generate_view(loaded.model, loaded.tokenizer, text, policy=policy, **settings)
+    with ablated(loaded.model, knocked):  # `tk generate --ablate SPEC`: every step ablated
+        return views.generate_view(loaded.model, loaded.tokenizer, text, policy=policy, **settings)
 
 
 def _chat(held: Holdings, q: Query) -> dict[str, Any]:
@@ -356,8 +386,8 @@ ENDPOINTS: dict[str, tuple[Callable[[Holdings, Query], dict[str, Any]], tuple[st
     "/api/lens": (_lens, ("text", "top_k", "specials")),
     "/api/attribution": (_attribution, ("text", "position", "token", "specials")),
     "/api/example": (_example, ("name",)),
-    "/api/next": (_next, ("text", "top_k", "specials")),
-    "/api/generate": (_generate, ("text", "n", "temperature", "top_k", "top_p", "seed", "show", "specials")),
+    "/api/next": (_next, ("text", "top_k", "ablate", "specials")),
+    "/api/generate": (_generate, ("text", "n", "temperature", "top_k", "top_p", "seed", "show", "ablate", "specials")),
     "/api/chat": (_chat, ("messages", "n", "temperature", "top_k", "top_p", "seed", "show")),
     "/api/training": (_training, ()),
     "/api/model": (_model, ()),

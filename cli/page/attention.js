@@ -30,8 +30,10 @@
   // Whether a text's thumbnails are block means (above 48 tokens), not their heads' own weights.
   const pooled = (thumbs) => thumbs.thumbnail_edges.length - 1 < thumbs.tokens.length;
 
-  // Every head's thumbnail (att.thumbnails[layer][head]; cell i covers positions edges[i]..edges[i + 1] - 1).
-  function overview(att, layer, head, causal) {
+  // Every head's thumbnail (att.thumbnails[layer][head]; cell i covers positions edges[i]..edges[i + 1] - 1); a click
+  // shows the head large, or with the ablation switch on knocks it out (ablation.js), crossed out while it is.
+  function overview(att, layer, head, causal, state, effect) {
+    const A = TK.ablation;
     const size = Math.max(28, Math.min(60, Math.floor(360 / att.n_heads)));
     const edges = att.thumbnail_edges, T = att.tokens.length;
     const widths = edges.slice(1).map((e, i) => e - edges[i]);
@@ -46,18 +48,22 @@
     for (let l = 0; l < att.n_layers; l++) {
       grid.append(el("span", {class: "muted thumb-layer"}, `layer ${l}`));
       for (let h = 0; h < att.n_heads; h++) {
-        const on = l === layer && h === head;
-        const button = el("button", {type: "button", class: "thumb" + (on ? " selected" : ""), dataset: {layer: l, head: h},
-          "aria-pressed": on ? "true" : "false", "aria-label": `layer ${l}, head ${h}`, title: `layer ${l}, head ${h}`,
-          onclick: () => goKeep({layer: String(l), head: String(h)}, `.thumb[data-layer="${l}"][data-head="${h}"]`)},
+        const on = l === layer && h === head, part = `${l}.${h}`, out = A.has(state, part);
+        const self = `.thumb[data-layer="${l}"][data-head="${h}"]`;
+        const what = `layer ${l}, head ${h}` + (out ? " (knocked out)" : "");
+        const button = el("button", {type: "button", class: "thumb" + (on ? " selected" : "") + (out ? " knocked" : ""),
+          dataset: {layer: l, head: h, knocked: out ? "1" : null},
+          "aria-pressed": (A.clicking ? out : on) ? "true" : "false", "aria-label": what, title: what,
+          onclick: () => goKeep(A.clicking ? {ablate: A.toggled(state, part)} : {layer: String(l), head: String(h)}, self)},
         thumb(unpackWeights(att.thumbnails[l][h]), masked, size, blocks ? widths : null));
         Object.assign(button.style, {width: `${size + 6}px`, height: `${size + 6}px`});
         grid.append(button);
       }
     }
     const side = lo === hi ? `${lo} × ${lo}` : `${lo}–${hi} × ${lo}–${hi}`;
-    return el("div", {class: "overview"}, el("h3", {}, "every layer and head"), grid,
-      el("p", {class: "muted note"}, "click one to show it large"),
+    return el("div", {class: "overview"}, el("h3", {class: "overview-head"}, "every layer and head ", A.toggleSwitch("heads")), grid,
+      el("p", {class: "muted note"}, A.clicking ? "click a head to knock it out, again to put it back" : "click one to show it large"),
+      effect,
       blocks ? el("p", {class: "muted note", id: "thumb-note"}, `${T} tokens: each thumbnail cell is the mean of a ` +
         `${side} block of weights, coloured by the mean × the block's keys (its share of its queries' attention); ` +
         "the large map is the head's own weights.") : null);
@@ -235,10 +241,13 @@
       // query: the server sends that row of each per-token step only (50x less JSON for 64 tokens)
       const docAsked = wantQuery ? ask("/api/explain", {...ofText, layer, head, query: state.query})
         .catch((error) => ({error: error.message})) : null;
+      // the ablation's card (none without one), or while the switch is on its place, so that a first click moves nothing
+      const effectAsked = TK.ablation.panel(state, TK.ablation.clicking ? "a head" : null);
       // the head before the thumbnails: its forward pass pools every head, which the server then sends without another
       const att = atHand ? {tokens: held.tokens, weights: held.thumbnails[layer][head]} : await headAsked;
       const thumbs = held || await ask("/api/thumbnails", ofText);
       const doc = await docAsked;
+      const effect = await effectAsked;
       const T = att.tokens.length;
       let query = null, queryError = null;
       if (wantQuery) {
@@ -276,7 +285,7 @@
           "(from the same trace as tk explain --json); hover a number for its full precision."),
         ...arithmetic(doc, query, cfg, att.tokens, layer, head));
       }
-      root.append(el("div", {class: "att-top"}, overview(thumbs, layer, head, causal), main), arith);
+      root.append(el("div", {class: "att-top"}, overview(thumbs, layer, head, causal, state, effect), main), arith);
     },
   });
 })();

@@ -11,7 +11,7 @@ const TK = (() => {
   // Parameters the address may hold, with their defaults (docs/serve.md "The page's address").
   const DEFAULTS = {view: "tokens", text: "Once upon a time, there was a little cat.", layer: "0", head: "0",
     query: "", example: "attention-lookup", step: "", temperature: "1", top_k: "", top_p: "", seed: "0", n: "20",
-    specials: "", position: "", which: ""};
+    specials: "", position: "", which: "", ablate: ""};
   const NO_CACHE = new Set(["/api/info", "/api/training"]);  // answers that change while the server runs
   const CACHE_SIZE = 24;                  // answers kept at most ...
   const CACHE_BYTES = 32 * 1024 * 1024;   // ... and their bytes (as the server sent them) at most

@@ -1,5 +1,6 @@
 // next.js: the model's next-token distribution as bars, and generation step by step: each new token
-// with the distribution it was drawn from (after temperature, top-k, top-p); the seed makes it repeatable.
+// with the distribution it was drawn from (after temperature, top-k, top-p); the seed makes it repeatable. With parts
+// knocked out (the address's `ablate`, ablation.js) both are the ablated model's, the bars beside the unablated ones.
 "use strict";
 (() => {
   const {el} = TK;
@@ -39,11 +40,15 @@
       const vocab = info.model.config.vocab_size;
       const tokens = info.tokenizer ? info.tokenizer.vocab_size : vocab;  // fewer when the model is padded
       const sampling = {text: state.text, n: state.n, temperature: state.temperature, top_k: state.top_k,
-        top_p: state.top_p, seed: state.seed, show: SHOW, specials: state.specials};
+        top_p: state.top_p, seed: state.seed, show: SHOW, ablate: state.ablate, specials: state.specials};
       // a `tk explain --html` file holds the generation of the default settings only: others get its note
-      const [next, gen] = await Promise.all([
+      const [next, gen, effect] = await Promise.all([
         TK.api("/api/next", {text: state.text, top_k: SHOW, specials: state.specials}),
-        TK.api("/api/generate", sampling).catch((error) => { if (!TK.FILE) throw error; return {steps: [], missing: error.message}; })]);
+        TK.api("/api/generate", sampling).catch((error) => {
+          if (!TK.FILE && !state.ablate) throw error;  // an ablation's error is the card's to say
+          return {steps: [], missing: error.message};
+        }),
+        TK.ablation.panel(state)]);
       const append = TK.FILE ? null : (row) => TK.go({text: state.text + row.token, step: "", query: ""}, true);
 
       // 1. the next token
@@ -55,6 +60,10 @@
           ` a probability (softmax of the last position's scores). The ${next.top.length} most likely` +
           (append ? "; click one to add it to the text." : ".")),
         bars(next.top, "next-bars", null, append, tokens));
+      if (effect) {  // the unablated bars, then what the ablation does to them
+        nextCard.append(el("h2", {class: "abl-title"}, "With parts knocked out"), effect);
+        effect.classList.remove("card");
+      }
 
       // 2. generation, step by step
       const fields = {
@@ -127,7 +136,8 @@
         el("p", {class: "muted"}, "Each new token is drawn from the model's distribution after temperature, top-k and top-p; " +
           "click a generated token to see the distribution it came from."),
         el("div", {class: "controls sampling"}, Object.values(fields).map((f) => f.box), reseed),
-        el("p", {class: "muted small", id: "gen-settings"}, settingsNote),
+        el("p", {class: "muted small", id: "gen-settings"}, settingsNote +
+          (state.ablate ? ` · knocked out: ${TK.ablation.parts(state).join(", ")}` : "")),
         genBox,
         gen.missing ? el("p", {class: "error", id: "gen-missing"}, gen.missing)
           : steps.length ? [stepHead, stepBars] : el("p", {class: "muted"}, "No new tokens asked for (new tokens = 0)."));
