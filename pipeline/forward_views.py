@@ -234,7 +234,8 @@ def explain_run(
     """`transformer.explain.explain_model` on `text`: (the explanation, what the model read of the
     text (`model_ids`; a cut said to `say`), each id's bytes); what `tk explain` renders as tables
     and `explain_doc` as JSON."""
-    read = ids, _ = model_ids(model, tokenizer, text, policy, limit, say)
+    read = model_ids(model, tokenizer, text, policy, limit, say)
+    ids = read.ids
     raw = [tokenizer.decode_bytes([i]) for i in ids]
     labels = vocab_labels(tokenizer, model.config.vocab_size)
     expl = explain_model(

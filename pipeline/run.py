@@ -204,20 +204,20 @@ def generate_ids(
     say: Callable[[str], None] = lambda m: None,
     observe: Callable[[np.ndarray, np.ndarray], None] | None = None,
 ) -> tuple[ModelInput, Iterator[int]]:
-    """(what the model reads of the prompt, an iterator of the new token ids): what `generate` decodes, checked
-    before the first token. `observe(logits, probs)` sees each step's distribution (`GPT.generate`).
-    An id with no token (a vocabulary padded beyond the tokenizer's) is never picked: transformers'
-    `generate` could pick one, and no tokenizer decodes it; everywhere else the model is as it is.
-    The iterator may warn (the model's own warning when the window shifts); `generate` says it once
-    before the text starts instead."""
+    """(what the model reads of the prompt (`fit_context`), an iterator of the new token ids): what
+    `generate` decodes, checked before the first token. `observe(logits, probs)` sees each step's
+    distribution (`GPT.generate`). An id with no token (a vocabulary padded beyond the tokenizer's)
+    is never picked: transformers' `generate` could pick one, and no tokenizer decodes it;
+    everywhere else the model is as it is. The iterator may warn (the model's own warning when the
+    window shifts); `generate` says it once before the text starts instead."""
     if max_new_tokens < 0:
         raise PipelineError(f"--max-new-tokens must not be negative, got {max_new_tokens}")
     if max_new_tokens > MAX_NEW_TOKENS:
         raise PipelineError(f"--max-new-tokens must be at most {MAX_NEW_TOKENS:,}, got {max_new_tokens}")
-    prompt_in = encode_prompt(
+    read = encode_prompt(
         model, tokenizer, prompt, say, allowed_special=allowed_special, disallowed_special=disallowed_special
     )
-    ids = prompt_in.ids
+    ids = read.ids
     tokens = model.generate(
         np.asarray(ids, dtype=np.int64),
         max_new_tokens,
@@ -236,7 +236,7 @@ def generate_ids(
             f"note: prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceed the model's context ({limit}); "
             f"when the window is full it keeps its last {limit // 2} tokens and grows again"
         )
-    return prompt_in, _quietly(tokens)
+    return read, _quietly(tokens)
 
 
 def _quietly(tokens: Iterator[int]) -> Iterator[int]:
