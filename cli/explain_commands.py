@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from tokenkit.cli.notes import note
 from tokenkit.cli.options import (
     ablation_options,
     check_device,
@@ -145,11 +146,11 @@ def explain_command(
         model, tok, _ = load_model(model_path, device=device)
         knocked = ablation_for(model, tok, flags, special_policy)
         with ablated(model, knocked):  # the lens and attribution read the pass as it ran (docs/inside.md)
-            expl, ids, raw = views.explain_run(
-                model, tok, text, layer=layer, head=head, top_k=top_k, policy=special_policy
+            expl, (ids, cut), raw = views.explain_run(
+                model, tok, text, layer=layer, head=head, top_k=top_k, policy=special_policy, say=note
             )  # fmt: skip
             # The lens and the default attribution are in every model's --json (docs/inside.md): only built for it.
-            doc = views.model_doc(expl, ids, raw, tok, text, str(model_path), query) if as_json else None
+            doc = views.model_doc(expl, ids, raw, tok, text, str(model_path), query, cut) if as_json else None
             if attributing and doc is not None:
                 position = -1 if attribute_position is None else attribute_position
                 doc["attribution"] = expl.inside.attribution(position, attribute_token)

@@ -38,8 +38,9 @@ from tokenkit.cli.specials import special_options
 @click.argument("text")
 @top_k_option("rows in the table of likely tokens", default=10)
 @json_option(
-    'print {"top": [{"id", "token", "p"}, ...], "prompt_ids": [...]} instead; with --ablate also "ablation", "kl",'
-    ' "before" (the top unablated) and "moved" [{"id", "token", "before", "after"}]'
+    'print {"top": [{"id", "token", "p"}, ...], "prompt_ids": [...]} instead ("cut": N more, of a text longer than'
+    ' the context); with --ablate also "ablation", "kl", "before" (the top unablated) and "moved"'
+    ' [{"id", "token", "before", "after"}]'
 )
 @ablation_options
 @special_options

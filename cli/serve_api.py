@@ -5,7 +5,9 @@ and the view (pipeline/views.py) it answers with. docs/serve.md is the contract.
 followed on disk (`pipeline.live.LiveModel`) and a run's training log. `answer(holdings, path,
 query)` runs one endpoint: a bad query raises `Refused` (400, or 404 for what the server was not
 given) before any work; the views' own one-line errors (a special token the policy refuses, a
-text longer than the model's context) pass up to the server, which answers them with 400 too.
+text longer than a view's limit) pass up to the server, which answers them with 400 too. A text
+longer than the model's context is no error: every view reads its last tokens and says how many
+it dropped (`cut`, pipeline/run.py's `fit_context`), as the commands do.
 
 What it deliberately does not do: speak HTTP, check hosts or serve files (cli/serve.py does), or
 compute what a view shows (pipeline/views.py does).
@@ -293,14 +295,6 @@ def _example(held: Holdings, q: Query) -> dict[str, Any]:
     return views.example_doc(q.choice("name", tuple(EXAMPLES), "attention-lookup"))
 
 
-def _prompt(loaded: Loaded, q: Query) -> tuple[str, dict[str, Any]]:
-    """The text and policy of a prompt, refused when longer than the model's context (the
-    commands use its last context_length tokens instead, and say so)."""
-    text, policy = q.text(), q.policy()
-    views.model_ids(loaded.model, loaded.tokenizer, text, policy)
-    return text, policy
-
-
 def _ablation(q: Query, model) -> Ablation | None:
     """The `ablate` SPEC's parts zeroed in the model, or None when not given: bounded in length and
     in parts before it is read, and each part checked against the model (a one-line 400)."""
@@ -321,7 +315,7 @@ def _next(held: Holdings, q: Query) -> dict[str, Any]:
     loaded = held.need_model()
     top_k = q.integer("top_k", Range(1, views.TOP_K_MAX), 10)
     knocked = _ablation(q, loaded.model)  # before the text is encoded and run
-    text, policy = _prompt(loaded, q)
+    text, policy = q.text(), q.policy()
     if knocked is not None:
         return ablated_next_view(loaded.model, loaded.tokenizer, text, knocked, top_k=top_k, policy=policy)
     return views.next_view(loaded.model, loaded.tokenizer, text, top_k=top_k, policy=policy)
@@ -343,7 +337,7 @@ def _generate(held: Holdings, q: Query) -> dict[str, Any]:
     loaded = held.need_model()
     settings = _sampling(q, n=20)
     knocked = _ablation(q, loaded.model)
-    text, policy = _prompt(loaded, q)
+    text, policy = q.text(), q.policy()
     with ablated(loaded.model, knocked):  # `tk generate --ablate SPEC`: every step ablated
         return views.generate_view(loaded.model, loaded.tokenizer, text, policy=policy, **settings)
 

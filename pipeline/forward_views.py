@@ -20,14 +20,14 @@ from __future__ import annotations
 import base64
 import math
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from tokenkit.bpe.show import token_repr, token_str
 from tokenkit.pipeline.errors import PipelineError
-from tokenkit.pipeline.run import pad_label
+from tokenkit.pipeline.run import ModelInput, cut_field, fit_context, pad_label
 from tokenkit.pipeline.token_views import REFUSE, token_entries, vocab_labels
 from tokenkit.transformer import trace
 from tokenkit.transformer.backends import as_host
@@ -65,18 +65,29 @@ def explain_tokens(config) -> int:
     return max(1, min(config.context_length, t))
 
 
-def model_ids(model, tokenizer, text: str, policy: Mapping[str, Any], limit: int | None = None) -> list[int]:
-    """`text`'s ids for a forward pass (after the tokenizer's BOS, when it has one): at least one,
-    at most `limit` (default: the model's context)."""
+def model_ids(
+    model,
+    tokenizer,
+    text: str,
+    policy: Mapping[str, Any],
+    limit: int | None = None,
+    say: Callable[[str], None] = lambda m: None,
+) -> ModelInput:
+    """What the model reads of `text` for a forward pass (after the tokenizer's BOS, when it has
+    one): at least one id, and of a text longer than the model's context its last ones
+    (`run.fit_context`, said to `say`). A view whose answer holds fewer (`limit`: its bound on
+    numbers, for a large model) refuses a text of more."""
     ids = tokenizer.encode_for_model(text, **policy)
     if not ids:
         raise PipelineError("the text gives no tokens; give some text")
     context = model.config.context_length
-    limit = context if limit is None else limit
-    if len(ids) > limit:
-        what = f"the model's context of {context}" if limit == context else f"the {limit} this view shows"
-        raise PipelineError(f"the text is {len(ids)} tokens, more than {what}; shorten it")
-    return ids
+    read = fit_context(ids, context, tokenizer.bos is not None, say)
+    if limit is not None and len(read.ids) > limit:
+        read_of = f"; the model reads its last {context:,}" if read.cut else ""
+        raise PipelineError(
+            f"the text is {len(ids):,} tokens{read_of}, more than the {limit:,} this view shows; shorten it"
+        )
+    return read
 
 
 # ----------------------------------------------------------------------------- attention maps: pooled, packed
@@ -176,7 +187,7 @@ def attention_view(
     if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
         where = f"{cfg.n_layers} layers of {cfg.n_heads} heads"
         raise PipelineError(f"layer {layer}, head {head} is not in the model ({where})")
-    ids = model_ids(model, tokenizer, text, policy, attention_tokens(cfg))
+    ids, cut = model_ids(model, tokenizer, text, policy, attention_tokens(cfg))
     chosen, _ = _attention_pass(model, ids, layer, head)
     return {
         "tokens": token_entries(tokenizer, ids),
@@ -185,6 +196,7 @@ def attention_view(
         "layer": layer,
         "head": head,
         "weights": pack_weights(chosen),
+        **cut_field(cut),
     }
 
 
@@ -194,7 +206,7 @@ def thumbnails_view(model, tokenizer, text: str, *, policy: Mapping[str, Any] = 
     tokens a thumbnail is its head's weights, what `attention_view` sends for it, bit for bit.
     Those of the text the model's last `attention_view` was of are its, without a forward pass."""
     cfg = model.config
-    ids = model_ids(model, tokenizer, text, policy, attention_tokens(cfg))
+    ids, cut = model_ids(model, tokenizer, text, policy, attention_tokens(cfg))
     last = _LAST_THUMBNAILS.get(model)
     thumbnails = last[1] if last is not None and last[0] == tuple(ids) else _attention_pass(model, ids)[1]
     return {
@@ -203,6 +215,7 @@ def thumbnails_view(model, tokenizer, text: str, *, policy: Mapping[str, Any] = 
         "n_heads": cfg.n_heads,
         "thumbnail_edges": block_edges(len(ids)).tolist(),
         "thumbnails": [[pack_weights(t) for t in layer] for layer in thumbnails],
+        **cut_field(cut),
     }
 
 
@@ -216,16 +229,19 @@ def explain_run(
     top_k: int = 5,
     policy: Mapping[str, Any] = REFUSE,
     limit: int | None = None,
-) -> tuple[Explanation, list[int], list[bytes]]:
-    """`transformer.explain.explain_model` on `text`: (the explanation, the ids, each id's bytes);
-    what `tk explain` renders as tables and `explain_doc` as JSON."""
-    ids = model_ids(model, tokenizer, text, policy, limit)
+    say: Callable[[str], None] = lambda m: None,
+) -> tuple[Explanation, ModelInput, list[bytes]]:
+    """`transformer.explain.explain_model` on `text`: (the explanation, what the model read of the
+    text (`model_ids`; a cut said to `say`), each id's bytes); what `tk explain` renders as tables
+    and `explain_doc` as JSON."""
+    read = model_ids(model, tokenizer, text, policy, limit, say)
+    ids = read.ids
     raw = [tokenizer.decode_bytes([i]) for i in ids]
     labels = vocab_labels(tokenizer, model.config.vocab_size)
     expl = explain_model(
         model, ids, [token_repr(b) for b in raw], layer=layer, head=head, top_k=top_k, label=labels.__getitem__,
     )  # fmt: skip
-    return expl, ids, raw
+    return expl, read, raw
 
 
 def model_doc(
@@ -236,9 +252,10 @@ def model_doc(
     text: str,
     model_name: str,
     query: int | None = None,
+    cut: int = 0,
 ):
     """`tk explain -m MODEL TEXT --json`'s document, from `explain_run`'s result (`--query Q`:
-    the per-token steps hold row Q only, see `Explanation.to_dict`)."""
+    the per-token steps hold row Q only, see `Explanation.to_dict`; `cut`: run.cut_field)."""
     doc = {
         "kind": "model",
         "model": model_name,
@@ -248,6 +265,7 @@ def model_doc(
             {"position": t, "id": i, "text": token_str(b), "bytes": b.hex()}
             for t, (i, b) in enumerate(zip(ids, raw, strict=True))
         ],
+        **cut_field(cut),
     }
     for candidate in doc["top"]:  # plain text in JSON, like "tokens" (the tables show it quoted)
         i = candidate["id"]
@@ -270,10 +288,10 @@ def explain_doc(
 ) -> dict[str, Any]:
     """/api/explain: what `tk explain -m MODEL TEXT --layer L --head H --top-k K [--query Q] --json`
     prints."""
-    expl, ids, raw = explain_run(
+    expl, (ids, cut), raw = explain_run(
         model, tokenizer, text, layer=layer, head=head, top_k=top_k, policy=policy, limit=limit
     )
-    return model_doc(expl, ids, raw, tokenizer, text, model_name, query)
+    return model_doc(expl, ids, raw, tokenizer, text, model_name, query, cut)
 
 
 def example_doc(name: str) -> dict[str, Any]:

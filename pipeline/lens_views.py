@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from tokenkit.pipeline.forward_views import ATTENTION_NUMBERS, model_ids
+from tokenkit.pipeline.run import cut_field
 from tokenkit.pipeline.token_views import REFUSE, token_entries, token_pieces
 from tokenkit.transformer import attribution, lens
 from tokenkit.transformer.explain import LENS_TOP_K
@@ -83,7 +84,7 @@ def lens_view(
     position (the whole model's: the last boundary's first), and `labels`: the text of every id
     `lens` and `predicted` name, by id (a padded vocabulary's id as `<pad id N>`)."""
     cfg = model.config
-    ids = model_ids(model, tokenizer, text, policy, lens_tokens(cfg))
+    ids, cut = model_ids(model, tokenizer, text, policy, lens_tokens(cfg))
     trace, logits = _pass(model, ids)
     found = lens.logit_lens(model, ids, top_k, trace=trace, logits=logits)
     layers = found.to_json()
@@ -96,6 +97,7 @@ def lens_view(
         "predicted": [int(i) for i in found.predicted],
         "lens": _finite(layers),
         "labels": dict(zip(map(str, shown), token_pieces(tokenizer, shown), strict=True)),
+        **cut_field(cut),
     }
 
 
@@ -115,7 +117,7 @@ def attribution_view(
     model's prediction at the position: `token` by default). A position outside the text or a
     token outside the vocabulary is a one-line ModelError."""
     cfg = model.config
-    ids = model_ids(model, tokenizer, text, policy)
+    ids, cut = model_ids(model, tokenizer, text, policy)
     trace, logits = _pass(model, ids)
     at = len(ids) - 1 if position is None else position
     found = attribution.attribution_from_trace(model, trace, logits, at, token)
@@ -126,4 +128,5 @@ def attribution_view(
         "token_text": token_pieces(tokenizer, [found.token])[0],
         "prediction": int(np.argmax(logits[found.position])),
         **_finite(found.to_json()),
+        **cut_field(cut),
     }

@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -85,6 +85,44 @@ def token_text(tokenizer, token_id: int) -> str:
     return token_repr(tokenizer.decode_bytes([int(token_id)]))
 
 
+class ModelInput(NamedTuple):
+    """What a model reads of a text: `ids` (at most its context), and `cut`, how many of the
+    text's tokens before them it does not read (0 when the whole text fits)."""
+
+    ids: list[int]
+    cut: int
+
+
+def fit_context(ids: list[int], context: int, bos: bool, say: Callable[[str], None]) -> ModelInput:
+    """The one rule for a text longer than a model's context, in every command and view that runs
+    the model forward (predict-next, generate, explain, tk serve's views): it reads the text's last
+    `context` tokens, the ones the next token depends on, and `say` is told once in one line
+    (`cut_field` puts the count in JSON). A tokenizer's BOS (`bos`: `ids` starts with it) stays
+    first: the BOS and the last `context - 1`. Not for `tk chat` (it drops whole turns) or `tk
+    eval` (it slides a window over the whole text).
+
+    >>> fit_context([7, 8, 9], 2, False, print)
+    warning: the text is 3 tokens, longer than the model's context of 2; using its last 2 (the first 1 dropped)
+    ModelInput(ids=[8, 9], cut=1)
+    """
+    cut = max(0, len(ids) - context)
+    if cut:
+        kept = f"its BOS and last {context - 1:,}" if bos else f"its last {context:,}"
+        first = "the first {:,} after the BOS" if bos else "the first {:,}"
+        say(
+            f"warning: the text is {len(ids):,} tokens, longer than the model's context of {context:,}; "
+            f"using {kept} ({first.format(cut)} dropped)"
+        )
+        ids = ids[:1] + ids[cut + 1 :] if bos else ids[cut:]
+    return ModelInput(ids, cut)
+
+
+def cut_field(cut: int) -> dict[str, int]:
+    """The --json and tk serve field of `fit_context`'s cut, in every document that runs the model
+    on a text: {"cut": N} when N tokens were dropped from the text's start, else nothing."""
+    return {"cut": cut} if cut else {}
+
+
 def encode_prompt(
     model,
     tokenizer,
@@ -93,8 +131,9 @@ def encode_prompt(
     *,
     allowed_special: Iterable[str] | str = (),
     disallowed_special: Iterable[str] | str = "all",
-) -> list[int]:
-    """Prompt -> ids, the last `context_length` of them when longer (with a warning).
+) -> ModelInput:
+    """Prompt -> the ids the model reads (`fit_context`: the last `context_length` when longer,
+    with a warning).
 
     Special tokens in the prompt follow `Tokenizer.encode`'s policy: by default text that looks
     like one is an error; `allowed_special="all"` reads it as the special token (the model sees
@@ -104,14 +143,7 @@ def encode_prompt(
     if not text:
         raise PipelineError("the prompt is empty; give some text to continue")
     ids = tokenizer.encode_for_model(text, allowed_special=allowed_special, disallowed_special=disallowed_special)
-    limit = model.config.context_length
-    if len(ids) > limit:
-        say(
-            f"warning: the prompt is {len(ids)} tokens, longer than the model's context ({limit}); "
-            f"using its last {limit}"
-        )
-        ids = ids[:1] + ids[len(ids) - limit + 1 :] if tokenizer.bos is not None else ids[-limit:]
-    return ids
+    return fit_context(ids, model.config.context_length, tokenizer.bos is not None, say)
 
 
 @dataclass
@@ -120,6 +152,7 @@ class Prediction:
 
     prompt_ids: list[int]
     top: list[tuple[int, float]]
+    cut: int = 0  # the prompt's tokens before `prompt_ids` the model did not read (`fit_context`)
 
     @property
     def argmax(self) -> int:
@@ -140,7 +173,7 @@ def predict_next(
     tokens in `text` as `encode_prompt` reads them."""
     if top_k < 1:
         raise PipelineError(f"--top-k must be at least 1, got {top_k}")
-    ids = encode_prompt(
+    ids, cut = encode_prompt(
         model, tokenizer, text, say, allowed_special=allowed_special, disallowed_special=disallowed_special
     )
     with np.errstate(over="ignore", invalid="ignore"):  # weights too large for float32: said below in one line
@@ -153,7 +186,7 @@ def predict_next(
     probs = np.exp(logits - logits.max())
     probs /= probs.sum()
     order = np.argsort(-probs, kind="stable")[: min(top_k, len(probs))]  # ties: the smaller id first
-    return Prediction(prompt_ids=ids, top=[(int(i), float(probs[i])) for i in order])
+    return Prediction(prompt_ids=ids, top=[(int(i), float(probs[i])) for i in order], cut=cut)
 
 
 def generate_ids(
@@ -170,20 +203,21 @@ def generate_ids(
     disallowed_special: Iterable[str] | str = "all",
     say: Callable[[str], None] = lambda m: None,
     observe: Callable[[np.ndarray, np.ndarray], None] | None = None,
-) -> tuple[list[int], Iterator[int]]:
-    """(the prompt's ids, an iterator of the new token ids): what `generate` decodes, checked
-    before the first token. `observe(logits, probs)` sees each step's distribution (`GPT.generate`).
-    An id with no token (a vocabulary padded beyond the tokenizer's) is never picked: transformers'
-    `generate` could pick one, and no tokenizer decodes it; everywhere else the model is as it is.
-    The iterator may warn (the model's own warning when the window shifts); `generate` says it once
-    before the text starts instead."""
+) -> tuple[ModelInput, Iterator[int]]:
+    """(what the model reads of the prompt (`fit_context`), an iterator of the new token ids): what
+    `generate` decodes, checked before the first token. `observe(logits, probs)` sees each step's
+    distribution (`GPT.generate`). An id with no token (a vocabulary padded beyond the tokenizer's)
+    is never picked: transformers' `generate` could pick one, and no tokenizer decodes it;
+    everywhere else the model is as it is. The iterator may warn (the model's own warning when the
+    window shifts); `generate` says it once before the text starts instead."""
     if max_new_tokens < 0:
         raise PipelineError(f"--max-new-tokens must not be negative, got {max_new_tokens}")
     if max_new_tokens > MAX_NEW_TOKENS:
         raise PipelineError(f"--max-new-tokens must be at most {MAX_NEW_TOKENS:,}, got {max_new_tokens}")
-    ids = encode_prompt(
+    read = encode_prompt(
         model, tokenizer, prompt, say, allowed_special=allowed_special, disallowed_special=disallowed_special
     )
+    ids = read.ids
     tokens = model.generate(
         np.asarray(ids, dtype=np.int64),
         max_new_tokens,
@@ -202,7 +236,7 @@ def generate_ids(
             f"note: prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceed the model's context ({limit}); "
             f"when the window is full it keeps its last {limit // 2} tokens and grows again"
         )
-    return ids, _quietly(tokens)
+    return read, _quietly(tokens)
 
 
 def _quietly(tokens: Iterator[int]) -> Iterator[int]:

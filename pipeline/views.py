@@ -55,7 +55,7 @@ from tokenkit.pipeline.forward_views import (
 from tokenkit.pipeline.lens_views import LENS_TOP_K_MAX, attribution_view, lens_tokens, lens_view
 from tokenkit.pipeline.live import TrainingLog
 from tokenkit.pipeline.names import VIEWS
-from tokenkit.pipeline.run import generate_ids, predict_next
+from tokenkit.pipeline.run import cut_field, generate_ids, predict_next
 from tokenkit.pipeline.token_views import (
     FIRST_MERGES,
     REFUSE,
@@ -123,11 +123,12 @@ def next_view(
     policy: Mapping[str, Any] = REFUSE,
     say: Callable[[str], None] = lambda m: None,
 ) -> dict[str, Any]:
-    """/api/next and `tk predict-next --json`: the top_k most likely next tokens and the prompt's ids."""
+    """/api/next and `tk predict-next --json`: the top_k most likely next tokens and the prompt's ids
+    (the last context_length of a longer text, and `cut`: run.cut_field)."""
     pred = predict_next(model, tokenizer, text, top_k=top_k, say=say, **policy)
     texts = token_pieces(tokenizer, [i for i, _ in pred.top])  # a part of a character as \xNN
     top = [{"id": i, "token": t, "p": p} for (i, p), t in zip(pred.top, texts, strict=True)]
-    return {"top": top, "prompt_ids": pred.prompt_ids}
+    return {"top": top, "prompt_ids": pred.prompt_ids, **cut_field(pred.cut)}
 
 
 def drawn_step(tokenizer, token: int, logits, probs, show: int) -> dict[str, Any]:
@@ -166,7 +167,7 @@ def generate_view(
     temperature, top-k and top-p; one-hot when greedy) and `p_model` (the model's own softmax).
     `text` is the new tokens decoded (what `tk generate` prints after the prompt)."""
     seen: list[tuple[np.ndarray, np.ndarray]] = []
-    prompt_ids, tokens = generate_ids(
+    prompt, tokens = generate_ids(
         model,
         tokenizer,
         text,
@@ -184,7 +185,7 @@ def generate_view(
         logits, probs = seen.pop()  # one distribution per token, just before it
         steps.append(drawn_step(tokenizer, token, logits, probs, show))
     new_ids = [s["id"] for s in steps]
-    return {"prompt_ids": prompt_ids, "steps": steps, "text": tokenizer.decode(new_ids)}
+    return {"prompt_ids": prompt.ids, "steps": steps, "text": tokenizer.decode(new_ids), **cut_field(prompt.cut)}
 
 
 # ----------------------------------------------------------------------------- training

@@ -255,10 +255,10 @@ def test_prompt_longer_than_context_is_cropped_with_a_warning(run, capsys):
     long = " ".join(["up 1 2 3 4 5 6 7 8 9 10"] * 10) + " up 41 42"
     code, out, err = cli(capsys, "predict-next", "-m", str(run), long, "--top-k", "3")
     assert code == 0
-    assert err.count("\n") == 1 and err.startswith("warning: the prompt is") and "using its last 16" in err
+    assert err.count("\n") == 1 and err.startswith("warning: the text is") and "using its last 16" in err
     assert out.startswith("next token: ' 43'")
     code, out, err = cli(capsys, "generate", "-m", str(run), long, "-n", "3", "--temperature", "0")
-    assert code == 0 and "warning: the prompt is" in err and "Traceback" not in err
+    assert code == 0 and "warning: the text is" in err and "Traceback" not in err
     assert out.startswith(long + " 43 44 45")
 
 
@@ -456,7 +456,7 @@ def test_pipeline_runs_stages_and_skips_what_is_up_to_date(corpus, tmp_path, cap
     code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *flags, "--prompt", long)
     assert code == 0
     assert "tokenizer: up to date" in err and "encode: up to date" in err and "train: up to date" in err
-    assert err.count("warning: the prompt is") == 1, err
+    assert err.count("warning: the text is") == 1, err
 
     (run_dir / "tokens.npy").unlink()  # redo one stage alone
     code, out, err = cli(capsys, "pipeline", str(corpus), "-o", str(run_dir), *flags)

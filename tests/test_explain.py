@@ -408,11 +408,11 @@ def test_scaled_rope_steps_show_the_scaled_angles_and_say_so():
     assert "(theta 100; llama3 scaling: frequencies of wavelengths over 4 positions" in rope["what"]
 
 
-def test_text_longer_than_the_context_is_one_line(capsys, saved):
-    path, model, _ = saved
+def test_text_longer_than_the_context_is_cut_with_one_line(capsys, saved):
+    path, model, _ = saved  # every command and view alike: tests/test_long_texts.py
     code, out, err = run(capsys, "-m", str(path), "fox " * (model.config.context_length + 1))
-    assert code == 1 and out == "" and err.count("\n") == 1
-    assert "more than the model's context of 64; shorten it" in err
+    assert code == 0 and out and err.count("\n") == 1
+    assert "longer than the model's context of 64; using its last 64" in err
 
 
 def test_explain_model_rejects_bad_arguments(saved):

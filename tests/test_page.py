@@ -384,7 +384,7 @@ def test_thumbnails_of_a_long_text_pick_the_head_shown_whole(browser, wide):  # 
         assert p.locator(".thumb canvas").count() == 144 and p.locator("canvas.heatmap-canvas").count() == 1
         shot(p, "attention-thumbnails-canvas")
         assert p.tk_errors == []
-        assert "more than the model's context of 256" in wide.refused("/api/attention", text=text * 4)
+        assert wide.ok("/api/thumbnails", text=text * 4)["cut"] > 0  # past the context: its last 256 tokens
     finally:
         p.context.close()
 
@@ -661,11 +661,26 @@ def test_back_and_forward_restore_the_views(page):
 # ----------------------------------------------------------------------------- errors
 
 
-def test_a_text_too_long_for_the_view_is_one_line_in_the_page(page, srv):
-    long = "Once upon a time, there was a little cat. " * 4  # over the model's 32 tokens
-    p = page(view="attention", text=long, query=0, allowed_errors=[FAILED_400])
+def test_a_text_longer_than_the_context_is_cut_and_said_once_in_each_view(page, srv):
+    long = "Once upon a time, there was a little cat. " * 4  # over the model's 32 tokens: its last 32 are read
+    ids = srv.ok("/api/tokens", text=long)["ids"]
+    said = f"context of 32 tokens: the model reads its last 32, and the first {len(ids) - 32} are left out"
+    for view, shown in (("attention", ".thumb"), ("lens", ".lens-pos"), ("next", "#next-bars .bar")):
+        p = page(view=view, text=long)
+        assert p.locator("#cut-note").count() == 1 and said in p.text_content("#cut-note"), view
+        assert p.locator(shown).count() > 0, view
+        if view == "lens":
+            assert p.locator(".lens-pos").count() == 32
+    assert "After these 32 tokens" in p.text_content("#next-card")
+    p = page(view="tokens", text=long)  # the tokenizer's views read the whole text: nothing was cut
+    assert p.locator("#cut-note").count() == 0 and len(ids) > 32
+    assert p.locator('.panel[data-role="main"] .chip').count() == len(ids)
+
+
+def test_a_text_the_view_cannot_take_is_one_line_in_the_page(page, srv):
+    p = page(view="attention", text="a <|endoftext|> b", query=0, allowed_errors=[FAILED_400])
     error = p.text_content("#view .error")
-    assert "more than" in error and "\n" not in error and "Traceback" not in error
+    assert "specials=allow" in error and "\n" not in error and "Traceback" not in error
     assert p.locator("#tabs a").count() == len(VIEWS)  # the page itself stands
     shot(p, "attention-error")
     p.fill("#text", "Once upon")  # and a shorter text draws

@@ -262,10 +262,10 @@ def test_bad_input_is_one_line_on_the_page(page, srv):
     said = p.inner_text("#attr-error")
     assert said == srv.refused("/api/attribution", text=TEXT, position=99) and "\n" not in said
     assert p.locator(".lens-cell").count() > 0  # the lens still stands
-    long = TEXT * 6  # over the model's 32 tokens
-    p = page(text=long, allowed_errors=[FAILED_400])
+    special = TEXT + "<|endoftext|>"  # a special token the default policy refuses (a long text is cut: test_page.py)
+    p = page(text=special, allowed_errors=[FAILED_400])
     said = p.inner_text("#view .error")
-    assert said == srv.refused("/api/lens", text=long) and "\n" not in said and "Traceback" not in said
+    assert said == srv.refused("/api/lens", text=special) and "\n" not in said and "Traceback" not in said
     assert p.locator("#tabs a").count() >= 8  # the page itself stands
 
 

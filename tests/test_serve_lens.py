@@ -197,7 +197,9 @@ def test_a_bad_lens_query_is_a_one_line_400(srv, params, message):
 
 @pytest.mark.parametrize("path", ["/api/lens", "/api/attribution"])
 def test_a_text_the_views_cannot_take_is_one_line(srv, path):
-    assert "more than the model's context of 32" in srv.refused(path, text="Once upon a time, there was a cat. " * 8)
+    assert (
+        srv.ok(path, text="Once upon a time, there was a cat. " * 8)["cut"] > 0
+    )  # its last 32 tokens: test_long_texts
     assert "gives no tokens" in srv.refused(path, text="")
     assert "give the text" in srv.refused(path)
     assert "specials=allow" in srv.refused(path, text="a <|endoftext|>")

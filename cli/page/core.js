@@ -97,6 +97,15 @@ const TK = (() => {
     while (cache.size > CACHE_SIZE || cacheBytes > CACHE_BYTES) forget(cache.keys().next().value);
   }
 
+  // A text longer than the model's context: the model's views answer for its last tokens and say how many
+  // they dropped (`cut`, the same in every view of one text); draw says it above the view, once.
+  let cut = 0;
+  function noted(answer, params) {
+    const state = readState();
+    if (answer && answer.cut && params.text === state.text && (params.specials || "") === state.specials) cut = answer.cut;
+    return answer;
+  }
+
   // One way to ask: the inline answers of a `tk explain --html` file, else the server.
   // Answers are kept (CACHE_SIZE, CACHE_BYTES), so going back to a text or a view asks nothing again;
   // pass {fresh: true} (or ask /api/training, /api/info) to ask the server anyway.
@@ -104,7 +113,7 @@ const TK = (() => {
     const key = request(path, params);
     if (FILE) {
       const inline = fileAnswer(path, params, key);
-      if (inline !== undefined) return inline;
+      if (inline !== undefined) return noted(inline, params);
       throw new Error((FILE.errors || {})[key] || (FILE.missing || {})[path] || FILE.note);
     }
     const keep = !options.fresh && !NO_CACHE.has(path);
@@ -112,7 +121,7 @@ const TK = (() => {
       const entry = cache.get(key);
       cache.delete(key);
       cache.set(key, entry);
-      return entry.answer;
+      return entry.answer.then((answer) => noted(answer, params));
     }
     const entry = {answer: null, bytes: 0};
     entry.answer = (async () => {
@@ -133,7 +142,7 @@ const TK = (() => {
       entry.answer.catch(() => { if (cache.get(key) === entry) forget(key); });  // an error is asked again next time
       trim();
     }
-    return entry.answer;
+    return entry.answer.then((answer) => noted(answer, params));
   }
 
   // The answer of a request when the page holds it already (kept, or inline in a file), else null: asks nothing.
@@ -293,7 +302,14 @@ const TK = (() => {
       const missing = (view.needs || []).filter((what) => !info[what]);
       if (missing.length) target.append(el("p", {class: "error"}, `this view needs a ${missing.join(" and a ")}` + (FILE
         ? `, which this file does not hold. ${FILE.note}` : ": start the server as `tk serve RUN_DIR` (or -t TOKENIZER for the tokenizer views)")));
-      else await view.render(target, state, info, ctx);
+      else {
+        cut = 0;
+        await view.render(target, state, info, ctx);
+        const context = info.model && info.model.config.context_length;
+        if (cut && context) target.prepend(el("p", {class: "muted", id: "cut-note"}, `The text is longer than the ` +
+          `model's context of ${int(context)} tokens: the model reads its last ${int(context)}, and the first ` +
+          `${int(cut)} are left out here (tk predict-next, generate and explain do the same, and say so).`));
+      }
       if (ticket === drawing) status.textContent = `drawn in ${Math.round(performance.now() - started)} ms`;
     } catch (error) {
       target.replaceChildren(el("p", {class: "error"}, error.message));

@@ -141,9 +141,6 @@
         genBox,
         gen.missing ? el("p", {class: "error", id: "gen-missing"}, gen.missing)
           : steps.length ? [stepHead, stepBars] : el("p", {class: "muted"}, "No new tokens asked for (new tokens = 0)."));
-      // a server may shorten a prompt longer than the context and say so (as `tk predict-next` warns)
-      const notes = [next.note, gen.note].filter((note, i, all) => note && all.indexOf(note) === i);
-      if (notes.length) target.append(el("p", {class: "muted", id: "next-notes"}, notes.join(" ")));
       target.append(el("div", {class: "grid2 next-grid"}, nextCard, genCard));
       pick(0);
     },
