@@ -11,9 +11,9 @@ The source: a `Tokenizer` (the Tokens and BPE views); a `GPT` with its `tokenize
 model file's page holds); a path: a run directory (every view, Training too when it has its log),
 a model file, or a tokenizer file (tk's own `.safetensors`).
 
-In the frame, the page's address cannot change: an about:srcdoc document's URL is fixed, and
-cli/page/core.js keeps the page's state (the view, the layer, ...) in it. FRAME_SCRIPT, run before
-the page's scripts, keeps the address's query in the page instead, so its tabs and links work.
+In the frame, the page's address cannot change: an about:srcdoc document's URL is fixed. The
+page (cli/page/core.js) then keeps its state (the view, the layer, ...) in memory, so its tabs and
+links work.
 
 What it deliberately does not do: compute a view or build the page (page_file does, through the
 server's own code), start a server, or size the frame to its content (that needs a script in the
@@ -38,31 +38,6 @@ HEIGHT = 720  # the frame's height in pixels: the page's header, text and a view
 MAX_HEIGHT = 10_000
 TOKENIZER_VIEWS = ["tokens", "bpe"]  # what a tokenizer's page holds
 IN_MEMORY = Path(os.devnull)  # a model in memory's path: no run directory, so no Training view
-
-# Run in the frame after the answers, before core.js (page_file.page_html's `first`).
-FRAME_SCRIPT = """\
-// tokenkit.show's frame (cli/notebook.py): the page is an iframe's srcdoc, whose address (about:srcdoc)
-// cannot be rewritten, and core.js keeps the page's state in its address. Here history's calls keep
-// the address's query instead, and core.js's one reading of the address, new URLSearchParams(location
-// .search) (always "" here), reads it back.
-"use strict";
-(() => {
-  let search = "";
-  const keep = (state, unused, url) => {
-    const at = String(url).indexOf("?");
-    search = at < 0 ? "" : String(url).slice(at);
-  };
-  history.pushState = keep;
-  history.replaceState = keep;
-  const Params = window.URLSearchParams;
-  window.URLSearchParams = class extends Params {
-    constructor(init) { super(init === location.search ? search : init); }
-  };
-  // A setting whose value (a number) never equals its address's (a string): every state has an address
-  // other than the bare srcdoc, so core.js writes each one (it skips an address equal to the document's).
-  window.TK_DATA.defaults.frame = 1;
-})();
-"""
 
 
 class Shown:
@@ -142,7 +117,7 @@ def show(
         if path == IN_MEMORY:  # no `tk serve NAME` to suggest: the model is in this process
             page.note = "This page holds one text; call tokenkit.show again for another."
             page.missing = {k: v.replace(serve, "run `tk serve` on the saved model") for k, v in page.missing.items()}
-    doc = page_file.page_html(page, first=FRAME_SCRIPT)
+    doc = page_file.page_html(page)
     if len(doc) > page_file.MAX_BYTES:
         raise ValueError(
             f"the page would be {len(doc) / 1e6:,.1f} MB, more than the {page_file.MAX_BYTES / 1e6:.0f} MB a page "

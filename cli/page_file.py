@@ -464,10 +464,9 @@ def csp(inline: list[tuple[str, str]]) -> str:
     )
 
 
-def page_html(page: Page, root: Path = PAGE_DIR, first: str = "") -> bytes:
+def page_html(page: Page, root: Path = PAGE_DIR) -> bytes:
     """The page (cli/page/index.html with every file it loads inline) holding `page`'s answers,
-    under a Content-Security-Policy that allows its own inline scripts and styles only. `first`:
-    a script run after the answers and before the page's own (tokenkit.show's frame, cli/notebook.py)."""
+    under a Content-Security-Policy that allows its own inline scripts and styles only."""
     doc = _asset("index.html", root)
     for needed in (_DATA_SLOT, _TITLE, _CHARSET):
         if doc.count(needed) != 1:
@@ -484,8 +483,6 @@ def page_html(page: Page, root: Path = PAGE_DIR, first: str = "") -> bytes:
     doc = _SCRIPT.sub(lambda m: put("script", _inline(_asset(m.group(1), root), "script", m.group(1))), doc)
     _check_markup(doc)  # tk's own markup, before the user's text goes in (escaped: data, never markup)
     data = put("script", data_script(page))  # one line, no "<" (data_script)
-    if first:
-        data += "\n" + put("script", _inline(first, "script", "the first script"))
     doc = doc.replace(_DATA_SLOT, data, 1)
     doc = doc.replace(_TITLE, f"<title>{html.escape(page.title)}</title>", 1)
     policy = f'<meta http-equiv="Content-Security-Policy" content="{csp(inline)}">'

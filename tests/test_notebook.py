@@ -3,9 +3,9 @@ whole self-contained page; and docs/notebook.ipynb, executed in a kernel of this
 (nbclient), its outputs drawn in headless Chromium with the network cut.
 
 The frames are checked for what a notebook needs: the srcdoc is the page itself, nothing is loaded
-from outside, the tabs switch and come back (the page keeps its address in a srcdoc frame, where
-it cannot be rewritten: cli/notebook.py's FRAME_SCRIPT), several frames on one page each show their
-own text, and their numbers are the Python API's (the ids `Tokenizer.encode` gives, the weights of
+from outside, the tabs switch and come back (a srcdoc frame's address cannot be rewritten:
+cli/page/core.js keeps the page's state in memory there), several frames on one page each show
+their own text, and their numbers are the Python API's (the ids `Tokenizer.encode` gives, the weights of
 the model's own forward trace). The notebook is executed once for the module; the browser tests
 skip without Playwright or a Chromium (tests/browser.py), the notebook's without nbclient,
 nbformat or ipykernel (the `test` extra). Screenshots go to build/page-shots/.

@@ -25,8 +25,14 @@ const TK = (() => {
   let drawing = 0;           // the latest draw; an older one that finishes late draws nothing
   let current = null;        // the drawn view's ctx, whose onLeave functions the next draw runs
 
+  // In a frame whose address cannot change (tokenkit.show's srcdoc iframe: about:srcdoc), the state's
+  // query is kept here instead, and read back from here.
+  const FRAMED = location.protocol === "about:";
+  let framedSearch = "";
+  const search = () => (FRAMED ? framedSearch : location.search);
+
   function readState() {
-    const params = new URLSearchParams(location.search);
+    const params = new URLSearchParams(search());
     const state = {};
     for (const [key, value] of Object.entries(DEFAULTS)) state[key] = params.has(key) ? params.get(key) : value;
     if (FILE) Object.assign(state, FILE.fixed);  // the file's one text, whatever the address says
@@ -46,7 +52,8 @@ const TK = (() => {
 
   function writeState(state, push) {
     const url = address(state);
-    if (url !== location.pathname + location.search) history[push ? "pushState" : "replaceState"](null, "", url);
+    if (FRAMED) framedSearch = url.slice(location.pathname.length);
+    else if (url !== location.pathname + location.search) history[push ? "pushState" : "replaceState"](null, "", url);
   }
 
   // The address of the current state changed by `patch` (for <a href>, so a link can be opened in a new tab).
