@@ -50,26 +50,6 @@
 
   // Probability bars, as the Next token view draws them; `drawn`: the id marked as the one drawn; `key`:
   // "p" (the distribution drawn from) or "p_model" (the model's own softmax).
-  function bars(top, drawn, key, tokens) {
-    return el("div", {class: "bars", id: "chat-bars", role: "list"}, top.map((row) => {
-      const p = row[key];
-      const padding = row.id >= tokens;
-      return el("div", {class: "bar" + (row.id === drawn ? " drawn" : ""), role: "listitem", dataset: {id: row.id, p},
-        "aria-label": `${padding ? row.token : TK.visible(row.token)}, id ${row.id}, probability ${TK.pct(p)}` +
-          (row.id === drawn ? ", drawn" : "")},
-      el("span", {class: "bar-token" + (padding ? " pad" : "")},
-        padding ? row.token : row.token === "" ? "∅" : TK.visibleNodes(row.token)),
-      el("span", {class: "bar-track"}, el("span", {class: "bar-fill", style: {width: (100 * (p || 0)).toFixed(2) + "%"}})),
-      el("span", {class: "bar-p"}, TK.pct(p)),
-      el("span", {class: "bar-id"}, "#" + row.id));
-    }));
-  }
-
-  function numberField(id, label, value, attrs) {
-    const input = el("input", {type: "number", id, value, ...attrs});
-    return {input, box: el("span", {class: "field stacked"}, el("label", {for: id}, label), input)};
-  }
-
   const partial = (token) => /\\x[0-9a-f]{2}/.test(token);
   const greedy = (settings) => Number(settings.temperature) === 0;
 
@@ -128,19 +108,7 @@
       const limitChars = (info.limits && info.limits.text_chars) || 20000;
       const settings = {n: state.n, temperature: state.temperature, top_k: state.top_k, top_p: state.top_p, seed: state.seed};
 
-      const fields = {
-        n: numberField("chat-n", "new tokens", state.n, {min: 0, max: (info.limits && info.limits.new_tokens) || 200, step: 1}),
-        temperature: numberField("chat-temperature", "temperature", state.temperature, {min: 0, max: 10, step: 0.1}),
-        top_k: numberField("chat-top-k", "top-k", state.top_k, {min: 1, max: (info.limits && info.limits.top_k) || 100, step: 1, placeholder: "all"}),
-        top_p: numberField("chat-top-p", "top-p", state.top_p, {min: 0.01, max: 1, step: 0.05, placeholder: "1"}),
-        seed: numberField("chat-seed", "seed", state.seed, {min: 0, max: 4294967295, step: 1}),
-      };
-      for (const [key, field] of Object.entries(fields)) {
-        field.input.addEventListener("change", () => {
-          if (!field.input.checkValidity()) { field.input.reportValidity(); return; }
-          TK.go({[key]: field.input.value.trim()});
-        });
-      }
+      const fields = TK.sampling.fields("chat", state, info);
       const reset = el("button", {type: "button", id: "chat-reset", title: "forget the turns (the system message stays)"}, "Reset");
       const system = el("textarea", {id: "chat-system", rows: 2, spellcheck: "false", "aria-label": "system message",
         placeholder: "none (optional)"});
@@ -189,7 +157,7 @@
             : "The model's own probabilities (the softmax of its scores), before temperature, top-k and top-p."));
         const rows = which === "p" ? step.top.filter((row) => row.p > 0) : step.top;
         const shown = rows.reduce((sum, row) => sum + (row[which] || 0), 0);
-        barsBox.replaceChildren(bars(rows, step.id, which, tokens), el("p", {class: "muted small"}, 1 - shown <= 1e-9
+        barsBox.replaceChildren(TK.sampling.bars(rows, {id: "chat-bars", drawn: step.id, key: which, tokens}), el("p", {class: "muted small"}, 1 - shown <= 1e-9
           ? "Every other token has probability 0."
           : `The other ${TK.int(info.model.config.vocab_size - rows.length)} ids share ${TK.pct(Math.max(0, 1 - shown))}.`));
       }

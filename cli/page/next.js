@@ -5,32 +5,7 @@
 (() => {
   const {el} = TK;
   const SHOW = 10;  // bars per distribution
-
-  // Probability bars; `drawn`: the id to mark as the one sampled; `onpick(row)` makes each bar a button,
-  // but for an id at or past `tokens` (a padded vocabulary's, shown as <pad id N>: no text to add).
-  function bars(top, id, drawn, onpick, tokens) {
-    return el("div", {class: "bars", id, role: "list"}, top.map((row) => {
-      const partial = /\\x[0-9a-f]{2}/.test(row.token);
-      const padding = row.id >= tokens;  // shown as the label the server sends, not as a text's characters
-      const tag = onpick && !partial && !padding ? "button" : "div";
-      return el(tag, {class: "bar" + (row.id === drawn ? " drawn" : ""), role: tag === "div" ? "listitem" : null,
-        type: tag === "button" ? "button" : null, dataset: {id: row.id, p: row.p},
-        title: tag === "button" ? "add this token to the text" : null,
-        "aria-label": `${padding ? row.token : TK.visible(row.token)}, id ${row.id}, probability ${TK.pct(row.p)}` +
-          (row.id === drawn ? ", drawn" : ""),
-        onclick: tag === "button" ? () => onpick(row) : null},
-      el("span", {class: "bar-token" + (padding ? " pad" : "")},
-        padding ? row.token : row.token === "" ? "∅" : TK.visibleNodes(row.token)),
-      el("span", {class: "bar-track"}, el("span", {class: "bar-fill", style: {width: (100 * row.p).toFixed(2) + "%"}})),
-      el("span", {class: "bar-p"}, TK.pct(row.p)),
-      el("span", {class: "bar-id"}, "#" + row.id));
-    }));
-  }
-
-  function numberField(id, label, value, attrs) {
-    const input = el("input", {type: "number", id, value, ...attrs});
-    return {input, box: el("span", {class: "field stacked"}, el("label", {for: id}, label), input)};
-  }
+  const {bars} = TK.sampling;
 
   TK.register("next", {
     title: "Next token",
@@ -59,26 +34,14 @@
             : `${TK.int(vocab)} tokens`) +
           ` a probability (softmax of the last position's scores). The ${next.top.length} most likely` +
           (append ? "; click one to add it to the text." : ".")),
-        bars(next.top, "next-bars", null, append, tokens));
+        bars(next.top, {id: "next-bars", onpick: append, tokens}));
       if (effect) {  // the unablated bars, then what the ablation does to them
         nextCard.append(el("h2", {class: "abl-title"}, "With parts knocked out"), effect);
         effect.classList.remove("card");
       }
 
       // 2. generation, step by step
-      const fields = {
-        n: numberField("gen-n", "new tokens", state.n, {min: 0, max: (info.limits && info.limits.new_tokens) || 200, step: 1}),
-        temperature: numberField("gen-temperature", "temperature", state.temperature, {min: 0, max: 10, step: 0.1}),
-        top_k: numberField("gen-top-k", "top-k", state.top_k, {min: 1, max: (info.limits && info.limits.top_k) || 100, step: 1, placeholder: "all"}),
-        top_p: numberField("gen-top-p", "top-p", state.top_p, {min: 0.01, max: 1, step: 0.05, placeholder: "1"}),
-        seed: numberField("gen-seed", "seed", state.seed, {min: 0, max: 4294967295, step: 1}),
-      };
-      for (const [key, field] of Object.entries(fields)) {
-        field.input.addEventListener("change", () => {
-          if (!field.input.checkValidity()) { field.input.reportValidity(); return; }
-          TK.go({[key]: field.input.value.trim()});
-        });
-      }
+      const fields = TK.sampling.fields("gen", state, info);
       const reseed = el("button", {type: "button", id: "gen-reseed", title: "draw again with the next seed"}, "New sample");
       reseed.addEventListener("click", () => TK.go({seed: String((Number(state.seed) + 1) % 4294967296)}));
 
@@ -119,7 +82,7 @@
         on.disabled = picked === steps.length - 1;
         const possible = step.top.filter((row) => row.p > 0);  // the settings cut the others to 0
         const lost = 1 - possible.reduce((sum, row) => sum + row.p, 0);
-        stepBars.replaceChildren(bars(possible, "step-bars", step.id, null),
+        stepBars.replaceChildren(bars(possible, {id: "step-bars", drawn: step.id}),
           el("p", {class: "muted small"}, possible.length < step.top.length || lost <= 1e-12
             ? "Every other token had probability 0 after the settings."
             : `The other ${TK.int(vocab - possible.length)} tokens share ${TK.pct(Math.max(0, lost))}.`));
