@@ -740,7 +740,10 @@ def _start(args: list[str]) -> tuple[subprocess.Popen, str]:
 def _children(pid: int) -> list[str]:
     out = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
-        out += (task / "children").read_text().split()
+        try:
+            out += (task / "children").read_text().split()
+        except FileNotFoundError:  # a thread (a request's) that ended since the listing: it has none
+            pass
     return out
 
 
