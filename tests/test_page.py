@@ -61,10 +61,8 @@ def files(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def srv(files):
-    running = Running(serve.make_server(files["run"], compare=files["other"], port=0))
-    running.base = f"http://127.0.0.1:{running.port}/"
-    yield running
-    running.stop()
+    with Running(serve.make_server(files["run"], compare=files["other"], port=0)) as running:
+        yield running
 
 
 @pytest.fixture
@@ -326,10 +324,8 @@ def wide(files, tmp_path_factory):
     cfg = GPTConfig(vocab_size=400, context_length=256, d_model=48, n_layers=12, n_heads=12)
     path = tmp_path_factory.mktemp("wide") / "wide.safetensors"
     GPT(cfg).save(path)
-    running = Running(serve.make_server(path, tokenizer=files["tok"], port=0))
-    running.base = f"http://127.0.0.1:{running.port}/"
-    yield running
-    running.stop()
+    with Running(serve.make_server(path, tokenizer=files["tok"], port=0)) as running:
+        yield running
 
 
 def test_thumbnails_of_a_long_text_pick_the_head_shown_whole(browser, wide):  # noqa: F811
@@ -421,10 +417,8 @@ def long_one(files, tmp_path_factory):
     cfg = GPTConfig(vocab_size=400, context_length=1024, d_model=16, n_layers=1, n_heads=2)
     path = tmp_path_factory.mktemp("long") / "long.safetensors"
     GPT(cfg).save(path)
-    running = Running(serve.make_server(path, tokenizer=files["tok"], port=0))
-    running.base = f"http://127.0.0.1:{running.port}/"
-    yield running
-    running.stop()
+    with Running(serve.make_server(path, tokenizer=files["tok"], port=0)) as running:
+        yield running
 
 
 def test_the_page_keeps_answers_within_its_byte_bound(browser, long_one, files):  # noqa: F811

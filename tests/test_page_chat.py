@@ -88,20 +88,16 @@ def chat(base, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def srv(chat):
-    running = Running(serve.make_server(chat[0], port=0))
-    running.base = f"http://127.0.0.1:{running.port}/"
-    yield running
-    running.stop()
+    with Running(serve.make_server(chat[0], port=0)) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
 def plain_srv(base, tmp_path_factory):
     """A server of a model whose tokenizer has no chat template."""
     path = saved(tmp_path_factory.mktemp("plain") / "plain.safetensors", random_gpt(base.vocab_size, 1), base)
-    running = Running(serve.make_server(path, port=0))
-    running.base = f"http://127.0.0.1:{running.port}/"
-    yield running
-    running.stop()
+    with Running(serve.make_server(path, port=0)) as running:
+        yield running
 
 
 def ask(srv, messages, **settings) -> dict:

@@ -35,10 +35,8 @@ def run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def srv(run):
-    running = Running(serve.make_server(run, port=0))
-    running.base = f"http://127.0.0.1:{running.port}/"
-    yield running
-    running.stop()
+    with Running(serve.make_server(run, port=0)) as running:
+        yield running
 
 
 def test_llama_arithmetic_shows_rope_rmsnorm_swiglu_and_the_shared_kv_head(browser, srv, run, capsys):

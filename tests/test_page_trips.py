@@ -46,10 +46,8 @@ def files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def srv(files):
-    running = Running(serve.make_server(files["run"], compare=files["other"], port=0))
-    running.base = f"http://127.0.0.1:{running.port}/"
-    yield running
-    running.stop()
+    with Running(serve.make_server(files["run"], compare=files["other"], port=0)) as running:
+        yield running
 
 
 @pytest.fixture

@@ -71,6 +71,7 @@ class Running:
     def __init__(self, server: serve.Server) -> None:
         self.server = server
         self.port = server.port
+        self.base = f"http://127.0.0.1:{self.port}/"  # the page's address, for a browser
         self.thread = threading.Thread(target=server.serve_forever, daemon=True)
         self.thread.start()
 
@@ -78,6 +79,12 @@ class Running:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(5)
+
+    def __enter__(self) -> Running:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def raw(self, request: bytes) -> tuple[int, dict[str, str], bytes]:
         """Send `request` as it is; (status, headers, body) of the answer."""
@@ -116,9 +123,8 @@ class Running:
 
 @pytest.fixture(scope="module")
 def srv(files):
-    running = Running(serve.make_server(files["run"], compare=files["other"], port=0))
-    yield running
-    running.stop()
+    with Running(serve.make_server(files["run"], compare=files["other"], port=0)) as running:
+        yield running
 
 
 def cli_json(capsys, *argv: str):

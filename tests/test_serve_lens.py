@@ -36,9 +36,8 @@ def files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def srv(files):
-    running = Running(serve.make_server(files["run"], port=0))
-    yield running
-    running.stop()
+    with Running(serve.make_server(files["run"], port=0)) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
